@@ -1,0 +1,62 @@
+# shardsim — the two set-up commands are `make run` and `make test`; both install first when needed.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+SPEC_COMMIT ?= 92b3c0b9
+SPEC_CACHE  ?= .cache/specs
+COMPOSE := $(shell if docker compose version >/dev/null 2>&1; then echo "docker compose"; elif command -v docker-compose >/dev/null 2>&1; then echo docker-compose; else echo "docker compose"; fi)
+COMPOSE_FILE := deploy/docker-compose.yml
+
+.PHONY: install run test unit integration spec load bench fetch-specs up down logs docker-base docker-build clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/shardsim up --shards 3 --port 27017
+
+test: $(STAMP)
+	$(PY) -m pytest tests -p no:cacheprovider
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+integration: $(STAMP)
+	$(PY) -m pytest tests/integration
+
+spec: $(STAMP)
+	$(VENV)/bin/shardsim spec
+
+load: $(STAMP)
+	$(VENV)/bin/shardsim load --ops 1000000 --shards 3
+
+bench: $(STAMP)
+	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
+
+# The official change-stream spec tests at a pinned commit of the public specifications repository.
+fetch-specs: $(STAMP)
+	$(PY) -m shardsim.specfetch --commit $(SPEC_COMMIT) --dest $(SPEC_CACHE)
+
+docker-base:
+	bash deploy/make-base-image.sh
+
+docker-build: $(STAMP)
+	bash deploy/build-image.sh
+
+up: docker-build
+	$(COMPOSE) -f $(COMPOSE_FILE) up -d --wait
+
+down:
+	$(COMPOSE) -f $(COMPOSE_FILE) down -v --remove-orphans
+
+logs:
+	$(COMPOSE) -f $(COMPOSE_FILE) logs --tail=200
+
+clean:
+	rm -rf $(VENV) .cache build dist *.egg-info

@@ -1,0 +1,1 @@
+"""The configsvr role (see DESIGN.md)."""

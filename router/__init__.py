@@ -1,0 +1,1 @@
+"""The router role (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""The shard role (see DESIGN.md)."""

@@ -1,0 +1,158 @@
+"""An asyncio client for talking to other shardsim processes (router -> shards/config server).
+
+Replies can be decoded lazily as :class:`bson.raw_bson.RawBSONDocument` so the router forwards
+change events as raw bytes (never decoding what it only passes on). Network failures raise
+:class:`~shardsim.errors.MongoError` with the network-error codes a real mongos reports
+(HostUnreachable 6, NetworkTimeout 89, SocketException 9001), which are resumable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import bson
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+
+from shardsim import wire
+from shardsim.errors import MongoError
+from shardsim.node import CODEC, decode
+
+RAW_CODEC = CodecOptions(document_class=RawBSONDocument)
+
+
+class Connection:
+    """One connection to ``host:port``; commands run one at a time."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._lock = asyncio.Lock()
+        self.broken = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def connect(self, timeout: float = 5.0) -> None:
+        try:
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, limit=2 ** 20), timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            self.broken = True
+            raise MongoError(6, f"Couldn't connect to server {self.address} :: caused by :: "
+                                f"{exc or type(exc).__name__}") from None
+
+    async def command_bytes(self, body: bytes, timeout: float | None = None) -> bytes:
+        """Send one OP_MSG with raw BSON ``body``; return the raw BSON reply body."""
+        async with self._lock:
+            if self._writer is None:
+                await self.connect()
+            assert self._reader is not None and self._writer is not None
+            msg = wire.encode_op_msg(body)
+            try:
+                self._writer.write(msg)
+                await self._writer.drain()
+                raw_header = await asyncio.wait_for(self._reader.readexactly(wire.HEADER_SIZE), timeout)
+                header = wire.parse_header(raw_header)
+                payload = await asyncio.wait_for(
+                    self._reader.readexactly(header.length - wire.HEADER_SIZE), timeout)
+            except asyncio.TimeoutError:
+                self.close()
+                raise MongoError(89, f"operation exceeded time limit talking to {self.address}") from None
+            except (OSError, asyncio.IncompleteReadError, wire.ProtocolError) as exc:
+                self.close()
+                raise MongoError(9001, f"network error while contacting {self.address} :: caused by :: "
+                                       f"{type(exc).__name__}: {exc}") from None
+        parsed = wire.parse_message(header, payload, raw_header)
+        if isinstance(parsed, wire.BadMessage):
+            raise parsed.error
+        if isinstance(parsed, wire.OpMsg):
+            return parsed.body
+        raise MongoError(17, "unexpected reply opcode")
+
+    async def command(self, db: str, cmd: dict[str, Any], *, raw: bool = False,
+                      check: bool = True, timeout: float | None = None) -> Any:
+        """Run ``cmd`` on ``db``. Returns a dict (or RawBSONDocument with ``raw``); with
+        ``check`` an ``ok: 0`` reply raises MongoError carrying its code, codeName and labels."""
+        body = dict(cmd)
+        body["$db"] = db
+        reply_bytes = await self.command_bytes(bson.encode(body, codec_options=CODEC), timeout)
+        reply: Any = RawBSONDocument(reply_bytes, RAW_CODEC) if raw else decode(reply_bytes)
+        if check and not reply.get("ok"):
+            raise remote_error(reply)
+        return reply
+
+    def close(self) -> None:
+        self.broken = True
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # pragma: no cover
+                pass
+        self._writer = None
+        self._reader = None
+
+
+def remote_error(reply: Any) -> MongoError:
+    """A MongoError from an ``ok: 0`` reply (code, errmsg, codeName, errorLabels kept)."""
+    code = int(reply.get("code", 8) or 8)
+    exc = MongoError(code, str(reply.get("errmsg", "unknown error")),
+                     code_name_override=reply.get("codeName"))
+    labels = reply.get("errorLabels")
+    if labels:
+        exc.labels = list(labels)
+    return exc
+
+
+class Pool:
+    """Connections to one address: idle ones are reused, broken ones dropped."""
+
+    def __init__(self, host: str, port: int, max_idle: int = 16) -> None:
+        self.host = host
+        self.port = port
+        self._idle: list[Connection] = []
+        self._max_idle = max_idle
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def acquire(self) -> Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.broken:
+                return conn
+        conn = Connection(self.host, self.port)
+        await conn.connect()
+        return conn
+
+    def release(self, conn: Connection) -> None:
+        if not conn.broken and len(self._idle) < self._max_idle:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    async def command(self, db: str, cmd: dict[str, Any], **kw: Any) -> Any:
+        """Run one command on a pooled connection."""
+        conn = await self.acquire()
+        try:
+            return await conn.command(db, cmd, **kw)
+        finally:
+            self.release(conn)
+
+    def close(self) -> None:
+        for c in self._idle:
+            c.close()
+        self._idle.clear()
+
+
+def parse_address(addr: str, default_port: int = 27017) -> tuple[str, int]:
+    """``"host:port"`` -> ``(host, port)``."""
+    host, _, port = addr.rpartition(":")
+    if not host:
+        return addr, default_port
+    return host, int(port)

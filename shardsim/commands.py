@@ -1,0 +1,163 @@
+"""Command dispatch: a table of handlers with mongod's names and aliases, and the request shape.
+
+A handler is ``async def handler(req: Request) -> dict``; it returns the reply body without
+``ok`` (added as ``1.0``) and raises :class:`~shardsim.errors.MongoError` to fail. Unknown
+commands fail like mongod: ``CommandNotFound`` (59) "no such command: '<name>'".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from shardsim.errors import MongoError
+
+Handler = Callable[["Request"], Awaitable[dict[str, Any]]]
+
+# Fields every command may carry (mongod's generic arguments); handlers must not reject them.
+GENERIC_FIELDS = frozenset({
+    "$db", "lsid", "txnNumber", "$clusterTime", "readConcern", "writeConcern", "comment",
+    "maxTimeMS", "$readPreference", "apiVersion", "apiStrict", "apiDeprecationErrors",
+    "autocommit", "startTransaction", "stmtId", "$audit", "$client", "$configServerState",
+    "$configTime", "$topologyTime", "mayBypassWriteBlocking", "maxTimeMSOpOnly",
+    "readOnly", "shardVersion", "databaseVersion", "$queryOptions", "clientOperationKey",
+    "allowImplicitCollectionCreation", "versionContext", "rawData",
+})
+
+
+@dataclass(slots=True)
+class ConnectionInfo:
+    """Per-connection state: an id (``connectionId`` in hello), the peer address, and the
+    client metadata's ``application.name`` (used by failCommand's ``appName``)."""
+
+    id: int
+    peer: str = ""
+    app_name: str | None = None
+    closed: bool = False
+
+
+@dataclass(slots=True)
+class Request:
+    """One command: ``name`` (as sent), ``db`` (``$db``), ``body`` (decoded, kind-1 sequences
+    merged in as lists) and ``raw`` (the body's raw BSON bytes, for passthrough)."""
+
+    name: str
+    db: str
+    body: dict[str, Any]
+    conn: ConnectionInfo
+    raw: bytes = b""
+    sequences: dict[str, list[bytes]] = field(default_factory=dict)
+
+    @property
+    def arg(self) -> Any:
+        """The command's first value (``{find: "coll"}`` -> ``"coll"``)."""
+        return self.body[self.name]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.body.get(key, default)
+
+
+class CommandTable:
+    """Name -> handler, with aliases. Look-up is exact first, then case-insensitive (the
+    server accepts ``ismaster``/``buildinfo`` aliases; drivers send them lower-case)."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+        self._lower: dict[str, str] = {}
+        self._canonical: dict[str, str] = {}
+
+    def register(self, name: str, handler: Handler, *aliases: str) -> None:
+        for n in (name, *aliases):
+            self._handlers[n] = handler
+            self._lower[n.lower()] = n
+            self._canonical[n] = name
+
+    def command(self, name: str, *aliases: str) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`register`."""
+        def deco(fn: Handler) -> Handler:
+            self.register(name, fn, *aliases)
+            return fn
+        return deco
+
+    def lookup(self, name: str) -> Handler:
+        """The handler for ``name``; raises CommandNotFound (59)."""
+        handler = self._handlers.get(name)
+        if handler is None:
+            exact = self._lower.get(name.lower())
+            if exact is not None and name.lower() in ("ismaster", "buildinfo"):
+                handler = self._handlers[exact]
+        if handler is None:
+            raise MongoError(59, f"no such command: '{name}'")
+        return handler
+
+    def canonical(self, name: str) -> str:
+        """The canonical command name (``ismaster`` -> ``isMaster``)."""
+        exact = self._lower.get(name.lower(), name)
+        return self._canonical.get(exact, name)
+
+    def names(self) -> list[str]:
+        return sorted(set(self._canonical.values()))
+
+
+def check_type(req: Request, field_name: str, types: type | tuple[type, ...], type_name: str,
+               *, required: bool = False) -> Any:
+    """Validate a command field's BSON type like the IDL parser does.
+
+    Raises TypeMismatch (14) "BSON field '<cmd>.<field>' is the wrong type '<t>', expected
+    type '<type_name>'" or IDLFailedToParse (40414) when a required field is missing.
+    """
+    if field_name not in req.body:
+        if required:
+            raise MongoError(40414, f"BSON field '{req.name}.{field_name}' is missing but a "
+                                    f"required field")
+        return None
+    value = req.body[field_name]
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise MongoError(14, f"BSON field '{req.name}.{field_name}' is the wrong type 'bool', "
+                             f"expected type '{type_name}'")
+    if not isinstance(value, types):
+        raise MongoError(14, f"BSON field '{req.name}.{field_name}' is the wrong type "
+                             f"'{bson_type_name(value)}', expected type '{type_name}'")
+    return value
+
+
+def bson_type_name(value: Any) -> str:
+    """The server's type alias for a Python/BSON value (``$type`` names)."""
+    from bson import Binary, Code, Decimal128, MaxKey, MinKey, ObjectId, Regex, Timestamp
+    from bson.int64 import Int64
+    import datetime
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, Int64):
+        return "long"
+    if isinstance(value, int):
+        return "int" if -2**31 <= value < 2**31 else "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict) or hasattr(value, "raw"):
+        return "object"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if isinstance(value, ObjectId):
+        return "objectId"
+    if isinstance(value, (bytes, Binary)):
+        return "binData"
+    if isinstance(value, datetime.datetime):
+        return "date"
+    if isinstance(value, Timestamp):
+        return "timestamp"
+    if isinstance(value, Decimal128):
+        return "decimal"
+    if isinstance(value, Regex):
+        return "regex"
+    if isinstance(value, Code):
+        return "javascript"
+    if isinstance(value, MinKey):
+        return "minKey"
+    if isinstance(value, MaxKey):
+        return "maxKey"
+    return type(value).__name__

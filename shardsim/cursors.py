@@ -1,0 +1,215 @@
+"""Server-side cursors: ids, getMore, killCursors (from any connection), idle timeout.
+
+Mirrors mongod's ``CursorManager``/mongos' ``ClusterCursorManager`` semantics: random positive
+63-bit ids, ``CursorNotFound`` (43) for an unknown or killed id, cursors reaped after
+``cursorTimeoutMillis`` (default 600000 ms) of idleness unless ``noCursorTimeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from bson.int64 import Int64
+
+from shardsim.errors import MongoError
+
+DEFAULT_BATCH_SIZE = 101
+BATCH_BYTES_LIMIT = 16 * 1024 * 1024  # a reply batch never exceeds 16 MiB (bytes)
+DEFAULT_CURSOR_TIMEOUT_MS = 600_000
+
+
+@dataclass(slots=True)
+class Batch:
+    """One batch of a cursor: ``docs`` (dicts or RawBSONDocument), ``exhausted`` (cursor id 0
+    in the reply), ``post_batch_resume_token`` (``{_data[, _typeBits]}`` for change streams)
+    and ``extra`` cursor fields (e.g. ``invalidated``)."""
+
+    docs: list[Any]
+    exhausted: bool
+    post_batch_resume_token: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Cursor:
+    """Base class. Subclasses implement :meth:`fetch`; ``ns`` is ``db.coll`` as replied."""
+
+    id: int = 0
+    tailable: bool = False
+    await_data: bool = False
+    no_timeout: bool = False
+
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+        self.last_used = time.monotonic()
+        self.in_use = False
+        self.lsid: Any = None
+
+    async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        """Produce the next batch. ``batch_size`` None means the default (101 first, unlimited after)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Release resources (remote cursors for the router)."""
+
+
+class ListCursor(Cursor):
+    """A cursor over documents computed up front (find, aggregate, listCollections, ...)."""
+
+    def __init__(self, ns: str, docs: Iterator[Any] | list[Any]) -> None:
+        super().__init__(ns)
+        self._it = iter(docs)
+        self._peek: list[Any] = []
+
+    async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        limit = batch_size if batch_size else (DEFAULT_BATCH_SIZE if first else 1 << 62)
+        out: list[Any] = []
+        size = 0
+        while len(out) < limit:
+            if self._peek:
+                doc = self._peek.pop()
+            else:
+                doc = next(self._it, _END)
+                if doc is _END:
+                    return Batch(out, exhausted=True)
+            doc_size = _approx_size(doc)
+            if out and size + doc_size > BATCH_BYTES_LIMIT:
+                self._peek.append(doc)
+                break
+            out.append(doc)
+            size += doc_size
+        # Peek one to report exhaustion in the same batch, as mongod does for a finished scan.
+        if not self._peek:
+            nxt = next(self._it, _END)
+            if nxt is _END:
+                return Batch(out, exhausted=True)
+            self._peek.append(nxt)
+        return Batch(out, exhausted=False)
+
+
+_END = object()
+
+
+def _approx_size(doc: Any) -> int:
+    raw = getattr(doc, "raw", None)
+    if raw is not None:
+        return len(raw)
+    import bson
+    return len(bson.encode(doc))
+
+
+class CursorManager:
+    """Owns every open cursor of one process."""
+
+    def __init__(self, timeout_ms: int = DEFAULT_CURSOR_TIMEOUT_MS) -> None:
+        self._cursors: dict[int, Cursor] = {}
+        self.timeout_ms = timeout_ms
+        self._reaper: asyncio.Task | None = None
+
+    def __len__(self) -> int:
+        return len(self._cursors)
+
+    def register(self, cursor: Cursor) -> int:
+        """Give ``cursor`` a fresh id and keep it; returns the id."""
+        while True:
+            cid = random.getrandbits(62) + 1
+            if cid not in self._cursors:
+                break
+        cursor.id = cid
+        self._cursors[cid] = cursor
+        return cid
+
+    def get(self, cursor_id: int) -> Cursor:
+        """The open cursor ``cursor_id``; raises CursorNotFound (43)."""
+        cursor = self._cursors.get(int(cursor_id))
+        if cursor is None:
+            raise MongoError(43, f"cursor id {int(cursor_id)} not found")
+        return cursor
+
+    def all(self) -> list[Cursor]:
+        return list(self._cursors.values())
+
+    async def run_first_batch(self, cursor: Cursor, batch_size: int | None,
+                              max_time_ms: int | None = None) -> dict[str, Any]:
+        """Fetch the first batch; register the cursor if it is not exhausted. Returns the
+        ``cursor`` reply subdocument ``{firstBatch, [postBatchResumeToken], id, ns}``."""
+        batch = await cursor.fetch(batch_size, max_time_ms, first=True)
+        cid = 0
+        if not batch.exhausted:
+            cid = self.register(cursor)
+        else:
+            await cursor.close()
+        reply: dict[str, Any] = {"firstBatch": batch.docs}
+        if batch.post_batch_resume_token is not None:
+            reply["postBatchResumeToken"] = batch.post_batch_resume_token
+        reply.update(batch.extra)
+        reply["id"] = Int64(cid)
+        reply["ns"] = cursor.ns
+        return reply
+
+    async def get_more(self, cursor_id: int, collection: str, batch_size: int | None,
+                       max_time_ms: int | None) -> dict[str, Any]:
+        """Run a getMore; returns ``{id, ns, nextBatch, [postBatchResumeToken]}``.
+
+        Raises CursorNotFound (43), or Unauthorized-style 13 when ``collection`` names another
+        namespace (mongod: "Requested getMore on namespace 'x', but cursor belongs to 'y'").
+        """
+        cursor = self.get(cursor_id)
+        if cursor.ns.split(".", 1)[1] != collection and not cursor.ns.endswith("$cmd.aggregate"):
+            raise MongoError(13, f"Requested getMore on namespace '{cursor.ns.split('.', 1)[0]}."
+                                 f"{collection}', but cursor belongs to a different namespace {cursor.ns}")
+        if cursor.in_use:
+            raise MongoError(43, f"cursor id {int(cursor_id)} is already in use")
+        cursor.in_use = True
+        try:
+            batch = await cursor.fetch(batch_size, max_time_ms, first=False)
+        except BaseException:
+            # A failed getMore kills the cursor, as on mongod.
+            self._cursors.pop(cursor.id, None)
+            cursor.in_use = False
+            await cursor.close()
+            raise
+        cursor.in_use = False
+        cursor.last_used = time.monotonic()
+        cid = cursor.id
+        if batch.exhausted:
+            self._cursors.pop(cid, None)
+            await cursor.close()
+            cid = 0
+        reply: dict[str, Any] = {"id": Int64(cid), "ns": cursor.ns, "nextBatch": batch.docs}
+        if batch.post_batch_resume_token is not None:
+            reply["postBatchResumeToken"] = batch.post_batch_resume_token
+        reply.update(batch.extra)
+        return reply
+
+    async def kill(self, cursor_ids: list[int]) -> dict[str, list[Int64]]:
+        """killCursors: the reply's four lists."""
+        killed, not_found = [], []
+        for cid in cursor_ids:
+            cursor = self._cursors.pop(int(cid), None)
+            if cursor is None:
+                not_found.append(Int64(cid))
+            else:
+                killed.append(Int64(cid))
+                await cursor.close()
+        return {"cursorsKilled": killed, "cursorsNotFound": not_found,
+                "cursorsAlive": [], "cursorsUnknown": []}
+
+    async def kill_all(self) -> None:
+        ids = list(self._cursors)
+        await self.kill(ids)
+
+    def start_reaper(self, interval_s: float = 30.0) -> None:
+        """Kill cursors idle for longer than ``timeout_ms`` (unless noCursorTimeout)."""
+        async def reap() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                deadline = time.monotonic() - self.timeout_ms / 1000
+                stale = [c.id for c in self._cursors.values()
+                         if not c.no_timeout and not c.in_use and c.last_used < deadline]
+                if stale:
+                    await self.kill(stale)
+        self._reaper = asyncio.get_running_loop().create_task(reap())

@@ -1,0 +1,135 @@
+"""Starting and stopping role processes: free loopback ports, readiness, guaranteed cleanup.
+
+Every role prints one line ``shardsim <role> ready on <host>:<port>`` on stdout once it
+listens (see :func:`shardsim.server.run_node`); :class:`RoleProcess` waits for that line.
+Used by the launcher (``shardsim up``) and by the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import Sequence
+
+READY_RE = re.compile(r"shardsim (\w+) ready on ([\w.\-]+):(\d+)")
+
+
+def ready_line(role: str) -> str:
+    """The ready message a role prints (``{host}``/``{port}`` filled by run_node)."""
+    return f"shardsim {role} ready on {{host}}:{{port}}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+class RoleProcess:
+    """One role as a child process: ``python -m <module> <args>``.
+
+    ``start()`` waits (up to ``timeout`` s) for the ready line and raises RuntimeError with
+    the process's last output if it exits or times out first. ``stop()`` sends SIGTERM then
+    SIGKILL; ``kill()`` sends SIGKILL (for crash tests).
+    """
+
+    def __init__(self, module: str, args: Sequence[str], *, name: str | None = None,
+                 env: dict[str, str] | None = None, log_path: str | None = None) -> None:
+        self.module = module
+        self.args = list(args)
+        self.name = name or module
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[str] | None = None
+        self.port: int | None = None
+        self.host: str | None = None
+        self.output: deque[str] = deque(maxlen=200)
+        self._ready = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self, timeout: float = 30.0) -> "RoleProcess":
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.env:
+            env.update(self.env)
+        self._ready.clear()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module, *self.args], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready.wait(0.05):
+                return self
+            if self.proc.poll() is not None:
+                self._reader.join(1)
+                break
+        out = "\n".join(self.output)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not start (exit {self.proc.returncode}):\n{out}")
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        log = open(self.log_path, "a") if self.log_path else None
+        try:
+            for line in self.proc.stdout:
+                self.output.append(line.rstrip())
+                if log:
+                    log.write(line)
+                    log.flush()
+                m = READY_RE.search(line)
+                if m and not self._ready.is_set():
+                    self.host, self.port = m.group(2), int(m.group(3))
+                    self._ready.set()
+        finally:
+            if log:
+                log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` s; always reaps."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the process group and reap it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
