@@ -1,0 +1,260 @@
+"""The shard's oplog (``local.oplog.rs``) and pre-image store (``config.system.preimages``).
+
+The oplog is an in-memory, append-only list of MongoDB oplog entries ordered by ``ts`` (a BSON
+``Timestamp``), indexed by :func:`shardsim.clock.ts_key`. It is what the change-stream stages
+scan and what ``find`` on ``local.oplog.rs`` reads. Durable shards persist entries through
+:mod:`shard.durable` and reload them here at start-up.
+
+Retention works like a capped oplog with ``oplogMinRetentionHours``: entries are truncated from
+the oldest end while the oplog is larger than ``max_bytes`` (``replication.oplogSizeMB``) AND
+older than ``min_retention_s``, or when older than ``max_age_s`` whatever the size. The oldest
+kept entry is :meth:`Oplog.first_ts`, which change streams compare with their start point to
+detect ChangeStreamHistoryLost (286), as ``document_source_change_stream_ensure_resume_token_present``
+/ ``oplog_entry ... earliestOpTime`` do on the server.
+
+Pre-images (``config.system.preimages``) are keyed like the server's ``ChangeStreamPreImageId``
+``{nsUUID, ts, applyOpsIndex}`` and expire with the oplog: a pre-image older than the oldest
+oplog entry is removed (the server's default ``expireAfterSeconds: off`` behaviour).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from typing import Any, Callable, Iterator
+
+import bson
+from bson.timestamp import Timestamp
+from sortedcontainers import SortedDict
+
+from shardsim.clock import ts_from_key, ts_key
+
+Listener = Callable[[dict[str, Any]], None]
+
+DEFAULT_MAX_BYTES = 1024 * 1024 * 1024  # 1 GiB, bytes of BSON
+DEFAULT_MIN_RETENTION_S = 0.0
+DEFAULT_MAX_AGE_S: float | None = None
+
+
+class Oplog:
+    """Append-only oplog with key-ordered lookup, waiting, listeners and retention.
+
+    ``max_bytes`` — size cap in bytes (BSON size of the entries); ``min_retention_s`` —
+    entries younger than this are never truncated for size; ``max_age_s`` — entries older than
+    this many seconds are truncated even under the size cap (``None`` = no age limit).
+    """
+
+    def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                 min_retention_s: float = DEFAULT_MIN_RETENTION_S,
+                 max_age_s: float | None = DEFAULT_MAX_AGE_S,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.max_bytes = int(max_bytes)
+        self.min_retention_s = float(min_retention_s)
+        self.max_age_s = max_age_s
+        self._wall = wall
+        # Parallel lists; index i in the lists is absolute position ``_base + i``.
+        self._keys: list[int] = []
+        self._entries: list[dict[str, Any]] = []
+        self._sizes: list[int] = []
+        self._head = 0  # entries[:_head] are truncated (compacted lazily)
+        self._base = 0
+        self._bytes = 0
+        self._listeners: list[Listener] = []
+        self._event: asyncio.Event | None = None
+        self.truncated_callbacks: list[Callable[[int], None]] = []
+
+    # -- reading ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._entries) - self._head
+
+    @property
+    def size_bytes(self) -> int:
+        """BSON bytes of the retained entries."""
+        return self._bytes
+
+    @property
+    def latest_key(self) -> int:
+        """``ts_key`` of the newest entry, 0 when empty."""
+        return self._keys[-1] if len(self._keys) > self._head else 0
+
+    def first_ts(self) -> Timestamp | None:
+        """``ts`` of the oldest retained entry (history-loss checks), None when empty."""
+        if len(self._keys) > self._head:
+            return ts_from_key(self._keys[self._head])
+        return None
+
+    def last_ts(self) -> Timestamp | None:
+        """``ts`` of the newest entry, None when empty."""
+        if len(self._keys) > self._head:
+            return ts_from_key(self._keys[-1])
+        return None
+
+    def entries_from(self, key: int) -> Iterator[dict[str, Any]]:
+        """Entries with ``ts_key(entry['ts']) >= key`` in ts order.
+
+        The iterator is live: entries appended while iterating are yielded too, and it survives
+        truncation (it continues from the oldest retained entry if it fell behind).
+        """
+        pos = self._base + max(bisect.bisect_left(self._keys, key, self._head), self._head)
+        while True:
+            idx = pos - self._base
+            if idx < self._head:
+                idx = self._head
+                pos = self._base + idx
+            if idx >= len(self._entries):
+                return
+            yield self._entries[idx]
+            pos += 1
+
+    def entries_after(self, key: int) -> Iterator[dict[str, Any]]:
+        """Entries with ``ts_key(entry['ts']) > key`` in ts order."""
+        return self.entries_from(key + 1)
+
+    def entries_reversed(self) -> Iterator[dict[str, Any]]:
+        """Newest first (for ``find`` sorted by ``$natural: -1``); a snapshot."""
+        return reversed(self._entries[self._head:])
+
+    def get(self, key: int) -> dict[str, Any] | None:
+        """The entry whose ts_key is exactly ``key``, or None."""
+        i = bisect.bisect_left(self._keys, key, self._head)
+        if i < len(self._keys) and self._keys[i] == key:
+            return self._entries[i]
+        return None
+
+    # -- writing ----------------------------------------------------------------------------
+    def append(self, entry: dict[str, Any], size: int | None = None) -> None:
+        """Append ``entry`` (must have ``ts`` newer than every entry so far).
+
+        ``size`` is the entry's BSON size in bytes when the caller already encoded it.
+        Raises ValueError on an out-of-order ``ts``. Wakes waiters and calls listeners.
+        """
+        key = ts_key(entry["ts"])
+        if len(self._keys) > self._head and key <= self._keys[-1]:
+            raise ValueError(f"oplog entry {entry['ts']} is not newer than {ts_from_key(self._keys[-1])}")
+        if size is None:
+            size = len(bson.encode(entry))
+        self._keys.append(key)
+        self._entries.append(entry)
+        self._sizes.append(size)
+        self._bytes += size
+        if self._bytes > self.max_bytes or self.max_age_s is not None:
+            self._enforce_retention()
+        ev = self._event
+        if ev is not None:
+            self._event = None
+            ev.set()
+        for cb in tuple(self._listeners):
+            cb(entry)
+
+    def load(self, entries: list[tuple[dict[str, Any], int]]) -> None:
+        """Bulk-load ``(entry, size)`` pairs in ts order at start-up (no listeners called)."""
+        for entry, size in entries:
+            self._keys.append(ts_key(entry["ts"]))
+            self._entries.append(entry)
+            self._sizes.append(size)
+            self._bytes += size
+
+    def _enforce_retention(self) -> None:
+        now = self._wall()
+        removed_to = None
+        n = len(self._entries)
+        while self._head < n - 1:  # never truncate the newest entry
+            age = now - (self._keys[self._head] >> 32)
+            too_old = self.max_age_s is not None and age > self.max_age_s
+            too_big = self._bytes > self.max_bytes and age >= self.min_retention_s
+            if not (too_old or too_big):
+                break
+            self._bytes -= self._sizes[self._head]
+            self._entries[self._head] = None  # type: ignore[call-overload]
+            removed_to = self._keys[self._head]
+            self._head += 1
+        if self._head > 1024 and self._head * 2 > n:
+            del self._keys[:self._head]
+            del self._entries[:self._head]
+            del self._sizes[:self._head]
+            self._base += self._head
+            self._head = 0
+        if removed_to is not None:
+            for cb in tuple(self.truncated_callbacks):
+                cb(removed_to)
+
+    def truncate(self) -> None:
+        """Apply the retention settings now (after they change)."""
+        self._enforce_retention()
+
+    # -- waiting ----------------------------------------------------------------------------
+    async def wait_for_newer(self, key: int, timeout_s: float) -> bool:
+        """Wait until an entry with ts_key > ``key`` exists; False after ``timeout_s`` seconds."""
+        if self.latest_key > key:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout_s)
+        while self.latest_key <= key:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            if self._event is None:
+                self._event = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._event.wait(), remaining)
+            except asyncio.TimeoutError:
+                return self.latest_key > key
+        return True
+
+    def add_listener(self, cb: Listener) -> None:
+        """Call ``cb(entry)`` synchronously after every append."""
+        self._listeners.append(cb)
+
+    def remove_listener(self, cb: Listener) -> None:
+        """Stop calling ``cb``; ignores unknown callbacks."""
+        try:
+            self._listeners.remove(cb)
+        except ValueError:
+            pass
+
+
+class PreImages:
+    """``config.system.preimages``: ``(nsUUID, ts, applyOpsIndex) -> document before the write``.
+
+    Documents are stored as given (dict, field order kept). ``truncate_before(key)`` removes
+    pre-images whose ts_key is older than ``key`` (called when the oplog truncates).
+    """
+
+    def __init__(self) -> None:
+        self._docs: SortedDict = SortedDict()  # (ts_key, ns_uuid, index) -> doc
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def put(self, ns_uuid: bytes, ts: Timestamp, apply_ops_index: int, doc: dict[str, Any]) -> None:
+        """Store the pre-image of the write at ``ts`` (``apply_ops_index`` within applyOps, else 0)."""
+        self._docs[(ts_key(ts), bytes(ns_uuid), int(apply_ops_index))] = doc
+
+    def get(self, ns_uuid: bytes, ts: Timestamp, apply_ops_index: int = 0) -> dict[str, Any] | None:
+        """The stored pre-image or None (expired or never recorded)."""
+        return self._docs.get((ts_key(ts), bytes(ns_uuid), int(apply_ops_index)))
+
+    def truncate_before(self, key: int) -> int:
+        """Drop pre-images with ts_key < ``key``; returns how many were removed."""
+        stop = self._docs.bisect_left((key, b"", -1))
+        keys = list(self._docs.keys()[:stop])
+        for k in keys:
+            del self._docs[k]
+        return len(keys)
+
+    def items(self) -> Iterator[tuple[tuple[int, bytes, int], dict[str, Any]]]:
+        """``((ts_key, ns_uuid, index), doc)`` in ts order."""
+        return iter(self._docs.items())
+
+    def docs(self) -> Iterator[dict[str, Any]]:
+        """Pre-images as ``config.system.preimages`` documents ``{_id: {nsUUID, ts,
+        applyOpsIndex}, operationTime, preImage}`` (for ``find``)."""
+        import datetime
+        from bson import Binary
+        from bson.int64 import Int64
+        for (key, uuid, idx), doc in self._docs.items():
+            ts = ts_from_key(key)
+            when = datetime.datetime.fromtimestamp(ts.time, datetime.timezone.utc).replace(tzinfo=None)
+            yield {"_id": {"nsUUID": Binary(uuid, 4), "ts": ts, "applyOpsIndex": Int64(idx)},
+                   "operationTime": when, "preImage": doc}
