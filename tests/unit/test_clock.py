@@ -1,0 +1,52 @@
+"""The hybrid logical clock: monotonic ticks, gossip never moves it back (VectorClock semantics)."""
+
+from bson.timestamp import Timestamp
+
+from shardsim.clock import HybridLogicalClock, ts_add_ticks, ts_from_key, ts_key
+
+
+class FakeWall:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_tick_uses_wall_seconds_then_increments():
+    wall = FakeWall(1000.5)
+    clock = HybridLogicalClock(wall)
+    assert clock.tick() == Timestamp(1000, 1)
+    assert clock.tick() == Timestamp(1000, 2)
+    wall.t = 1001.0
+    assert clock.tick() == Timestamp(1001, 1)
+
+
+def test_tick_never_goes_back_when_wall_clock_does():
+    wall = FakeWall(2000)
+    clock = HybridLogicalClock(wall)
+    clock.tick()
+    wall.t = 1500
+    assert clock.tick() == Timestamp(2000, 2)
+
+
+def test_gossip_advances_but_never_regresses():
+    clock = HybridLogicalClock(FakeWall(10))
+    clock.advance(Timestamp(50, 7))
+    assert clock.now() == Timestamp(50, 7)
+    clock.advance(Timestamp(20, 1))
+    assert clock.now() == Timestamp(50, 7)
+    assert clock.tick() == Timestamp(50, 8)
+
+
+def test_reserving_several_ticks_returns_the_first():
+    clock = HybridLogicalClock(FakeWall(10))
+    first = clock.tick(5)
+    assert first == Timestamp(10, 1)
+    assert clock.now() == Timestamp(10, 5)
+
+
+def test_key_round_trip_and_carry():
+    ts = Timestamp(123, 0xFFFFFFFF)
+    assert ts_from_key(ts_key(ts)) == ts
+    assert ts_add_ticks(ts) == Timestamp(124, 0)
