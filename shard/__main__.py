@@ -1,0 +1,53 @@
+"""``python -m shard --port P [--host H] --shard-name NAME [--dbpath DIR] ...``: run one shard.
+
+Prints ``shardsim shard ready on HOST:PORT`` once listening (see :mod:`shardsim.procs`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from shardsim.procs import ready_line
+from shardsim.server import run_node
+
+
+@click.command(context_settings={"show_default": True})
+@click.option("--port", type=int, default=27018, help="TCP port (0 picks a free one).")
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--shard-name", default="shard0", help="Shard name (also the replica-set name in hello).")
+@click.option("--dbpath", type=click.Path(file_okay=False), default=None,
+              help="Directory for the SQLite store; in memory when omitted.")
+@click.option("--noop-interval-ms", type=int, default=1000,
+              help="Period of the no-op oplog writer (ms).")
+@click.option("--promise-mode", type=click.Choice(["clock", "mongod"]), default="clock",
+              help="How empty change-stream batches advance postBatchResumeToken.")
+@click.option("--oplog-size-mb", type=float, default=1024.0, help="Oplog size cap (MiB).")
+@click.option("--oplog-min-retention-hours", type=float, default=0.0,
+              help="Entries younger than this are kept even over the size cap (hours).")
+@click.option("--oplog-max-age-s", type=float, default=None,
+              help="Entries older than this are truncated whatever the size (seconds).")
+@click.option("--sync", type=click.Choice(["normal", "full"]), default="normal",
+              help="SQLite synchronous mode (normal survives process crashes; full also OS crashes).")
+@click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
+@click.option("--log-level", default="WARNING", help="Python logging level.")
+def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interval_ms: int,
+         promise_mode: str, oplog_size_mb: float, oplog_min_retention_hours: float,
+         oplog_max_age_s: float | None, sync: str, no_test_commands: bool, log_level: str) -> None:
+    """Run a shardsim shard (a mongod --shardsvr look-alike)."""
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from shard.node import ShardNode
+    options = {
+        "dbpath": dbpath, "noop_interval_ms": noop_interval_ms, "promise_mode": promise_mode,
+        "oplog_size_mb": oplog_size_mb, "oplog_min_retention_hours": oplog_min_retention_hours,
+        "oplog_max_age_s": oplog_max_age_s, "sync": sync,
+    }
+    node = ShardNode(shard_name=shard_name, host=host, port=port,
+                     test_commands=not no_test_commands, options=options)
+    run_node(node, host, port, ready_message=ready_line("shard"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""The shard process (``mongod --shardsvr`` as a one-member replica-set primary).
+
+:class:`ShardNode` owns the storage (:mod:`shard.storage`), the oplog and pre-images
+(:mod:`shard.oplog`), transactions and retryable-write history (:mod:`shard.sessions`), and
+the optional SQLite store (:mod:`shard.durable`). Command handlers live in :mod:`shard.crud`
+(reads and writes), :mod:`shard.ddl` (catalog commands) and :mod:`shard.sessions`.
+
+Every write goes through :meth:`ShardNode.log_op`: tick the clock (never behind gossiped
+``$clusterTime``, see ``Node.gossip_in``), build the oplog entry in mongod's field order, append
+it and the pre-image. In a transaction the operation is buffered and the commit writes one
+``applyOps`` entry (``transaction_participant.cpp``). Durable shards commit the command's
+documents, catalog changes, oplog entries and pre-images in one SQLite transaction before the
+reply leaves (``run_command``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+from bson import Binary, ObjectId
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from shardsim.clock import ts_key
+from shardsim.commands import Request
+from shardsim.errors import MongoError
+from shardsim.node import Node
+from shard.oplog import Oplog, PreImages
+from shard.storage import Collection, Storage, new_uuid
+
+TERM = Int64(1)
+OPLOG_VERSION = Int64(2)
+ID_INDEX_SPEC = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+ELECTION_ID = ObjectId("7fffffff0000000000000001")
+
+
+def wall_now() -> datetime.datetime:
+    """The oplog ``wall`` field: naive UTC datetime with millisecond precision."""
+    ms = int(time.time() * 1000)
+    return datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=ms)
+
+
+class WriteContext:
+    """What a write command contributes to its oplog entries: session fields, ``fromMigrate``,
+    and the open transaction (``txn``) that buffers operations instead of logging them."""
+
+    __slots__ = ("lsid", "txn_number", "from_migrate", "txn", "stmt_id")
+
+    def __init__(self, lsid: Any = None, txn_number: Any = None, from_migrate: bool = False,
+                 txn: Any = None) -> None:
+        self.lsid = lsid
+        self.txn_number = txn_number
+        self.from_migrate = from_migrate
+        self.txn = txn
+        self.stmt_id: int | None = None
+
+
+NO_CONTEXT = WriteContext()
+
+
+class ShardNode(Node):
+    """A shard. ``options``: ``shard_name``, ``dbpath`` (None = in memory),
+    ``noop_interval_ms``, ``promise_mode`` (``clock``|``mongod``), ``oplog_size_mb``,
+    ``oplog_min_retention_hours``, ``oplog_max_age_s``, ``sync`` (``normal``|``full``)."""
+
+    role = "shard"
+
+    def __init__(self, *, shard_name: str = "shard0", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shard_name = shard_name
+        self.options.setdefault("shard_name", shard_name)
+        size_mb = float(self.options.get("oplog_size_mb") or 1024)
+        min_ret_h = float(self.options.get("oplog_min_retention_hours") or 0)
+        max_age = self.options.get("oplog_max_age_s")
+        self.storage = Storage()
+        self.oplog = Oplog(max_bytes=int(size_mb * 1024 * 1024), min_retention_s=min_ret_h * 3600,
+                           max_age_s=float(max_age) if max_age else None)
+        self.pre_images = PreImages()
+        self.oplog.truncated_callbacks.append(self._on_oplog_truncated)
+        self.durable = None
+        self._depth = 0
+        from shard.sessions import Sessions
+        self.sessions = Sessions(self)
+        dbpath = self.options.get("dbpath")
+        if dbpath:
+            from shard.durable import DurableStore
+            self.durable = DurableStore(dbpath, sync=self.options.get("sync") or "normal")
+            self.storage.journal = []
+            self.durable.load(self)
+        from shard import crud, ddl
+        crud.register(self)
+        ddl.register(self)
+        self.sessions.register()
+
+    # -- identity -----------------------------------------------------------------------------
+    def hello(self, req: Request) -> dict[str, Any]:
+        """One-member replica-set primary of 8.0 (no ``topologyVersion``)."""
+        last = self.oplog.last_ts() or self.clock.now()
+        last_date = datetime.datetime.fromtimestamp(last.time, datetime.timezone.utc).replace(tzinfo=None)
+        op_time = {"ts": last, "t": TERM}
+        return {
+            "hosts": [self.address],
+            "setName": self.shard_name,
+            "setVersion": 1,
+            "secondary": False,
+            "primary": self.address,
+            "me": self.address,
+            "electionId": ELECTION_ID,
+            "lastWrite": {"opTime": op_time, "lastWriteDate": last_date,
+                          "majorityOpTime": op_time, "majorityWriteDate": last_date},
+        }
+
+    def parameters(self) -> dict[str, Any]:
+        params = super().parameters()
+        params.update({
+            "shardName": self.shard_name,
+            "oplogSizeMB": Int64(self.oplog.max_bytes // (1024 * 1024)),
+            "oplogMinRetentionHours": self.oplog.min_retention_s / 3600,
+            "periodicNoopIntervalSecs": max(1, int(self.options.get("noop_interval_ms") or 1000) // 1000),
+        })
+        return params
+
+    def set_parameter(self, name: str, value: Any) -> None:
+        if name == "oplogSizeMB":
+            self.oplog.max_bytes = int(value) * 1024 * 1024
+            self.oplog.truncate()
+        elif name == "oplogMinRetentionHours":
+            self.oplog.min_retention_s = float(value) * 3600
+            self.oplog.truncate()
+        else:
+            super().set_parameter(name, value)
+
+    def parsed_options(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"sharding": {"clusterRole": "shardsvr"},
+                               "replication": {"replSet": self.shard_name}}
+        if self.options.get("dbpath"):
+            out["storage"] = {"dbPath": self.options["dbpath"]}
+        return out
+
+    def server_status(self) -> dict[str, Any]:
+        st = super().server_status()
+        first, last = self.oplog.first_ts(), self.oplog.last_ts()
+        st["repl"] = {"setName": self.shard_name, "isWritablePrimary": True, "secondary": False,
+                      "hosts": [self.address], "primary": self.address, "me": self.address}
+        st["oplog"] = {"entries": Int64(len(self.oplog)), "sizeBytes": Int64(self.oplog.size_bytes),
+                       "earliestOptime": first, "latestOptime": last}
+        st["storageEngine"] = {"name": "sqlite" if self.durable else "inMemory",
+                               "persistent": bool(self.durable)}
+        return st
+
+    # -- dispatch -----------------------------------------------------------------------------
+    async def run_command(self, req: Request) -> dict[str, Any]:
+        """Run a command; a durable shard commits what it wrote before replying."""
+        self._depth += 1
+        try:
+            reply = await super().run_command(req)
+        finally:
+            self._depth -= 1
+        if self.durable is not None and self.storage.journal:
+            self.flush()
+        return reply
+
+    def flush(self) -> None:
+        """Write the pending journal to SQLite in one transaction (durable shards)."""
+        if self.durable is not None and self.storage.journal:
+            journal = self.storage.journal
+            self.storage.journal = []
+            self.durable.commit(journal)
+
+    # -- the write path -----------------------------------------------------------------------
+    def write_context(self, req: Request) -> WriteContext:
+        """The session/transaction/fromMigrate context of a write command."""
+        from_migrate = req.body.get("fromMigrate") is True
+        lsid = req.body.get("lsid")
+        txn_number = req.body.get("txnNumber")
+        txn = None
+        if req.body.get("autocommit") is False:
+            txn = self.sessions.transaction_for(req)
+        return WriteContext(lsid if txn_number is not None else None, txn_number, from_migrate, txn)
+
+    def make_entry(self, op: str, ns: str, ui: Binary | None, o: dict[str, Any],
+                   o2: dict[str, Any] | None = None, *, ctx: WriteContext = NO_CONTEXT,
+                   ts: Timestamp | None = None) -> dict[str, Any]:
+        """An oplog entry in mongod's field order (``oplog_entry.idl``); ticks the clock."""
+        entry: dict[str, Any] = {}
+        if ctx.lsid is not None:
+            entry["lsid"] = ctx.lsid
+            entry["txnNumber"] = Int64(ctx.txn_number)
+        entry["op"] = op
+        entry["ns"] = ns
+        if ui is not None:
+            entry["ui"] = ui
+        entry["o"] = o
+        if o2 is not None:
+            entry["o2"] = o2
+        if ctx.lsid is not None and ctx.stmt_id is not None:
+            entry["stmtId"] = ctx.stmt_id
+        entry["ts"] = ts if ts is not None else self.clock.tick()
+        entry["t"] = TERM
+        entry["v"] = OPLOG_VERSION
+        entry["wall"] = wall_now()
+        if ctx.from_migrate:
+            entry["fromMigrate"] = True
+        if ctx.lsid is not None:
+            entry["prevOpTime"] = {"ts": Timestamp(0, 0), "t": Int64(-1)}
+        return entry
+
+    def append_entry(self, entry: dict[str, Any], size: int | None = None) -> None:
+        """Append to the oplog (and the durable journal)."""
+        self.oplog.append(entry, size)
+        if self.storage.journal is not None:
+            self.storage.journal.append(("oplog", entry))
+            if self._depth == 0:
+                self.flush()
+
+    def log_op(self, op: str, coll: Collection, o: dict[str, Any], o2: dict[str, Any] | None = None,
+               *, ctx: WriteContext = NO_CONTEXT, pre_image: dict[str, Any] | None = None,
+               size: int | None = None) -> Timestamp | None:
+        """Log a CRUD operation on ``coll`` (``op`` i/u/d). In a transaction the operation is
+        buffered; otherwise returns the entry's ``ts``. ``pre_image`` is stored when the
+        collection has changeStreamPreAndPostImages enabled."""
+        if ctx.txn is not None:
+            ctx.txn.add_op(op, coll, o, o2, pre_image if coll.pre_post_images else None)
+            return None
+        entry = self.make_entry(op, coll.ns, coll.ui, o, o2, ctx=ctx)
+        self.append_entry(entry, None if size is None else size + 160)
+        if pre_image is not None and coll.pre_post_images:
+            self.put_pre_image(coll.uuid, entry["ts"], 0, pre_image)
+        return entry["ts"]
+
+    def put_pre_image(self, uuid: bytes, ts: Timestamp, index: int, doc: dict[str, Any]) -> None:
+        self.pre_images.put(uuid, ts, index, doc)
+        if self.storage.journal is not None:
+            self.storage.journal.append(("preimage", uuid, ts, index, doc))
+
+    def log_command(self, db: str, o: dict[str, Any], ui: Binary | None = None,
+                    o2: dict[str, Any] | None = None, *, ctx: WriteContext = NO_CONTEXT) -> Timestamp:
+        """Log a DDL entry ``{op: "c", ns: "<db>.$cmd", o}``; returns its ts."""
+        entry = self.make_entry("c", f"{db}.$cmd", ui, o, o2,
+                                ctx=WriteContext(from_migrate=ctx.from_migrate))
+        self.append_entry(entry)
+        return entry["ts"]
+
+    def write_noop(self, o: dict[str, Any], o2: dict[str, Any] | None = None, ns: str = "",
+                   ui: Binary | None = None) -> Timestamp:
+        """Write an ``op: "n"`` entry (periodic no-op writer, _shardsimNoop); returns its ts."""
+        entry = self.make_entry("n", ns, ui, o, o2)
+        self.append_entry(entry, 120)
+        return entry["ts"]
+
+    def _on_oplog_truncated(self, key: int) -> None:
+        self.pre_images.truncate_before(key + 1)
+        if self.durable is not None:
+            self.durable.truncate_oplog(key)
+
+    # -- catalog helpers ----------------------------------------------------------------------
+    def create_collection(self, db: str, name: str, options: dict[str, Any] | None = None, *,
+                          uuid: bytes | None = None, shard_key: dict[str, Any] | None = None,
+                          ctx: WriteContext = NO_CONTEXT) -> Collection:
+        """Create a collection and log ``{create: name, <options>, idIndex}``."""
+        from shard.storage import validate_collection_name, validate_db_name
+        validate_db_name(db)
+        validate_collection_name(db, name)
+        coll = Collection(db, name, uuid or new_uuid(), options, shard_key)
+        self.storage.add(coll)
+        o = {"create": name}
+        o.update(coll.options)
+        o["idIndex"] = dict(ID_INDEX_SPEC)
+        self.log_command(db, o, coll.ui, ctx=ctx)
+        return coll
+
+    def ensure_collection(self, db: str, name: str, ctx: WriteContext = NO_CONTEXT) -> Collection:
+        """The collection, created implicitly (as an insert/upsert/createIndexes does)."""
+        coll = self.storage.get(db, name)
+        if coll is None:
+            if db in ("local", "admin", "config") and name.startswith("system."):
+                raise MongoError(73, f"cannot write to '{db}.{name}'")
+            if db == "local" and name == "oplog.rs":
+                raise MongoError(73, "cannot write to 'local.oplog.rs'")
+            coll = self.create_collection(db, name, ctx=WriteContext(from_migrate=ctx.from_migrate))
+        return coll
+
+    def find_document(self, ns: str, document_key: dict[str, Any]) -> dict[str, Any] | None:
+        """The current document matching ``document_key`` in ``ns`` (updateLookup), or None."""
+        db, _, name = ns.partition(".")
+        coll = self.storage.get(db, name)
+        if coll is None:
+            return None
+        from shard.query import select
+        for _, doc in select(coll, document_key):
+            return doc
+        return None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        if self.durable is not None:
+            self.flush()
+            self.durable.close()

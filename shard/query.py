@@ -1,0 +1,517 @@
+"""Query and update language for the shard, on top of ``mongomock``.
+
+mongomock (pinned in pyproject) supplies the matcher (``filtering.filter_applies``: comparison,
+logical, ``$exists``, ``$type``, ``$in``, ``$elemMatch``, ``$regex``, ``$expr``, dotted and array
+paths), the aggregation stages (``aggregate.process_pipeline``) and the update operators
+(``$set``/``$unset``/``$inc``/``$min``/``$max``/``$pop``/``$push`` with modifiers/``$pull``/
+``$pullAll``/``$addToSet``/``$currentDate``/``$setOnInsert``, pipeline updates). This module adds
+what mongomock lacks or does differently from mongod 8.0: ``$mul``, dotted ``$rename``, the
+``_id`` immutability and operator validation errors with mongod's codes, and — the part change
+streams depend on — the ``$v: 2`` update diff written to the oplog (``doc_diff.cpp`` format:
+``d`` deleted, ``u`` updated, ``i`` inserted, ``s<field>`` sub-diff, arrays ``a: true``,
+``l`` new length, ``u<idx>``/``s<idx>``).
+
+Stored documents are never mutated: :func:`apply_update` returns a new document.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Iterator
+
+import mongomock
+from mongomock import aggregate as mm_aggregate
+from mongomock import filtering as mm_filtering
+from bson import Regex
+from bson.int64 import Int64
+
+from shardsim.errors import MongoError
+from shard.storage import Collection, get_path, id_key
+
+_MM_COLL = mongomock.MongoClient().get_database("shardsim").get_collection("scratch")
+
+UPDATE_OPERATORS = frozenset({
+    "$set", "$unset", "$inc", "$mul", "$min", "$max", "$rename", "$push", "$pull", "$pullAll",
+    "$addToSet", "$pop", "$currentDate", "$setOnInsert", "$bit",
+})
+
+
+def _translate(exc: Exception) -> MongoError:
+    if isinstance(exc, MongoError):
+        return exc
+    msg = str(exc)
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and code > 0:
+        return MongoError(code, msg)
+    m = re.search(r"unknown operator: (\$\w+)", msg, re.I) or re.search(r"Unrecognized operator (\$\w+)", msg)
+    if m:
+        return MongoError(2, f"unknown operator: {m.group(1)}")
+    return MongoError(2, msg)
+
+
+def matches(filt: dict[str, Any] | None, doc: dict[str, Any]) -> bool:
+    """True if ``doc`` satisfies the query ``filt``; BadValue (2) for an invalid query."""
+    if not filt:
+        return True
+    try:
+        return mm_filtering.filter_applies(filt, doc)
+    except Exception as exc:  # mongomock raises OperationFailure/NotImplementedError/TypeError
+        raise _translate(exc) from None
+
+
+def _exact_id(filt: dict[str, Any]) -> tuple[bool, Any]:
+    if "_id" not in filt:
+        return False, None
+    v = filt["_id"]
+    if isinstance(v, dict):
+        if any(isinstance(k, str) and k.startswith("$") for k in v):
+            if len(v) == 1 and "$eq" in v and not isinstance(v["$eq"], (dict, list, Regex)):
+                return True, v["$eq"]
+            return False, None
+        return True, v
+    if isinstance(v, (list, Regex)) or type(v).__name__ == "Pattern":
+        return False, None
+    return True, v
+
+
+def select(coll: Collection | None, filt: dict[str, Any] | None) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """``(id_key, doc)`` for every document of ``coll`` matching ``filt`` in natural order.
+
+    An equality on ``_id`` is answered from the ``_id`` map without a scan. The scan works on a
+    snapshot of the keys, so callers may modify the collection while iterating.
+    """
+    if coll is None:
+        return
+    filt = filt or {}
+    exact, value = _exact_id(filt)
+    if exact:
+        k = id_key(value)
+        doc = coll.docs.get(k)
+        if doc is not None and (len(filt) == 1 or matches(filt, doc)):
+            yield k, doc
+        return
+    if not filt:
+        for k, doc in list(coll.docs.items()):
+            yield k, doc
+        return
+    docs = coll.docs
+    for k in list(docs):
+        doc = docs.get(k)
+        if doc is not None and matches(filt, doc):
+            yield k, doc
+
+
+def sort_docs(docs: list[dict[str, Any]], sort: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Sort like mongod (BSON type order); ``{$natural: ±1}`` keeps/reverses natural order."""
+    if not sort:
+        return docs
+    if list(sort) == ["$natural"]:
+        return docs if sort["$natural"] >= 0 else list(reversed(docs))
+    for k, v in sort.items():
+        if isinstance(v, dict):
+            if v.get("$meta") is None:
+                raise MongoError(2, f"Illegal key in $sort specification: {k}: {v}")
+        elif v not in (1, -1) or isinstance(v, bool):
+            raise MongoError(15975, "$sort key ordering must be 1 (for ascending) or -1 (for descending)")
+    try:
+        return list(mm_aggregate._handle_sort_stage(docs, None, sort))
+    except MongoError:
+        raise
+    except Exception as exc:
+        raise _translate(exc) from None
+
+
+def project(docs: list[dict[str, Any]], projection: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Apply a find projection (inclusion/exclusion/expressions, as ``$project``)."""
+    if not projection:
+        return docs
+    try:
+        out = mm_aggregate._handle_project_stage(docs, None, projection)
+    except Exception as exc:
+        raise _translate(exc) from None
+    return out if out is not None else [{} for _ in docs]
+
+
+def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]], database: Any) -> list[dict[str, Any]]:
+    """Run an aggregation ``pipeline`` over ``docs`` (mongomock stages).
+
+    ``database`` answers ``get_collection(name)`` for ``$lookup``. Unknown stages give mongod's
+    "Unrecognized pipeline stage name" (40324).
+    """
+    pipeline = [_rewrite_stage(stage) for stage in pipeline]
+    try:
+        return list(mm_aggregate.process_pipeline(docs, database, pipeline, None))
+    except MongoError:
+        raise
+    except NotImplementedError as exc:
+        raise MongoError(238, str(exc).split(".")[0]) from None
+    except Exception as exc:
+        raise _translate(exc) from None
+
+
+def _rewrite_stage(stage: Any) -> dict[str, Any]:
+    """Validate a stage; express ``$replaceWith``/``$unset`` with stages mongomock has."""
+    if not isinstance(stage, dict) or len(stage) != 1:
+        raise MongoError(40323, "A pipeline stage specification object must contain exactly one field.")
+    name, arg = next(iter(stage.items()))
+    if name not in mm_aggregate._PIPELINE_HANDLERS:
+        raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
+    if name == "$replaceWith":
+        return {"$replaceRoot": {"newRoot": arg}}
+    if name == "$unset":
+        fields = [arg] if isinstance(arg, str) else arg
+        if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
+            raise MongoError(31002, "$unset specification must be a string or an array containing "
+                                    "at least one field")
+        return {"$project": {f: 0 for f in fields}}
+    return stage
+
+
+# -- updates ----------------------------------------------------------------------------------
+
+def deep_copy(v: Any) -> Any:
+    """Copy dicts/lists recursively (other BSON values are immutable here); faster than deepcopy."""
+    t = type(v)
+    if t is dict:
+        return {k: deep_copy(x) for k, x in v.items()}
+    if t is list:
+        return [deep_copy(x) for x in v]
+    return v
+
+
+def classify_update(update: Any) -> str:
+    """``"pipeline"``, ``"operators"`` or ``"replacement"``; FailedToParse (9) on a mix."""
+    if isinstance(update, list):
+        return "pipeline"
+    if not isinstance(update, dict):
+        raise MongoError(14, "Update argument must be either an object or an array")
+    if not update:
+        return "replacement"
+    first = next(iter(update))
+    if first.startswith("$"):
+        for k in update:
+            if not k.startswith("$"):
+                raise MongoError(9, f"Unknown modifier: {k}. Expected a valid update modifier or "
+                                    f"pipeline-style update specified as an array")
+        return "operators"
+    for k in update:
+        if k.startswith("$"):
+            raise MongoError(52, f"The dollar ($) prefixed field '{k}' in '{k}' is not allowed "
+                                 f"in the context of an update's replacement document. Consider "
+                                 f"using an aggregation pipeline with $replaceWith.")
+    return "replacement"
+
+
+def _validate_operators(update: dict[str, Any]) -> None:
+    for op, arg in update.items():
+        if op not in UPDATE_OPERATORS:
+            raise MongoError(9, f"Unknown modifier: {op}. Expected a valid update modifier or "
+                                f"pipeline-style update specified as an array")
+        if not isinstance(arg, dict):
+            raise MongoError(9, f"Modifiers operate on fields but we found type "
+                                f"{type(arg).__name__} instead. For example: {{$mod: {{<field>: ...}}}} "
+                                f"not {{{op}: {arg!r}}}")
+        for path in arg:
+            if path == "_id" or path.startswith("_id."):
+                if op not in ("$setOnInsert",):
+                    # Checked after applying (an equal value is allowed), see apply_update.
+                    pass
+            if path == "" or path.endswith(".") or ".." in path:
+                raise MongoError(56, "An empty update path is not valid.")
+    if "$bit" in update:
+        raise MongoError(238, "$bit is not supported by shardsim")
+
+
+def _set_path(doc: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    cur: Any = doc
+    for p in parts[:-1]:
+        if isinstance(cur, list) and p.isdigit():
+            cur = cur[int(p)]
+            continue
+        if p not in cur or not isinstance(cur[p], (dict, list)):
+            cur[p] = {}
+        cur = cur[p]
+    last = parts[-1]
+    if isinstance(cur, list) and last.isdigit():
+        i = int(last)
+        while len(cur) <= i:
+            cur.append(None)
+        cur[i] = value
+    else:
+        cur[last] = value
+
+
+def _pop_path(doc: dict[str, Any], path: str) -> tuple[bool, Any]:
+    parts = path.split(".")
+    found, parent = (True, doc) if len(parts) == 1 else get_path(doc, ".".join(parts[:-1]))
+    if not found or not isinstance(parent, dict) or parts[-1] not in parent:
+        return False, None
+    return True, parent.pop(parts[-1])
+
+
+def _apply_mul(doc: dict[str, Any], arg: dict[str, Any]) -> None:
+    for path, factor in arg.items():
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise MongoError(14, f"Cannot multiply with non-numeric argument: {{{path}: {factor!r}}}")
+        found, cur = get_path(doc, path)
+        if not found:
+            _set_path(doc, path, type(factor)(0) if not isinstance(factor, Int64) else Int64(0))
+            continue
+        if isinstance(cur, bool) or not isinstance(cur, (int, float)):
+            raise MongoError(14, f"Cannot apply $mul to a value of non-numeric type. "
+                                 f"{{_id: {doc.get('_id')!r}}} has the field '{path.split('.')[-1]}' "
+                                 f"of non-numeric type {type(cur).__name__}")
+        res = cur * factor
+        if isinstance(cur, Int64) or isinstance(factor, Int64):
+            res = Int64(res) if not isinstance(res, float) else res
+        _set_path(doc, path, res)
+
+
+def _apply_rename(doc: dict[str, Any], arg: dict[str, Any]) -> None:
+    for src, dst in arg.items():
+        if not isinstance(dst, str):
+            raise MongoError(2, f"The 'to' field for $rename must be a string: {src}: {dst!r}")
+        if src == dst:
+            raise MongoError(2, f"The source and target field for $rename must differ: {src}: {dst!r}")
+        found, value = _pop_path(doc, src)
+        if found:
+            _set_path(doc, dst, value)
+
+
+def apply_update(doc: dict[str, Any], update: Any, spec: dict[str, Any] | None, *,
+                 is_insert: bool = False) -> dict[str, Any]:
+    """The document after ``update`` (operators, replacement or pipeline) applied to ``doc``.
+
+    ``doc`` is not modified. Raises mongod's errors: ImmutableField (66) when ``_id`` changes,
+    FailedToParse (9) for unknown modifiers, TypeMismatch (14) for bad operands.
+    """
+    kind = classify_update(update)
+    old_id = doc.get("_id", _MISSING)
+    if kind == "replacement":
+        new = {"_id": old_id} if old_id is not _MISSING else {}
+        for k, v in update.items():
+            if k == "_id":
+                continue
+            new[k] = deep_copy(v)
+        if "_id" in update:
+            if old_id is not _MISSING and id_key(update["_id"]) != id_key(old_id):
+                raise MongoError(66, f"After applying the update, the (immutable) field '_id' was "
+                                     f"found to have been altered to _id: {update['_id']!r}")
+            if old_id is _MISSING:
+                new = {"_id": update["_id"], **new}
+        return new
+    new = deep_copy(doc)
+    try:
+        if kind == "pipeline":
+            _MM_COLL._apply_update_pipeline(new, [_rewrite_stage(s) for s in update], None)
+        else:
+            _validate_operators(update)
+            rest = {}
+            for op, arg in update.items():
+                if op == "$mul":
+                    _apply_mul(new, arg)
+                elif op == "$rename":
+                    _apply_rename(new, arg)
+                elif op == "$setOnInsert" and not is_insert:
+                    continue
+                else:
+                    rest[op] = arg
+            if rest:
+                _MM_COLL._apply_update_document(new, spec or {}, rest, is_insert)
+    except MongoError:
+        raise
+    except Exception as exc:
+        raise _translate(exc) from None
+    new_id = new.get("_id", _MISSING)
+    if old_id is not _MISSING and (new_id is _MISSING or id_key(new_id) != id_key(old_id)
+                                   or type(new_id) is not type(old_id)):
+        raise MongoError(66, "Performing an update on the path '_id' would modify the immutable field '_id'")
+    if old_id is not _MISSING and next(iter(new)) != "_id":
+        new = {"_id": new.pop("_id"), **new}
+    return new
+
+
+_MISSING = object()
+
+
+# -- the $v: 2 diff ---------------------------------------------------------------------------
+
+def same(a: Any, b: Any) -> bool:
+    """BSON-identical: same types, same field order, same values (1 and 1.0 differ)."""
+    ta = type(a)
+    if ta is not type(b):
+        return False
+    if ta is dict:
+        if len(a) != len(b) or list(a) != list(b):
+            return False
+        return all(same(a[k], b[k]) for k in a)
+    if ta is list:
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if ta is float and a != a and b != b:
+        return True
+    return a == b
+
+
+def update_paths(update: dict[str, Any]) -> tuple[list[tuple[str, ...]], set[tuple[str, ...]]]:
+    """The paths an operator update touches (split on dots) and the ``$push``/``$addToSet``
+    targets (logged as appended elements when the array only grew)."""
+    paths: list[tuple[str, ...]] = []
+    appends: set[tuple[str, ...]] = set()
+    for op, arg in update.items():
+        if not isinstance(arg, dict):
+            continue
+        for p, v in arg.items():
+            t = tuple(p.split("."))
+            paths.append(t)
+            if op == "$rename" and isinstance(v, str):
+                paths.append(tuple(v.split(".")))
+            if op == "$push":
+                appends.add(t)
+    return paths, appends
+
+
+def _part_matches(pattern: str, actual: str) -> bool:
+    return pattern == actual or pattern == "$" or pattern.startswith("$[")
+
+
+def _descends(paths: list[tuple[str, ...]] | None, child: tuple[str, ...]) -> bool:
+    if paths is None:
+        return True
+    n = len(child)
+    for p in paths:
+        if len(p) > n and all(_part_matches(p[i], child[i]) for i in range(n)):
+            return True
+    return False
+
+
+def _obj_diff(pre: dict[str, Any], post: dict[str, Any], prefix: tuple[str, ...],
+              paths: list[tuple[str, ...]] | None, appends: set[tuple[str, ...]]) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    u: dict[str, Any] = {}
+    i: dict[str, Any] = {}
+    s: dict[str, Any] = {}
+    for k in pre:
+        if k not in post:
+            d[k] = False
+    for k, v in post.items():
+        if k not in pre:
+            i[k] = v
+            continue
+        old = pre[k]
+        if same(old, v):
+            continue
+        child = prefix + (k,)
+        sub = _child_diff(old, v, child, paths, appends)
+        if sub is None:
+            u[k] = v
+        else:
+            s["s" + k] = sub
+    out: dict[str, Any] = {}
+    if d:
+        out["d"] = d
+    if u:
+        out["u"] = u
+    if i:
+        out["i"] = i
+    out.update(s)
+    return out
+
+
+def _child_diff(old: Any, new: Any, child: tuple[str, ...], paths: list[tuple[str, ...]] | None,
+                appends: set[tuple[str, ...]]) -> dict[str, Any] | None:
+    """A sub-diff for a changed value, or None to log the whole new value."""
+    if type(old) is dict and type(new) is dict:
+        if _descends(paths, child):
+            return _obj_diff(old, new, child, paths, appends)
+        return None
+    if type(old) is list and type(new) is list:
+        if paths is None:
+            return _arr_diff(old, new, child, paths, appends, allow_shrink=True)
+        grown = len(new) > len(old) and all(same(a, b) for a, b in zip(old, new))
+        if child in appends and grown:
+            return _arr_diff(old, new, child, paths, appends, allow_shrink=False)
+        if _descends(paths, child) and len(new) >= len(old):
+            return _arr_diff(old, new, child, paths, appends, allow_shrink=False)
+    return None
+
+
+def _arr_diff(pre: list[Any], post: list[Any], prefix: tuple[str, ...],
+              paths: list[tuple[str, ...]] | None, appends: set[tuple[str, ...]], *,
+              allow_shrink: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"a": True}
+    if len(post) < len(pre) and allow_shrink:
+        out["l"] = len(post)
+    for idx, v in enumerate(post):
+        if idx >= len(pre):
+            out[f"u{idx}"] = v
+            continue
+        if same(pre[idx], v):
+            continue
+        sub = _child_diff(pre[idx], v, prefix + (str(idx),), paths, appends)
+        if sub is None:
+            out[f"u{idx}"] = v
+        else:
+            out[f"s{idx}"] = sub
+    return out
+
+
+def update_diff(pre: dict[str, Any], post: dict[str, Any], update: Any) -> dict[str, Any]:
+    """The oplog ``o`` of an update: ``{$v: 2, diff: {...}}``, or the full post-image for a
+    replacement (and for a pipeline update whose diff would be larger than the document, as
+    ``doc_diff::computeOplogDiff`` decides)."""
+    kind = classify_update(update)
+    if kind == "replacement":
+        return post
+    if kind == "operators":
+        paths, appends = update_paths(update)
+        return {"$v": 2, "diff": _obj_diff(pre, post, (), paths, appends)}
+    diff = _obj_diff(pre, post, (), None, set())
+    import bson
+    if len(bson.encode({"$v": 2, "diff": diff})) > len(bson.encode(post)):
+        return post
+    return {"$v": 2, "diff": diff}
+
+
+def upsert_seed(query: dict[str, Any]) -> dict[str, Any]:
+    """The document an upsert starts from: the query's equality fields (``_id`` first)."""
+    seed: dict[str, Any] = {}
+
+    def walk(q: dict[str, Any]) -> None:
+        for k, v in q.items():
+            if k == "$and" and isinstance(v, list):
+                for sub in v:
+                    if isinstance(sub, dict):
+                        walk(sub)
+                continue
+            if k.startswith("$"):
+                continue
+            if isinstance(v, dict) and any(isinstance(x, str) and x.startswith("$") for x in v):
+                if "$eq" in v:
+                    _set_path(seed, k, deep_copy(v["$eq"]))
+                continue
+            if isinstance(v, Regex) or type(v).__name__ == "Pattern":
+                continue
+            _set_path(seed, k, deep_copy(v))
+
+    walk(query or {})
+    if "_id" in seed and next(iter(seed)) != "_id":
+        seed = {"_id": seed.pop("_id"), **seed}
+    return seed
+
+
+def distinct_values(docs: Iterable[dict[str, Any]], key: str) -> list[Any]:
+    """``distinct``: the unique values at ``key`` (arrays unwound one level), in first-seen order."""
+    seen: set[Any] = set()
+    out: list[Any] = []
+    for doc in docs:
+        for v in mm_filtering.iter_key_candidates(key, doc):
+            if v is mm_filtering.NOTHING:
+                continue
+            vals = v if isinstance(v, list) else [v]
+            for x in vals:
+                k = id_key(x)
+                if k not in seen:
+                    seen.add(k)
+                    out.append(x)
+    return out

@@ -1,0 +1,256 @@
+"""Logical sessions on a shard: retryable writes and single-shard multi-document transactions.
+
+Retryable writes (``lsid`` + ``txnNumber`` without ``autocommit``): the reply of the first
+execution is remembered per session and returned again for a retry with the same txnNumber, so
+a write is never applied twice; an older txnNumber fails with TransactionTooOld (225)
+(``transaction_participant.cpp``, ``session_catalog``).
+
+Transactions (``autocommit: false``; ``startTransaction: true`` on the first statement): writes
+are applied to the collections at once and remembered in an undo log; their oplog operations
+are buffered. ``commitTransaction`` writes ONE ``applyOps`` entry
+(``{op: "c", ns: "admin.$cmd", o: {applyOps: [...]}, lsid, txnNumber, prevOpTime}``) and the
+pre-images with their ``applyOpsIndex``; ``abortTransaction`` (or a failed statement) rolls the
+undo log back and writes nothing. Known difference from mongod: other sessions can see a
+transaction's writes before it commits (no snapshot isolation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bson import Binary
+from bson.int64 import Int64
+
+from shardsim.commands import Request
+from shardsim.errors import MongoError
+
+TRANSIENT = ["TransientTransactionError"]
+
+
+def _session_id(lsid: Any) -> bytes | None:
+    if isinstance(lsid, dict):
+        sid = lsid.get("id")
+        if isinstance(sid, (bytes, Binary)):
+            return bytes(sid)
+    return None
+
+
+class Transaction:
+    """One open transaction: buffered oplog operations and the undo log."""
+
+    def __init__(self, session: "Session", txn_number: int) -> None:
+        self.session = session
+        self.txn_number = txn_number
+        self.state = "in_progress"  # in_progress | committed | aborted
+        self.ops: list[dict[str, Any]] = []
+        self.pre_images: list[tuple[bytes, int, dict[str, Any]]] = []
+        self.undo: list[tuple[Any, Any, dict[str, Any] | None]] = []  # (coll, id_key, old doc)
+
+    def add_op(self, op: str, coll: Any, o: dict[str, Any], o2: dict[str, Any] | None,
+               pre_image: dict[str, Any] | None) -> None:
+        """Buffer one applyOps operation ``{op, ns, ui, o, o2?}``."""
+        entry: dict[str, Any] = {"op": op, "ns": coll.ns, "ui": coll.ui, "o": o}
+        if o2 is not None:
+            entry["o2"] = o2
+        if pre_image is not None:
+            self.pre_images.append((coll.uuid, len(self.ops), pre_image))
+        self.ops.append(entry)
+
+    def record_undo(self, coll: Any, key: Any, old: dict[str, Any] | None) -> None:
+        """Remember a document's state before the transaction's first change to it."""
+        self.undo.append((coll, key, old))
+
+    def rollback(self, storage: Any) -> None:
+        for coll, key, old in reversed(self.undo):
+            if storage.by_uuid.get(coll.uuid) is not coll:
+                continue
+            if key in coll.docs:
+                coll.delete(key)
+                storage.note_doc(coll, key, None)
+            if old is not None:
+                coll.insert(old)
+                storage.note_doc(coll, key, old)
+        self.undo.clear()
+        self.ops.clear()
+        self.pre_images.clear()
+
+
+class Session:
+    """Per-lsid state: the highest txnNumber, its transaction, retryable-write replies."""
+
+    def __init__(self, lsid: dict[str, Any]) -> None:
+        self.lsid = lsid
+        self.txn_number = -1
+        self.txn: Transaction | None = None
+        self.retry_replies: dict[tuple[int, str], dict[str, Any]] = {}
+
+
+class Sessions:
+    """All sessions of a shard node; registers commitTransaction/abortTransaction."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self._sessions: dict[bytes, Session] = {}
+
+    def get(self, lsid: Any) -> Session | None:
+        sid = _session_id(lsid)
+        if sid is None:
+            return None
+        s = self._sessions.get(sid)
+        if s is None:
+            s = self._sessions[sid] = Session(lsid)
+        return s
+
+    # -- retryable writes ---------------------------------------------------------------------
+    def retry_reply(self, req: Request) -> dict[str, Any] | None:
+        """The remembered reply for a retried write, or None to execute it.
+
+        Raises TransactionTooOld (225) when ``txnNumber`` is older than the session's."""
+        tn = req.body.get("txnNumber")
+        if tn is None or req.body.get("autocommit") is False:
+            return None
+        s = self.get(req.body.get("lsid"))
+        if s is None:
+            raise MongoError(50768, "Transaction numbers are only allowed on a replica set member "
+                                    "or mongos with a session")
+        tn = int(tn)
+        if tn < s.txn_number:
+            raise MongoError(225, f"Retryable write with txnNumber {tn} is prohibited on session "
+                                  f"{_session_id(s.lsid).hex()} because a newer retryable write with "
+                                  f"txnNumber {s.txn_number} has already started on this session.")
+        if tn > s.txn_number:
+            s.txn_number = tn
+            s.retry_replies.clear()
+            s.txn = None
+        cached = s.retry_replies.get((tn, req.name))
+        if cached is not None:
+            out = dict(cached)
+            out["retriedStmtIds"] = []
+            return out
+        return None
+
+    def remember_reply(self, req: Request, reply: dict[str, Any]) -> None:
+        """Keep a retryable write's reply (successful statements only are retried)."""
+        tn = req.body.get("txnNumber")
+        if tn is None or req.body.get("autocommit") is False:
+            return
+        s = self.get(req.body.get("lsid"))
+        if s is not None and "writeErrors" not in reply:
+            s.retry_replies[(int(tn), req.name)] = {k: v for k, v in reply.items()
+                                                   if not k.startswith("$") and k != "operationTime"}
+
+    # -- transactions -------------------------------------------------------------------------
+    def transaction_for(self, req: Request) -> Transaction:
+        """The transaction a statement with ``autocommit: false`` runs in (starting it when
+        ``startTransaction: true``). Raises NoSuchTransaction (251), TransactionTooOld (225)."""
+        body = req.body
+        if body.get("autocommit") is not False:
+            raise MongoError(50768, "autocommit must be false")
+        tn = body.get("txnNumber")
+        if tn is None:
+            raise MongoError(50768, "'autocommit' field requires a transaction number to also be specified")
+        s = self.get(body.get("lsid"))
+        if s is None:
+            raise MongoError(50768, "Transaction numbers are only allowed on a replica set member "
+                                    "or mongos with a session")
+        tn = int(tn)
+        if body.get("startTransaction") is True:
+            if tn < s.txn_number:
+                raise MongoError(225, f"Cannot start transaction {tn} on session "
+                                      f"{_session_id(s.lsid).hex()} because a newer transaction "
+                                      f"with txnNumber {s.txn_number} has already started on this session.")
+            if tn == s.txn_number and s.txn is not None:
+                raise MongoError(251, f"Given transaction number {tn} does not match any "
+                                      f"in-progress transactions. The active transaction number is "
+                                      f"{s.txn_number}", labels=TRANSIENT)
+            if s.txn is not None and s.txn.state == "in_progress":
+                s.txn.rollback(self.node.storage)
+            s.txn_number = tn
+            s.retry_replies.clear()
+            s.txn = Transaction(s, tn)
+            return s.txn
+        if s.txn is None or s.txn_number != tn:
+            raise MongoError(251, f"Given transaction number {tn} does not match any in-progress "
+                                  f"transactions. The active transaction number is {s.txn_number}",
+                             labels=TRANSIENT)
+        if s.txn.state == "aborted":
+            raise MongoError(251, f"Transaction with {{ txnNumber: {tn} }} has been aborted.",
+                             labels=TRANSIENT)
+        if s.txn.state == "committed":
+            raise MongoError(256, f"Transaction with {{ txnNumber: {tn} }} has been committed.")
+        return s.txn
+
+    def abort_on_error(self, req: Request) -> None:
+        """A statement failed inside a transaction: mongod aborts the whole transaction."""
+        s = self.get(req.body.get("lsid"))
+        if s is not None and s.txn is not None and s.txn.state == "in_progress":
+            s.txn.rollback(self.node.storage)
+            s.txn.state = "aborted"
+
+    def _txn_for_end(self, req: Request) -> tuple[Session, Transaction]:
+        tn = req.body.get("txnNumber")
+        s = self.get(req.body.get("lsid"))
+        if tn is None or s is None:
+            raise MongoError(50768, f"{req.name} must be run within a transaction")
+        if req.body.get("autocommit") is not False:
+            raise MongoError(50768, "'autocommit' field is required for transaction commands")
+        tn = int(tn)
+        if tn < s.txn_number:
+            raise MongoError(225, f"txnNumber {tn} is less than last txnNumber {s.txn_number} "
+                                  f"seen in session {_session_id(s.lsid).hex()}")
+        if s.txn is None or tn != s.txn_number:
+            raise MongoError(251, f"Given transaction number {tn} does not match any in-progress "
+                                  f"transactions. The active transaction number is {s.txn_number}",
+                             labels=TRANSIENT)
+        return s, s.txn
+
+    def register(self) -> None:
+        node = self.node
+
+        async def commit(req: Request) -> dict[str, Any]:
+            s, txn = self._txn_for_end(req)
+            if txn.state == "committed":
+                return {}
+            if txn.state == "aborted":
+                raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
+                                      f"been aborted.", labels=TRANSIENT)
+            txn.state = "committed"
+            if not txn.ops:
+                return {}
+            entry = node.make_entry("c", "admin.$cmd", None, {"applyOps": txn.ops},
+                                    ctx=_TxnCtx(s.lsid, txn.txn_number))
+            node.append_entry(entry)
+            for uuid, idx, doc in txn.pre_images:
+                node.put_pre_image(uuid, entry["ts"], idx, doc)
+            txn.undo.clear()
+            return {"__operationTime": entry["ts"]}
+
+        async def abort(req: Request) -> dict[str, Any]:
+            s, txn = self._txn_for_end(req)
+            if txn.state == "committed":
+                raise MongoError(256, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
+                                      f"been committed.")
+            if txn.state == "aborted":
+                raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
+                                      f"been aborted.", labels=TRANSIENT)
+            txn.rollback(node.storage)
+            txn.state = "aborted"
+            return {}
+
+        node.commands.register("commitTransaction", commit)
+        node.commands.register("abortTransaction", abort)
+
+
+class _TxnCtx:
+    """Write context of the commit's applyOps entry: lsid/txnNumber + prevOpTime, no stmtId."""
+
+    __slots__ = ("lsid", "txn_number", "from_migrate", "txn", "stmt_id")
+
+    def __init__(self, lsid: Any, txn_number: int) -> None:
+        self.lsid = lsid
+        self.txn_number = Int64(txn_number)
+        self.from_migrate = False
+        self.txn = None
+        self.stmt_id = None
+
+

@@ -1,0 +1,342 @@
+"""The shard's storage: the collection catalog (UUIDs, options, shard keys, indexes) and documents.
+
+Documents live in one ordered ``dict`` per collection, keyed by a hashable form of ``_id``
+(:func:`id_key`); iteration order is insertion order, which is the order of a collection scan on
+mongod's record store (``$natural``). Stored documents are never mutated in place: a write
+replaces the dict, so cursors and oplog entries may hold references without copying.
+
+Unique indexes (``_id_`` always, plus any ``unique: true`` index) are kept as hash maps from the
+index key to the document's ``id_key``, so a duplicate is found in O(1) and reported like mongod
+(DuplicateKey 11000, ``keyPattern``/``keyValue``; ``index_access_method.cpp`` builds the message).
+Non-unique indexes are catalog entries only (listIndexes); queries scan.
+
+Durable shards pass a ``journal`` list: every mutation appends a record that
+:class:`shard.durable.DurableStore` writes in the command's SQLite transaction.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import uuid as uuid_mod
+from typing import Any, Iterator
+
+import bson
+from bson import Binary, Decimal128, ObjectId, Regex
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from shardsim.errors import MongoError
+
+ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+
+# Namespaces a client cannot write (mongod: "cannot write to '<ns>'" InvalidNamespace).
+_BAD_COLL_CHARS = re.compile(r"[\x00$]")
+
+
+def id_key(value: Any) -> Any:
+    """A hashable key with mongod's equality for an ``_id`` or index value.
+
+    Numbers compare by value across int/long/double (``1 == 1.0``); booleans, strings,
+    ObjectIds and dates are distinct types; anything else (documents, arrays, binaries) is
+    compared by its BSON bytes.
+    """
+    t = type(value)
+    if t is ObjectId or t is str:
+        return value
+    if t is int or t is Int64:
+        return ("n", int(value))
+    if t is float:
+        return ("n", value)
+    if t is bool:
+        return ("b", value)
+    if value is None:
+        return ("null",)
+    if t is datetime.datetime:
+        return ("d", value)
+    if t is Decimal128:
+        return ("n", value.to_decimal())
+    return ("x", bson.encode({"": value}))
+
+
+def get_path(doc: Any, path: str) -> tuple[bool, Any]:
+    """``(found, value)`` for a dotted ``path`` (numeric parts index arrays)."""
+    cur = doc
+    for part in path.split("."):
+        if isinstance(cur, dict):
+            if part not in cur:
+                return False, None
+            cur = cur[part]
+        elif isinstance(cur, list) and part.isdigit():
+            i = int(part)
+            if i >= len(cur):
+                return False, None
+            cur = cur[i]
+        else:
+            return False, None
+    return True, cur
+
+
+def format_value(v: Any) -> str:
+    """A value the way the server's ``BSONObj::toString`` prints it in error messages."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        return '"' + v + '"'
+    if isinstance(v, float):
+        return repr(v) if v != int(v) or abs(v) >= 1e16 else f"{v:.1f}"
+    if isinstance(v, int):
+        return str(int(v))
+    if isinstance(v, ObjectId):
+        return f"ObjectId('{v}')"
+    if isinstance(v, dict):
+        if not v:
+            return "{}"
+        return "{ " + ", ".join(f"{k}: {format_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, list):
+        if not v:
+            return "[]"
+        return "[ " + ", ".join(format_value(x) for x in v) + " ]"
+    if isinstance(v, datetime.datetime):
+        return f"new Date({int(v.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000)})"
+    if isinstance(v, Timestamp):
+        return f"Timestamp({v.time}, {v.inc})"
+    if isinstance(v, Binary):
+        return f"BinData({v.subtype}, {v.hex().upper()})"
+    return str(v)
+
+
+def new_uuid() -> bytes:
+    """A random collection UUID (16 bytes)."""
+    return uuid_mod.uuid4().bytes
+
+
+def validate_collection_name(db: str, coll: str) -> None:
+    """InvalidNamespace (73) for names mongod rejects."""
+    if not isinstance(coll, str) or not coll:
+        raise MongoError(73, f"Invalid namespace specified '{db}.'")
+    if _BAD_COLL_CHARS.search(coll) and not coll.startswith("system.") and not db == "local":
+        raise MongoError(73, f"Invalid collection name: {coll}")
+
+
+def validate_db_name(db: str) -> None:
+    """InvalidNamespace (73) for database names mongod rejects."""
+    if not db or any(c in db for c in '/\\. "$\x00') or len(db) >= 64:
+        raise MongoError(73, f"Invalid database name: '{db}'")
+
+
+class Index:
+    """One index's catalog entry (``spec`` as listIndexes shows it) and, if unique, its map."""
+
+    __slots__ = ("spec", "name", "fields", "unique", "sparse", "partial", "entries")
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.name: str = spec["name"]
+        self.fields: list[str] = list(spec["key"].keys())
+        self.unique: bool = bool(spec.get("unique")) or self.name == "_id_"
+        self.sparse: bool = bool(spec.get("sparse"))
+        self.partial: dict[str, Any] | None = spec.get("partialFilterExpression")
+        self.entries: dict[Any, Any] = {}
+
+    def key_of(self, doc: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+        """``(hash key, keyValue doc)`` for ``doc``, or None when the index skips it."""
+        values = {}
+        any_found = False
+        for f in self.fields:
+            found, v = get_path(doc, f)
+            any_found |= found
+            values[f] = v if found else None
+        if self.sparse and not any_found:
+            return None
+        if self.partial is not None:
+            from shard.query import matches
+            if not matches(self.partial, doc):
+                return None
+        return tuple(id_key(v) for v in values.values()), values
+
+
+class Collection:
+    """One collection: identity (``db``, ``name``, ``uuid`` 16 bytes), ``options`` (as given to
+    create, shown by listCollections), ``shard_key`` (dict or None), indexes and documents."""
+
+    def __init__(self, db: str, name: str, uuid: bytes, options: dict[str, Any] | None = None,
+                 shard_key: dict[str, Any] | None = None) -> None:
+        self.db = db
+        self.name = name
+        self.uuid = bytes(uuid)
+        self.options: dict[str, Any] = dict(options or {})
+        self.shard_key = shard_key
+        self.docs: dict[Any, dict[str, Any]] = {}
+        self.indexes: dict[str, Index] = {"_id_": Index(dict(ID_INDEX))}
+
+    @property
+    def ns(self) -> str:
+        return f"{self.db}.{self.name}"
+
+    @property
+    def ui(self) -> Binary:
+        """The UUID as BSON Binary subtype 4 (oplog ``ui``, listCollections ``info.uuid``)."""
+        return Binary(self.uuid, 4)
+
+    @property
+    def pre_post_images(self) -> bool:
+        """True when ``changeStreamPreAndPostImages: {enabled: true}``."""
+        opt = self.options.get("changeStreamPreAndPostImages")
+        return isinstance(opt, dict) and bool(opt.get("enabled"))
+
+    def document_key(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """``documentKey``/``o2``: shard key fields then ``_id`` (just ``{_id}`` if unsharded)."""
+        if not self.shard_key:
+            return {"_id": doc.get("_id")}
+        out: dict[str, Any] = {}
+        for f in self.shard_key:
+            found, v = get_path(doc, f)
+            if found:
+                out[f] = v
+        if "_id" not in out:
+            out["_id"] = doc.get("_id")
+        return out
+
+    # -- index maintenance --------------------------------------------------------------------
+    def _dup_error(self, idx: Index, key_value: dict[str, Any]) -> MongoError:
+        pattern = idx.spec["key"]
+        msg = (f"E11000 duplicate key error collection: {self.ns} index: {idx.name} dup key: "
+               f"{format_value(key_value)}")
+        return MongoError(11000, msg, keyPattern=dict(pattern), keyValue=dict(key_value))
+
+    def check_unique(self, doc: dict[str, Any], own_key: Any = None) -> list[tuple[Index, Any]]:
+        """Raise DuplicateKey (11000) if ``doc`` clashes on a unique index (``own_key`` = the
+        document's own id_key when replacing it). Returns ``(index, hash key)`` to register."""
+        out = []
+        for idx in self.indexes.values():
+            if not idx.unique:
+                continue
+            if idx.name == "_id_":
+                k = id_key(doc["_id"])
+                other = self.docs.get(k)
+                if other is not None and k != own_key:
+                    raise self._dup_error(idx, {"_id": doc["_id"]})
+                continue
+            got = idx.key_of(doc)
+            if got is None:
+                continue
+            hk, kv = got
+            holder = idx.entries.get(hk)
+            if holder is not None and holder != own_key:
+                raise self._dup_error(idx, kv)
+            out.append((idx, hk))
+        return out
+
+    def _unindex(self, key: Any, doc: dict[str, Any]) -> None:
+        for idx in self.indexes.values():
+            if idx.unique and idx.name != "_id_":
+                got = idx.key_of(doc)
+                if got is not None and idx.entries.get(got[0]) == key:
+                    del idx.entries[got[0]]
+
+    # -- document mutations (callers log oplog entries) ----------------------------------------
+    def insert(self, doc: dict[str, Any]) -> Any:
+        """Insert (``_id`` must be set); DuplicateKey (11000) on a clash. Returns the id_key."""
+        regs = self.check_unique(doc)
+        k = id_key(doc["_id"])
+        self.docs[k] = doc
+        for idx, hk in regs:
+            idx.entries[hk] = k
+        return k
+
+    def replace(self, key: Any, new: dict[str, Any]) -> dict[str, Any]:
+        """Replace the document at ``key`` by ``new`` (same _id); returns the old document."""
+        old = self.docs[key]
+        regs = self.check_unique(new, own_key=key)
+        self._unindex(key, old)
+        self.docs[key] = new
+        for idx, hk in regs:
+            idx.entries[hk] = key
+        return old
+
+    def delete(self, key: Any) -> dict[str, Any]:
+        """Remove and return the document at ``key``."""
+        old = self.docs.pop(key)
+        self._unindex(key, old)
+        return old
+
+    def add_index(self, spec: dict[str, Any]) -> None:
+        """Register an index; builds a unique index's map (DuplicateKey 11000 if the data clash)."""
+        idx = Index(spec)
+        if idx.unique:
+            for k, doc in self.docs.items():
+                got = idx.key_of(doc)
+                if got is None:
+                    continue
+                if got[0] in idx.entries:
+                    raise self._dup_error(idx, got[1])
+                idx.entries[got[0]] = k
+        self.indexes[idx.name] = idx
+
+    def catalog_doc(self) -> dict[str, Any]:
+        """The persisted catalog record (durable mode)."""
+        return {"db": self.db, "name": self.name, "uuid": Binary(self.uuid, 4),
+                "options": self.options, "shardKey": self.shard_key,
+                "indexes": [i.spec for i in self.indexes.values()]}
+
+
+class Storage:
+    """All databases and collections of one shard: ``dbs[db][coll] -> Collection``.
+
+    ``journal`` (a list) is set by durable shards; each mutation appends a record
+    ``("doc", uuid, id_key_bytes, doc|None)`` or ``("catalog", uuid, catalog_doc|None)``.
+    """
+
+    def __init__(self) -> None:
+        self.dbs: dict[str, dict[str, Collection]] = {}
+        self.by_uuid: dict[bytes, Collection] = {}
+        self.journal: list[tuple] | None = None
+
+    def get(self, db: str, name: str) -> Collection | None:
+        """The collection or None."""
+        colls = self.dbs.get(db)
+        return colls.get(name) if colls else None
+
+    def collections(self, db: str | None = None) -> Iterator[Collection]:
+        if db is not None:
+            yield from list(self.dbs.get(db, {}).values())
+            return
+        for colls in list(self.dbs.values()):
+            yield from list(colls.values())
+
+    def add(self, coll: Collection) -> Collection:
+        self.dbs.setdefault(coll.db, {})[coll.name] = coll
+        self.by_uuid[coll.uuid] = coll
+        self.note_catalog(coll)
+        return coll
+
+    def remove(self, coll: Collection) -> None:
+        colls = self.dbs.get(coll.db, {})
+        colls.pop(coll.name, None)
+        if not colls:
+            self.dbs.pop(coll.db, None)
+        self.by_uuid.pop(coll.uuid, None)
+        if self.journal is not None:
+            self.journal.append(("catalog", coll.uuid, None))
+
+    def rename(self, coll: Collection, db: str, name: str) -> None:
+        colls = self.dbs.get(coll.db, {})
+        colls.pop(coll.name, None)
+        if not colls:
+            self.dbs.pop(coll.db, None)
+        coll.db, coll.name = db, name
+        self.dbs.setdefault(db, {})[name] = coll
+        self.note_catalog(coll)
+
+    def note_catalog(self, coll: Collection) -> None:
+        """Record a catalog change for the durable store."""
+        if self.journal is not None:
+            self.journal.append(("catalog", coll.uuid, coll))
+
+    def note_doc(self, coll: Collection, doc_id: Any, doc: dict[str, Any] | None) -> None:
+        """Record a document change (``doc`` None = deleted) for the durable store."""
+        if self.journal is not None:
+            self.journal.append(("doc", coll.uuid, doc_id, doc))
