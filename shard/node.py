@@ -252,8 +252,8 @@ class ShardNode(Node):
 
     def _on_oplog_truncated(self, key: int) -> None:
         self.pre_images.truncate_before(key + 1)
-        if self.durable is not None:
-            self.durable.truncate_oplog(key)
+        if self.storage.journal is not None:
+            self.storage.journal.append(("truncate", key))
 
     # -- catalog helpers ----------------------------------------------------------------------
     def create_collection(self, db: str, name: str, options: dict[str, Any] | None = None, *,

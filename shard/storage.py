@@ -47,7 +47,7 @@ def id_key(value: Any) -> Any:
     if t is int or t is Int64:
         return ("n", int(value))
     if t is float:
-        return ("n", value)
+        return ("n", int(value)) if value.is_integer() else ("n", value)
     if t is bool:
         return ("b", value)
     if value is None:

@@ -1,0 +1,143 @@
+"""Durable shard storage (``--dbpath DIR``): SQLite (stdlib ``sqlite3``) in WAL mode.
+
+One file ``DIR/shard.sqlite`` holds four tables: ``catalog`` (collection UUID -> BSON catalog
+record: name, options, shard key, index specs), ``docs`` (one row per document, BSON, in
+insertion order so a reload keeps ``$natural`` order), ``oplog`` (ts_key -> BSON entry) and
+``preimages``. The node keeps everything in memory and journals each mutation
+(:attr:`shard.storage.Storage.journal`); :meth:`DurableStore.commit` writes a command's whole
+journal in ONE SQLite transaction before the reply is sent, so an acknowledged write, its oplog
+entry and its pre-image are on disk together or not at all.
+
+``synchronous=NORMAL`` (default) in WAL mode writes every commit to the WAL file without fsync:
+it survives ``kill -9`` of the process (the OS has the pages) but not a power loss;
+``--sync full`` fsyncs each commit and survives both (slower). On start-up the store is loaded
+back and the clock restarts after the newest oplog ``ts``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Any
+
+import bson
+
+from shardsim.clock import ts_key
+from shardsim.node import CODEC
+from shard.storage import Collection, id_key
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS catalog (uuid BLOB PRIMARY KEY, rec BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS docs (seq INTEGER PRIMARY KEY AUTOINCREMENT, uuid BLOB NOT NULL,
+                                 id BLOB NOT NULL, doc BLOB NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS docs_id ON docs (uuid, id);
+CREATE TABLE IF NOT EXISTS oplog (ts INTEGER PRIMARY KEY, entry BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS preimages (ts INTEGER NOT NULL, uuid BLOB NOT NULL, idx INTEGER NOT NULL,
+                                      doc BLOB NOT NULL, PRIMARY KEY (ts, uuid, idx));
+"""
+
+
+def _key_bytes(key: Any) -> bytes:
+    """A stable byte form of an :func:`shard.storage.id_key` (the docs table's ``id``)."""
+    return repr(key).encode()
+
+
+def _enc(doc: Any) -> bytes:
+    return bson.encode(doc, codec_options=CODEC)
+
+
+def _dec(raw: bytes) -> dict[str, Any]:
+    return bson.decode(raw, CODEC)
+
+
+class DurableStore:
+    """The SQLite file of one shard. ``sync`` is ``"normal"`` or ``"full"``."""
+
+    def __init__(self, dbpath: str, *, sync: str = "normal") -> None:
+        os.makedirs(dbpath, exist_ok=True)
+        self.path = os.path.join(dbpath, "shard.sqlite")
+        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
+        self.conn.execute("PRAGMA wal_autocheckpoint=10000")
+        self.conn.executescript(SCHEMA)
+
+    # -- start-up -----------------------------------------------------------------------------
+    def load(self, node: Any) -> None:
+        """Fill ``node.storage``, ``node.oplog`` and ``node.pre_images``; advance the clock."""
+        storage = node.storage
+        colls: dict[bytes, Collection] = {}
+        specs: dict[bytes, list[dict[str, Any]]] = {}
+        for uuid, rec in self.conn.execute("SELECT uuid, rec FROM catalog"):
+            r = _dec(rec)
+            coll = Collection(r["db"], r["name"], bytes(uuid), r.get("options") or {},
+                              r.get("shardKey"))
+            colls[bytes(uuid)] = coll
+            specs[bytes(uuid)] = r.get("indexes") or []
+            storage.dbs.setdefault(coll.db, {})[coll.name] = coll
+            storage.by_uuid[coll.uuid] = coll
+        for uuid, raw in self.conn.execute("SELECT uuid, doc FROM docs ORDER BY seq"):
+            coll = colls.get(bytes(uuid))
+            if coll is not None:
+                doc = _dec(raw)
+                coll.docs[id_key(doc["_id"])] = doc
+        for uuid, coll in colls.items():
+            for spec in specs[uuid]:
+                if spec.get("name") != "_id_":
+                    coll.add_index(spec)
+        rows = [(_dec(raw), len(raw)) for (raw,) in
+                self.conn.execute("SELECT entry FROM oplog ORDER BY ts")]
+        node.oplog.load(rows)
+        for ts, uuid, idx, raw in self.conn.execute(
+                "SELECT ts, uuid, idx, doc FROM preimages ORDER BY ts"):
+            from shardsim.clock import ts_from_key
+            node.pre_images.put(bytes(uuid), ts_from_key(ts), idx, _dec(raw))
+        last = node.oplog.last_ts()
+        if last is not None:
+            node.clock.advance(last)
+
+    # -- commits ------------------------------------------------------------------------------
+    def commit(self, journal: list[tuple]) -> None:
+        """Write one command's journal in a single transaction."""
+        cur = self.conn.cursor()
+        cur.execute("BEGIN")
+        try:
+            for rec in journal:
+                kind = rec[0]
+                if kind == "doc":
+                    _, uuid, key, doc = rec
+                    if doc is None:
+                        cur.execute("DELETE FROM docs WHERE uuid=? AND id=?", (uuid, _key_bytes(key)))
+                    else:
+                        cur.execute("INSERT INTO docs (uuid, id, doc) VALUES (?, ?, ?) "
+                                    "ON CONFLICT (uuid, id) DO UPDATE SET doc=excluded.doc",
+                                    (uuid, _key_bytes(key), _enc(doc)))
+                elif kind == "oplog":
+                    entry = rec[1]
+                    cur.execute("INSERT OR REPLACE INTO oplog (ts, entry) VALUES (?, ?)",
+                                (ts_key(entry["ts"]), _enc(entry)))
+                elif kind == "preimage":
+                    _, uuid, ts, idx, doc = rec
+                    cur.execute("INSERT OR REPLACE INTO preimages (ts, uuid, idx, doc) VALUES (?, ?, ?, ?)",
+                                (ts_key(ts), uuid, idx, _enc(doc)))
+                elif kind == "catalog":
+                    _, uuid, coll = rec
+                    if coll is None:
+                        cur.execute("DELETE FROM catalog WHERE uuid=?", (uuid,))
+                        cur.execute("DELETE FROM docs WHERE uuid=?", (uuid,))
+                    else:
+                        cur.execute("INSERT OR REPLACE INTO catalog (uuid, rec) VALUES (?, ?)",
+                                    (uuid, _enc(coll.catalog_doc())))
+                elif kind == "truncate":
+                    cur.execute("DELETE FROM oplog WHERE ts <= ?", (rec[1],))
+                    cur.execute("DELETE FROM preimages WHERE ts <= ?", (rec[1],))
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            self.conn.close()
