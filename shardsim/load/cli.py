@@ -1,0 +1,241 @@
+"""``shardsim load``: plan, shard, write with Spark, watch, verify, report.
+
+Exit status: 0 when every watcher's stream verifies; 1 when the verifier finds a violation
+(the first bad event is printed); 2 when the run could not be carried out (cluster, Spark or
+write errors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+import click
+
+
+def _fail(console: Any, msg: str, code: int = 2) -> None:
+    console.print(f"[bold red]error:[/] {msg}")
+    sys.exit(code)
+
+
+@click.command("load")
+@click.option("--ops", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Number of planned operations.")
+@click.option("--shards", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Shards of the mini cluster started when no --uri is given.")
+@click.option("--uri", default=None, help="Router URI of a running cluster (else one is started).")
+@click.option("--mix", default="insert=60,update=30,delete=10", show_default=True,
+              help="Operation mix, weights per kind.")
+@click.option("--distribution", type=click.Choice(["uniform", "zipf"]), default="uniform",
+              show_default=True, help="How updates/deletes pick their document.")
+@click.option("--collections", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--doc-size", type=click.IntRange(min=0), default=128, show_default=True,
+              help="Target BSON size of inserted documents (bytes).")
+@click.option("--seed", type=int, default=1, show_default=True, help="Same seed, same plan.")
+@click.option("--db", default="shardsim_load", show_default=True)
+@click.option("--watchers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Concurrent watchers of the merged stream (each is verified).")
+@click.option("--direct", is_flag=True, help="Write to each shard's own port, not the router.")
+@click.option("--spark-master", default="local[*]", show_default=True,
+              help="Spark master, e.g. spark://HOST:7077.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Operations per bulk write.")
+@click.option("--inject-fault", type=click.Choice(["reorder", "drop", "duplicate"]), default=None,
+              help="Perturb the received stream before verifying (the verifier must catch it).")
+@click.option("--idle-timeout", type=float, default=15.0, show_default=True,
+              help="Seconds of silence after the writers finish before a watcher gives up.")
+@click.option("--result", "result_path", default="load-result.json", show_default=True,
+              help="JSON result file.")
+@click.option("--plot", "plot_path", default="load-result.png", show_default=True,
+              help="PNG plot of high-water marks and delivered events.")
+@click.option("--skip-final-check", is_flag=True,
+              help="Do not read the collections back to compare with the plan.")
+def load(ops: int, shards: int, uri: str | None, mix: str, distribution: str, collections: int,
+         doc_size: int, seed: int, db: str, watchers: int, direct: bool, spark_master: str,
+         batch_size: int, inject_fault: str | None, idle_timeout: float, result_path: str,
+         plot_path: str, skip_final_check: bool) -> None:
+    """Drive a Spark load through the cluster and verify the merged change stream end to end."""
+    from rich.console import Console
+
+    from shardsim.load.plan import Plan, PlanSpec, parse_mix
+
+    console = Console()
+    try:
+        spec = PlanSpec(ops=ops, seed=seed, mix=parse_mix(mix), distribution=distribution,
+                        collections=collections, doc_size=doc_size, db=db)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    t = time.time()
+    plan = Plan(spec)
+    console.print(f"plan: {len(plan):,} ops {plan.counts()} over {collections} collection(s), "
+                  f"seed {seed}, {distribution} ({time.time() - t:.1f} s)")
+    with contextlib.ExitStack() as stack:
+        if uri is None:
+            from shardsim.launcher import Cluster
+
+            console.print(f"starting a mini cluster with {shards} shard(s)…")
+            cluster = stack.enter_context(Cluster(shards=shards))
+            uri = cluster.router_uri
+        code = _run(console, plan, uri, watchers=watchers, direct=direct, master=spark_master,
+                    batch_size=batch_size, fault=inject_fault, idle_timeout=idle_timeout,
+                    result_path=result_path, plot_path=plot_path,
+                    final_check=not skip_final_check, stack=stack)
+    sys.exit(code)
+
+
+def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, master: str,
+         batch_size: int, fault: str | None, idle_timeout: float, result_path: str,
+         plot_path: str, final_check: bool, stack: contextlib.ExitStack) -> int:
+    from pymongo import MongoClient
+    from pymongo.errors import PyMongoError
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from shardsim.load import cluster as cl
+    from shardsim.load import report
+    from shardsim.load.plan import partition_by_shard
+    from shardsim.load.spark_job import SparkRunner, build_tasks, run_in_background
+    from shardsim.load.verify import Event, final_from_docs, inject_fault, verify
+    from shardsim.load.watch import ShardSampler, Watcher
+
+    spec = plan.spec
+    client = MongoClient(uri)
+    stack.callback(client.close)
+    try:
+        hosts = cl.list_shards(client)
+        t = time.time()
+        chunks = cl.prepare(client, spec)
+        console.print(f"sharded {len(spec.collection_names)} collection(s) over "
+                      f"{len(chunks.shards)} shard(s) ({len(chunks.chunks)} chunks, {time.time() - t:.1f} s)")
+    except (PyMongoError, RuntimeError) as exc:
+        _fail(console, f"could not shard the target collections: {exc}")
+    workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="shardsim-load-"))
+    tasks = build_tasks(plan, chunks, uri, hosts, direct=direct, batch_size=batch_size,
+                        progress_dir=workdir)
+    planned = {s: len(v) for s, v in partition_by_shard(plan, chunks).items()}
+
+    runner = SparkRunner(master)
+    console.print(f"starting Spark ({master})…")
+    try:
+        runner.start()
+    except Exception as exc:  # noqa: BLE001 - Java missing, bad master, ...
+        _fail(console, f"could not start Spark: {exc}")
+    stack.callback(runner.stop)
+    console.print(f"Spark up in {runner.startup_s:.1f} s")
+
+    samplers = [ShardSampler(s, hosts[s], spec.db) for s in chunks.shards]
+    for smp in samplers:
+        smp.start()
+        stack.callback(smp.stop)
+    for smp in samplers:
+        smp.opened.wait(30)
+    ws = []
+    for i in range(watchers):
+        w = Watcher(uri, spec.db, len(plan), os.path.join(workdir, f"watcher{i}.pickle"),
+                    idle_timeout=idle_timeout)
+        stack.callback(w.kill)
+        try:
+            w.start()
+        except RuntimeError as exc:
+            _fail(console, str(exc))
+        ws.append(w)
+
+    t_start = time.time()
+    thread, box = run_in_background(runner, tasks)
+    columns = (TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        wbar = progress.add_task("written", total=len(plan), rate="")
+        dbars = [progress.add_task(f"delivered (watcher {i})", total=len(plan), rate="")
+                 for i in range(len(ws))]
+
+        def refresh() -> None:
+            el = max(1e-6, time.time() - t_start)
+            done = sum(_read_progress(tk.progress_path) for tk in tasks)
+            progress.update(wbar, completed=done, rate=f"{done / el:,.0f} ops/s")
+            for bar, w in zip(dbars, ws):
+                progress.update(bar, completed=w.received, rate=f"{w.received / el:,.0f} ev/s")
+
+        while thread.is_alive():
+            refresh()
+            thread.join(0.2)
+        for w in ws:
+            w.finish()
+        while any(w.proc.is_alive() for w in ws):
+            refresh()
+            time.sleep(0.2)
+        refresh()
+    outs = [w.join(30) for w in ws]
+    for smp in samplers:
+        smp.stop()
+    for smp in samplers:
+        smp.join(5)
+
+    if "error" in box:
+        _fail(console, f"Spark job failed: {box['error']}")
+    results = box["results"]
+    errors = [f"{r.shard}: {r.error}" for r in results if r.error]
+    if errors:
+        _fail(console, "writes failed: " + "; ".join(errors))
+
+    final = None
+    if final_check:
+        t = time.time()
+        final = final_from_docs({c: client[spec.db][c].find({}, batch_size=100_000)
+                                 for c in spec.collection_names})
+        console.print(f"read back {sum(len(v) for v in final.values()):,} documents "
+                      f"({time.time() - t:.1f} s)")
+
+    verdicts = []
+    first_bad = None
+    for i, out in enumerate(outs):
+        events = [Event(*e) for e in out.events]
+        injected = ""
+        if fault:
+            events, injected = inject_fault(events, fault, seed=spec.seed)
+            console.print(f"watcher {i}: {injected}")
+        if out.error:
+            console.print(f"[red]watcher {i} stream error:[/] {out.error}")
+        rep = verify(plan, events, final)
+        verdicts.append({"watcher": i, "ok": rep.ok and not out.error, "events": rep.events,
+                         "matched": rep.matched, "missing": rep.missing, "injected": injected,
+                         "stream_error": out.error,
+                         "violation": None if rep.violation is None else {
+                             "index": rep.violation.index, "kind": rep.violation.kind,
+                             "message": rep.violation.message}})
+        if not rep.ok and first_bad is None:
+            first_bad = f"watcher {i}: {rep.violation.message}"
+        elif out.error and first_bad is None:
+            first_bad = f"watcher {i}: change stream failed: {out.error}"
+
+    events0 = [Event(*e) for e in outs[0].events]
+    figures = report.compute(plan, results, events0, [s.data for s in samplers], planned)
+    figures["spark_startup_s"] = runner.startup_s
+    ok = first_bad is None
+    verdict = "PASS: every planned op delivered once, in order" if ok else f"FAIL: {first_bad}"
+    console.print(report.table(figures, verdict, ok))
+    doc = {"spec": spec.to_json(), "uri": uri, "direct": direct, "spark_master": master,
+           "watchers": verdicts, "figures": figures, "ok": ok, "first_violation": first_bad}
+    report.write_json(result_path, doc)
+    try:
+        report.plot(plot_path, figures["t0"] or t_start, [s.data for s in samplers], events0,
+                    results, outs[0].hwm)
+    except Exception as exc:  # noqa: BLE001 - a plot failure must not hide the verdict
+        console.print(f"[yellow]plot failed:[/] {exc}")
+    console.print(f"result: {result_path}, plot: {plot_path}")
+    if not ok:
+        console.print(f"[bold red]first bad event:[/] {first_bad}")
+    return 0 if ok else 1
+
+
+def _read_progress(path: str | None) -> int:
+    if not path:
+        return 0
+    try:
+        with open(path) as f:
+            return int(f.read() or 0)
+    except (OSError, ValueError):
+        return 0
