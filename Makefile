@@ -50,7 +50,7 @@ docker-build: $(STAMP)
 	bash deploy/build-image.sh
 
 up: docker-build
-	$(COMPOSE) -f $(COMPOSE_FILE) up -d --wait
+	bash deploy/up.sh
 
 down:
 	$(COMPOSE) -f $(COMPOSE_FILE) down -v --remove-orphans

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# `make up`: start the compose cluster and wait until the one-shot init has added the shards.
+# Works with `docker compose` (v2) and `docker-compose` (v1, which has no `up --wait`).
+# Extra arguments go to `up` (e.g. `--profile spark` goes first: COMPOSE_PROFILES=spark make up).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
+file=deploy/docker-compose.yml
+"${compose[@]}" -f "$file" up -d "$@"
+cid=$("${compose[@]}" -f "$file" ps -a -q init)
+[[ -n $cid ]] || { echo "up: no init container" >&2; exit 1; }
+rc=$(timeout "${SHARDSIM_UP_TIMEOUT:-180}" docker wait "$cid") || { echo "up: init did not finish" >&2; exit 1; }
+"${compose[@]}" -f "$file" logs --no-color init | tail -n 5
+if [[ $rc != 0 ]]; then echo "up: init failed (exit $rc)" >&2; exit 1; fi
+echo "shardsim cluster ready: mongodb://${SHARDSIM_BIND:-127.0.0.1}:${SHARDSIM_PORT:-27017}/"
