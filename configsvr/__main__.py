@@ -1,0 +1,37 @@
+"""``python -m configsvr --port P [--host H] [--dbpath DIR]``: run the config server.
+
+Prints ``shardsim configsvr ready on HOST:PORT`` once listening (see :mod:`shardsim.procs`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from shardsim.procs import ready_line
+from shardsim.server import run_node
+
+
+@click.command(context_settings={"show_default": True})
+@click.option("--port", type=int, default=27019, help="TCP port (0 picks a free one).")
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--dbpath", type=click.Path(file_okay=False), default=None,
+              help="Directory for the SQLite store; in memory when omitted.")
+@click.option("--noop-interval-ms", type=int, default=1000,
+              help="Period of the no-op oplog writer (ms).")
+@click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
+@click.option("--log-level", default="WARNING", help="Python logging level.")
+def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, no_test_commands: bool,
+         log_level: str) -> None:
+    """Run the shardsim config server (a mongod --configsvr look-alike holding the catalog)."""
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from configsvr.node import ConfigServerNode
+    node = ConfigServerNode(host=host, port=port, test_commands=not no_test_commands,
+                            options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms})
+    run_node(node, host, port, ready_message=ready_line("configsvr"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""``python -m router --port P --configdb HOST:PORT [--no-test-commands]``: run a router.
+
+Prints ``shardsim router ready on HOST:PORT`` once listening (see :mod:`shardsim.procs`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from shardsim.procs import ready_line
+from shardsim.server import run_node
+
+
+@click.command(context_settings={"show_default": True})
+@click.option("--port", type=int, default=27017, help="TCP port (0 picks a free one).")
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--configdb", required=True, help="The config server, HOST:PORT.")
+@click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
+@click.option("--log-level", default="WARNING", help="Python logging level.")
+def main(port: int, host: str, configdb: str, no_test_commands: bool, log_level: str) -> None:
+    """Run a shardsim router (a mongos look-alike)."""
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from router.node import RouterNode
+    node = RouterNode(configdb=configdb, host=host, port=port, test_commands=not no_test_commands,
+                      options={"configdb": configdb})
+    run_node(node, host, port, ready_message=ready_line("router"))
+
+
+if __name__ == "__main__":
+    main()

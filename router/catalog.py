@@ -1,0 +1,155 @@
+"""The router's cached copy of the catalog (mongos' ``CatalogCache`` + ``ShardRegistry``).
+
+Loaded from the config server's ``config.shards``, ``config.databases``, ``config.collections``
+and ``config.chunks`` with ordinary ``find`` commands; :meth:`CatalogCache.refresh` reloads
+everything (after every sharding/DDL command the router runs, on a short timer, and when a
+namespace is not known yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bson import Binary
+
+from router.remote import gossip_command
+from router.shard_key import Chunk, ChunkMap, KeyPattern
+from shardsim.client import Pool, parse_address
+from shardsim.clock import HybridLogicalClock
+
+
+@dataclass
+class CollectionInfo:
+    """A sharded collection: ``ns``, ``uuid`` (Binary subtype 4), ``key`` (the pattern
+    document), ``unique``, ``pattern`` and ``chunks`` (:class:`ChunkMap`)."""
+
+    ns: str
+    uuid: Binary
+    key: dict[str, Any]
+    unique: bool
+    pattern: KeyPattern
+    chunks: ChunkMap
+
+
+def _host_of(entry: dict[str, Any]) -> tuple[str, int]:
+    return parse_address(entry["host"].split("/", 1)[-1].split(",")[0])
+
+
+class CatalogCache:
+    """What the router knows about the cluster. ``config_pool`` reaches the config server."""
+
+    def __init__(self, config_pool: Pool, clock: HybridLogicalClock) -> None:
+        self.config_pool = config_pool
+        self.clock = clock
+        self._shards: dict[str, tuple[str, int]] = {}
+        self._shard_docs: list[dict[str, Any]] = []
+        self._databases: dict[str, dict[str, Any]] = {}
+        self._collections: dict[str, CollectionInfo] = {}
+        self._lock = asyncio.Lock()
+        self.loaded_at = 0.0
+        self.generation = 0
+
+    # -- reading the config server ----------------------------------------------------------
+    async def _find_all(self, coll: str) -> list[dict[str, Any]]:
+        reply = await gossip_command(self.clock, self.config_pool, "config",
+                                     {"find": coll, "filter": {}, "batchSize": 1 << 30},
+                                     timeout=10)
+        cur = reply["cursor"]
+        docs = list(cur["firstBatch"])
+        while cur["id"]:
+            reply = await gossip_command(self.clock, self.config_pool, "config",
+                                         {"getMore": cur["id"], "collection": coll}, timeout=10)
+            cur = reply["cursor"]
+            docs.extend(cur["nextBatch"])
+        return docs
+
+    async def refresh(self) -> None:
+        """Reload the whole catalog from the config server (MongoError 6/9001 if it is down)."""
+        async with self._lock:
+            gen = self.generation
+            shards = await self._find_all("shards")
+            dbs = await self._find_all("databases")
+            colls = await self._find_all("collections")
+            chunks = await self._find_all("chunks")
+            if gen != self.generation:  # someone refreshed meanwhile
+                return
+            by_uuid: dict[bytes, list[dict[str, Any]]] = {}
+            for c in chunks:
+                by_uuid.setdefault(bytes(c["uuid"]), []).append(c)
+            collections: dict[str, CollectionInfo] = {}
+            for entry in colls:
+                pattern = KeyPattern(dict(entry["key"]))
+                cmap = ChunkMap(pattern, [
+                    Chunk(pattern.bound_to_key(d["min"]), pattern.bound_to_key(d["max"]), d["shard"])
+                    for d in by_uuid.get(bytes(entry["uuid"]), [])])
+                collections[entry["_id"]] = CollectionInfo(
+                    entry["_id"], entry["uuid"], dict(entry["key"]), bool(entry.get("unique")),
+                    pattern, cmap)
+            shards.sort(key=lambda s: s["_id"])
+            self._shard_docs = shards
+            self._shards = {s["_id"]: _host_of(s) for s in shards}
+            self._databases = {d["_id"]: d for d in dbs}
+            self._collections = collections
+            self.loaded_at = time.monotonic()
+            self.generation += 1
+
+    # -- look-ups ---------------------------------------------------------------------------
+    def shards(self) -> list[tuple[str, str, int]]:
+        """``[(name, host, port), ...]`` sorted by name."""
+        return [(n, h, p) for n, (h, p) in sorted(self._shards.items())]
+
+    def shard_docs(self) -> list[dict[str, Any]]:
+        """The ``config.shards`` documents as last loaded."""
+        return list(self._shard_docs)
+
+    def shard_address(self, name: str) -> tuple[str, int] | None:
+        return self._shards.get(name)
+
+    def collection(self, ns: str) -> CollectionInfo | None:
+        """The sharded collection ``ns``, or None when unsharded/unknown."""
+        return self._collections.get(ns)
+
+    def collections(self) -> dict[str, CollectionInfo]:
+        return dict(self._collections)
+
+    def database(self, db: str) -> dict[str, Any] | None:
+        return self._databases.get(db)
+
+    def databases(self) -> list[str]:
+        return sorted(self._databases)
+
+    def primary_shard(self, db: str) -> str | None:
+        """The database's primary shard name, or None if the database has no entry."""
+        entry = self._databases.get(db)
+        return entry["primary"] if entry else None
+
+    def shards_for_ns(self, ns: str) -> list[str]:
+        """Shards that own data of ``ns``: the primary shard, plus every chunk owner when
+        sharded (primary first)."""
+        db = ns.split(".", 1)[0]
+        out: list[str] = []
+        primary = self.primary_shard(db)
+        if primary:
+            out.append(primary)
+        info = self._collections.get(ns)
+        if info is not None:
+            for s in info.chunks.shards():
+                if s not in out:
+                    out.append(s)
+        return out
+
+    def shards_for_db(self, db: str) -> list[str]:
+        """Shards holding any collection of ``db`` (primary first)."""
+        out: list[str] = []
+        primary = self.primary_shard(db)
+        if primary:
+            out.append(primary)
+        for ns, info in self._collections.items():
+            if ns.split(".", 1)[0] == db:
+                for s in info.chunks.shards():
+                    if s not in out:
+                        out.append(s)
+        return out

@@ -1,0 +1,232 @@
+"""The router (``mongos``): no data; targets commands at shards from the cached catalog.
+
+* Identity: ``hello`` with ``msg: "isdbgrid"`` (no ``setName``/``hosts``), ``serverStatus``
+  ``process: "mongos"``, ``getCmdLineOpts`` with ``sharding.configDB``.
+* Sharding commands (``addShard``, ``listShards``, ``removeShard``, ``enableSharding``,
+  ``shardCollection``, ``split``, ``moveChunk``, ``flushRouterConfig``) go to the config server
+  under its internal names (see :mod:`configsvr.node`).
+* Writes are targeted by shard key (:mod:`router.writes`), reads are targeted or broadcast and
+  merged here (find/count/distinct/aggregate), DDL reaches every shard that owns the namespace
+  with only the primary shard's oplog entry visible to change streams (others get
+  ``fromMigrate: true``).
+* Cluster time: every shard command carries the router's ``$clusterTime``; replies advance
+  the router's clock and the reply ``operationTime`` is the newest ``operationTime`` of the
+  shard replies consumed (:mod:`router.remote`, notes §7.4).
+* Change streams are built by :mod:`router.change_stream` (``aggregate_change_stream``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from bson.int64 import Int64
+
+from router.catalog import CatalogCache
+from router.remote import OPERATION_TIME, gossip_command
+from shardsim.client import Pool, parse_address
+from shardsim.commands import Request
+from shardsim.cursors import ListCursor
+from shardsim.errors import RETRYABLE_WRITE_CODES, MongoError
+from shardsim.node import Node
+
+log = logging.getLogger("shardsim.router")
+
+NETWORK_CODES = frozenset({6, 7, 89, 9001, 91, 11600, 384})
+RETRYABLE_WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify"})
+# Fields of a client command the router does not forward as such.
+_STRIP = frozenset({"$db", "$clusterTime", "$readPreference", "$audit", "$client",
+                    "$configServerState", "$configTime", "$topologyTime"})
+REFRESH_INTERVAL_S = 1.0
+BIG_BATCH = 1 << 30
+
+
+def forwardable(body: dict[str, Any]) -> dict[str, Any]:
+    """A client command body without the fields the router replaces (``$db``, gossip)."""
+    return {k: v for k, v in body.items() if k not in _STRIP}
+
+
+class RouterNode(Node):
+    """``python -m router --configdb HOST:PORT``.
+
+    Attributes other router modules use: ``catalog`` (:class:`router.catalog.CatalogCache`),
+    ``config_pool`` (:class:`shardsim.client.Pool` to the config server),
+    :meth:`pool_for` (a shard's pool), :meth:`shard_command`, ``cursors``.
+    """
+
+    role = "router"
+
+    def __init__(self, *, configdb: str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.configdb = configdb
+        host, port = parse_address(configdb)
+        self.config_pool = Pool(host, port)
+        self.catalog = CatalogCache(self.config_pool, self.clock)
+        self._pools: dict[str, tuple[tuple[str, int], Pool]] = {}
+        self._refresher: asyncio.Task | None = None
+        from router import commands as router_commands
+        router_commands.register(self)
+        try:  # fail points are another module's (router/failpoints.py); optional here
+            from router import failpoints  # type: ignore[attr-defined]
+        except ImportError:
+            failpoints = None
+        if failpoints is not None and hasattr(failpoints, "install"):
+            failpoints.install(self)
+
+    # -- identity -------------------------------------------------------------------------
+    def hello(self, req: Request) -> dict[str, Any]:
+        return {"msg": "isdbgrid"}
+
+    def process_name(self) -> str:
+        return "mongos"
+
+    def parsed_options(self) -> dict[str, Any]:
+        return {"sharding": {"configDB": self.configdb}}
+
+    def server_status(self) -> dict[str, Any]:
+        st = super().server_status()
+        st["sharding"] = {"configsvrConnectionString": self.configdb}
+        return st
+
+    # -- shards -----------------------------------------------------------------------------
+    def pool_for(self, shard: str) -> Pool:
+        """The connection pool of shard ``shard``; ShardNotFound (70) if unknown."""
+        addr = self.catalog.shard_address(shard)
+        if addr is None:
+            raise MongoError(70, f"Shard {shard} not found")
+        cached = self._pools.get(shard)
+        if cached is None or cached[0] != addr:
+            if cached is not None:
+                cached[1].close()
+            cached = (addr, Pool(*addr))
+            self._pools[shard] = cached
+        return cached[1]
+
+    async def shard_command(self, shard: str, db: str, cmd: dict[str, Any], *, raw: bool = False,
+                            check: bool = True, timeout: float | None = None) -> Any:
+        """Run ``cmd`` on ``shard`` with cluster-time gossip (MongoError on failure)."""
+        return await gossip_command(self.clock, self.pool_for(shard), db, cmd, raw=raw,
+                                    check=check, timeout=timeout)
+
+    async def config_command(self, cmd: dict[str, Any], db: str = "admin") -> dict[str, Any]:
+        """Run ``cmd`` on the config server."""
+        return await gossip_command(self.clock, self.config_pool, db, cmd)
+
+    async def ensure_database(self, db: str) -> str:
+        """The primary shard of ``db``, creating the database entry when it has none
+        (implicit database creation on first write, as on mongos)."""
+        primary = self.catalog.primary_shard(db)
+        if primary is not None:
+            return primary
+        if db in ("admin", "config", "local"):
+            raise MongoError(73, f"cannot write to the '{db}' database through the router")
+        reply = await self.config_command({"_configsvrCreateDatabase": db})
+        await self.catalog.refresh()
+        return reply["primary"]
+
+    def read_primary(self, db: str) -> str | None:
+        """Where reads of an unsharded namespace of ``db`` go: its primary shard, or the first
+        shard when the database does not exist (it then answers "empty"/"not found")."""
+        primary = self.catalog.primary_shard(db)
+        if primary is not None:
+            return primary
+        shards = self.catalog.shards()
+        return shards[0][0] if shards else None
+
+    # -- dispatch -------------------------------------------------------------------------
+    async def run_command(self, req: Request) -> dict[str, Any]:
+        token = OPERATION_TIME.set([None])
+        try:
+            return await super().run_command(req)
+        finally:
+            OPERATION_TIME.reset(token)
+
+    def cluster_time_fields(self, req: Request | None, reply: dict[str, Any]) -> None:
+        holder = OPERATION_TIME.get()
+        if holder and holder[0] is not None and "__operationTime" not in reply:
+            reply["__operationTime"] = holder[0]
+        super().cluster_time_fields(req, reply)
+
+    def error_labels(self, req: Request | None, exc: MongoError) -> list[str]:
+        """Labels as mongos adds them: RetryableWriteError on a retryable write failing with a
+        retryable code; TransientTransactionError on a network error inside a transaction
+        (``error_labels.cpp``); change-stream labels from the base class."""
+        labels = list(super().error_labels(req, exc))
+        if req is None:
+            return labels
+        name = self.commands.canonical(req.name)
+        body = req.body
+        if body.get("autocommit") is False:
+            if name not in ("commitTransaction", "abortTransaction") and exc.code in NETWORK_CODES \
+                    and "TransientTransactionError" not in labels:
+                labels.append("TransientTransactionError")
+            elif name in ("commitTransaction", "abortTransaction") and \
+                    exc.code in RETRYABLE_WRITE_CODES and "RetryableWriteError" not in labels:
+                labels.append("RetryableWriteError")
+        elif "txnNumber" in body and name in RETRYABLE_WRITE_COMMANDS and \
+                exc.code in RETRYABLE_WRITE_CODES and "RetryableWriteError" not in labels:
+            labels.append("RetryableWriteError")
+        return labels
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def startup(self) -> None:
+        await super().startup()
+        try:
+            await self.catalog.refresh()
+        except MongoError as exc:
+            log.warning("config server not reachable yet: %s", exc.errmsg)
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_INTERVAL_S)
+            try:
+                await self.catalog.refresh()
+            except MongoError as exc:
+                log.debug("catalog refresh failed: %s", exc.errmsg)
+            except Exception:  # keep refreshing whatever happened
+                log.exception("catalog refresh failed")
+
+    async def shutdown(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+        await super().shutdown()
+        for _, pool in self._pools.values():
+            pool.close()
+        self.config_pool.close()
+
+    # -- helpers for command modules ----------------------------------------------------------
+    async def drain(self, shard: str, db: str, cmd: dict[str, Any], *,
+                    session: dict[str, Any] | None = None) -> tuple[str, list[Any]]:
+        """Run a cursor-returning command on ``shard`` and read the cursor to the end.
+        Returns ``(ns, docs)``; ``session`` fields (lsid/txnNumber/autocommit) go on getMores."""
+        reply = await self.shard_command(shard, db, cmd)
+        cur = reply["cursor"]
+        docs = list(cur.get("firstBatch", []))
+        ns = cur.get("ns", "")
+        coll = ns.split(".", 1)[1] if "." in ns else ns
+        while cur.get("id"):
+            more: dict[str, Any] = {"getMore": Int64(cur["id"]), "collection": coll,
+                                    "batchSize": BIG_BATCH}
+            if session:
+                more.update(session)
+            reply = await self.shard_command(shard, db, more)
+            cur = reply["cursor"]
+            docs.extend(cur.get("nextBatch", []))
+        return ns, docs
+
+    async def cursor_reply(self, ns: str, docs: list[Any], req: Request,
+                           batch_size: Any = None, single_batch: bool = False) -> dict[str, Any]:
+        """A client cursor over ``docs`` (router-owned; getMore/killCursors via Node)."""
+        cursor = ListCursor(ns, docs)
+        if isinstance(batch_size, bool) or (batch_size is not None and not isinstance(batch_size, (int, float))):
+            raise MongoError(14, "batchSize must be a number")
+        bs = int(batch_size) if batch_size is not None else None
+        if bs is not None and bs < 0:
+            raise MongoError(51024, f"BatchSize value must be non-negative, but received: {bs}")
+        reply = await self.cursors.run_first_batch(cursor, bs)
+        if single_batch and reply["id"]:
+            await self.cursors.kill([int(reply["id"])])
+            reply["id"] = Int64(0)
+        return {"cursor": reply}

@@ -1,0 +1,374 @@
+"""Write targeting and batch execution on the router (mongos' ``BatchWriteExec`` /
+``ChunkManagerTargeter``, ``src/mongo/s/write_ops/``).
+
+Each statement of an ``insert``/``update``/``delete`` is targeted:
+
+* a document (insert) or a query pinning the full shard key (single update/delete) -> the shard
+  owning that key's chunk; an unsharded namespace -> the database's primary shard;
+* ``multi: true`` updates and ``limit: 0`` deletes without the full shard key -> every shard
+  owning the namespace (broadcast);
+* a single update/delete without the full shard key -> the first shard holding a matching
+  document (the "without shard key" two-phase protocol of 7.1+); an upsert that cannot be
+  targeted fails with ShardKeyNotFound (61).
+
+Ordered batches run as consecutive same-shard runs and stop at the first write error; unordered
+batches run one child batch per shard concurrently. The reply merges ``n``/``nModified``/
+``upserted``/``writeErrors`` with the client's statement indexes. Retryable writes (``lsid``/
+``txnNumber`` outside a transaction) are tracked by the router per statement
+(:class:`RetryCache`): a retry applies only the statements an earlier attempt did not, and
+answers with the totals of both, so nothing is applied twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bson import ObjectId
+
+from router.node import forwardable
+from shardsim.commands import Request, check_type
+from shardsim.errors import MongoError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from router.node import RouterNode
+
+_FIELD = {"insert": "documents", "update": "updates", "delete": "deletes"}
+# Batch options forwarded with every child batch.
+_BATCH_OPTS = ("bypassDocumentValidation", "writeConcern", "let", "comment", "maxTimeMS",
+               "lsid", "txnNumber", "autocommit", "startTransaction", "readConcern")
+RETRY_CACHE_SIZE = 10_000
+
+
+@dataclass
+class Run:
+    """A child batch: statements (client indexes ``idx``) sent to ``shards`` together."""
+
+    shards: list[str]
+    idx: list[int] = field(default_factory=list)
+    ops: list[Any] = field(default_factory=list)
+    broadcast: bool = False
+
+
+class RetryCache:
+    """Retryable write records by ``(lsid id, txnNumber)`` (LRU, bounded): for each, the
+    statements already applied and their totals, so a retry applies only the rest."""
+
+    def __init__(self, size: int = RETRY_CACHE_SIZE) -> None:
+        self._data: OrderedDict[tuple[bytes, int], dict[str, Any]] = OrderedDict()
+        self._size = size
+
+    @staticmethod
+    def key(body: dict[str, Any]) -> tuple[bytes, int] | None:
+        lsid, txn = body.get("lsid"), body.get("txnNumber")
+        if not isinstance(lsid, dict) or txn is None or body.get("autocommit") is False:
+            return None
+        ident = lsid.get("id")
+        return (bytes(ident) if ident is not None else b"", int(txn))
+
+    def get(self, key: tuple[bytes, int]) -> dict[str, Any] | None:
+        reply = self._data.get(key)
+        if reply is not None:
+            self._data.move_to_end(key)
+        return reply
+
+    def record(self, key: tuple[bytes, int]) -> dict[str, Any]:
+        """The (new or existing) record ``{done: set, n, nModified, upserted}`` of ``key``."""
+        rec = self.get(key)
+        if rec is None:
+            rec = {"done": set(), "n": 0, "nModified": 0, "upserted": []}
+            self.put(key, rec)
+        return rec
+
+    def put(self, key: tuple[bytes, int], reply: dict[str, Any]) -> None:
+        self._data[key] = reply
+        if len(self._data) > self._size:
+            self._data.popitem(last=False)
+
+
+def _is_replacement(u: Any) -> bool:
+    return isinstance(u, dict) and not any(str(k).startswith("$") for k in u)
+
+
+class WriteExecutor:
+    """Runs one client write command through the router."""
+
+    def __init__(self, router: "RouterNode", req: Request, kind: str) -> None:
+        self.router = router
+        self.req = req
+        self.kind = kind
+        self.db = req.db
+        self.coll = req.arg
+        self.ns = f"{self.db}.{self.coll}"
+        self.ordered = req.get("ordered", True) is not False
+        self.in_txn = req.get("autocommit") is False
+
+    # -- targeting ----------------------------------------------------------------------------
+    async def _find_owner(self, q: Any, shards: list[str], extra: dict[str, Any]) -> str | None:
+        """The first shard (in catalog order) holding a document matching ``q``."""
+        async def probe(shard: str) -> bool:
+            cmd: dict[str, Any] = {"find": self.coll, "filter": q, "limit": 1,
+                                   "projection": {"_id": 1}, "singleBatch": True}
+            for k in ("collation", "hint", "sort"):
+                if k in extra:
+                    cmd[k] = extra[k]
+            reply = await self.router.shard_command(shard, self.db, cmd)
+            return bool(reply["cursor"]["firstBatch"])
+        found = await asyncio.gather(*(probe(s) for s in shards))
+        for shard, hit in zip(shards, found):
+            if hit:
+                return shard
+        return None
+
+    async def target(self, op: Any) -> tuple[list[str], bool]:
+        """``(shards, broadcast)`` for one statement."""
+        router = self.router
+        info = router.catalog.collection(self.ns)
+        if info is None:
+            primary = await router.ensure_database(self.db) if self.kind != "delete" \
+                else router.read_primary(self.db)
+            if primary is None:
+                raise MongoError(70, "No shards found")
+            return [primary], False
+        owners = info.chunks.shards()
+        if self.kind == "insert":
+            return [info.chunks.shard_for_doc(op)], False
+        q = op.get("q", {}) if isinstance(op, dict) else {}
+        multi = op.get("multi", False) if self.kind == "update" else op.get("limit", 0) == 0
+        key = info.pattern.key_of_query(q)
+        if key is None and self.kind == "update" and not multi and _is_replacement(op.get("u")):
+            try:
+                key = info.pattern.key_of_doc(op["u"]) if all(
+                    f.split(".")[0] in op["u"] for f in info.pattern.fields) else None
+            except MongoError:
+                key = None
+        if key is not None:
+            return [info.chunks.find(key).shard], False
+        if multi:
+            return owners, True
+        if self.kind == "update" and op.get("upsert"):
+            raise MongoError(61, f"Failed to target upsert by query :: could not extract exact "
+                                 f"shard key from query {q}: the query must contain the full "
+                                 f"shard key {info.key}")
+        owner = await self._find_owner(q, owners, op if isinstance(op, dict) else {})
+        return ([owner] if owner else [owners[0]]), False
+
+    # -- execution ----------------------------------------------------------------------------
+    def _child_command(self, run: Run) -> dict[str, Any]:
+        cmd: dict[str, Any] = {self.kind: self.coll, _FIELD[self.kind]: run.ops,
+                               "ordered": self.ordered}
+        for k in _BATCH_OPTS:
+            if k in self.req.body:
+                cmd[k] = self.req.body[k]
+        if not self.in_txn:
+            # Retryability is the router's (RetryRecord): the shards' retry history is per
+            # command, and one client command becomes several child batches here.
+            cmd.pop("lsid", None)
+            cmd.pop("txnNumber", None)
+        if self.req.get("fromMigrate") is True:
+            cmd["fromMigrate"] = True
+        return cmd
+
+    async def _send(self, run: Run) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Run one child batch; returns (totals, writeErrors with client indexes)."""
+        cmd = self._child_command(run)
+        totals = {"n": 0, "nModified": 0, "upserted": []}
+        errors: list[dict[str, Any]] = []
+
+        async def one(shard: str) -> dict[str, Any]:
+            return await self.router.shard_command(shard, self.db, cmd)
+
+        replies = await asyncio.gather(*(one(s) for s in run.shards), return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, MongoError):
+                if reply.code in (6, 7, 89, 9001) or len(run.idx) == 0:
+                    raise reply
+                # A command-level error fails every statement of the child batch.
+                for i in run.idx[:1] if self.ordered else run.idx:
+                    errors.append({"index": i, "code": reply.code, "codeName": reply.code_name,
+                                   "errmsg": reply.errmsg})
+                continue
+            if isinstance(reply, BaseException):
+                raise reply
+            totals["n"] += int(reply.get("n", 0))
+            totals["nModified"] += int(reply.get("nModified", 0))
+            for u in reply.get("upserted", []):
+                totals["upserted"].append({"index": run.idx[int(u["index"])], "_id": u["_id"]})
+            for e in reply.get("writeErrors", []):
+                e = dict(e)
+                e["index"] = run.idx[int(e["index"])]
+                errors.append(e)
+            if "writeConcernError" in reply:
+                totals["writeConcernError"] = reply["writeConcernError"]
+        return totals, errors
+
+    async def execute(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Target and run every statement. ``record`` (retryable writes) names statements
+        already applied by an earlier attempt: they are skipped and their totals reused."""
+        ops = self.req.get(_FIELD[self.kind])
+        if not isinstance(ops, list):
+            check_type(self.req, _FIELD[self.kind], list, "array", required=True)
+            ops = []
+        if not isinstance(self.coll, str) or not self.coll:
+            raise MongoError(73, f"Invalid namespace specified '{self.db}.{self.coll}'")
+        if self.kind == "insert":
+            fixed = []
+            for d in ops:
+                if isinstance(d, dict) and "_id" not in d:
+                    d = {"_id": ObjectId(), **d}
+                fixed.append(d)
+            ops = fixed
+        # Target every statement (untargetable statements become write errors).
+        runs: list[Run] = []
+        errors: list[dict[str, Any]] = []
+        targets: list[tuple[int, list[str], bool] | None] = []
+        done: set[int] = record["done"] if record is not None else set()
+        for i, op in enumerate(ops):
+            if i in done:
+                continue
+            try:
+                shards, broadcast = await self.target(op)
+                targets.append((i, shards, broadcast))
+            except MongoError as exc:
+                if exc.code in (6, 7, 89, 9001, 70):
+                    raise
+                errors.append({"index": i, "code": exc.code, "codeName": exc.code_name,
+                               "errmsg": exc.errmsg})
+                targets.append(None)
+                if self.ordered:
+                    break
+        if self.ordered:
+            for t in targets:
+                if t is None:
+                    break
+                i, shards, broadcast = t
+                if runs and not broadcast and not runs[-1].broadcast and runs[-1].shards == shards:
+                    runs[-1].idx.append(i)
+                    runs[-1].ops.append(ops[i])
+                else:
+                    runs.append(Run(shards, [i], [ops[i]], broadcast))
+        else:
+            by_shard: dict[str, Run] = {}
+            for t in targets:
+                if t is None:
+                    continue
+                i, shards, broadcast = t
+                if broadcast:
+                    runs.append(Run(shards, [i], [ops[i]], True))
+                else:
+                    run = by_shard.setdefault(shards[0], Run(shards))
+                    run.idx.append(i)
+                    run.ops.append(ops[i])
+            runs.extend(by_shard.values())
+        if self.in_txn:
+            used = {s for r in runs for s in r.shards}
+            await self.router.txn_participant(self.req, used)
+        totals = record if record is not None else {"n": 0, "nModified": 0, "upserted": []}
+        wce = None
+        done_any = False
+
+        def fold(run: Run, t: dict[str, Any], errs: list[dict[str, Any]]) -> None:
+            nonlocal wce
+            totals["n"] += t["n"]
+            totals["nModified"] += t["nModified"]
+            totals["upserted"].extend(t["upserted"])
+            errors.extend(errs)
+            wce = t.get("writeConcernError", wce)
+            failed = {e["index"] for e in errs}
+            first_failed = min(failed) if failed else None
+            for i in run.idx:
+                if i in failed or (self.ordered and first_failed is not None and i > first_failed):
+                    continue
+                done.add(i)
+
+        if self.ordered:
+            target_error = errors[0]["index"] if errors else None
+            for run in runs:
+                try:
+                    t, errs = await self._send(run)
+                except MongoError as exc:
+                    if not done_any:
+                        raise
+                    errors.append({"index": run.idx[0], "code": exc.code,
+                                   "codeName": exc.code_name, "errmsg": exc.errmsg})
+                    break
+                done_any = True
+                fold(run, t, errs)
+                if errs:
+                    break
+            if target_error is not None:
+                errors.sort(key=lambda e: e["index"])
+        else:
+            results = await asyncio.gather(*(self._send(r) for r in runs), return_exceptions=True)
+            failures = [(r, x) for r, x in zip(runs, results) if isinstance(x, BaseException)]
+            if failures and len(failures) == len(runs) and not errors:
+                raise failures[0][1]
+            for run, res in zip(runs, results):
+                if isinstance(res, MongoError):
+                    for i in run.idx:
+                        errors.append({"index": i, "code": res.code, "codeName": res.code_name,
+                                       "errmsg": res.errmsg})
+                elif isinstance(res, BaseException):
+                    raise res
+                else:
+                    fold(run, *res)
+        errors.sort(key=lambda e: e["index"])
+        reply: dict[str, Any] = {"n": totals["n"]}
+        if self.kind == "update":
+            if totals["upserted"]:
+                reply["upserted"] = sorted(totals["upserted"], key=lambda u: u["index"])
+            reply["nModified"] = totals["nModified"]
+        if errors:
+            reply["writeErrors"] = errors
+        if wce is not None:
+            reply["writeConcernError"] = wce
+        return reply
+
+
+async def run_write(router: "RouterNode", req: Request, kind: str) -> dict[str, Any]:
+    """insert/update/delete through the router (with the retryable-write cache)."""
+    key = RetryCache.key(req.body)
+    record = router.retry_cache.record(key) if key is not None else None
+    return await WriteExecutor(router, req, kind).execute(record)
+
+
+async def find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
+    """findAndModify: to the shard owning the query's shard key, else the first shard holding
+    a match; an untargetable upsert fails with ShardKeyNotFound (61)."""
+    key = RetryCache.key(req.body)
+    if key is not None:
+        cached = router.retry_cache.get(key)
+        if cached is not None:
+            return dict(cached)
+    db, coll = req.db, req.arg
+    ns = f"{db}.{coll}"
+    info = router.catalog.collection(ns)
+    q = req.get("query") or {}
+    if info is None:
+        shard = await router.ensure_database(db)
+    else:
+        k = info.pattern.key_of_query(q)
+        if k is None and req.get("upsert") and _is_replacement(req.get("update")):
+            try:
+                k = info.pattern.key_of_doc(req.get("update"))
+            except MongoError:
+                k = None
+        if k is not None:
+            shard = info.chunks.find(k).shard
+        elif req.get("upsert"):
+            raise MongoError(61, f"Query for sharded findAndModify must contain the shard key "
+                                 f"{info.key}")
+        else:
+            ex = WriteExecutor(router, req, "update")
+            owners = info.chunks.shards()
+            shard = await ex._find_owner(q, owners, {k2: req.body[k2] for k2 in ("sort", "collation", "hint")
+                                                      if k2 in req.body}) or owners[0]
+    if req.get("autocommit") is False:
+        await router.txn_participant(req, {shard})
+    reply = await router.shard_command(shard, db, forwardable(req.body))
+    out = {k2: v for k2, v in reply.items() if k2 not in ("ok", "$clusterTime", "operationTime")}
+    if key is not None:
+        router.retry_cache.put(key, dict(out))
+    return out

@@ -1,0 +1,301 @@
+"""The local mini cluster: a config server, N shards and a router as child processes.
+
+::
+
+    with Cluster(shards=3) as cluster:
+        client = pymongo.MongoClient(cluster.router_uri)
+        ...
+
+:class:`Cluster` starts ``python -m configsvr``, ``python -m shard`` (×N) and ``python -m
+router`` on free loopback ports (or the router on ``port``), runs ``addShard`` for every shard
+and waits until the router answers. :meth:`Cluster.stop` always leaves nothing running: it is
+called on any start-up failure, on leaving the ``with`` block (also by an exception or Ctrl-C).
+``durable=True`` gives every process a ``--dbpath`` under ``base_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Sequence
+
+from shardsim.procs import READY_RE, RoleProcess, port_in_use
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not start (port clash, a process died at start, addShard failed)."""
+
+
+class FileRoleProcess(RoleProcess):
+    """A RoleProcess whose output goes to a log file instead of a pipe, so it can outlive the
+    launcher (``shardsim up --detach``). ``start()`` waits for the ready line in the file."""
+
+    def start(self, timeout: float = 30.0) -> "FileRoleProcess":
+        assert self.log_path, "FileRoleProcess needs log_path"
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.env:
+            env.update(self.env)
+        offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+        with open(self.log_path, "a") as log, open(os.devnull) as devnull:
+            self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args],
+                                         stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True, text=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(self.log_path) as f:
+                f.seek(offset)
+                text = f.read()
+            m = READY_RE.search(text)
+            if m:
+                self.host, self.port = m.group(2), int(m.group(3))
+                return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        with open(self.log_path) as f:
+            f.seek(offset)
+            out = f.read()[-4000:]
+        self.stop()
+        raise RuntimeError(f"{self.name} did not start (exit {self.proc.returncode}):\n{out}")
+
+
+class Cluster:
+    """A local cluster of processes.
+
+    ``shards`` — number of shards (named ``shard0``, ``shard1``, ...); ``base_dir`` — directory
+    for logs and data (a temporary one, removed on stop, when None); ``durable`` — give every
+    process ``--dbpath``; ``port`` — the router's port (0 = a free one); ``shard_args`` — extra
+    arguments for every ``python -m shard``; ``detach`` — processes write to log files in
+    ``base_dir`` and survive the launcher (see ``shardsim up --detach``).
+
+    Attributes after :meth:`start`: ``router_uri`` (``mongodb://127.0.0.1:P/``), ``router``,
+    ``config``, ``shards`` (RoleProcess list; ``.name`` is the shard name).
+    Raises :class:`ClusterError` when it cannot start (nothing is left running then).
+    """
+
+    def __init__(self, shards: int = 3, base_dir: str | None = None, durable: bool = False,
+                 port: int = 0, shard_args: Sequence[str] = (), *, host: str = "127.0.0.1",
+                 detach: bool = False, start_timeout: float = 30.0) -> None:
+        self.num_shards = shards
+        self._own_dir = base_dir is None
+        self.base_dir = base_dir or tempfile.mkdtemp(prefix="shardsim-")
+        os.makedirs(self.base_dir, exist_ok=True)
+        self.durable = durable
+        self.port = port
+        self.host = host
+        self.shard_args = list(shard_args)
+        self.detach = detach
+        self.start_timeout = start_timeout
+        self.config: RoleProcess | None = None
+        self.router: RoleProcess | None = None
+        self.shards: list[RoleProcess] = []
+        self._next_shard = 0
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def router_uri(self) -> str:
+        assert self.router is not None and self.router.port, "cluster not started"
+        return f"mongodb://{self.host}:{self.router.port}/"
+
+    @property
+    def processes(self) -> list[RoleProcess]:
+        return [p for p in (self.config, *self.shards, self.router) if p is not None]
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def _proc(self, module: str, args: list[str], name: str) -> RoleProcess:
+        log_path = os.path.join(self.base_dir, f"{name}.log")
+        cls = FileRoleProcess if self.detach else RoleProcess
+        return cls(module, args, name=name, log_path=log_path)
+
+    def _dbpath(self, name: str) -> list[str]:
+        if not self.durable:
+            return []
+        path = os.path.join(self.base_dir, "data", name)
+        os.makedirs(path, exist_ok=True)
+        return ["--dbpath", path]
+
+    def _start(self, proc: RoleProcess) -> RoleProcess:
+        try:
+            proc.start(self.start_timeout)
+        except RuntimeError as exc:
+            raise ClusterError(str(exc)) from None
+        # Pin the port so a restart comes back on the same address.
+        if "--port" in proc.args:
+            proc.args[proc.args.index("--port") + 1] = str(proc.port)
+        return proc
+
+    def start(self) -> "Cluster":
+        """Start everything and add the shards; on any failure stop everything and raise."""
+        try:
+            if self.port and port_in_use(self.port, self.host):
+                raise ClusterError(f"port {self.port} is already in use on {self.host}: stop "
+                                   f"whatever listens there or choose another --port")
+            self.config = self._start(self._proc(
+                "configsvr", ["--port", "0", "--host", self.host, *self._dbpath("config")],
+                "configsvr"))
+            for _ in range(self.num_shards):
+                self._start_shard()
+            self.router = self._start(self._proc(
+                "router", ["--port", str(self.port), "--host", self.host,
+                           "--configdb", self.config.address], "router"))
+            for shard in self.shards:
+                self._add_shard(shard)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_shard(self) -> RoleProcess:
+        name = f"shard{self._next_shard}"
+        self._next_shard += 1
+        proc = self._proc("shard", ["--port", "0", "--host", self.host, "--shard-name", name,
+                                    *self._dbpath(name), *self.shard_args], name)
+        self.shards.append(proc)
+        return self._start(proc)
+
+    def admin_command(self, cmd: dict[str, Any], timeout_ms: int = 30000) -> dict[str, Any]:
+        """Run an admin command on the router with pymongo."""
+        import pymongo
+        client: pymongo.MongoClient = pymongo.MongoClient(
+            self.router_uri, serverSelectionTimeoutMS=timeout_ms, directConnection=True)
+        try:
+            return client.admin.command(cmd)
+        finally:
+            client.close()
+
+    def _add_shard(self, shard: RoleProcess) -> None:
+        import pymongo.errors
+        try:
+            self.admin_command({"addShard": shard.address, "name": shard.name})
+        except pymongo.errors.PyMongoError as exc:
+            raise ClusterError(f"addShard {shard.name} ({shard.address}) failed: {exc}") from None
+
+    def add_shard(self) -> str:
+        """Start one more shard and add it to the cluster; returns its name."""
+        proc = self._start_shard()
+        self._add_shard(proc)
+        return proc.name
+
+    def shard(self, name: str) -> RoleProcess:
+        """The shard process named ``name``."""
+        for p in self.shards:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def restart(self, proc: RoleProcess) -> RoleProcess:
+        """Start a stopped/killed process again on the same port (and ``--dbpath``)."""
+        proc.stop()
+        return self._start(proc)
+
+    def stop(self) -> None:
+        """Stop every process (router first, config server last); never raises."""
+        for proc in reversed(self.processes):
+            try:
+                proc.stop()
+            except Exception:  # pragma: no cover - keep stopping the others
+                try:
+                    proc.kill()
+                except Exception:
+                    pass
+        if self._own_dir and not self.detach:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- detached state -----------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """What ``shardsim status``/``down`` need: the router URI and every process."""
+        return {
+            "router_uri": self.router_uri,
+            "base_dir": self.base_dir,
+            "started": time.time(),
+            "processes": [{"name": p.name, "module": p.module, "pid": p.pid, "host": p.host,
+                           "port": p.port, "log": p.log_path} for p in self.processes],
+        }
+
+
+# -- state files of detached clusters (shardsim up --detach / status / down) -------------------
+def default_run_dir() -> str:
+    """``$SHARDSIM_RUN_DIR`` or ``<tmp>/shardsim-<uid>``."""
+    return os.environ.get("SHARDSIM_RUN_DIR") or os.path.join(
+        tempfile.gettempdir(), f"shardsim-{os.getuid()}")
+
+
+def state_path(run_dir: str) -> str:
+    return os.path.join(run_dir, "cluster.json")
+
+
+def write_state(run_dir: str, state: dict[str, Any]) -> None:
+    os.makedirs(run_dir, exist_ok=True)
+    tmp = state_path(run_dir) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=2)
+    os.replace(tmp, state_path(run_dir))
+
+
+def read_state(run_dir: str) -> dict[str, Any] | None:
+    try:
+        with open(state_path(run_dir)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def pid_is(pid: int | None, module: str) -> bool:
+    """True if ``pid`` is alive and runs ``python -m <module>`` (not a recycled pid)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+    try:
+        i = argv.index(b"-m")
+    except ValueError:
+        return False
+    return i + 1 < len(argv) and argv[i + 1] == module.encode()
+
+
+def stop_pid(pid: int, module: str, timeout: float = 5.0) -> bool:
+    """SIGTERM the process group of ``pid`` (started with its own session), then SIGKILL."""
+    if not pid_is(pid, module):
+        return False
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_is(pid, module):
+            return True
+        _reap(pid)
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
