@@ -65,11 +65,36 @@ def _bound(value: Any, default: int) -> int:
     return default
 
 
+def config_server_uri(client: MongoClient) -> str | None:
+    """The config server of the router behind ``client``, from ``getCmdLineOpts``'
+    ``parsed.sharding.configDB`` (as mongos reports it; ``rs/host,...`` keeps the first host)."""
+    try:
+        opts = client.admin.command("getCmdLineOpts")
+    except OperationFailure:
+        return None
+    cfg = (opts.get("parsed", {}).get("sharding", {}) or {}).get("configDB")
+    if not cfg:
+        return None
+    return f"mongodb://{cfg.split('/', 1)[-1].split(',')[0]}/?directConnection=true"
+
+
 def read_chunk_map(client: MongoClient, spec: PlanSpec) -> ChunkMap:
-    """The chunk map of the plan's collections from ``config.collections``/``config.chunks``.
+    """The chunk map of the plan's collections from ``config.collections``/``config.chunks``,
+    read through the router, or from the config server itself when the router shows no
+    ``config`` entries (its address from :func:`config_server_uri`).
 
     Raises RuntimeError when a collection is not sharded on ``{_id: 1}``.
     """
+    first = f"{spec.db}.{spec.collection_names[0]}"
+    if client.config.collections.find_one({"_id": first}) is None:
+        uri = config_server_uri(client)
+        if uri:
+            with MongoClient(uri) as cfg:
+                return _read_chunk_map(cfg, spec)
+    return _read_chunk_map(client, spec)
+
+
+def _read_chunk_map(client: MongoClient, spec: PlanSpec) -> ChunkMap:
     config = client.config
     chunks: list[Chunk] = []
     for c, name in enumerate(spec.collection_names):
