@@ -1,0 +1,64 @@
+"""Delivered events/s vs number of shards (1, 2, 4, 8).
+
+For each shard count a fresh cluster; a collection spread over all shards; N inserts written
+through the router while one watcher reads the merged stream live. Prints write ops/s and
+delivered events/s (first event to last) with ratios against 1 shard. On a 2-core machine more
+shard processes share the same cores, so this shows the merge's overhead, not scale-out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+from pymongo import MongoClient
+
+from _common import DB, insert_backlog, machine, spread_collection, spread_ids
+from shardsim.launcher import Cluster
+
+
+def run(nshards: int, docs: int) -> tuple[float, float, int]:
+    with Cluster(shards=nshards) as cluster:
+        client = MongoClient(cluster.router_uri)
+        spread_collection(client)
+        got = [0]
+        times: list[float] = []
+        opened = threading.Event()
+
+        def watch() -> None:
+            with client[DB].watch(batch_size=10000, max_await_time_ms=200) as s:
+                opened.set()
+                deadline = time.monotonic() + 120
+                while got[0] < docs and time.monotonic() < deadline:
+                    if s.try_next() is not None:
+                        got[0] += 1
+                        if got[0] == 1 or got[0] == docs:
+                            times.append(time.perf_counter())
+
+        th = threading.Thread(target=watch, daemon=True)
+        th.start()
+        opened.wait(30)
+        t0 = time.perf_counter()
+        secs = insert_backlog(client[DB].c0, spread_ids(docs))
+        th.join(150)
+        deliver = (times[-1] - t0) if len(times) == 2 else float("nan")
+        return docs / secs, got[0] / deliver, got[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--docs", type=int, default=40_000)
+    ap.add_argument("--shards", default="1,2,4,8")
+    args = ap.parse_args()
+    print(f"# bench_shards  {machine()}")
+    base = None
+    for n in [int(x) for x in args.shards.split(",")]:
+        w, d, got = run(n, args.docs)
+        base = base or d
+        print(f"{n} shard(s): writes {w:>9,.0f} ops/s, delivered {got:,} events at {d:>9,.0f} ev/s "
+              f"({d / base:.2f}x of 1 shard)")
+
+
+if __name__ == "__main__":
+    main()
