@@ -113,7 +113,7 @@ def is_invalidate_data(data: str) -> bool:
         dec = getattr(_rt, "decode", None)
         if dec is not None:
             d = dec({"_data": data})
-            v = d.get("fromInvalidate") if isinstance(d, dict) else getattr(d, "from_invalidate", None)
+            v = d.get("fromInvalidate") if isinstance(d, dict) else getattr(d, "fromInvalidate", None)
             if v is not None:
                 return bool(v)
     except Exception:
@@ -513,10 +513,18 @@ class ChangeStreamMerge:
                 self._resume_is_invalidate = is_invalidate_data(key[0])
         self.last_key: Key | None = None
         self.invalidated = False
+        self._stashed: Item | None = None
+
+    def push_back(self, item: Item) -> None:
+        """Return ``item`` again from the next :meth:`next` (a batch was full, 16 MiB)."""
+        self._stashed = item
 
     def next(self) -> Item | NewShard | None:
         """The next event to return (an :class:`Item`), a :class:`NewShard` action, or None
         when nothing is ready. Raises MongoError for a remote error or a failed resume check."""
+        if self._stashed is not None:
+            item, self._stashed = self._stashed, None
+            return item
         m = self.merger
         while m.ready():
             item, remote = m.next_ready()

@@ -1,0 +1,395 @@
+"""Change streams on the router (mongos): open a cursor on every shard and on the config
+server's ``config.shards``, merge them with :mod:`router.merger`, serve the client's getMores.
+
+Entry point: :func:`aggregate_change_stream` (called by the router's ``aggregate`` when
+``pipeline[0]`` is ``$changeStream``). It mirrors, in order:
+
+- ``sharded_agg_helpers.cpp`` ``targetPipeline``/``dispatchTargetedShardPipeline``: capture the
+  router's cluster time, reload the shard list, fix the start point explicitly for every shard
+  (client token, ``startAtOperationTime``, or cluster time + 1 tick —
+  ``DocumentSourceChangeStream::getStartTimeForNewStream``), send every shard
+  ``aggregate`` with ``needsMerge: true``, ``fromRouter: true``, ``cursor: {batchSize: 0}``, and
+  open the ``config.shards`` monitor (``openChangeStreamNewShardMonitor``) at the captured time;
+- ``cluster_aggregation_planner.cpp`` ``establishMergingMongosCursor``: an empty first batch, a
+  live cursor id and a ``postBatchResumeToken`` (the merger's high-water mark);
+- ``cluster_find.cpp`` ``runGetMore`` + ``blocking_results_merger.cpp``: a getMore returns as
+  soon as at least one event is ready (taking all that are ready), else waits up to its
+  ``maxTimeMS`` (default 1000 ms) and returns an empty batch with the current high-water mark;
+- ``async_results_merger.cpp``: getMores to remotes run concurrently, only for remotes with an
+  empty buffer and no request in flight, with ``maxTimeMS`` capped at 1000 ms when there is
+  more than one remote; the first remote error fails the client's getMore with that code and
+  the labels the router computes (``error_labels.cpp``), and kills the other remote cursors;
+- ``DocumentSourceChangeStreamHandleTopologyChange``: a ``config.shards`` insert opens a cursor
+  on the new shard with ``resumeAfter: HWM(event clusterTime + 1 tick)``.
+
+Events are forwarded as raw BSON bytes: the shard's trailing ``$sortKey`` is cut off by byte
+surgery (:func:`router.merger.strip_sort_key`), never decoded and re-encoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from typing import Any
+
+from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+
+from router.merger import (CONFIG_SHARDS_NS, ChangeStreamMerge, Item, Merger, NewShard, Remote,
+                           item_from_raw_event)
+from router.remote import gossip_command, track_operation_time
+from shardsim.client import RAW_CODEC
+from shardsim.clock import ts_add_ticks, ts_key
+from shardsim.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
+from shardsim.errors import MongoError, change_stream_labels
+
+log = logging.getLogger("shardsim.router.change_stream")
+
+DEFAULT_AWAIT_MS = 1000  # mongos' default awaitData timeout for a getMore without maxTimeMS
+REMOTE_AWAIT_CAP_MS = 1000  # ARM::setAwaitDataTimeout cap when merging more than one remote
+# Aggregate fields the router does not pass on to shards (it sets its own cursor/needsMerge).
+_NOT_FORWARDED = frozenset({"aggregate", "pipeline", "cursor", "$db", "$clusterTime", "lsid",
+                            "txnNumber", "$readPreference", "maxAwaitTimeMS", "maxTimeMS",
+                            "writeConcern", "needsMerge", "fromRouter", "fromMongos",
+                            "explain", "apiVersion", "apiStrict", "apiDeprecationErrors"})
+
+
+def _fresh_error(exc: MongoError) -> MongoError:
+    """The remote's code/codeName/errmsg without its labels: mongos computes labels itself
+    (notes §6.2 "shard labels are not copied")."""
+    return MongoError(exc.code, exc.errmsg, code_name_override=exc.code_name)
+
+
+def _labelled(exc: MongoError, command: str) -> MongoError:
+    """``exc`` with the labels the router adds for a change stream's ``command``."""
+    err = _fresh_error(exc)
+    err.labels = change_stream_labels(err.code, is_change_stream=True, command=command)
+    return err
+
+
+def _split_ns(ns: str) -> tuple[str, str]:
+    db, _, coll = ns.partition(".")
+    return db, coll
+
+
+async def aggregate_change_stream(router: Any, req: Any) -> dict[str, Any]:
+    """Run ``aggregate`` with a ``$changeStream`` pipeline on the router.
+
+    Returns the reply body ``{cursor: {firstBatch: [], postBatchResumeToken, id, ns}}``.
+    Raises MongoError: the shard parser's validation errors (e.g. 40415/14/2/50865/40674/260/
+    73), FailedToParse (9) when ``cursor`` is missing, and the first shard error while
+    establishing cursors (labels computed by the router).
+    """
+    body = req.body
+    pipeline = body["pipeline"]
+    target = body.get("aggregate")
+    db = req.db
+    spec_doc = pipeline[0].get("$changeStream") if isinstance(pipeline[0], dict) else None
+    try:  # validate exactly like a shard would (same parser) before touching any shard
+        from shard.change_stream import spec as _spec
+        _spec.parse(db, target, pipeline)
+    except ImportError:  # pragma: no cover - the shard package is part of the project
+        if not isinstance(spec_doc, dict):
+            raise MongoError(50808, "$changeStream stage expects a document as argument")
+    cursor_opt = body.get("cursor")
+    if cursor_opt is None:
+        raise MongoError(9, "The 'cursor' option is required, except for aggregate with the "
+                            "explain argument")
+    if not isinstance(cursor_opt, dict):
+        raise MongoError(14, "BSON field 'aggregate.cursor' is the wrong type, expected type 'object'")
+    batch_size = cursor_opt.get("batchSize")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, float))):
+        raise MongoError(14, "BSON field 'cursor.batchSize' is the wrong type, expected type 'long'")
+    if batch_size is not None and batch_size < 0:
+        raise MongoError(51024, f"BatchSize value must be non-negative, but received: {int(batch_size)}")
+    if isinstance(target, str):
+        ns = f"{db}.{target}"
+    else:
+        ns = f"{db}.$cmd.aggregate"
+
+    stream = RouterChangeStream(router, db, target, ns, dict(spec_doc), pipeline[1:], body)
+    await stream.establish()
+    reply = await router.cursors.run_first_batch(stream.cursor, int(batch_size) if batch_size is not None else None)
+    return {"cursor": reply}
+
+
+class RouterChangeStream:
+    """Everything one client change stream owns on the router: the merge, the remotes and their
+    pools, and the commands to (re)open shard cursors."""
+
+    def __init__(self, router: Any, db: str, target: Any, ns: str, spec: dict[str, Any],
+                 user_stages: list[Any], body: dict[str, Any]) -> None:
+        self.router = router
+        self.db = db
+        self.target = target
+        self.ns = ns
+        self.spec = spec
+        self.user_stages = list(user_stages)
+        self.passthrough = {k: v for k, v in body.items() if k not in _NOT_FORWARDED}
+        self.merger = Merger()
+        self.merge: ChangeStreamMerge | None = None
+        self.cursor = RouterChangeStreamCursor(self)
+        self.pools: dict[int, Any] = {}  # remote id -> Pool
+        self.wake = asyncio.Event()
+        self.closed = False
+        self.op_time: Timestamp | None = None
+        self.remote_await_ms = DEFAULT_AWAIT_MS
+
+    # -- opening -------------------------------------------------------------------------------
+    def _shard_command(self, spec: dict[str, Any]) -> dict[str, Any]:
+        cmd: dict[str, Any] = {"aggregate": self.target,
+                               "pipeline": [{"$changeStream": spec}] + self.user_stages}
+        cmd.update(self.passthrough)
+        cmd["needsMerge"] = True
+        cmd["fromRouter"] = True
+        cmd["cursor"] = {"batchSize": 0}
+        return cmd
+
+    async def establish(self) -> None:
+        """Open every shard cursor and the config.shards monitor; set the initial HWM."""
+        router = self.router
+        clock = router.clock
+        now = clock.now()
+        if now.time == 0 and now.inc == 0:
+            now = clock.advance_to_wall()
+        registry_time = now  # shardRegistryReloadTime: captured BEFORE the shard list reload
+        spec = dict(self.spec)
+        token = spec.get("resumeAfter", spec.get("startAfter"))
+        if token is None and "startAtOperationTime" not in spec:
+            # getStartTimeForNewStream on mongos: cluster time + 1 tick, the same for all shards.
+            spec["startAtOperationTime"] = ts_add_ticks(now, 1)
+        self.spec = spec
+        try:
+            await router.catalog.refresh()
+        except MongoError as exc:
+            log.warning("catalog refresh before opening a change stream failed: %s", exc.errmsg)
+        shards = [s[0] for s in router.catalog.shards()]
+        if not shards:
+            raise MongoError(70, "no shards found")
+        cmd = self._shard_command(spec)
+        opens = [self._open(name, self.db, cmd) for name in shards]
+        config_cmd = None
+        if self.db != "config":
+            config_cmd = {"aggregate": "shards",
+                          "pipeline": [{"$changeStream": {"startAtOperationTime": registry_time,
+                                                          "allowToRunOnConfigDB": True}}],
+                          "needsMerge": True, "fromRouter": True, "cursor": {"batchSize": 0}}
+            opens.append(self._open(None, "config", config_cmd))
+        results = await asyncio.gather(*opens, return_exceptions=True)
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            for r in results:
+                if isinstance(r, Remote):
+                    self._kill_remote(r)
+            if isinstance(failure, MongoError):
+                raise _fresh_error(failure)
+            raise failure
+        self.merger.set_initial_high_water_mark()
+        self.merge = ChangeStreamMerge(self.merger, resume_token=token, known_shards=shards,
+                                       start_after="startAfter" in spec)
+
+    async def _open(self, shard: str | None, db: str, cmd: dict[str, Any]) -> Remote:
+        """Send the establish ``aggregate`` to ``shard`` (None = config server) and add the
+        remote with its first batch."""
+        router = self.router
+        pool = router.config_pool if shard is None else router.pool_for(shard)
+        reply = await gossip_command(router.clock, pool, db, cmd, raw=True)
+        cur = reply["cursor"]
+        remote_ns = cur.get("ns") or (CONFIG_SHARDS_NS if shard is None else self.ns)
+        is_config = shard is None
+        items = [item_from_raw_event(e, is_config=is_config) for e in cur.get("firstBatch", [])]
+        pbrt = cur.get("postBatchResumeToken")
+        remote = self.merger.add_remote("config" if is_config else shard, remote_ns,
+                                        int(cur.get("id", 0)), items, _plain(pbrt),
+                                        is_config=is_config)
+        remote.address = pool.address
+        self.pools[remote.rid] = pool
+        return remote
+
+    async def open_new_shard(self, action: NewShard) -> None:
+        """A config.shards insert was merged: open the new shard's cursor from
+        ``resumeAfter: HWM(shardAddedTime + 1)`` (``createUpdatedCommandForNewShard``)."""
+        router = self.router
+        if router.catalog.shard_address(action.shard) is None:
+            await router.catalog.refresh()
+        spec = {k: v for k, v in self.spec.items()
+                if k not in ("resumeAfter", "startAfter", "startAtOperationTime")}
+        spec["resumeAfter"] = action.start_token
+        try:
+            await self._open(action.shard, self.db, self._shard_command(spec))
+        except MongoError as exc:
+            raise _labelled(exc, "getMore") from None
+
+    # -- remote getMores ----------------------------------------------------------------------
+    def schedule_getmores(self) -> None:
+        """``_scheduleGetMores``: one getMore per remote that has nothing buffered and no
+        request outstanding. Tasks run in a fresh context (they outlive client operations)."""
+        for r in self.merger.remotes_to_poll():
+            r.in_flight = True
+            asyncio.get_running_loop().create_task(self._remote_getmore(r), context=contextvars.Context())
+
+    async def _remote_getmore(self, r: Remote) -> None:
+        db, coll = _split_ns(r.ns)
+        await_ms = self.remote_await_ms
+        if len(self.merger.remotes) > 1:
+            await_ms = min(await_ms, REMOTE_AWAIT_CAP_MS)
+        cmd = {"getMore": Int64(r.cursor_id), "collection": coll, "maxTimeMS": int(await_ms)}
+        pool = self.pools[r.rid]
+        try:
+            reply = await gossip_command(self.router.clock, pool, db, cmd, raw=True,
+                                         timeout=await_ms / 1000 + 30)
+            if self.closed:
+                return
+            op_time = reply.get("operationTime")
+            if isinstance(op_time, Timestamp) and (self.op_time is None or ts_key(op_time) > ts_key(self.op_time)):
+                self.op_time = op_time
+            cur = reply["cursor"]
+            cid = int(cur.get("id", 0))
+            if cid != 0 and cid != r.cursor_id:
+                raise MongoError(2, f"Expected cursorid {r.cursor_id} but received {cid}")
+            items = [item_from_raw_event(e, is_config=r.is_config) for e in cur.get("nextBatch", [])]
+            self.merger.on_batch(r, items, cid, _plain(cur.get("postBatchResumeToken")),
+                                 invalidated=bool(cur.get("invalidated", False)))
+        except MongoError as exc:
+            if not self.closed:
+                if exc.code == 43 and r.cursor_id:
+                    exc = MongoError(43, f"cursor id {r.cursor_id} not found on {r.name} "
+                                         f"({r.address}): {exc.errmsg}")
+                self.merger.on_error(r, exc)
+        except Exception as exc:  # a bug or malformed reply must fail the stream, not hang it
+            log.exception("getMore on %s failed", r.name)
+            if not self.closed:
+                self.merger.on_error(r, MongoError(1, f"{type(exc).__name__}: {exc}"))
+        finally:
+            r.in_flight = False
+            self.wake.set()
+
+    # -- closing ------------------------------------------------------------------------------
+    def _kill_remote(self, r: Remote) -> None:
+        if r.cursor_id == 0 or r.rid not in self.pools:
+            return
+        st = r.status
+        if st is not None and st.code in (43, 175, 237):
+            return  # ARM::kill does not kill a cursor the remote already dropped
+        db, coll = _split_ns(r.ns)
+        pool = self.pools[r.rid]
+        cmd = {"killCursors": coll, "cursors": [Int64(r.cursor_id)]}
+        r.cursor_id = 0
+
+        async def kill() -> None:
+            try:
+                await pool.command(db, cmd, check=False, timeout=10)
+            except Exception:
+                pass
+        asyncio.get_running_loop().create_task(kill(), context=contextvars.Context())
+
+    def close(self) -> None:
+        """Kill every remote cursor (fire and forget, as ``ARM::kill``)."""
+        if self.closed:
+            return
+        self.closed = True
+        for r in list(self.merger.remotes):
+            self._kill_remote(r)
+        self.wake.set()
+
+
+def _plain(token: Any) -> Any:
+    """A token from a raw reply as a plain dict (it is stored and re-sent)."""
+    if token is None:
+        return None
+    if isinstance(token, RawBSONDocument):
+        return dict(token.items())
+    return token
+
+
+class RouterChangeStreamCursor(Cursor):
+    """The client's cursor on the router (registered in ``router.cursors``)."""
+
+    is_change_stream = True
+    tailable = True
+    await_data = True
+
+    def __init__(self, stream: RouterChangeStream) -> None:
+        super().__init__(stream.ns)
+        self.stream = stream
+
+    async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        """One batch: every event that is ready (up to ``batch_size`` / 16 MiB). The first
+        batch never waits; a getMore waits up to ``max_time_ms`` (default 1000 ms) for the first
+        event. Raises the first remote error with the router's labels (the cursor is then
+        killed by the cursor manager, which kills the remote cursors)."""
+        st = self.stream
+        merge = st.merge
+        assert merge is not None
+        limit = batch_size if batch_size else (101 if first else 1 << 62)
+        if first and batch_size == 0:
+            limit = 0
+        wait_ms = DEFAULT_AWAIT_MS if max_time_ms is None else int(max_time_ms)
+        if not first:
+            st.remote_await_ms = wait_ms if wait_ms > 0 else DEFAULT_AWAIT_MS
+        deadline = time.monotonic() + wait_ms / 1000
+        out: list[Any] = []
+        size = 0
+        exhausted = False
+        invalidate_pbrt = None
+        stashed = False
+        last_token: Any = None
+        command = "aggregate" if first else "getMore"
+        while len(out) < limit:
+            try:
+                x = merge.next()
+            except MongoError as exc:
+                st.close()
+                raise _labelled(exc, command) from None
+            if isinstance(x, NewShard):
+                await st.open_new_shard(x)
+                continue
+            if isinstance(x, Item):
+                if out and size + len(x.payload) > BATCH_BYTES_LIMIT:
+                    merge.push_back(x)  # mongos stashes it for the next batch
+                    stashed = True
+                    break
+                out.append(RawBSONDocument(x.payload, RAW_CODEC))
+                last_token = x.token
+                size += len(x.payload)
+                if merge.invalidated:
+                    exhausted = True
+                    break
+                continue
+            # Nothing ready.
+            inv = st.merger.invalidated_remote()
+            if inv is not None:
+                invalidate_pbrt = inv.promise_token
+                exhausted = True
+                break
+            if out or first:
+                break
+            st.schedule_getmores()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or st.closed:
+                break
+            st.wake.clear()
+            if merge.merger.ready():
+                continue
+            try:
+                await asyncio.wait_for(st.wake.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+        if first:
+            st.schedule_getmores()  # start waiting on shards now; replies are buffered
+        track_operation_time(st.op_time)
+        if invalidate_pbrt is not None:
+            pbrt = invalidate_pbrt
+        elif stashed or merge.invalidated:
+            pbrt = _plain(last_token)  # the last returned event; the HWM already passed it
+        else:
+            pbrt = st.merger.high_water_mark()
+            if out and pbrt is None:
+                pbrt = _plain(last_token)
+        return Batch(out, exhausted, pbrt)
+
+    async def close(self) -> None:
+        self.stream.close()
