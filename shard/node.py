@@ -294,6 +294,10 @@ class ShardNode(Node):
         return None
 
     # -- lifecycle ----------------------------------------------------------------------------
+    async def startup(self) -> None:
+        await super().startup()
+        from shard import noop_writer; noop_writer.start(self)  # periodic no-ops (change streams)
+
     async def shutdown(self) -> None:
         await super().shutdown()
         if self.durable is not None:

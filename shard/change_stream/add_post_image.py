@@ -1,0 +1,78 @@
+"""Stage 9: ``fullDocument`` for update events (``$_internalChangeStreamAddPostImage``,
+``document_source_change_stream_add_post_image.cpp``).
+
+``updateLookup`` reads the document's current version by ``documentKey`` (null if it is gone).
+``whenAvailable``/``required`` compute the point-in-time post-image: the pre-image with the
+event's ``$v: 2`` diff applied (``doc_diff_applier.cpp`` semantics); without a pre-image
+``whenAvailable`` gives null and ``required`` fails with NoMatchingDocument (47).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardsim.errors import MongoError
+from shard.change_stream.add_pre_image import event_repr, fetch_pre_image
+from shard.change_stream.transform import Event
+
+
+def apply_diff(doc: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:
+    """A new document: ``doc`` with the object diff applied (``d``/``u``/``i``/``s<field>``)."""
+    out = dict(doc)
+    deletes = diff.get("d") or {}
+    for name in deletes:
+        out.pop(name, None)
+    for name, value in (diff.get("u") or {}).items():
+        out[name] = value
+    for name, value in (diff.get("i") or {}).items():
+        out.pop(name, None)
+        out[name] = value
+    for key, sub in diff.items():
+        if len(key) > 1 and key[0] == "s" and isinstance(sub, dict):
+            name = key[1:]
+            cur = out.get(name)
+            if sub.get("a") is True:
+                out[name] = apply_array_diff(cur if isinstance(cur, list) else [], sub)
+            else:
+                out[name] = apply_diff(cur if isinstance(cur, dict) else {}, sub)
+    return out
+
+
+def apply_array_diff(arr: list[Any], diff: dict[str, Any]) -> list[Any]:
+    """A new array: ``l`` new length, ``u<i>`` set, ``s<i>`` sub-diff."""
+    out = list(arr)
+    if "l" in diff:
+        n = int(diff["l"])
+        out = out[:n] + [None] * max(0, n - len(out))
+    for key, value in diff.items():
+        if len(key) < 2 or not key[1:].isdigit():
+            continue
+        idx = int(key[1:])
+        if idx >= len(out):
+            out.extend([None] * (idx + 1 - len(out)))
+        if key[0] == "u":
+            out[idx] = value
+        elif key[0] == "s" and isinstance(value, dict):
+            cur = out[idx]
+            if value.get("a") is True:
+                out[idx] = apply_array_diff(cur if isinstance(cur, list) else [], value)
+            else:
+                out[idx] = apply_diff(cur if isinstance(cur, dict) else {}, value)
+    return out
+
+
+def add_post_image(node: Any, mode: str, ev: Event) -> None:
+    """Fill ``fullDocument`` of an update event per ``mode``."""
+    if ev.doc.get("operationType") != "update":
+        return
+    if mode == "updateLookup":
+        post = node.find_document(ev.ns, ev.doc.get("documentKey") or {})
+    else:
+        pre = fetch_pre_image(node, ev)
+        post = None
+        if pre is not None and isinstance(ev.raw_update, dict):
+            post = apply_diff(pre, ev.raw_update.get("diff") or {})
+        if post is None and mode == "required":
+            raise MongoError(47, "Change stream was configured to require a post-image for all update "
+                                 "events, but the post-image was not found for event: " + event_repr(ev.doc))
+    ev.doc["fullDocument"] = post

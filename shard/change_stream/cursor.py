@@ -1,0 +1,256 @@
+"""The change-stream cursor of a shard: runs the stages over the oplog and batches the events.
+
+Batches (``PlanExecutorPipeline`` + ``CursorResponseBuilder`` semantics):
+
+* the first batch never waits and may be empty (``batchSize: 0`` returns at once); the cursor
+  stays open (tailable, awaitData);
+* ``getMore`` returns as soon as at least one event is ready, otherwise waits up to its
+  ``maxTimeMS`` (default 1000 ms) — woken only by oplog writes that pass this stream's oplog
+  filter (an oplog listener), not by unrelated writes;
+* a batch holds at most ``batchSize`` events (101 on the first batch by default, unlimited on
+  getMore) and at most 16 MiB;
+* every reply carries ``postBatchResumeToken``: the last returned event's token; when the batch
+  ends with nothing left to return, the high-water mark of the newest oplog time scanned if it is
+  newer (``mongod`` promise mode) or of the shard's current cluster time (``clock`` mode, see
+  :func:`safe_promise_key`). It never moves backwards;
+* the batch carrying ``invalidate`` closes the cursor (id 0);
+* events are BSON-encoded once here (``RawBSONDocument``) so the reply path copies bytes; with
+  ``needsMerge`` each event ends with ``"$sortKey": [<token>]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+import bson
+from bson.raw_bson import RawBSONDocument
+
+from shardsim import resume_token as rt
+from shardsim.clock import ts_from_key, ts_key
+from shardsim.cursors import BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, Batch, Cursor
+from shardsim.errors import MongoError
+from shard.change_stream import oplog_match
+from shard.change_stream.add_post_image import add_post_image
+from shard.change_stream.add_pre_image import add_pre_image
+from shard.change_stream.check_invalidate import CheckInvalidate
+from shard.change_stream.check_resumability import HISTORY_LOST_MSG, CheckResumability
+from shard.change_stream.check_topology_change import bypasses_user_stages
+from shard.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
+from shard.change_stream.spec import StreamSpec
+from shard.change_stream.split_large_event import MAX_EVENT_BYTES, split_event, too_large
+from shard.change_stream.transform import Event, Transform
+from shard.change_stream.unwind_transaction import unwind
+from shard.change_stream.user_stages import check_id_unchanged, compile_stages
+
+DEFAULT_AWAIT_MS = 1000
+# An event may exceed the user limit a little with $sortKey/_id overhead (BSONObjMaxInternalSize).
+_INTERNAL_SLACK = 16 * 1024
+
+
+def safe_promise_key(node: Any) -> int:
+    """``clock`` promise mode: the newest cluster time no future oplog entry can be at or below.
+
+    The shard ticks its clock and appends the oplog entry in the same synchronous step of the
+    event loop (``ShardNode.make_entry`` + ``append_entry``; no ``await`` between), and every
+    later tick is strictly greater than ``clock.now()``. So when a cursor runs, every reserved
+    timestamp is already in the oplog and any later write gets ``ts > now``: promising
+    HWM(now) cannot be overtaken. ``tests/integration/test_shard_change_stream_promise.py``
+    checks this property against a live shard under concurrent writes.
+    """
+    return node.clock.now_key()
+
+
+class ChangeStreamCursor(Cursor):
+    """A tailable, awaitData cursor over ``node.oplog`` for one :class:`StreamSpec`."""
+
+    tailable = True
+    await_data = True
+    is_change_stream = True
+
+    def __init__(self, node: Any, spec: StreamSpec, start_key: int,
+                 initial_pbrt: dict[str, Any]) -> None:
+        super().__init__(spec.cursor_ns)
+        self.node = node
+        self.spec = spec
+        self.oplog = node.oplog
+        self.scan_key = start_key
+        self.latest_scanned = start_key - 1
+        self.pending: collections.deque[tuple[Any, dict[str, Any], int]] = collections.deque()
+        self.pbrt = initial_pbrt
+        self.pbrt_ts_key = ts_key(rt.decode(initial_pbrt).clusterTime)
+        self.match = oplog_match.build(spec)
+        self.op_ok = oplog_match.crud_predicate(spec)
+        self.transform = Transform(spec)
+        self.invalidate = CheckInvalidate(spec)
+        self.resume: CheckResumability | None = None
+        if spec.resume_data is not None:
+            if spec.needs_merge or rt.is_high_water_mark(spec.resume_data):
+                self.resume = CheckResumability(spec)
+            else:
+                self.resume = EnsureResumeTokenPresent(spec)
+        self.user = compile_stages(spec.user_stages)
+        self.split = any(name == "$changeStreamSplitLargeEvent" for name, _ in spec.user_stages)
+        self.closing = False
+        self.closing_token: dict[str, Any] | None = None
+        self.history_lost = False
+        self.promise_mode = str(node.options.get("promise_mode") or "clock")
+        self._wake: asyncio.Event | None = None
+        self.oplog.add_listener(self._on_append)
+        cbs = getattr(self.oplog, "truncated_callbacks", None)
+        if cbs is not None:
+            cbs.append(self._on_truncate)
+
+    # -- oplog notifications ------------------------------------------------------------------
+    def _on_append(self, entry: dict[str, Any]) -> None:
+        wake = self._wake
+        if wake is not None and not wake.is_set() and self.match(entry):
+            wake.set()
+
+    def _on_truncate(self, removed_to_key: int) -> None:
+        if removed_to_key >= self.scan_key:
+            self.history_lost = True
+
+    async def close(self) -> None:
+        self.oplog.remove_listener(self._on_append)
+        cbs = getattr(self.oplog, "truncated_callbacks", None)
+        if cbs is not None and self._on_truncate in cbs:
+            cbs.remove(self._on_truncate)
+
+    # -- the pipeline ---------------------------------------------------------------------------
+    def _emit(self, ev: Event) -> None:
+        """Run images, user stages, and encoding for one event; append outputs to pending."""
+        spec = self.spec
+        node = self.node
+        if spec.full_document_before_change != "off":
+            add_pre_image(node, spec.full_document_before_change, ev)
+        if spec.full_document != "default":
+            add_post_image(node, spec.full_document, ev)
+        doc: dict[str, Any] | None = ev.doc
+        if self.user and not bypasses_user_stages(ev):
+            for fn in self.user:
+                doc = fn(doc)  # type: ignore[arg-type]
+                if doc is None:
+                    return
+            check_id_unchanged(doc, ev.token)
+        assert doc is not None
+        token = ev.token
+        if spec.needs_merge:
+            doc.pop("$sortKey", None)
+            doc["$sortKey"] = [token]
+        raw = bson.encode(doc)
+        size = len(raw)
+        if size > MAX_EVENT_BYTES + (_INTERNAL_SLACK if spec.needs_merge else 0) \
+                or ev.fragment_skip is not None:
+            if not self.split:
+                raise too_large(size)
+            for frag, ftoken in split_event({k: v for k, v in doc.items() if k != "$sortKey"},
+                                            token, ev.fragment_skip):
+                if spec.needs_merge:
+                    frag["$sortKey"] = [ftoken]
+                fraw = bson.encode(frag)
+                self.pending.append((RawBSONDocument(fraw), ftoken, len(fraw)))
+            return
+        self.pending.append((RawBSONDocument(raw), token, size))
+
+    def _process_entry(self, entry: dict[str, Any]) -> None:
+        for op in unwind(entry, self.op_ok):
+            ev = self.transform(op)
+            if ev is None:
+                continue
+            for out in self.invalidate.process(ev):
+                closes = out.doc["operationType"] == "invalidate" and out.invalidating
+                if self.resume is not None:
+                    kept = self.resume.process(out)
+                    if kept is None:
+                        continue
+                    out = kept
+                self._emit(out)
+                if closes:
+                    self.closing = True
+                    self.closing_token = out.token
+                    return
+
+    def _scan(self) -> None:
+        """Read oplog entries until some output is pending or the oplog end is reached."""
+        if self.history_lost:
+            raise MongoError(286, HISTORY_LOST_MSG)
+        match = self.match
+        for entry in self.oplog.entries_from(self.scan_key):
+            key = ts_key(entry["ts"])
+            self.latest_scanned = key
+            self.scan_key = key + 1
+            if match(entry):
+                self._process_entry(entry)
+                if self.pending or self.closing:
+                    return
+
+    # -- batches --------------------------------------------------------------------------------
+    async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        if batch_size is None:
+            limit = DEFAULT_BATCH_SIZE if first else 1 << 62
+        else:
+            limit = batch_size
+        out: list[Any] = []
+        size = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000.0
+        full = False
+        while limit > 0:
+            while self.pending and len(out) < limit:
+                doc, token, sz = self.pending[0]
+                if out and size + sz > BATCH_BYTES_LIMIT:
+                    full = True
+                    break
+                self.pending.popleft()
+                out.append(doc)
+                size += sz
+                self._set_pbrt(token)
+            if full or len(out) >= limit:
+                break
+            if self.closing:
+                break
+            self._scan()
+            if self.pending or self.closing:
+                continue
+            if out or first:
+                break
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await self._wait(remaining)
+        exhausted = self.closing and not self.pending
+        if exhausted:
+            if self.closing_token is not None:
+                self._set_pbrt(self.closing_token)
+        elif not self.pending and limit > 0:
+            self._advance_hwm()
+        return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt)
+
+    def _set_pbrt(self, token: dict[str, Any]) -> None:
+        self.pbrt = token
+        # Every token starts with the clusterTime: 0x82 + 8 bytes (secs << 32 | inc).
+        self.pbrt_ts_key = int(token["_data"][2:18], 16)
+
+    def _advance_hwm(self) -> None:
+        """End of a batch with nothing left: promise the scanned (or safe clock) time."""
+        key = self.latest_scanned
+        if self.promise_mode == "clock":
+            key = max(key, safe_promise_key(self.node))
+        if key > self.pbrt_ts_key:
+            self.pbrt = rt.make_high_water_mark(ts_from_key(key), self.spec.token_version)
+            self.pbrt_ts_key = key
+
+    async def _wait(self, timeout_s: float) -> None:
+        """Sleep until a write this stream's filter admits is appended, or ``timeout_s``."""
+        if self.oplog.latest_key >= self.scan_key:
+            return  # something new arrived since the last scan
+        ev = asyncio.Event()
+        self._wake = ev
+        try:
+            await asyncio.wait_for(ev.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._wake = None

@@ -1,0 +1,119 @@
+"""Stage 1: which oplog entries can concern a stream (``$_internalChangeStreamOplogMatch``).
+
+The server builds one ``$match`` over ``local.oplog.rs`` from ``change_stream_filter_helpers.cpp``
+(``buildTsFilter``, ``buildNotFromMigrateFilter``, ``buildOperationFilter``,
+``buildInvalidationFilter``, ``buildTransactionFilter``, ``buildInternalOpFilter``). Here it is a
+predicate over the entry dict, in the same spirit: CRUD ops on watched namespaces and not
+``fromMigrate``; the DDL commands that produce events (expanded ones only with
+``showExpandedEvents``); ``applyOps`` transactions touching a watched namespace; the sharding
+no-ops (``shardCollection``, ... and ``migrateChunkToNewShard`` → ``kNewShardDetected`` for the
+router only). Periodic no-ops never match (they only move the scan position, i.e. the
+high-water mark). The same predicate decides whether a write wakes a waiting cursor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from shard.change_stream.spec import StreamSpec
+
+INTERNAL_DBS = frozenset({"admin", "config", "local"})
+
+# Commands that always produce events, and those shown only with showExpandedEvents.
+CLASSIC_COMMANDS = ("drop", "renameCollection", "dropDatabase")
+EXPANDED_COMMANDS = ("create", "createIndexes", "commitIndexBuild", "dropIndexes", "collMod",
+                     "startIndexBuild", "abortIndexBuild")
+
+# o2 keys of sharding no-ops that become events (kBuiltInNoopEvents), all "expanded".
+NOOP_EVENTS = ("shardCollection", "migrateLastChunkFromShard", "refineCollectionShardKey",
+               "reshardCollection", "reshardBegin", "reshardBlockingWrites", "reshardDoneCatchUp",
+               "endOfTransaction")
+
+
+def ns_predicate(spec: StreamSpec) -> Callable[[str], bool]:
+    """``ns`` ("db.coll") -> watched? System collections are never watched except by name."""
+    if spec.kind == "collection":
+        target = f"{spec.db}.{spec.coll}"
+        return lambda ns: ns == target
+    if spec.kind == "database":
+        prefix = spec.db + "."
+
+        def in_db(ns: str) -> bool:
+            return ns.startswith(prefix) and not ns.startswith("system.", len(prefix))
+        return in_db
+
+    def in_cluster(ns: str) -> bool:
+        db, _, coll = ns.partition(".")
+        return bool(coll) and db not in INTERNAL_DBS and not coll.startswith("system.")
+    return in_cluster
+
+
+def db_predicate(spec: StreamSpec) -> Callable[[str], bool]:
+    """Database name -> does a command on it concern the stream?"""
+    if spec.kind == "cluster":
+        return lambda db: db not in INTERNAL_DBS
+    return lambda db, _d=spec.db: db == _d
+
+
+def build(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
+    """The oplog filter for ``spec``: ``entry -> bool``."""
+    ns_ok = ns_predicate(spec)
+    db_ok = db_predicate(spec)
+    show_expanded = spec.show_expanded
+    show_migration = spec.show_migration
+    needs_merge = spec.needs_merge
+    op_ok = crud_predicate(spec)
+
+    def command_matches(entry: dict[str, Any]) -> bool:
+        o = entry.get("o")
+        if not isinstance(o, dict) or not o:
+            return False
+        name = next(iter(o))
+        db = entry.get("ns", "").partition(".")[0]
+        if name == "applyOps":
+            ops = o.get("applyOps")
+            return isinstance(ops, list) and any(isinstance(op, dict) and op_ok(op) for op in ops)
+        if entry.get("fromMigrate"):
+            return False
+        if not db_ok(db):
+            return False
+        if name == "dropDatabase":
+            return True
+        if name == "drop":
+            return ns_ok(f"{db}.{o['drop']}")
+        if name == "renameCollection":
+            src = o.get("renameCollection", "")
+            dst = o.get("to", "")
+            return ns_ok(src) or ns_ok(dst)
+        if name in EXPANDED_COMMANDS:
+            return show_expanded and ns_ok(f"{db}.{o[name]}")
+        return False
+
+    def matches(entry: dict[str, Any]) -> bool:
+        op = entry.get("op")
+        if op in ("i", "u", "d"):
+            if entry.get("fromMigrate") and not show_migration:
+                return False
+            return ns_ok(entry.get("ns", ""))
+        if op == "c":
+            return command_matches(entry)
+        if op == "n":
+            o2 = entry.get("o2")
+            if not isinstance(o2, dict) or not o2:
+                return False
+            if not ns_ok(entry.get("ns", "")):
+                return False
+            if "migrateChunkToNewShard" in o2 or o2.get("type") == "migrateChunkToNewShard":
+                return needs_merge
+            if show_expanded:
+                return any(k in o2 for k in NOOP_EVENTS)
+            return False
+        return False
+
+    return matches
+
+
+def crud_predicate(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
+    """Filter for the operations inside an ``applyOps`` (unwound transactions)."""
+    ns_ok = ns_predicate(spec)
+    return lambda op: op.get("op") in ("i", "u", "d") and ns_ok(op.get("ns", ""))

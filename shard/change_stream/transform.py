@@ -1,0 +1,331 @@
+"""Stage 3: oplog entry -> change event (``$_internalChangeStreamTransform``).
+
+Follows ``ChangeStreamDefaultEventTransformation::applyTransformation``
+(``src/mongo/db/pipeline/change_stream_event_transform.cpp``) for the event's fields and their
+order: ``[txnNumber, lsid, to]`` (added before the token on the server), ``_id`` (the resume
+token, also the ``$sortKey``), ``operationType``, ``clusterTime``, ``[collectionUUID]`` (expanded
+events), ``wallTime``, ``[fullDocument]``, ``ns``, ``[documentKey]``, ``[operationDescription]``
+(expanded), ``[updateDescription]``, ``[stateBeforeChange]``, ``[nsType]``.
+
+``updateDescription`` comes from the ``$v: 2`` diff as ``change_stream_document_diff_parser.cpp``
+reads it: ``updatedFields``, ``removedFields``, ``truncatedArrays`` and, with
+``showExpandedEvents``, ``disambiguatedPaths`` (paths with a numeric or dotted field name, array
+indexes as ints).
+
+The resume token is built once per event (:func:`shardsim.resume_token.event_token_data`) in the
+client token's version until the stream passes the resume point, then version 2
+(``ChangeStreamEventTransformation::makeResumeToken``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from shardsim import resume_token as rt
+from shardsim.clock import ts_key
+from shard.change_stream.spec import StreamSpec
+
+CLASSIC_OPS = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase",
+                         "invalidate"})
+PRE_IMAGE_OPS = frozenset({"update", "replace", "delete"})
+_NOOP_EVENTS = ("shardCollection", "migrateLastChunkFromShard", "refineCollectionShardKey",
+                "reshardCollection", "reshardBegin", "reshardBlockingWrites", "reshardDoneCatchUp",
+                "endOfTransaction")
+_RESHARD_UUID_OPS = ("reshardBegin", "reshardBlockingWrites", "reshardDoneCatchUp")
+
+
+class Event:
+    """A change event on its way through the stages.
+
+    ``doc`` the event document (dict, field order as the server's); ``token`` its ``_id``;
+    ``key`` (ts_key, txnOpIndex) for version selection; ``invalidating`` True for drop/rename/
+    dropDatabase (check_invalidate decides); ``pre_image_id`` ``(uuid bytes, ts, applyOpsIndex)``;
+    ``raw_update`` the ``$v: 2`` update spec (post-image computation); ``topology`` True for
+    kNewShardDetected (bypasses user stages); ``swallow`` set by the resumability checks.
+    """
+
+    __slots__ = ("doc", "token", "ts", "txn_op_index", "invalidating", "pre_image_id",
+                 "raw_update", "topology", "ns", "uuid", "wall", "swallow", "fragment_skip")
+
+    def __init__(self, doc: dict[str, Any], token: dict[str, Any], ts: Timestamp) -> None:
+        self.doc = doc
+        self.token = token
+        self.ts = ts
+        self.txn_op_index = 0
+        self.invalidating = False
+        self.pre_image_id: tuple[bytes, Timestamp, int] | None = None
+        self.raw_update: Any = None
+        self.topology = False
+        self.ns = ""
+        self.uuid: bytes | None = None
+        self.wall: Any = None
+        self.swallow = False
+        self.fragment_skip: int | None = None
+
+
+def _ns_field(db: str, coll: str | None) -> dict[str, Any]:
+    return {"db": db, "coll": coll} if coll else {"db": db}
+
+
+def _except(doc: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k not in names}
+
+
+def _collection_type(o: dict[str, Any]) -> str:
+    view_on = o.get("viewOn")
+    if view_on is None:
+        return "collection"
+    return "timeseries" if str(view_on).startswith("system.buckets.") else "view"
+
+
+# -- updateDescription from a $v:2 diff ----------------------------------------------------------
+
+def _is_ambiguous_field(name: str) -> bool:
+    return "." in name or (name.isdigit() and name != "")
+
+
+class _DiffParser:
+    __slots__ = ("updated", "removed", "truncated", "disambiguated")
+
+    def __init__(self) -> None:
+        self.updated: dict[str, Any] = {}
+        self.removed: list[str] = []
+        self.truncated: list[dict[str, Any]] = []
+        self.disambiguated: dict[str, list[Any]] = {}
+
+    def _path(self, parts: list[Any], ambiguous: bool) -> str:
+        path = ".".join(str(p) for p in parts)
+        if ambiguous:
+            self.disambiguated[path] = list(parts)
+        return path
+
+    def obj(self, diff: dict[str, Any], parts: list[Any], ambiguous: bool) -> None:
+        deletes = diff.get("d")
+        if isinstance(deletes, dict):
+            for name in deletes:
+                self.removed.append(self._path(parts + [name], ambiguous or _is_ambiguous_field(name)))
+        for section in ("u", "i"):
+            sec = diff.get(section)
+            if isinstance(sec, dict):
+                for name, value in sec.items():
+                    self.updated[self._path(parts + [name], ambiguous or _is_ambiguous_field(name))] = value
+        for key, sub in diff.items():
+            if len(key) > 1 and key[0] == "s" and isinstance(sub, dict):
+                name = key[1:]
+                amb = ambiguous or _is_ambiguous_field(name)
+                if sub.get("a") is True:
+                    self.arr(sub, parts + [name], amb)
+                else:
+                    self.obj(sub, parts + [name], amb)
+
+    def arr(self, diff: dict[str, Any], parts: list[Any], ambiguous: bool) -> None:
+        if "l" in diff:
+            self.truncated.append({"field": self._path(parts, ambiguous), "newSize": int(diff["l"])})
+        for key, value in diff.items():
+            if len(key) < 2 or not key[1:].isdigit():
+                continue
+            idx = int(key[1:])
+            if key[0] == "u":
+                self.updated[self._path(parts + [idx], ambiguous)] = value
+            elif key[0] == "s" and isinstance(value, dict):
+                if value.get("a") is True:
+                    self.arr(value, parts + [idx], ambiguous)
+                else:
+                    self.obj(value, parts + [idx], ambiguous)
+
+
+def update_description(diff: dict[str, Any], expanded: bool) -> dict[str, Any]:
+    """``{updatedFields, removedFields, truncatedArrays[, disambiguatedPaths]}`` for a diff."""
+    p = _DiffParser()
+    p.obj(diff, [], False)
+    out: dict[str, Any] = {"updatedFields": p.updated, "removedFields": p.removed,
+                           "truncatedArrays": p.truncated}
+    if expanded:
+        out["disambiguatedPaths"] = p.disambiguated
+    return out
+
+
+# -- the transform -------------------------------------------------------------------------------
+
+class Transform:
+    """Builds :class:`Event` objects for one stream (keeps the resume-token version state)."""
+
+    def __init__(self, spec: StreamSpec) -> None:
+        self.spec = spec
+        rd = spec.resume_data
+        self._resume_key = (ts_key(rd.clusterTime), rd.txnOpIndex) if rd is not None else None
+        self._resume_version = rd.version if rd is not None else rt.DEFAULT_VERSION
+        self._post_requested = spec.full_document in ("whenAvailable", "required")
+        self._pre_requested = spec.full_document_before_change != "off"
+
+    def _version(self, ts: Timestamp, txn_op_index: int) -> int:
+        rk = self._resume_key
+        if rk is None:
+            return self.spec.token_version
+        if ts_key(ts) > rk[0] or txn_op_index > rk[1]:
+            return self.spec.token_version
+        return self._resume_version
+
+    def __call__(self, entry: dict[str, Any]) -> Event | None:
+        """The event for ``entry`` (an oplog entry or one unwound transaction op), or None."""
+        spec = self.spec
+        op = entry.get("op")
+        ns = entry.get("ns", "")
+        db, _, coll = ns.partition(".")
+        ts: Timestamp = entry["ts"]
+        ui = entry.get("ui")
+        uuid = bytes(ui) if ui is not None else None
+        o = entry.get("o") or {}
+        full_document: Any = _MISSING
+        update_desc: Any = None
+        document_key: Any = None
+        op_desc: Any = None
+        state_before: Any = None
+        ns_type: Any = None
+        pre: dict[str, Any] = {}
+        raw_update = None
+        invalidating = False
+        topology = False
+
+        if op == "i":
+            op_type = "insert"
+            full_document = o
+            document_key = entry.get("o2")
+            if document_key is None:
+                document_key = {"_id": o.get("_id")}
+        elif op == "d":
+            op_type = "delete"
+            document_key = o
+        elif op == "u":
+            if o.get("$v") == 2 and isinstance(o.get("diff"), dict):
+                op_type = "update"
+                if spec.show_raw_update:
+                    update_desc = o
+                else:
+                    update_desc = update_description(o["diff"], spec.show_expanded)
+                raw_update = o
+                if spec.full_document != "default":
+                    full_document = None  # placeholder filled by add_post_image
+            else:
+                op_type = "replace"
+                full_document = o
+            document_key = entry.get("o2")
+        elif op == "c":
+            name = next(iter(o), None)
+            if name == "drop":
+                op_type, coll = "drop", o["drop"]
+                invalidating = True
+            elif name == "renameCollection":
+                op_type = "rename"
+                db, _, coll = str(o["renameCollection"]).partition(".")
+                tdb, _, tcoll = str(o.get("to", "")).partition(".")
+                target = _ns_field(tdb, tcoll)
+                pre["to"] = target
+                desc = _except(o, "renameCollection", "stayTemp")
+                desc["to"] = target
+                op_desc = desc
+                invalidating = True
+            elif name == "dropDatabase":
+                op_type, coll = "dropDatabase", ""
+                invalidating = True
+            elif name == "create":
+                op_type, coll = "create", o["create"]
+                op_desc = _except(o, "create")
+                ns_type = _collection_type(o)
+            elif name == "createIndexes":
+                op_type, coll = "createIndexes", o["createIndexes"]
+                op_desc = {"indexes": [_except(o, "createIndexes")]}
+            elif name == "commitIndexBuild":
+                op_type, coll = "createIndexes", o["commitIndexBuild"]
+                op_desc = {"indexes": o.get("indexes")}
+            elif name in ("startIndexBuild", "abortIndexBuild"):
+                op_type, coll = name, o[name]
+                op_desc = {"indexes": o.get("indexes")}
+            elif name == "dropIndexes":
+                op_type, coll = "dropIndexes", o["dropIndexes"]
+                o2 = entry.get("o2") or {}
+                op_desc = {"indexes": [_except(o2, "dropIndexes")]}
+            elif name == "collMod":
+                op_type, coll = "modify", o["collMod"]
+                op_desc = _except(o, "collMod")
+                o2 = entry.get("o2") or {}
+                state_before = {k: v for k, v in (("collectionOptions", o2.get("collectionOptions_old")),
+                                                  ("indexOptions", o2.get("indexOptions_old")))
+                                if v is not None}
+            else:
+                return None
+        elif op == "n":
+            o2 = entry.get("o2") or {}
+            if "migrateChunkToNewShard" in o2:
+                op_type = "kNewShardDetected"
+                op_desc = _except(o2, "migrateChunkToNewShard")
+                topology = True
+            else:
+                for name in _NOOP_EVENTS:
+                    if name in o2:
+                        op_type = name
+                        op_desc = _except(o2, name)
+                        if name in _RESHARD_UUID_OPS:
+                            pre["reshardingUUID"] = o2.get("reshardingUUID")
+                        break
+                else:
+                    return None
+        else:
+            return None
+
+        txn_op_index = entry.get("txnOpIndex")
+        if txn_op_index is not None:
+            if "txnNumber" in entry:
+                pre = {"txnNumber": entry["txnNumber"], **pre}
+            if "lsid" in entry:
+                pre = {**{k: v for k, v in pre.items() if k == "txnNumber"}, "lsid": entry["lsid"],
+                       **{k: v for k, v in pre.items() if k != "txnNumber"}}
+        idx = txn_op_index or 0
+        if op_type in ("invalidate", "dropDatabase"):
+            token_uuid = None
+        else:
+            token_uuid = uuid
+        data = rt.event_token_data(ts, token_uuid, op_type, document_key, op_desc,
+                                   txn_op_index=idx, version=self._version(ts, idx))
+        token = rt.encode(data)
+
+        doc: dict[str, Any] = dict(pre)
+        doc["_id"] = token
+        doc["operationType"] = op_type
+        doc["clusterTime"] = ts
+        if spec.show_commit_ts and "commitTimestamp" in entry:
+            doc["commitTimestamp"] = entry["commitTimestamp"]
+        if spec.show_expanded and uuid is not None:
+            doc["collectionUUID"] = ui
+        doc["wallTime"] = entry.get("wall")
+        if full_document is not _MISSING:
+            doc["fullDocument"] = full_document
+        doc["ns"] = _ns_field(db, coll)
+        if document_key is not None and op in ("i", "u", "d"):
+            doc["documentKey"] = document_key
+        if spec.show_expanded and op_desc is not None:
+            doc["operationDescription"] = op_desc
+        if update_desc is not None:
+            doc["rawUpdateDescription" if spec.show_raw_update else "updateDescription"] = update_desc
+        if state_before is not None:
+            doc["stateBeforeChange"] = state_before
+        if ns_type is not None:
+            doc["nsType"] = ns_type
+
+        ev = Event(doc, token, ts)
+        ev.txn_op_index = idx
+        ev.invalidating = invalidating
+        ev.topology = topology
+        ev.ns = f"{db}.{coll}" if coll else db
+        ev.uuid = uuid
+        ev.wall = entry.get("wall")
+        ev.raw_update = raw_update
+        if uuid is not None and ((self._pre_requested and op_type in PRE_IMAGE_OPS)
+                                 or (self._post_requested and op_type == "update")):
+            ev.pre_image_id = (uuid, entry.get("applyOpsTs", ts), int(entry.get("applyOpsIndex", 0)))
+        return ev
+
+
+_MISSING = object()
