@@ -60,8 +60,8 @@ class CommandRecorder(monitoring.CommandListener):
                 return True
             # hello is sensitive when it carries speculativeAuthenticate; pymongo then
             # redacts the command to an empty document.
-            if low in _HELLO and (command is None or len(command) == 0
-                                  or "speculativeAuthenticate" in command):
+            if low in _HELLO and command is not None and (
+                    len(command) == 0 or "speculativeAuthenticate" in command):
                 return True
         return False
 
@@ -77,10 +77,10 @@ class CommandRecorder(monitoring.CommandListener):
         self._add("commandStartedEvent", event, event.command)
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        self._add("commandSucceededEvent", event, None if event.reply is None else event.reply)
+        self._add("commandSucceededEvent", event, getattr(event, "reply", None))
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        self._add("commandFailedEvent", event, {"_": 1})
+        self._add("commandFailedEvent", event, None)
 
 
 @dataclass
