@@ -7,7 +7,6 @@ Writes are in :mod:`router.writes`; change streams in :mod:`router.change_stream
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import TYPE_CHECKING, Any
 
 from router.node import BIG_BATCH, forwardable
@@ -106,6 +105,30 @@ def register(router: "RouterNode") -> None:
             await txn_participant(req, set(shards))
         return shards
 
+    async def config_read(req: Request, cursor_field: str | None) -> dict[str, Any]:
+        """Reads of the ``config`` database are answered by the config server (as on mongos)."""
+        body = forwardable(req.body)
+        if cursor_field is None:
+            return strip(await r.config_command(body, db="config"))
+        batch_size = body.get("batchSize") if cursor_field == "find" else (body.get("cursor") or {}).get("batchSize")
+        if cursor_field == "find":
+            body["batchSize"] = BIG_BATCH
+        else:
+            body["cursor"] = {"batchSize": BIG_BATCH}
+        reply = await r.config_command(body, db="config")
+        cur = reply["cursor"]
+        docs = list(cur["firstBatch"])
+        coll = cur["ns"].split(".", 1)[1]
+        while cur["id"]:
+            reply = await r.config_command({"getMore": cur["id"], "collection": coll,
+                                            "batchSize": BIG_BATCH}, db="config")
+            cur = reply["cursor"]
+            docs.extend(cur["nextBatch"])
+        return await r.cursor_reply(cur["ns"], docs, req, batch_size, bool(req.get("singleBatch")))
+
+    def strip(reply: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in reply.items() if k not in ("ok", "$clusterTime", "operationTime")}
+
     # -- writes ---------------------------------------------------------------------------
     async def insert(req: Request) -> dict[str, Any]:
         return await writes.run_write(r, req, "insert")
@@ -128,6 +151,8 @@ def register(router: "RouterNode") -> None:
     # -- reads ----------------------------------------------------------------------------
     async def find(req: Request) -> dict[str, Any]:
         db, coll = _ns(req)
+        if db == "config":
+            return await config_read(req, "find")
         ns = f"{db}.{coll}"
         filt = req.get("filter") or {}
         shards = await read_targets(req, ns, filt)
@@ -179,6 +204,8 @@ def register(router: "RouterNode") -> None:
 
     async def count(req: Request) -> dict[str, Any]:
         db, coll = _ns(req)
+        if db == "config":
+            return await config_read(req, None)
         ns = f"{db}.{coll}"
         query = req.get("query") or {}
         shards = await read_targets(req, ns, query)
@@ -204,6 +231,8 @@ def register(router: "RouterNode") -> None:
 
     async def distinct(req: Request) -> dict[str, Any]:
         db, coll = _ns(req)
+        if db == "config":
+            return await config_read(req, None)
         ns = f"{db}.{coll}"
         shards = await read_targets(req, ns, req.get("query") or {})
         if not shards:
@@ -249,6 +278,8 @@ def register(router: "RouterNode") -> None:
             _, docs = await r.drain(shard, db, body, session=session_fields(req))
             return await r.cursor_reply(ns, docs, req, batch_size)
         db, coll = _ns(req)
+        if db == "config":
+            return await config_read(req, "aggregate")
         ns = f"{db}.{coll}"
         first_match = pipeline[0].get("$match") if pipeline and isinstance(pipeline[0], dict) else None
         shards = await read_targets(req, ns, first_match or {})
@@ -306,10 +337,7 @@ def register(router: "RouterNode") -> None:
         batch_size = (req.get("cursor") or {}).get("batchSize")
         shard = r.read_primary(db) if db != "config" else None
         if db == "config":
-            body = forwardable(req.body)
-            body["cursor"] = {}
-            reply = await r.config_command(body, db="config")
-            return await r.cursor_reply(ns, reply["cursor"]["firstBatch"], req, batch_size)
+            return await config_read(req, "listCollections")
         if shard is None:
             return await r.cursor_reply(ns, [], req, batch_size)
         body = forwardable(req.body)
@@ -321,6 +349,8 @@ def register(router: "RouterNode") -> None:
 
     async def list_indexes(req: Request) -> dict[str, Any]:
         db, coll = _ns(req)
+        if db == "config":
+            return await config_read(req, "listIndexes")
         ns = f"{db}.{coll}"
         batch_size = (req.get("cursor") or {}).get("batchSize")
         shards = r.catalog.shards_for_ns(ns) or [r.read_primary(db)]
@@ -563,5 +593,3 @@ def _strip(doc: dict[str, Any], fields: list[str]) -> dict[str, Any]:
         out.pop(top, None)
     return out
 
-
-_ = re  # (kept for namespace validation helpers)

@@ -315,6 +315,11 @@ class WriteExecutor:
                 else:
                     fold(run, *res)
         errors.sort(key=lambda e: e["index"])
+        # A broadcast statement failing on several shards is reported once.
+        unique: dict[int, dict[str, Any]] = {}
+        for e in errors:
+            unique.setdefault(e["index"], e)
+        errors = list(unique.values())
         reply: dict[str, Any] = {"n": totals["n"]}
         if self.kind == "update":
             if totals["upserted"]:

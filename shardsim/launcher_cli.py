@@ -1,0 +1,152 @@
+"""``shardsim up`` / ``shardsim status`` / ``shardsim down``: the local mini cluster from a shell.
+
+``up`` starts a config server, N shards and a router (:class:`shardsim.launcher.Cluster`),
+prints the connection string and one status line per process, and stops everything on Ctrl-C
+(or SIGTERM). ``up --detach`` leaves the cluster running and writes ``cluster.json`` (pids,
+ports, log files) in the run directory; ``status`` and ``down`` read it from any shell.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import click
+
+from shardsim.launcher import (Cluster, ClusterError, default_run_dir, pid_is, read_state,
+                               state_path, stop_pid, write_state)
+
+
+def _status_line(name: str, module: str, host: str | None, port: int | None, pid: int | None,
+                 alive: bool) -> str:
+    role = {"configsvr": "config server", "shard": "shard", "router": "router"}.get(module, module)
+    state = "running" if alive else "DOWN"
+    return f"  {name:<10} {role:<13} {host}:{port:<6} pid {pid or '-':<8} {state}"
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _print_cluster(cluster: Cluster) -> None:
+    click.echo(f"shardsim cluster ready: {cluster.router_uri}")
+    for p in cluster.processes:
+        click.echo(_status_line(p.name, p.module, p.host, p.port, p.pid, p.alive()))
+
+
+run_dir_option = click.option(
+    "--run-dir", type=click.Path(file_okay=False), default=None,
+    help="Where a detached cluster's state (cluster.json) and logs live "
+         "[default: $SHARDSIM_RUN_DIR or <tmp>/shardsim-<uid>].")
+
+
+@click.command()
+@click.option("--shards", type=click.IntRange(1, 64), default=3, show_default=True,
+              help="Number of shards.")
+@click.option("--port", type=int, default=27017, show_default=True,
+              help="Router port (0 picks a free one).")
+@click.option("--dbpath", type=click.Path(file_okay=False), default=None,
+              help="Make every process durable, with its data under this directory.")
+@click.option("--detach", is_flag=True, help="Leave the cluster running in the background.")
+@run_dir_option
+def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | None) -> None:
+    """Start a local cluster: config server, SHARDS shards and a router on 127.0.0.1:PORT."""
+    run_dir = run_dir or default_run_dir()
+    if detach:
+        state = read_state(run_dir)
+        if state and any(pid_is(p["pid"], p["module"]) for p in state["processes"]):
+            raise click.ClickException(
+                f"a detached cluster is already running ({state['router_uri']}); "
+                f"run 'shardsim down' first (state: {state_path(run_dir)})")
+    base_dir = dbpath or (os.path.join(run_dir, "cluster") if detach else None)
+    cluster = Cluster(shards=shards, base_dir=base_dir, durable=dbpath is not None, port=port,
+                      detach=detach)
+    # SIGTERM behaves like Ctrl-C: stop everything.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)  # also when started with SIGINT ignored
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        raise click.ClickException(f"cluster did not start: {exc}") from None
+    except KeyboardInterrupt:
+        cluster.stop()
+        click.echo("interrupted; everything stopped", err=True)
+        sys.exit(130)
+    if detach:
+        write_state(run_dir, cluster.state())
+        _print_cluster(cluster)
+        click.echo(f"detached; state in {state_path(run_dir)} ('shardsim status', 'shardsim down')")
+        return
+    _print_cluster(cluster)
+    click.echo("press Ctrl-C to stop")
+    code = 0
+    try:
+        while True:
+            time.sleep(0.5)
+            dead = [p for p in cluster.processes if not p.alive()]
+            if dead:
+                for p in dead:
+                    click.echo(f"{p.name} exited unexpectedly (code {p.proc.returncode if p.proc else '?'}); "
+                               f"last output:\n" + "\n".join(list(p.output)[-20:]), err=True)
+                code = 1
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        click.echo("stopping cluster ...", err=True)
+        cluster.stop()
+        click.echo("stopped", err=True)
+    sys.exit(code)
+
+
+def _ping(host: str, port: int) -> bool:
+    import pymongo
+    try:
+        client: Any = pymongo.MongoClient(host, port, directConnection=True,
+                                          serverSelectionTimeoutMS=1500, connectTimeoutMS=1500)
+        try:
+            client.admin.command("ping")
+            return True
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+@click.command()
+@run_dir_option
+def status(run_dir: str | None) -> None:
+    """Show the detached cluster's processes (exit 1 if none is running or one is down)."""
+    run_dir = run_dir or default_run_dir()
+    state = read_state(run_dir)
+    if state is None:
+        click.echo(f"no detached cluster (no {state_path(run_dir)})")
+        sys.exit(1)
+    ok = True
+    click.echo(f"shardsim cluster: {state['router_uri']}")
+    for p in state["processes"]:
+        alive = pid_is(p["pid"], p["module"]) and _ping(p["host"], p["port"])
+        ok = ok and alive
+        click.echo(_status_line(p["name"], p["module"], p["host"], p["port"], p["pid"], alive))
+    sys.exit(0 if ok else 1)
+
+
+@click.command()
+@run_dir_option
+def down(run_dir: str | None) -> None:
+    """Stop the detached cluster and remove its state file."""
+    run_dir = run_dir or default_run_dir()
+    state = read_state(run_dir)
+    if state is None:
+        click.echo(f"no detached cluster (no {state_path(run_dir)})")
+        return
+    for p in reversed(state["processes"]):
+        stopped = stop_pid(p["pid"], p["module"])
+        click.echo(f"  {p['name']:<10} {'stopped' if stopped else 'was not running'}")
+    os.remove(state_path(run_dir))
+    click.echo("cluster stopped")

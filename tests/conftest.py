@@ -1,0 +1,62 @@
+"""Shared fixtures: a real local cluster (config server, shards, router) on free loopback ports.
+
+* ``cluster`` (session scope): one :class:`shardsim.launcher.Cluster` with 3 in-memory shards,
+  started on first use and always stopped at the end of the session. Tests that use it share
+  it, so give your databases/collections unique names and do not stop or kill its processes
+  (build your own with ``cluster_factory`` for that).
+* ``router_client`` (function scope): a pymongo ``MongoClient`` connected to ``cluster``'s
+  router, closed after the test.
+* ``cluster_factory`` (function scope): ``cluster_factory(shards=2, durable=True, ...)`` starts a
+  private :class:`~shardsim.launcher.Cluster` (same arguments) that is stopped after the test,
+  pass or fail.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import pymongo
+import pytest
+
+from shardsim.launcher import Cluster
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """A 3-shard in-memory cluster shared by the whole session."""
+    c = Cluster(shards=3)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def router_client(cluster: Cluster) -> Iterator[pymongo.MongoClient]:
+    """A pymongo client to the shared cluster's router."""
+    client: pymongo.MongoClient = pymongo.MongoClient(cluster.router_uri,
+                                                      serverSelectionTimeoutMS=10000)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Any) -> Iterator[Callable[..., Cluster]]:
+    """Factory for private clusters (stopped after the test); ``base_dir`` defaults to a
+    per-test temporary directory."""
+    started: list[Cluster] = []
+
+    def make(**kwargs: Any) -> Cluster:
+        kwargs.setdefault("base_dir", str(tmp_path / f"cluster{len(started)}"))
+        c = Cluster(**kwargs)
+        started.append(c)
+        return c.start()
+
+    try:
+        yield make
+    finally:
+        for c in started:
+            c.stop()
