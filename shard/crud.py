@@ -169,7 +169,7 @@ def register(node: ShardNode) -> None:
         upsert = stmt.get("upsert", False)
         if not isinstance(multi, bool) or not isinstance(upsert, bool):
             raise MongoError(14, "BSON field 'update.updates.multi' is the wrong type, expected type 'bool'")
-        kind = q.classify_update(upd)
+        kind = q.validate_update(upd)
         if multi and kind == "replacement" and upd:
             raise MongoError(9, "multi update is not supported for replacement-style update")
         if stmt.get("arrayFilters"):
@@ -318,6 +318,8 @@ def register(node: ShardNode) -> None:
         if remove and (new_opt or upsert):
             raise MongoError(9, "Cannot specify both new=true and remove=true; 'remove' always "
                                 "returns the deleted document")
+        if upd is not None:
+            q.validate_update(upd)
         _check_writable(req, name)
         ctx, cached = begin_write(req)
         if cached is not None:

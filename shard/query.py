@@ -30,6 +30,24 @@ from shard.storage import Collection, get_path, id_key
 
 _MM_COLL = mongomock.MongoClient().get_database("shardsim").get_collection("scratch")
 
+# mongomock's comparator has no place for Timestamp/MinKey/MaxKey in the BSON type order
+# (bsontypes.h canonical values); oplog filters such as {ts: {$gt: Timestamp}} need them.
+_mm_compare_type = mm_filtering._get_compare_type
+
+
+def _compare_type(val: Any) -> int:
+    from bson import MaxKey, MinKey, Timestamp
+    if isinstance(val, Timestamp):
+        return 47
+    if isinstance(val, MinKey):
+        return -1
+    if isinstance(val, MaxKey):
+        return 127
+    return _mm_compare_type(val)
+
+
+mm_filtering._get_compare_type = _compare_type
+
 UPDATE_OPERATORS = frozenset({
     "$set", "$unset", "$inc", "$mul", "$min", "$max", "$rename", "$push", "$pull", "$pullAll",
     "$addToSet", "$pop", "$currentDate", "$setOnInsert", "$bit",
@@ -80,10 +98,12 @@ def select(coll: Collection | None, filt: dict[str, Any] | None) -> Iterator[tup
     An equality on ``_id`` is answered from the ``_id`` map without a scan. The scan works on a
     snapshot of the keys, so callers may modify the collection while iterating.
     """
-    if coll is None:
-        return
     filt = filt or {}
     exact, value = _exact_id(filt)
+    if not exact and filt:
+        matches(filt, {})  # parse errors surface even when nothing is scanned (as mongod)
+    if coll is None:
+        return
     if exact:
         k = id_key(value)
         doc = coll.docs.get(k)
@@ -200,6 +220,17 @@ def classify_update(update: Any) -> str:
                                  f"in the context of an update's replacement document. Consider "
                                  f"using an aggregation pipeline with $replaceWith.")
     return "replacement"
+
+
+def validate_update(update: Any) -> str:
+    """Parse-time checks of an update (before any document is matched); returns its kind."""
+    kind = classify_update(update)
+    if kind == "operators":
+        _validate_operators(update)
+    elif kind == "pipeline":
+        for stage in update:
+            _rewrite_stage(stage)
+    return kind
 
 
 def _validate_operators(update: dict[str, Any]) -> None:
