@@ -1,0 +1,75 @@
+"""``--dbpath`` shards: every acknowledged write survives SIGKILL and restart, with its oplog
+entry, pre-image, catalog (UUIDs, indexes, options) and the clock moving on from the last ts."""
+
+from __future__ import annotations
+
+import pymongo
+from pymongo.errors import DuplicateKeyError
+
+import pytest
+
+
+def test_kill_9_keeps_every_acknowledged_write(tmp_path, shard_process, shard_client):
+    dbpath = tmp_path / "s0"
+    proc = shard_process("durable0", dbpath)
+    client = shard_client(proc)
+    db = client.app
+    db.create_collection("items", changeStreamPreAndPostImages={"enabled": True})
+    db.items.create_index("k", unique=True)
+    for start in range(0, 1000, 100):  # several commands, several SQLite transactions
+        db.items.insert_many([{"_id": i, "k": f"key{i}", "v": i} for i in range(start, start + 100)])
+    db.items.update_one({"_id": 7}, {"$set": {"v": "seven"}})
+    db.items.insert_one({"_id": 2000, "k": "extra", "v": 0})
+    db.items.delete_one({"_id": 2000})
+    uuid_before = next(db.list_collections())["info"]["uuid"]
+    last_ts = client.local["oplog.rs"].find().sort("$natural", -1).limit(1).next()["ts"]
+    client.close()
+
+    proc.kill()  # SIGKILL: no shutdown hook runs
+    assert not proc.alive()
+
+    proc2 = shard_process("durable0", dbpath)
+    c2 = shard_client(proc2)
+    items = c2.app.items
+    docs = list(items.find())
+    assert len(docs) == 1000
+    assert [d["_id"] for d in docs] == list(range(1000))  # natural order kept
+    assert items.find_one({"_id": 7})["v"] == "seven"
+    entries = list(c2.local["oplog.rs"].find({"ns": "app.items"}))
+    inserted = [e["o"]["_id"] for e in entries if e["op"] == "i"]
+    assert inserted == list(range(1000)) + [2000]
+    assert [e["op"] for e in entries[-3:]] == ["u", "i", "d"]
+    assert next(c2.app.list_collections())["info"]["uuid"] == uuid_before
+    # The unique index and the pre-image option came back with the catalog.
+    with pytest.raises(DuplicateKeyError):
+        items.insert_one({"k": "key1"})
+    pre = [p["preImage"] for p in c2.config["system.preimages"].find()]
+    assert {"_id": 7, "k": "key7", "v": 7} in pre and {"_id": 2000, "k": "extra", "v": 0} in pre
+    # The clock continues after the newest oplog entry.
+    items.insert_one({"_id": 5000, "k": "new"})
+    newest = c2.local["oplog.rs"].find().sort("$natural", -1).limit(1).next()
+    assert newest["ts"] > last_ts and newest["o"]["_id"] == 5000
+
+
+def test_ddl_and_transactions_survive_restart(tmp_path, shard_process, shard_client):
+    dbpath = tmp_path / "s1"
+    proc = shard_process("durable1", dbpath)
+    client = shard_client(proc)
+    client.a.x.insert_one({"_id": 1})
+    client.admin.command("renameCollection", "a.x", to="a.y")
+    client.b.gone.insert_one({"_id": 1})
+    client.drop_database("b")
+    with client.start_session() as s:
+        with s.start_transaction():
+            client.a.y.insert_one({"_id": 2}, session=s)
+            client.a.y.insert_one({"_id": 3}, session=s)
+    client.close()
+    proc.kill()
+
+    proc2 = shard_process("durable1", dbpath)
+    c2 = shard_client(proc2)
+    assert c2.a.list_collection_names() == ["y"]
+    assert sorted(d["_id"] for d in c2.a.y.find()) == [1, 2, 3]
+    assert "b" not in c2.list_database_names()
+    [apply_ops] = list(c2.local["oplog.rs"].find({"o.applyOps": {"$exists": True}}))
+    assert [o["o"]["_id"] for o in apply_ops["o"]["applyOps"]] == [2, 3]
