@@ -266,8 +266,8 @@ class KeyPattern:
         return {f: MaxKey() for f in self.fields}
 
     def key_of_doc(self, doc: Any) -> tuple[Any, ...]:
-        """The key tuple of a stored document (missing fields count as null; hashed fields
-        hashed). Raises ShardKeyNotFound-style 61? No: arrays raise BadValue like the server."""
+        """The key tuple of a document (missing fields count as null, hashed fields are
+        hashed). An array in a shard-key field raises BadValue (2), as on the server."""
         out = []
         for f in self.fields:
             found, v = get_path(doc, f)
