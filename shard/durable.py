@@ -50,6 +50,13 @@ def _dec(raw: bytes) -> dict[str, Any]:
     return bson.decode(raw, CODEC)
 
 
+_DEL_DOC = "DELETE FROM docs WHERE uuid=? AND id=?"
+_PUT_DOC = ("INSERT INTO docs (uuid, id, doc) VALUES (?, ?, ?) "
+            "ON CONFLICT (uuid, id) DO UPDATE SET doc=excluded.doc")
+_PUT_OPLOG = "INSERT OR REPLACE INTO oplog (ts, entry) VALUES (?, ?)"
+_PUT_PRE = "INSERT OR REPLACE INTO preimages (ts, uuid, idx, doc) VALUES (?, ?, ?, ?)"
+
+
 class DurableStore:
     """The SQLite file of one shard. ``sync`` is ``"normal"`` or ``"full"``."""
 
@@ -98,8 +105,33 @@ class DurableStore:
 
     # -- commits ------------------------------------------------------------------------------
     def commit(self, journal: list[tuple]) -> None:
-        """Write one command's journal in a single transaction."""
+        """Write one command's journal in a single transaction.
+
+        Rows are batched per table with ``executemany``; the order of document operations is
+        kept, and catalog changes / oplog truncation act as barriers (everything before them
+        is written first)."""
         cur = self.conn.cursor()
+        docs: list[tuple[str, tuple]] = []
+        oplog_rows: list[tuple] = []
+        pre_rows: list[tuple] = []
+
+        def flush() -> None:
+            i = 0
+            while i < len(docs):
+                sql = docs[i][0]
+                j = i
+                while j < len(docs) and docs[j][0] == sql:
+                    j += 1
+                cur.executemany(sql, [r for _, r in docs[i:j]])
+                i = j
+            docs.clear()
+            if oplog_rows:
+                cur.executemany(_PUT_OPLOG, oplog_rows)
+                oplog_rows.clear()
+            if pre_rows:
+                cur.executemany(_PUT_PRE, pre_rows)
+                pre_rows.clear()
+
         cur.execute("BEGIN")
         try:
             for rec in journal:
@@ -107,20 +139,17 @@ class DurableStore:
                 if kind == "doc":
                     _, uuid, key, doc = rec
                     if doc is None:
-                        cur.execute("DELETE FROM docs WHERE uuid=? AND id=?", (uuid, _key_bytes(key)))
+                        docs.append((_DEL_DOC, (uuid, _key_bytes(key))))
                     else:
-                        cur.execute("INSERT INTO docs (uuid, id, doc) VALUES (?, ?, ?) "
-                                    "ON CONFLICT (uuid, id) DO UPDATE SET doc=excluded.doc",
-                                    (uuid, _key_bytes(key), _enc(doc)))
+                        docs.append((_PUT_DOC, (uuid, _key_bytes(key), _enc(doc))))
                 elif kind == "oplog":
                     entry = rec[1]
-                    cur.execute("INSERT OR REPLACE INTO oplog (ts, entry) VALUES (?, ?)",
-                                (ts_key(entry["ts"]), _enc(entry)))
+                    oplog_rows.append((ts_key(entry["ts"]), _enc(entry)))
                 elif kind == "preimage":
                     _, uuid, ts, idx, doc = rec
-                    cur.execute("INSERT OR REPLACE INTO preimages (ts, uuid, idx, doc) VALUES (?, ?, ?, ?)",
-                                (ts_key(ts), uuid, idx, _enc(doc)))
+                    pre_rows.append((ts_key(ts), uuid, idx, _enc(doc)))
                 elif kind == "catalog":
+                    flush()
                     _, uuid, coll = rec
                     if coll is None:
                         cur.execute("DELETE FROM catalog WHERE uuid=?", (uuid,))
@@ -129,8 +158,10 @@ class DurableStore:
                         cur.execute("INSERT OR REPLACE INTO catalog (uuid, rec) VALUES (?, ?)",
                                     (uuid, _enc(coll.catalog_doc())))
                 elif kind == "truncate":
+                    flush()
                     cur.execute("DELETE FROM oplog WHERE ts <= ?", (rec[1],))
                     cur.execute("DELETE FROM preimages WHERE ts <= ?", (rec[1],))
+            flush()
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")

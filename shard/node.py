@@ -36,10 +36,17 @@ ID_INDEX_SPEC = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 ELECTION_ID = ObjectId("7fffffff0000000000000001")
 
 
+_EPOCH = datetime.datetime(1970, 1, 1)
+_wall_cache: list[Any] = [0, _EPOCH]
+
+
 def wall_now() -> datetime.datetime:
     """The oplog ``wall`` field: naive UTC datetime with millisecond precision."""
     ms = int(time.time() * 1000)
-    return datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=ms)
+    if ms != _wall_cache[0]:
+        _wall_cache[0] = ms
+        _wall_cache[1] = _EPOCH + datetime.timedelta(milliseconds=ms)
+    return _wall_cache[1]
 
 
 class WriteContext:

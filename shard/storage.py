@@ -167,6 +167,7 @@ class Collection:
         self.db = db
         self.name = name
         self.uuid = bytes(uuid)
+        self._ui = Binary(self.uuid, 4)
         self.options: dict[str, Any] = dict(options or {})
         self.shard_key = shard_key
         self.docs: dict[Any, dict[str, Any]] = {}
@@ -179,7 +180,7 @@ class Collection:
     @property
     def ui(self) -> Binary:
         """The UUID as BSON Binary subtype 4 (oplog ``ui``, listCollections ``info.uuid``)."""
-        return Binary(self.uuid, 4)
+        return self._ui
 
     @property
     def pre_post_images(self) -> bool:
