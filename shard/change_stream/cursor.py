@@ -24,7 +24,8 @@ import asyncio
 import collections
 from typing import Any
 
-import bson
+from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
+from bson.codec_options import DEFAULT_CODEC_OPTIONS
 from bson.raw_bson import RawBSONDocument
 
 from shardsim import resume_token as rt
@@ -45,6 +46,12 @@ from shard.change_stream.unwind_transaction import unwind
 from shard.change_stream.user_stages import check_id_unchanged, compile_stages
 
 DEFAULT_AWAIT_MS = 1000
+
+
+def encode_event(doc: dict[str, Any]) -> bytes:
+    """BSON of an event keeping its field order (pymongo's ``bson.encode`` would move ``_id``
+    first; the server emits ``txnNumber``/``lsid`` before ``_id`` for transaction events)."""
+    return _dict_to_bson(doc, False, DEFAULT_CODEC_OPTIONS, False)
 # An event may exceed the user limit a little with $sortKey/_id overhead (BSONObjMaxInternalSize).
 _INTERNAL_SLACK = 16 * 1024
 
@@ -139,7 +146,7 @@ class ChangeStreamCursor(Cursor):
         if spec.needs_merge:
             doc.pop("$sortKey", None)
             doc["$sortKey"] = [token]
-        raw = bson.encode(doc)
+        raw = encode_event(doc)
         size = len(raw)
         if size > MAX_EVENT_BYTES + (_INTERNAL_SLACK if spec.needs_merge else 0) \
                 or ev.fragment_skip is not None:
@@ -149,7 +156,7 @@ class ChangeStreamCursor(Cursor):
                                             token, ev.fragment_skip):
                 if spec.needs_merge:
                     frag["$sortKey"] = [ftoken]
-                fraw = bson.encode(frag)
+                fraw = encode_event(frag)
                 self.pending.append((RawBSONDocument(fraw), ftoken, len(fraw)))
             return
         self.pending.append((RawBSONDocument(raw), token, size))
@@ -225,7 +232,9 @@ class ChangeStreamCursor(Cursor):
             if self.closing_token is not None:
                 self._set_pbrt(self.closing_token)
         elif not self.pending and limit > 0:
-            self._advance_hwm()
+            # Entries up to latest_scanned are fully returned; the clock may be promised only
+            # when the scan reached the end of the oplog.
+            self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt)
 
     def _set_pbrt(self, token: dict[str, Any]) -> None:
@@ -233,10 +242,10 @@ class ChangeStreamCursor(Cursor):
         # Every token starts with the clusterTime: 0x82 + 8 bytes (secs << 32 | inc).
         self.pbrt_ts_key = int(token["_data"][2:18], 16)
 
-    def _advance_hwm(self) -> None:
+    def _advance_hwm(self, at_end: bool) -> None:
         """End of a batch with nothing left: promise the scanned (or safe clock) time."""
         key = self.latest_scanned
-        if self.promise_mode == "clock":
+        if self.promise_mode == "clock" and at_end:
             key = max(key, safe_promise_key(self.node))
         if key > self.pbrt_ts_key:
             self.pbrt = rt.make_high_water_mark(ts_from_key(key), self.spec.token_version)

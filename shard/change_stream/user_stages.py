@@ -47,9 +47,23 @@ def compile_redact(arg: Any) -> StageFn:
     """``$redact``: ``$$DESCEND``/``$$PRUNE``/``$$KEEP`` evaluated per (sub)document."""
     from mongomock.aggregate import _Parser  # expression evaluator
 
+    def mark(expr: Any) -> Any:
+        # mongomock knows no $$KEEP/$$PRUNE/$$DESCEND: evaluate them as literals.
+        if isinstance(expr, str) and expr in _REDACT_VARS:
+            return {"$literal": expr}
+        if isinstance(expr, dict):
+            return {k: mark(v) for k, v in expr.items()}
+        if isinstance(expr, list):
+            return [mark(v) for v in expr]
+        return expr
+
+    marked = mark(arg)
+
     def decide(doc: dict[str, Any]) -> Any:
+        if isinstance(marked, dict) and set(marked) == {"$literal"}:
+            return marked["$literal"]
         try:
-            return _Parser(doc).parse(arg)
+            return _Parser(doc).parse(marked)
         except Exception as exc:
             raise MongoError(17053, f"$redact's expression should not return anything aside from the "
                                     f"variables $$KEEP, $$DESCEND, and $$PRUNE, but returned {exc}") from None
@@ -132,3 +146,4 @@ def check_id_unchanged(doc: dict[str, Any], token: dict[str, Any]) -> None:
 
 
 _MISSING = object()
+_REDACT_VARS = ("$$KEEP", "$$PRUNE", "$$DESCEND")
