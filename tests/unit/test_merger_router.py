@@ -1,0 +1,539 @@
+"""The router's change-stream cursor (router/change_stream.py) and fail points
+(router/failpoints.py) driven by pymongo, with in-process fake shards.
+
+The fake shards speak the shard side of the contract (``needsMerge`` events with ``$sortKey``
+last, ``postBatchResumeToken`` on every reply, clock-mode promises) so these tests pin the
+router's behaviour on its own: ordering across shards, raw passthrough, new shards seen on the
+config.shards cursor, errors and labels, killCursors, fail points. Real processes are covered by
+tests/integration/test_router_change_stream*.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import bson
+import pymongo
+import pytest
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+from pymongo.errors import OperationFailure
+
+from router.merger import hwm_token, token_key
+from shardsim import resume_token as rt
+from shardsim.client import Pool
+from shardsim.clock import HybridLogicalClock, ts_key
+from shardsim.commands import Request
+from shardsim.cursors import Batch, Cursor
+from shardsim.errors import MongoError
+from shardsim.node import Node
+from shardsim.server import Server
+
+
+UUID = bytes(range(16))
+
+
+def _token(ts: Timestamp, doc_id: Any, op: str = "insert") -> dict:
+    return rt.event_token(ts, UUID, op, {"_id": doc_id})
+
+
+class FakeShardCursor(Cursor):
+    is_change_stream = True
+    tailable = await_data = True
+
+    def __init__(self, shard: "FakeShard", ns: str, start: dict, resume: bool) -> None:
+        super().__init__(ns)
+        self.shard = shard
+        self.start_key = token_key(start)
+        self.resume = resume
+        self.pbrt = start
+        self.pos = 0
+
+    def _ready(self) -> list:
+        return [e for e in self.shard.events[self.pos:]]
+
+    async def fetch(self, batch_size, max_time_ms, *, first):
+        sh = self.shard
+        if first and batch_size == 0:
+            return Batch([], False, self.pbrt)
+        if sh.fail_getmore is not None:
+            code, sh.fail_getmore = sh.fail_getmore, None
+            raise MongoError(code, f"fake shard {sh.name} failing getMore")
+        deadline = time.monotonic() + (max_time_ms or 1000) / 1000
+        while True:
+            out = []
+            while self.pos < len(sh.events):
+                tok, doc = sh.events[self.pos]
+                self.pos += 1
+                if token_key(tok) < self.start_key:
+                    continue
+                out.append(doc)
+            if out:
+                self.pbrt = out[-1]["_id"]
+                return Batch(out, False, self.pbrt)
+            if time.monotonic() >= deadline:
+                break
+            sh.changed.clear()
+            try:
+                await asyncio.wait_for(sh.changed.wait(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                pass
+        # clock mode: nothing below the next tick can appear
+        cand = hwm_token(max(sh.clock.now_key(), int(time.time()) << 32) + 1)
+        if token_key(cand) > token_key(self.pbrt):
+            self.pbrt = cand
+        return Batch([], False, self.pbrt)
+
+
+class FakeShard(Node):
+    def __init__(self, name: str, idx: int) -> None:
+        super().__init__()
+        self.name = name
+        self.idx = idx
+        self.events: list[tuple[dict, dict]] = []
+        self.changed = asyncio.Event()
+        self.fail_getmore: int | None = None
+        self.seq = 0
+        self.aggregates: list[dict] = []
+        self.killed: list[int] = []
+
+        async def aggregate(req: Request) -> dict:
+            self.aggregates.append(req.body)
+            spec = req.body["pipeline"][0]["$changeStream"]
+            tok = spec.get("resumeAfter") or spec.get("startAfter")
+            if tok is None:
+                tok = hwm_token(ts_key(spec["startAtOperationTime"]))
+            ns = f"{req.db}.{req.body['aggregate']}"
+            cur = FakeShardCursor(self, ns, dict(tok), tok is not None)
+            return {"cursor": await self.cursors.run_first_batch(cur, req.body["cursor"]["batchSize"])}
+
+        self.commands.register("aggregate", aggregate)
+        orig_kill = self.cursors.kill
+
+        async def kill(ids):
+            self.killed.extend(int(i) for i in ids)
+            return await orig_kill(ids)
+        self.cursors.kill = kill
+
+    def write(self, doc: dict, *, op: str = "insert", ns: tuple = ("db", "coll"), bad_id: bool = False) -> dict:
+        ts = self.clock.tick()
+        self.seq += 1
+        tok = _token(ts, doc.get("_id"), op)
+        ev = {"_id": tok, "operationType": op, "clusterTime": ts,
+              "ns": {"db": ns[0], "coll": ns[1]}, "fullDocument": doc}
+        if bad_id:
+            ev["_id"] = {"_data": "00"}
+        ev["$sortKey"] = [tok]
+        self.events.append((tok, ev))
+        self.changed.set()
+        return tok
+
+
+class FakeCatalog:
+    def __init__(self, addrs: dict) -> None:
+        self.addrs = addrs
+
+    async def refresh(self) -> None:
+        return None
+
+    def shards(self):
+        return [(n, h, p) for n, (h, p) in self.addrs.items()]
+
+    def shard_address(self, name):
+        return self.addrs.get(name)
+
+
+class FakeRouter(Node):
+    """Just enough of router.node.RouterNode for router/change_stream.py and failpoints.py."""
+
+    def __init__(self, shard_addrs: dict, config_addr: tuple, test_commands: bool = True) -> None:
+        super().__init__(test_commands=test_commands)
+        self.catalog = FakeCatalog(dict(shard_addrs))
+        self.config_pool = Pool(*config_addr)
+        self._pools: dict = {}
+        from router import change_stream, failpoints
+
+        async def aggregate(req: Request) -> dict:
+            return await change_stream.aggregate_change_stream(self, req)
+
+        self.commands.register("aggregate", aggregate)
+        failpoints.install(self)
+
+    def pool_for(self, name):
+        addr = self.catalog.shard_address(name)
+        if addr is None:
+            raise MongoError(70, f"Shard {name} not found")
+        if name not in self._pools:
+            self._pools[name] = Pool(*addr)
+        return self._pools[name]
+
+    def process_name(self):
+        return "mongos"
+
+
+class Harness:
+    """Fake shards + a fake config server + a router, on one background event loop."""
+
+    def __init__(self, n: int = 3, test_commands: bool = True) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.shards: list[FakeShard] = []
+        self.servers: list[Server] = []
+        for i in range(n):
+            self.shards.append(self.call(self._start_shard, f"shard{i:02d}", i))
+        self.config = self.call(self._start_shard, "config", 99)
+        addrs = {s.name: ("127.0.0.1", s.port) for s in self.shards}
+        self.router = self.call(self._start_router, addrs, ("127.0.0.1", self.config.port), test_commands)
+        self.client = pymongo.MongoClient("127.0.0.1", self.router.port, directConnection=True,
+                                          serverSelectionTimeoutMS=5000, appname="harness")
+
+    def call(self, fn, *args):
+        async def run():
+            return await fn(*args)
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
+
+    def do(self, fn, *args):
+        """Run a plain function on the loop thread (the fake shards are not thread-safe)."""
+        async def run():
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
+
+    async def _start_shard(self, name, idx):
+        sh = FakeShard(name, idx)
+        sh.changed = asyncio.Event()
+        srv = Server(sh, "127.0.0.1", 0)
+        await srv.start()
+        self.servers.append(srv)
+        return sh
+
+    async def _start_router(self, addrs, cfg, tc):
+        r = FakeRouter(addrs, cfg, tc)
+        srv = Server(r, "127.0.0.1", 0)
+        await srv.start()
+        self.servers.append(srv)
+        self.router_server = srv
+        return r
+
+    async def _add_shard(self, name, idx):
+        sh = await self._start_shard(name, idx)
+        self.shards.append(sh)
+        self.router.catalog.addrs[name] = ("127.0.0.1", sh.port)
+        return sh
+
+    def add_shard(self, name: str) -> FakeShard:
+        sh = self.call(self._add_shard, name, len(self.shards))
+        # the config server records it (a config.shards insert) after the shard is known
+        tok = self.do(lambda: self.config.write({"_id": name, "host": f"127.0.0.1:{sh.port}"},
+                                                op="insert", ns=("config", "shards")))
+        # the new shard learns the cluster time before taking writes (gossip via the router)
+        self.do(lambda: sh.clock.advance(rt.decode(tok).clusterTime))
+        return sh
+
+    def write(self, i: int, doc: dict) -> dict:
+        return self.do(self.shards[i].write, doc)
+
+    def close(self):
+        self.client.close()
+
+        async def stop():
+            for s in self.servers:
+                await s.close()
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            self.call(stop)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+
+
+@pytest.fixture
+def h():
+    harness = Harness()
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def _gossip_all(h: Harness) -> None:
+    """Make the shards' clocks agree roughly (as cluster-time gossip would)."""
+    def sync():
+        top = max(s.clock.now_key() for s in h.shards + [h.config])
+        for s in h.shards + [h.config]:
+            s.clock.advance(Timestamp(top >> 32, top & 0xFFFFFFFF))
+    h.do(sync)
+
+
+def test_initial_aggregate_shape_and_shard_requests(h):
+    coll = h.client.db.coll
+    reply = h.client.db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {}}], "cursor": {}})
+    cur = reply["cursor"]
+    assert cur["firstBatch"] == [] and cur["id"] != 0 and cur["ns"] == "db.coll"
+    assert "postBatchResumeToken" in cur and "operationTime" in reply
+    for sh in h.shards:
+        body = sh.aggregates[-1]
+        assert body["needsMerge"] is True and body["fromRouter"] is True
+        assert body["cursor"] == {"batchSize": 0}
+        assert isinstance(body["pipeline"][0]["$changeStream"]["startAtOperationTime"], Timestamp)
+    starts = {str(sh.aggregates[-1]["pipeline"][0]["$changeStream"]["startAtOperationTime"]) for sh in h.shards}
+    assert len(starts) == 1  # the same explicit start point on every shard
+    cfg = h.config.aggregates[-1]
+    assert cfg["aggregate"] == "shards" and cfg["pipeline"][0]["$changeStream"]["allowToRunOnConfigDB"]
+    h.client.db.command({"killCursors": "coll", "cursors": [cur["id"]]})
+    del coll
+
+
+def test_merged_order_across_shards_and_raw_passthrough(h):
+    coll = h.client.db.coll
+    with coll.watch(max_await_time_ms=200) as stream:
+        toks = []
+        for i in range(30):
+            _gossip_all(h) if i % 7 == 0 else None
+            toks.append(h.write(i % 3, {"_id": i, "x": "y" * (i % 5)}))
+        got = []
+        deadline = time.time() + 20
+        while len(got) < 30 and time.time() < deadline:
+            ch = stream.try_next()
+            if ch is not None:
+                got.append(ch)
+        assert len(got) == 30
+        datas = [c["_id"]["_data"] for c in got]
+        assert datas == sorted(datas) and len(set(datas)) == 30
+        assert sorted(datas) == sorted(t["_data"] for t in toks)
+        assert all("$sortKey" not in c for c in got)
+        assert {c["fullDocument"]["_id"] for c in got} == set(range(30))
+
+
+def test_getmore_waits_then_returns_empty_batch_with_pbrt(h):
+    db = h.client.db
+    reply = db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {}}], "cursor": {}})
+    cid = reply["cursor"]["id"]
+    pbrt0 = reply["cursor"]["postBatchResumeToken"]
+    t0 = time.monotonic()
+    more = db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 300})
+    took = time.monotonic() - t0
+    assert more["cursor"]["nextBatch"] == [] and more["cursor"]["id"] == cid
+    assert 0.25 <= took < 3
+    assert more["cursor"]["postBatchResumeToken"]["_data"] >= pbrt0["_data"]
+    # An event makes the next getMore return at once.
+    h.write(1, {"_id": "a"})
+    t0 = time.monotonic()
+    got = []
+    while not got and time.monotonic() - t0 < 10:
+        got = db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 5000})["cursor"]["nextBatch"]
+    assert len(got) == 1 and time.monotonic() - t0 < 4
+    db.command({"killCursors": "coll", "cursors": [cid]})
+
+
+def test_new_shard_seen_on_config_cursor(h):
+    coll = h.client.db.coll
+    with coll.watch(max_await_time_ms=200) as stream:
+        h.write(0, {"_id": 1})
+        assert stream.try_next() is None or True
+        new = h.add_shard("shard09")
+        tok = h.do(new.write, {"_id": "on-new-shard"})
+        h.write(1, {"_id": 2})
+        got = []
+        deadline = time.time() + 20
+        while len(got) < 3 and time.time() < deadline:
+            ch = stream.try_next()
+            if ch is not None:
+                got.append(ch)
+        ids = [c["fullDocument"]["_id"] for c in got]
+        assert sorted(map(str, ids)) == sorted(["1", "on-new-shard", "2"])
+        assert [c["_id"]["_data"] for c in got] == sorted(c["_id"]["_data"] for c in got)
+        # the new shard was opened from HWM(addShard clusterTime + 1), never with startAtOperationTime
+        spec = new.aggregates[-1]["pipeline"][0]["$changeStream"]
+        assert "startAtOperationTime" not in spec and spec["resumeAfter"]["_data"] < tok["_data"]
+
+
+def test_remote_error_fails_getmore_with_router_labels_and_kills_other_cursors(h):
+    db = h.client.db
+    reply = db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {}}], "cursor": {}})
+    cid = reply["cursor"]["id"]
+    h.do(setattr, h.shards[1], "fail_getmore", 262)
+    with pytest.raises(OperationFailure) as ei:
+        for _ in range(5):
+            db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 500})
+    assert ei.value.code == 262
+    assert ei.value.details.get("errorLabels") == ["ResumableChangeStreamError"]
+    deadline = time.time() + 5
+    while time.time() < deadline and not (h.shards[0].killed and h.shards[2].killed):
+        time.sleep(0.05)
+    assert h.shards[0].killed and h.shards[2].killed and h.config.killed
+    with pytest.raises(OperationFailure) as ei:
+        db.command({"getMore": cid, "collection": "coll"})
+    assert ei.value.code == 43
+
+
+def test_non_resumable_remote_error_label(h):
+    db = h.client.db
+    cid = db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {}}], "cursor": {}})["cursor"]["id"]
+    h.do(setattr, h.shards[0], "fail_getmore", 286)
+    with pytest.raises(OperationFailure) as ei:
+        for _ in range(5):
+            db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 300})
+    assert ei.value.code == 286
+    assert ei.value.details.get("errorLabels") == ["NonResumableChangeStreamError"]
+
+
+def test_modified_id_is_280_without_resumable_label(h):
+    db = h.client.db
+    cid = db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {}}], "cursor": {}})["cursor"]["id"]
+    h.do(lambda: h.shards[0].write({"_id": 1}, bad_id=True))
+    _gossip_all(h)
+    with pytest.raises(OperationFailure) as ei:
+        for _ in range(10):
+            db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 300})
+    assert ei.value.code == 280
+    assert "ResumableChangeStreamError" not in (ei.value.details.get("errorLabels") or [])
+
+
+def test_kill_cursors_kills_remote_cursors(h):
+    db = h.client.db
+    cid = db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {}}], "cursor": {}})["cursor"]["id"]
+    res = db.command({"killCursors": "coll", "cursors": [cid]})
+    assert res["cursorsKilled"] == [cid]
+    deadline = time.time() + 5
+    while time.time() < deadline and not all(s.killed for s in h.shards + [h.config]):
+        time.sleep(0.05)
+    assert all(len(s.killed) == 1 for s in h.shards + [h.config])
+
+
+def test_shard_that_disappears_gives_resumable_network_error(h):
+    db = h.client.db
+    cid = db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {}}], "cursor": {}})["cursor"]["id"]
+    srv = h.servers[1]
+
+    async def stop():
+        srv._server.close()
+        for w in list(srv._conns):
+            w.close()
+    h.call(stop)
+    with pytest.raises(OperationFailure) as ei:
+        for _ in range(10):
+            db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 300})
+    assert ei.value.code in (6, 9001, 89)
+    assert ei.value.details.get("errorLabels") == ["ResumableChangeStreamError"]
+
+
+def test_resume_from_event_token_and_missing_token(h):
+    coll = h.client.db.coll
+    with coll.watch(max_await_time_ms=200) as stream:
+        for i in range(6):
+            h.write(i % 3, {"_id": i})
+            _gossip_all(h)
+        got = []
+        deadline = time.time() + 20
+        while len(got) < 6 and time.time() < deadline:
+            ch = stream.try_next()
+            if ch is not None:
+                got.append(ch)
+    assert len(got) == 6
+    with coll.watch(resume_after=got[2]["_id"], max_await_time_ms=200) as s2:
+        rest = []
+        deadline = time.time() + 20
+        while len(rest) < 3 and time.time() < deadline:
+            ch = s2.try_next()
+            if ch is not None:
+                rest.append(ch)
+    assert [c["_id"] for c in rest] == [c["_id"] for c in got[3:]]
+    # A token no shard has: the first later event proves it is missing -> 280.
+    bogus = _token(got[2]["clusterTime"], "no-such-document")
+    reply = h.client.db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {"resumeAfter": bogus}}],
+                                 "cursor": {}})
+    cid = reply["cursor"]["id"]
+    with pytest.raises(OperationFailure) as ei:
+        for _ in range(10):
+            h.client.db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 300})
+    assert ei.value.code == 280
+    assert ei.value.details.get("errorLabels") == ["NonResumableChangeStreamError"]
+    assert "the resume token was not found" in str(ei.value)
+
+
+def test_fail_command_fail_point(h):
+    db = h.client.admin
+    db.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                "data": {"failCommands": ["getMore"], "errorCode": 6}})
+    cid = h.client.db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {}}], "cursor": {}})["cursor"]["id"]
+    with pytest.raises(OperationFailure) as ei:
+        h.client.db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 100})
+    assert ei.value.code == 6 and ei.value.details["errmsg"] == "Failing command via 'failCommand' failpoint"
+    assert "errorLabels" not in ei.value.details  # only the labels the fail point was given
+    # times: 1 is used up; the cursor still works
+    more = h.client.db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 100})
+    assert more["cursor"]["id"] == cid
+    db.command({"configureFailPoint": "failCommand", "mode": "alwaysOn",
+                "data": {"failCommands": ["ping"], "errorCode": 91, "appName": "other-app",
+                         "errorLabels": ["ResumableChangeStreamError"]}})
+    h.client.admin.command("ping")  # appName does not match
+    db.command({"configureFailPoint": "failCommand", "mode": {"skip": 1},
+                "data": {"failCommands": ["ping"], "errorCode": 262,
+                         "errorLabels": ["ResumableChangeStreamError"]}})
+    h.client.admin.command("ping")  # skipped once
+    with pytest.raises(OperationFailure) as ei:
+        h.client.admin.command("ping")
+    assert ei.value.code == 262 and ei.value.details["errorLabels"] == ["ResumableChangeStreamError"]
+    db.command({"configureFailPoint": "failCommand", "mode": "off"})
+    h.client.admin.command("ping")
+
+
+def test_fail_command_close_connection(h):
+    h.client.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                            "data": {"failCommands": ["ping"], "closeConnection": True}})
+    with pytest.raises(pymongo.errors.AutoReconnect):
+        h.client.admin.command("ping")
+    h.client.admin.command("ping")
+
+
+def test_fail_getmore_after_cursor_checkout(h):
+    db = h.client.db
+    for code, labels in ((262, ["ResumableChangeStreamError"]), (9, None)):
+        cid = db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {}}], "cursor": {}})["cursor"]["id"]
+        h.client.admin.command({"configureFailPoint": "failGetMoreAfterCursorCheckout",
+                                "mode": {"times": 1}, "data": {"errorCode": code}})
+        with pytest.raises(OperationFailure) as ei:
+            db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 100})
+        assert ei.value.code == code
+        assert ei.value.details.get("errorLabels") == labels
+    with pytest.raises(OperationFailure) as ei:
+        db.command({"getMore": Int64(12345), "collection": "coll"})
+    assert ei.value.code == 43
+
+
+def test_configure_fail_point_needs_test_commands():
+    harness = Harness(n=1, test_commands=False)
+    try:
+        with pytest.raises(OperationFailure) as ei:
+            harness.client.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+        assert ei.value.code == 59
+    finally:
+        harness.close()
+
+
+def test_pymongo_resumes_after_resumable_error(h):
+    coll = h.client.db.coll
+    with coll.watch(max_await_time_ms=200) as stream:
+        h.write(0, {"_id": "before"})
+        _gossip_all(h)
+        first = None
+        deadline = time.time() + 10
+        while first is None and time.time() < deadline:
+            first = stream.try_next()
+        h.client.admin.command({"configureFailPoint": "failGetMoreAfterCursorCheckout",
+                                "mode": {"times": 1}, "data": {"errorCode": 91}})
+        h.write(1, {"_id": "after"})
+        _gossip_all(h)
+        second = None
+        deadline = time.time() + 10
+        while second is None and time.time() < deadline:
+            second = stream.try_next()
+    assert first["fullDocument"]["_id"] == "before" and second["fullDocument"]["_id"] == "after"
