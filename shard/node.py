@@ -88,6 +88,7 @@ class ShardNode(Node):
         self.oplog.truncated_callbacks.append(self._on_oplog_truncated)
         self.durable = None
         self._depth = 0
+        self._req_txn: dict[int, Any] = {}
         from shard.sessions import Sessions
         self.sessions = Sessions(self)
         dbpath = self.options.get("dbpath")
@@ -160,11 +161,23 @@ class ShardNode(Node):
     # -- dispatch -----------------------------------------------------------------------------
     async def run_command(self, req: Request) -> dict[str, Any]:
         """Run a command; a durable shard commits what it wrote before replying."""
+        if req.body.get("autocommit") is False and \
+                self.commands.canonical(req.name) not in ("commitTransaction", "abortTransaction"):
+            # Any statement (read or write) may start or continue a transaction.
+            try:
+                self.gossip_in(req)
+                self._req_txn[id(req)] = self.sessions.transaction_for(req)
+            except MongoError as exc:
+                exc.labels = self.error_labels(req, exc)
+                reply = exc.to_reply()
+                self.cluster_time_fields(req, reply)
+                return reply
         self._depth += 1
         try:
             reply = await super().run_command(req)
         finally:
             self._depth -= 1
+            self._req_txn.pop(id(req), None)
         if self.durable is not None and self.storage.journal:
             self.flush()
         return reply
@@ -182,9 +195,7 @@ class ShardNode(Node):
         from_migrate = req.body.get("fromMigrate") is True
         lsid = req.body.get("lsid")
         txn_number = req.body.get("txnNumber")
-        txn = None
-        if req.body.get("autocommit") is False:
-            txn = self.sessions.transaction_for(req)
+        txn = self._req_txn.get(id(req)) if req.body.get("autocommit") is False else None
         return WriteContext(lsid if txn_number is not None else None, txn_number, from_migrate, txn)
 
     def make_entry(self, op: str, ns: str, ui: Binary | None, o: dict[str, Any],

@@ -462,3 +462,15 @@ def test_oversized_document_and_malformed_messages_keep_serving(proc, client):
         assert sock.recv(10) == b""
     assert client.big.c.count_documents({}) == 0
     assert client.admin.command("ping")["ok"] == 1.0
+
+
+def test_transaction_may_start_with_a_read(client):
+    coll = client.txn3.c
+    coll.insert_one({"_id": 0, "n": 1})
+    with client.start_session() as s:
+        with s.start_transaction():
+            assert coll.find_one({"_id": 0}, session=s) == {"_id": 0, "n": 1}
+            coll.update_one({"_id": 0}, {"$inc": {"n": 1}}, session=s)
+    assert coll.find_one({"_id": 0})["n"] == 2
+    e = client.local["oplog.rs"].find().sort("$natural", -1).limit(1).next()
+    assert e["o"]["applyOps"][0]["o"] == {"$v": 2, "diff": {"u": {"n": 2}}}
