@@ -525,11 +525,6 @@ class ConfigServerNode(ShardNode):
             for i in range(0, len(ids), 1000):
                 await self.on_shard(donor, db, {"delete": coll, "fromMigrate": True, "deletes": [
                     {"q": {"_id": {"$in": ids[i:i + 1000]}}, "limit": 0}]})
-            if not any(d["shard"] == donor for d in chunk_docs if d["_id"] != doc["_id"]):
-                await self.on_shard(donor, db, {
-                    "_shardsimNoop": {"msg": f"Migrate the last chunk for {ns} off shard {donor}"},
-                    "o2": {"migrateLastChunkFromShard": ns, "shardId": donor},
-                    "ns": ns, "ui": uuid})
             log.info("moved chunk %s of %s from %s to %s (%d docs)", doc["min"], ns, donor, to,
                      len(moving))
             return {"millis": 0}
