@@ -46,12 +46,12 @@ def prepare(client: MongoClient, spec: PlanSpec, shards: list[str] | None = None
         client.admin.command("shardCollection", ns, key={"_id": 1})
         for point in split_points(len(shards)):
             client.admin.command("split", ns, middle={"_id": point})
-        cmap = read_chunk_map(client, spec)
-        c = spec.collection_names.index(name)
-        bounds = [0] + split_points(len(shards))
+    cmap = read_chunk_map(client, spec)
+    bounds = [0] + split_points(len(shards))
+    for c, name in enumerate(spec.collection_names):
         for i, lo in enumerate(bounds):
             if cmap.shard_of(c, lo) != shards[i]:
-                client.admin.command("moveChunk", ns, find={"_id": lo}, to=shards[i])
+                client.admin.command("moveChunk", f"{spec.db}.{name}", find={"_id": lo}, to=shards[i])
     return read_chunk_map(client, spec)
 
 
