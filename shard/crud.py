@@ -18,7 +18,7 @@ from bson import ObjectId, Regex
 from bson.int64 import Int64
 
 from shardsim.clock import ts_key
-from shardsim.commands import Request, check_type
+from shardsim.commands import GENERIC_FIELDS, Request, check_type
 from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
 from shard import query as q
@@ -26,6 +26,35 @@ from shard.node import ShardNode, WriteContext
 from shard.storage import Collection, id_key
 
 MAX_DOC = 16 * 1024 * 1024
+
+
+# Command fields of the IDL (find_command.idl, write_ops.idl) besides the generic ones; anything
+# else fails like mongod's IDL parser: 40415 "BSON field '<cmd>.<field>' is an unknown field."
+_KNOWN_FIELDS = {
+    "find": {"filter", "projection", "sort", "hint", "skip", "limit", "batchSize", "singleBatch",
+             "max", "min", "returnKey", "showRecordId", "tailable", "oplogReplay",
+             "noCursorTimeout", "awaitData", "allowPartialResults", "collation", "allowDiskUse",
+             "let", "term", "readOnce", "allowSpeculativeMajorityRead", "$_requestResumeToken",
+             "$_resumeAfter", "$_startAt", "includeQueryStatsMetrics", "encryptionInformation",
+             "collectionUUID", "ntoreturn", "isViewCommand"},
+    "insert": {"documents", "ordered", "bypassDocumentValidation", "stmtIds", "stmtId",
+               "collectionUUID", "isTimeseriesNamespace", "encryptionInformation", "let",
+               "bypassEmptyTsReplacement", "$_fromMongos"},
+    "update": {"updates", "ordered", "bypassDocumentValidation", "let", "stmtIds", "stmtId",
+               "collectionUUID", "isTimeseriesNamespace", "encryptionInformation",
+               "bypassEmptyTsReplacement", "$_fromMongos"},
+    "delete": {"deletes", "ordered", "let", "stmtIds", "stmtId", "collectionUUID",
+               "isTimeseriesNamespace", "encryptionInformation", "bypassDocumentValidation",
+               "$_fromMongos"},
+}
+
+
+def _check_fields(req: Request, cmd: str) -> None:
+    known = _KNOWN_FIELDS[cmd]
+    for k in req.body:
+        if k == req.name or k in known or k in GENERIC_FIELDS or k == "fromMigrate":
+            continue
+        raise MongoError(40415, f"BSON field '{cmd}.{k}' is an unknown field.")
 
 
 def _coll_name(req: Request) -> str:
@@ -113,6 +142,7 @@ def register(node: ShardNode) -> None:
     # -- insert -------------------------------------------------------------------------------
     async def insert(req: Request) -> dict[str, Any]:
         name = _coll_name(req)
+        _check_fields(req, "insert")
         docs = check_type(req, "documents", list, "array", required=True)
         ordered, _ = _batch_opts(req)
         _check_writable(req, name)
@@ -213,6 +243,7 @@ def register(node: ShardNode) -> None:
 
     async def update(req: Request) -> dict[str, Any]:
         name = _coll_name(req)
+        _check_fields(req, "update")
         stmts = check_type(req, "updates", list, "array", required=True)
         ordered, _ = _batch_opts(req)
         _check_writable(req, name)
@@ -260,6 +291,7 @@ def register(node: ShardNode) -> None:
 
     async def delete(req: Request) -> dict[str, Any]:
         name = _coll_name(req)
+        _check_fields(req, "delete")
         stmts = check_type(req, "deletes", list, "array", required=True)
         ordered, _ = _batch_opts(req)
         _check_writable(req, name)
@@ -397,6 +429,7 @@ def register(node: ShardNode) -> None:
 
     async def find(req: Request) -> dict[str, Any]:
         name = _coll_name(req)
+        _check_fields(req, "find")
         filt = check_type(req, "filter", dict, "object") or {}
         sort = check_type(req, "sort", dict, "object")
         projection = check_type(req, "projection", dict, "object")

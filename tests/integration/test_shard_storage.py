@@ -402,6 +402,8 @@ def test_bad_input_gets_mongod_errors(client, raw):
     assert r["code"] == 14 and r["codeName"] == "TypeMismatch"
     r = raw("bad", {"insert": "c"})
     assert r["code"] == 40414
+    r = raw("bad", {"find": "c", "filtr": {}})
+    assert r["code"] == 40415 and r["errmsg"] == "BSON field 'find.filtr' is an unknown field."
     r = raw("bad", {"update": "c", "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "multi": "yes"}]})
     assert r["writeErrors"][0]["code"] == 14
     r = raw("bad", {"delete": "c", "deletes": [{"q": {}, "limit": 5}]})
