@@ -130,13 +130,23 @@ def register(router: "RouterNode") -> None:
         return {k: v for k, v in reply.items() if k not in ("ok", "$clusterTime", "operationTime")}
 
     # -- writes ---------------------------------------------------------------------------
+    async def config_write(req: Request) -> dict[str, Any]:
+        """Writes to the ``config``/``admin`` databases go to the config server (mongos)."""
+        return strip(await r.config_command(forwardable(req.body), db=req.db))
+
     async def insert(req: Request) -> dict[str, Any]:
+        if req.db in ("config", "admin"):
+            return await config_write(req)
         return await writes.run_write(r, req, "insert")
 
     async def update(req: Request) -> dict[str, Any]:
+        if req.db in ("config", "admin"):
+            return await config_write(req)
         return await writes.run_write(r, req, "update")
 
     async def delete(req: Request) -> dict[str, Any]:
+        if req.db in ("config", "admin"):
+            return await config_write(req)
         return await writes.run_write(r, req, "delete")
 
     async def find_and_modify(req: Request) -> dict[str, Any]:
