@@ -57,6 +57,8 @@ class TestResult:
     (events observed, traceback) for ``--verbose``; ``duration``: seconds.
     """
 
+    __test__ = False  # not a pytest test class despite the name
+
     file: str
     description: str
     status: str
@@ -444,16 +446,11 @@ class Runner:
             raise error
         assert result is not None
         if "expectResult" in op:
-            expected = op["expectResult"]
-            if result.docs_are_roots and isinstance(expected, list):
-                actual = list(result.value)
-                if len(actual) != len(expected):
-                    raise MatchError(f"expected {len(expected)} document(s), got {len(actual)}: "
-                                     f"{_short(actual)}")
-                for i, (e, v) in enumerate(zip(expected, actual)):
-                    ctx.matcher.match(e, v, root=True, path=f"result.{i}")
-            else:
-                ctx.matcher.match(expected, result.value, root=True, path="result")
+            try:
+                self._check_result(ctx, op["expectResult"], result)
+            except MatchError as exc:
+                raise MatchError(f"{exc}\nexpected: {_short(op['expectResult'], 4000)}\n"
+                                 f"actual:   {_short(result.value, 4000)}") from None
         if "saveResultAsEntity" in op:
             name_ = op["saveResultAsEntity"]
             if result.kind is not None:
@@ -462,6 +459,17 @@ class Runner:
                 raise RunnerError(f"saveResultAsEntity {name_!r}: the operation returned nothing")
             else:
                 ctx.entities.add(name_, "bson", result.value)
+
+    def _check_result(self, ctx: TestContext, expected: Any, result: ops.OpResult) -> None:
+        """expectResult: iterables of documents match element-wise as root-level documents."""
+        if result.docs_are_roots and isinstance(expected, list):
+            actual = list(result.value)
+            if len(actual) != len(expected):
+                raise MatchError(f"expected {len(expected)} document(s), got {len(actual)}")
+            for i, (e, v) in enumerate(zip(expected, actual)):
+                ctx.matcher.match(e, v, root=True, path=f"result.{i}")
+        else:
+            ctx.matcher.match(expected, result.value, root=True, path="result")
 
     def _check_error(self, ctx: TestContext, spec: Mapping, exc: BaseException) -> None:
         reply = ops.server_reply(exc)
@@ -690,12 +698,12 @@ def describe_event(e: RecordedEvent, short: bool = False) -> str:
     return f"{head} {_short(body)}" if body is not None else head
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, limit: int = 600) -> str:
     try:
         text = json_util.dumps(value)
     except Exception:
         text = repr(value)
-    return text if len(text) <= 600 else text[:600] + "..."
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _first_line(text: str) -> str:

@@ -1,0 +1,74 @@
+"""The official change-stream unified spec tests against shardsim, run by our own runner.
+
+Two deployments: a launcher-started sharded cluster (router reporting 8.0.x → the 44 tests the
+spec allows on sharded at 8.0 must pass) and one ``python -m shard`` process as a replica set
+(the 66 tests allowed on replicaset at 8.0). Every other test must be skipped for the spec's own
+``runOnRequirements`` (server version or topology), never for anything else.
+The expected counts come from /work/shared/reference/spec-tests-table.md (sharded) and the same
+rules applied to ``replicaset``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from shardsim.procs import RoleProcess
+from shardsim.unified.cli import default_spec_dir, summary_line
+from shardsim.unified.runner import Runner, TestResult
+
+SPEC_DIR = default_spec_dir()
+# tests runnable at a server reporting 8.0.x, per topology (spec-tests-table.md)
+RUNNABLE_AT_8_0 = {"sharded": 44, "replicaset": 66}
+TOTAL_TESTS = 89
+
+pytestmark = pytest.mark.skipif(not SPEC_DIR.is_dir(),
+                                reason=f"spec tests not available at {SPEC_DIR} "
+                                       "(run `make fetch-specs`)")
+
+
+def run_suite(uri: str) -> tuple[tuple[int, int, int], str, list[TestResult]]:
+    with Runner(uri) as runner:
+        results = runner.run_paths([SPEC_DIR])
+        return runner.info.version, runner.info.topology, results
+
+
+def check(results: list[TestResult], version: tuple[int, int, int], topology: str) -> None:
+    failed = [r for r in results if r.status == "failed"]
+    assert not failed, (summary_line(results) + "\n" +
+                        "\n".join(f"FAILED {r.name}: {r.reason}" for r in failed))
+    assert len(results) == TOTAL_TESTS
+    for r in results:
+        if r.status == "skipped":
+            # only the spec's own requirements may skip a test
+            assert r.reason.startswith(("needs server", "needs topology")), (r.name, r.reason)
+    passed = sum(r.status == "passed" for r in results)
+    if version[:2] == (8, 0):
+        assert passed == RUNNABLE_AT_8_0[topology], summary_line(results)
+
+
+@pytest.fixture
+def single_shard() -> Iterator[str]:
+    """One shard process as a one-member replica set; always stopped."""
+    shard = RoleProcess("shard", ["--port", "0", "--shard-name", "rs0"], name="shard rs0")
+    shard.start()
+    try:
+        yield f"mongodb://{shard.host}:{shard.port}/?directConnection=true"
+    finally:
+        shard.stop()
+
+
+@pytest.mark.timeout(240)
+def test_spec_suite_on_sharded_cluster(cluster_factory) -> None:
+    cluster = cluster_factory(shards=2)
+    version, topology, results = run_suite(cluster.router_uri)
+    assert topology == "sharded"
+    check(results, version, topology)
+
+
+@pytest.mark.timeout(120)
+def test_spec_suite_on_one_shard_as_replica_set(single_shard: str) -> None:
+    version, topology, results = run_suite(single_shard)
+    assert topology == "replicaset"
+    check(results, version, topology)
