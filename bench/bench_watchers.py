@@ -48,6 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--docs", type=int, default=30_000)
     ap.add_argument("--counts", default="0,1,10,100")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per point; the median is shown")
     args = ap.parse_args()
     print(f"# bench_watchers  {machine()}")
     ctx = mp.get_context("spawn")
@@ -68,9 +69,11 @@ def main() -> None:
                     proc.kill()
                     continue
                 time.sleep(1.0)
-            client[DB].c0.delete_many({})
-            secs = insert_backlog(client[DB].c0, spread_ids(args.docs))
-            rate = args.docs / secs
+            rates = []
+            for _ in range(args.repeat):
+                client[DB].c0.delete_many({})
+                rates.append(args.docs / insert_backlog(client[DB].c0, spread_ids(args.docs)))
+            rate = sorted(rates)[len(rates) // 2]
             base = base or rate
             print(f"{n:>3} idle watchers: {rate:>9,.0f} ops/s ({rate / base:.2f}x of 0 watchers; "
                   f"cost {base / rate:.2f}x)")
