@@ -217,7 +217,7 @@ def item_from_raw_event(event: Any, *, is_config: bool = False) -> Item:
         if id_raw is None or sk_raw is None or sk_raw != id_raw:
             found = bson.decode(raw)
             found.pop("$sortKey", None)
-            raise MongoError(280, f"{ID_MODIFIED_MSG} Expected: {{ _id: {_fmt(sk_tok)} }} but found: "
+            raise MongoError(280, f"{ID_MODIFIED_MSG} Expected: {{_id: {_fmt(sk_tok)}}} but found: "
                                   f"{_fmt(found.get('_id')) if '_id' in found else '{}'}")
         # _id is fine but $sortKey was not last: rebuild without it (rare; costs one decode).
         doc = bson.decode(raw, RAW_CODEC)
@@ -249,7 +249,7 @@ def _fmt(value: Any) -> str:
             items = value.items()
         except Exception:
             return str(value)
-        return "{ " + ", ".join(f"{k}: {_fmt(v)}" for k, v in items) + " }"
+        return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in items) + "}"  # Document::toString
     if isinstance(value, str):
         return f'"{value}"'
     return str(value)
