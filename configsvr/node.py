@@ -475,7 +475,8 @@ class ConfigServerNode(ShardNode):
         owner, then delete the documents on the donor with ``fromMigrate``.
 
         Writes to the chunk that arrive between cloning and commit are not caught up (no
-        transfer-mods phase): do not move chunks under concurrent writes to them.
+        transfer-mods phase); the router running ``moveChunk`` holds its writes to the
+        namespace meanwhile (``router.writes.NamespaceGate``).
         """
         ns = req.arg
         db, coll = split_ns(ns, "moveChunk")

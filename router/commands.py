@@ -560,8 +560,15 @@ def register(router: "RouterNode") -> None:
         for k in ("find", "bounds", "to"):
             if k in req.body:
                 cmd[k] = req.body[k]
-        reply = await r.config_command(cmd)
-        await r.catalog.refresh()
+        # Hold this router's writes to the namespace during the migration, so none lands on
+        # the donor after its documents were copied (the migration has no catch-up phase).
+        gate = writes.gate_for(r, str(req.arg))
+        await gate.block()
+        try:
+            reply = await r.config_command(cmd)
+            await r.catalog.refresh()
+        finally:
+            await gate.unblock()
         return strip_reply(reply)
 
     c.register("moveChunk", move_chunk, "movechunk")

@@ -332,16 +332,69 @@ class WriteExecutor:
         return reply
 
 
+class NamespaceGate:
+    """Writes to one namespace vs. a chunk migration started through this router (the
+    router's share of the migration critical section): writes run concurrently with each other;
+    :meth:`block` waits for the writes in flight and holds new ones until :meth:`unblock`."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.blocked = 0
+        self.cond = asyncio.Condition()
+
+    async def enter(self) -> None:
+        async with self.cond:
+            await self.cond.wait_for(lambda: not self.blocked)
+            self.active += 1
+
+    async def exit(self) -> None:
+        async with self.cond:
+            self.active -= 1
+            self.cond.notify_all()
+
+    async def block(self) -> None:
+        async with self.cond:
+            self.blocked += 1
+            await self.cond.wait_for(lambda: self.active == 0)
+
+    async def unblock(self) -> None:
+        async with self.cond:
+            self.blocked -= 1
+            self.cond.notify_all()
+
+
+def gate_for(router: "RouterNode", ns: str) -> NamespaceGate:
+    gates = router.__dict__.setdefault("ns_gates", {})
+    gate = gates.get(ns)
+    if gate is None:
+        gate = gates[ns] = NamespaceGate()
+    return gate
+
+
 async def run_write(router: "RouterNode", req: Request, kind: str) -> dict[str, Any]:
     """insert/update/delete through the router (with the retryable-write cache)."""
     key = RetryCache.key(req.body)
     record = router.retry_cache.record(key) if key is not None else None
-    return await WriteExecutor(router, req, kind).execute(record)
+    gate = gate_for(router, f"{req.db}.{req.arg}")
+    await gate.enter()
+    try:
+        return await WriteExecutor(router, req, kind).execute(record)
+    finally:
+        await gate.exit()
 
 
 async def find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
     """findAndModify: to the shard owning the query's shard key, else the first shard holding
     a match; an untargetable upsert fails with ShardKeyNotFound (61)."""
+    gate = gate_for(router, f"{req.db}.{req.arg}")
+    await gate.enter()
+    try:
+        return await _find_and_modify(router, req)
+    finally:
+        await gate.exit()
+
+
+async def _find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
     key = RetryCache.key(req.body)
     if key is not None:
         cached = router.retry_cache.get(key)

@@ -292,3 +292,34 @@ def test_shard_collection_errors(router_client: pymongo.MongoClient) -> None:
     with pytest.raises(OperationFailure) as info:
         router_client.admin.command("moveChunk", "err_db.c", find={"a": 1}, to="nope")
     assert info.value.code == 70
+
+
+def test_writes_during_migrations_are_not_lost(cluster: Cluster,
+                                               router_client: pymongo.MongoClient) -> None:
+    import threading
+    admin = router_client.admin
+    admin.command("enableSharding", "mig_db", primaryShard="shard0")
+    admin.command("shardCollection", "mig_db.c", key={"x": 1})
+    admin.command("split", "mig_db.c", middle={"x": 0})
+    coll = router_client.mig_db.c
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for b in range(40):
+                coll.insert_many([{"x": (i if i % 2 else -i), "b": b} for i in range(b * 50 + 1, b * 50 + 51)])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    for to in ("shard1", "shard2", "shard0", "shard1"):
+        admin.command("moveChunk", "mig_db.c", find={"x": 1}, to=to)
+    t.join(60)
+    assert not errors
+    assert coll.count_documents({}) == 2000
+    cmap = chunk_map(router_client, "mig_db.c")
+    where = docs_by_shard(cluster, "mig_db", "c")
+    assert len(where) == 2000
+    for d in coll.find():
+        assert where[d["_id"]] == cmap.shard_for_doc(d)
