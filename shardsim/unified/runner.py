@@ -117,6 +117,8 @@ class TestContext:
     iterate_timeout: float
     clients: list[ClientEntity] = field(default_factory=list)
     failpoints: list[tuple[ClientEntity, str]] = field(default_factory=list)
+    # change streams/cursors created without saveResultAsEntity (closed at clean-up too)
+    unnamed: list[tuple[str, Any]] = field(default_factory=list)
     started_transaction: bool = False
 
     def close_client(self, ce: ClientEntity) -> None:
@@ -451,6 +453,9 @@ class Runner:
             except MatchError as exc:
                 raise MatchError(f"{exc}\nexpected: {_short(op['expectResult'], 4000)}\n"
                                  f"actual:   {_short(result.value, 4000)}") from None
+        if result.kind in ("changeStream", "findCursor", "commandCursor") \
+                and "saveResultAsEntity" not in op:
+            ctx.unnamed.append((result.kind, result.value))
         if "saveResultAsEntity" in op:
             name_ = op["saveResultAsEntity"]
             if result.kind is not None:
@@ -634,6 +639,8 @@ class Runner:
             self._disable_failpoints(ctx)
         except RunnerError:
             pass
+        for kind, obj in ctx.unnamed:
+            ops.close_cursor(obj, kind)
         for _name, kind, obj in ctx.entities.items():
             if kind in ("changeStream", "findCursor", "commandCursor"):
                 ops.close_cursor(obj, kind)

@@ -10,11 +10,8 @@ rules applied to ``replicaset``.
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import pytest
 
-from shardsim.procs import RoleProcess
 from shardsim.unified.cli import default_spec_dir, summary_line
 from shardsim.unified.runner import Runner, TestResult
 
@@ -46,17 +43,6 @@ def check(results: list[TestResult], version: tuple[int, int, int], topology: st
     passed = sum(r.status == "passed" for r in results)
     if version[:2] == (8, 0):
         assert passed == RUNNABLE_AT_8_0[topology], summary_line(results)
-
-
-@pytest.fixture
-def single_shard() -> Iterator[str]:
-    """One shard process as a one-member replica set; always stopped."""
-    shard = RoleProcess("shard", ["--port", "0", "--shard-name", "rs0"], name="shard rs0")
-    shard.start()
-    try:
-        yield f"mongodb://{shard.host}:{shard.port}/?directConnection=true"
-    finally:
-        shard.stop()
 
 
 @pytest.mark.timeout(240)

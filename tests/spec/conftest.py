@@ -1,0 +1,20 @@
+"""Fixtures for the spec-runner tests: one shard process as a one-member replica set."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from shardsim.procs import RoleProcess
+
+
+@pytest.fixture(scope="module")
+def single_shard() -> Iterator[str]:
+    """URI of one ``python -m shard`` process (directConnection); always stopped."""
+    shard = RoleProcess("shard", ["--port", "0", "--shard-name", "rs0"], name="shard rs0")
+    shard.start()
+    try:
+        yield f"mongodb://{shard.host}:{shard.port}/?directConnection=true"
+    finally:
+        shard.stop()

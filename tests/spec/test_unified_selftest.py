@@ -1,0 +1,106 @@
+"""The runner's own self-tests against one shard: the format's valid-pass examples must pass,
+and deliberately wrong expectations must FAIL (a lenient runner would pass them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shardsim.unified.cli import SHARED_SPEC_DIR
+from shardsim.unified.runner import Runner, TestResult
+
+VALID_PASS = SHARED_SPEC_DIR.parents[2] / "unified-test-format" / "tests" / "valid-pass"
+# Out of scope for shardsim: $collStats storage statistics (capped collection sizes).
+OUT_OF_SCOPE = {"collectionData-createOptions.json"}
+
+
+def run(uri: str, files: list[Path]) -> list[TestResult]:
+    with Runner(uri, iterate_timeout=3.0) as runner:
+        return runner.run_paths(files)
+
+
+@pytest.mark.skipif(not VALID_PASS.is_dir(), reason=f"no valid-pass tests at {VALID_PASS}")
+def test_valid_pass_examples(single_shard: str) -> None:
+    files = [p for p in sorted(VALID_PASS.glob("*.json")) if p.name not in OUT_OF_SCOPE]
+    results = run(single_shard, files)
+    failed = [f"{r.name}: {r.reason}" for r in results if r.status == "failed"]
+    assert not failed, "\n".join(failed)
+    assert sum(r.status == "passed" for r in results) >= 20
+
+
+def _file(tmp_path: Path, name: str, tests: list[dict], **top) -> Path:
+    doc = {
+        "description": name, "schemaVersion": "1.7",
+        "createEntities": [
+            {"client": {"id": "client0", "observeEvents": ["commandStartedEvent"],
+                        "ignoreCommandMonitoringEvents": ["killCursors"]}},
+            {"database": {"id": "db0", "client": "client0", "databaseName": "selftest"}},
+            {"collection": {"id": "coll0", "database": "db0", "collectionName": "c"}},
+        ],
+        "initialData": [{"databaseName": "selftest", "collectionName": "c", "documents": []}],
+        "tests": tests, **top,
+    }
+    p = tmp_path / f"{name}.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+STREAM = {"name": "createChangeStream", "object": "coll0", "arguments": {"pipeline": []},
+          "saveResultAsEntity": "cs"}
+INSERT = {"name": "insertOne", "object": "coll0", "arguments": {"document": {"_id": 1, "x": 1}}}
+
+
+def _iter(expect: dict) -> dict:
+    return {"name": "iterateUntilDocumentOrError", "object": "cs", "expectResult": expect}
+
+
+def test_wrong_expectations_fail(single_shard: str, tmp_path: Path) -> None:
+    good_event = {"operationType": "insert", "ns": {"db": "selftest", "coll": "c"},
+                  "fullDocument": {"_id": 1, "x": 1}, "documentKey": {"_id": 1}}
+    tests = [
+        {"description": "right", "operations": [STREAM, INSERT, _iter(good_event)],
+         "expectEvents": [{"client": "client0", "events": [
+             {"commandStartedEvent": {"commandName": "aggregate", "databaseName": "selftest",
+                                      "command": {"aggregate": "c",
+                                                  "pipeline": [{"$changeStream": {}}]}}},
+             {"commandStartedEvent": {"commandName": "insert"}}], "ignoreExtraEvents": True}]},
+        {"description": "wrong operationType",
+         "operations": [STREAM, INSERT, _iter({**good_event, "operationType": "delete"})]},
+        {"description": "extra field in nested doc",
+         "operations": [STREAM, INSERT, _iter({**good_event, "fullDocument": {"_id": 1}})]},
+        {"description": "field that must be absent",
+         "operations": [STREAM, INSERT, _iter({"fullDocument": {"$$exists": False}})]},
+        {"description": "int vs string",
+         "operations": [STREAM, INSERT, _iter({"documentKey": {"_id": "1"}})]},
+        {"description": "expected error but succeeded",
+         "operations": [{**INSERT, "expectError": {"isError": True}}]},
+        {"description": "wrong error code",
+         "operations": [{"name": "runCommand", "object": "db0",
+                         "arguments": {"commandName": "noSuchCommand",
+                                       "command": {"noSuchCommand": 1}},
+                         "expectError": {"errorCode": 1}}]},
+        {"description": "extra events not ignored",
+         "operations": [INSERT, {**INSERT, "arguments": {"document": {"_id": 2}}}],
+         "expectEvents": [{"client": "client0",
+                           "events": [{"commandStartedEvent": {"commandName": "insert"}}]}]},
+        {"description": "unsupported operation",
+         "operations": [{"name": "frobnicate", "object": "coll0"}]},
+        {"description": "unsupported argument",
+         "operations": [{"name": "insertOne", "object": "coll0",
+                         "arguments": {"document": {}, "frob": 1}}]},
+        {"description": "needs 99", "runOnRequirements": [{"minServerVersion": "99.0"}],
+         "operations": [INSERT]},
+    ]
+    results = {r.description: r for r in run(single_shard, [_file(tmp_path, "neg", tests)])}
+    assert results["right"].status == "passed", results["right"].reason
+    assert results["needs 99"].status == "skipped"
+    assert results["needs 99"].reason.startswith("needs server >= 99.0")
+    for name in ("wrong operationType", "extra field in nested doc", "field that must be absent",
+                 "int vs string", "expected error but succeeded", "wrong error code",
+                 "extra events not ignored", "unsupported operation", "unsupported argument"):
+        assert results[name].status == "failed", (name, results[name])
+    assert "unexpected field" in results["extra field in nested doc"].reason
+    assert "runner:" in results["unsupported argument"].reason
+    assert "expected server error code 1" in results["wrong error code"].reason
