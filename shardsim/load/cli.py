@@ -184,7 +184,7 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
     final = None
     if final_check:
         t = time.time()
-        final = final_from_docs({c: client[spec.db][c].find({}, batch_size=100_000)
+        final = final_from_docs({c: client[spec.db][c].find({}, batch_size=50_000)
                                  for c in spec.collection_names})
         console.print(f"read back {sum(len(v) for v in final.values()):,} documents "
                       f"({time.time() - t:.1f} s)")
