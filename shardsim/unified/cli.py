@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import click
+from pymongo.errors import PyMongoError
 
 from .runner import DEFAULT_ITERATE_TIMEOUT, Runner, TestResult
 
@@ -105,19 +106,26 @@ def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], name_filte
             raise click.ClickException(
                 f"spec directory {d} does not exist; pass --spec-dir or run `make fetch-specs`")
     started = time.monotonic()
-    with deployment(topology, uri, shards) as target:
+    with contextlib.ExitStack() as stack:
+        try:
+            target = stack.enter_context(deployment(topology, uri, shards))
+            runner = stack.enter_context(Runner(target, iterate_timeout=iterate_timeout))
+        except (RuntimeError, PyMongoError) as exc:
+            raise click.ClickException(f"cannot start or reach the deployment: {exc}") from None
         console.print(f"running unified spec tests from {', '.join(map(str, dirs))} against "
                       f"{target}")
-        with Runner(target, iterate_timeout=iterate_timeout) as runner:
-            info = runner.info
-            console.print(f"server {'.'.join(map(str, info.version))}, topology {info.topology}")
+        info = runner.info
+        console.print(f"server {'.'.join(map(str, info.version))}, topology {info.topology}")
+        if uri and info.topology != topology:
+            console.print(f"note: --topology {topology} ignored, the deployment at --uri is "
+                          f"{info.topology}")
 
-            def progress(r: TestResult) -> None:
-                mark = {"passed": ".", "failed": "F", "skipped": "s"}[r.status]
-                console.print(mark, end="")
+        def progress(r: TestResult) -> None:
+            mark = {"passed": ".", "failed": "F", "skipped": "s"}[r.status]
+            console.print(mark, end="")
 
-            results = runner.run_paths(dirs, name_filter, progress)
-            console.print()
+        results = runner.run_paths(dirs, name_filter, progress)
+        console.print()
     render_table(results, console)
     if verbose:
         for r in results:

@@ -104,3 +104,32 @@ def test_wrong_expectations_fail(single_shard: str, tmp_path: Path) -> None:
     assert "unexpected field" in results["extra field in nested doc"].reason
     assert "runner:" in results["unsupported argument"].reason
     assert "expected server error code 1" in results["wrong error code"].reason
+
+
+def test_cli_table_summary_and_exit_status(single_shard: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from shardsim.unified.cli import spec
+
+    good = {"operationType": "insert", "fullDocument": {"_id": 1, "x": 1}}
+    path = _file(tmp_path, "cli", [
+        {"description": "ok one", "operations": [STREAM, INSERT, _iter(good)]},
+        {"description": "bad one", "operations": [STREAM, INSERT,
+                                                   _iter({**good, "operationType": "update"})]},
+        {"description": "later", "runOnRequirements": [{"topologies": ["sharded"]}],
+         "operations": [INSERT]},
+    ])
+    cli = CliRunner()
+    res = cli.invoke(spec, ["--uri", single_shard, "--spec-dir", str(path), "--filter", "one",
+                            "-v"])
+    lines = res.output.rstrip("\n").splitlines()
+    assert res.exit_code == 1, res.output
+    assert lines[-1] == "1 passed, 1 failed, 0 skipped"
+    assert "actual:" in res.output  # --verbose shows the failure's actual document
+    res = cli.invoke(spec, ["--uri", single_shard, "--spec-dir", str(path), "--filter", "ok one"])
+    assert res.exit_code == 0, res.output
+    assert res.output.rstrip("\n").splitlines()[-1] == "1 passed, 0 failed, 0 skipped"
+    res = cli.invoke(spec, ["--uri", single_shard, "--spec-dir", str(path), "--filter", "later"])
+    assert res.exit_code == 0
+    assert "needs topology sharded (deployment is replicaset)" in res.output
+    assert res.output.rstrip("\n").splitlines()[-1] == "0 passed, 0 failed, 1 skipped"
