@@ -461,7 +461,7 @@ def register(node: ShardNode) -> None:
         if req.body.get("noCursorTimeout"):
             cursor.no_timeout = True
         bs = int(batch_size) if batch_size is not None else None
-        if limit and (bs is None or bs > limit):
+        if limit and ((bs is None and limit < 101) or (bs is not None and bs > limit)):
             bs = limit
         if bs == 0 and batch_size is not None:
             reply = await node.cursors.run_first_batch(_EmptyFirst(cursor), 0)

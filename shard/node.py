@@ -239,6 +239,8 @@ class ShardNode(Node):
         """Log a CRUD operation on ``coll`` (``op`` i/u/d). In a transaction the operation is
         buffered; otherwise returns the entry's ``ts``. ``pre_image`` is stored when the
         collection has changeStreamPreAndPostImages enabled."""
+        if coll.db == "local":
+            return None  # the local database is not replicated: no oplog entries
         if ctx.txn is not None:
             ctx.txn.add_op(op, coll, o, o2, pre_image if coll.pre_post_images else None)
             return None
@@ -255,7 +257,10 @@ class ShardNode(Node):
 
     def log_command(self, db: str, o: dict[str, Any], ui: Binary | None = None,
                     o2: dict[str, Any] | None = None, *, ctx: WriteContext = NO_CONTEXT) -> Timestamp:
-        """Log a DDL entry ``{op: "c", ns: "<db>.$cmd", o}``; returns its ts."""
+        """Log a DDL entry ``{op: "c", ns: "<db>.$cmd", o}``; returns its ts (the cluster time
+        without an entry for the unreplicated ``local`` database)."""
+        if db == "local":
+            return self.clock.now()
         entry = self.make_entry("c", f"{db}.$cmd", ui, o, o2,
                                 ctx=WriteContext(from_migrate=ctx.from_migrate))
         self.append_entry(entry)
