@@ -260,7 +260,63 @@ class ConfigServerNode(ShardNode):
         return {"databaseVersion": entry["version"], "primary": entry["primary"]}
 
     async def _move_primary(self, req: Request) -> dict[str, Any]:
-        raise MongoError(115, "movePrimary is not supported by shardsim")
+        """movePrimary (``move_primary_coordinator.cpp``): clone every unsharded collection of
+        the database (same UUID, options, indexes, documents, all ``fromMigrate``) to the new
+        primary, give it the sharded collections' catalog entries too, switch
+        ``config.databases.primary``, then drop the clones' sources on the old primary with
+        ``fromMigrate`` (change streams see nothing)."""
+        db, to = req.arg, req.get("to")
+        if not isinstance(db, str) or not db:
+            raise MongoError(73, f"invalid database name '{db}'")
+        if not isinstance(to, str):
+            raise MongoError(40414, "BSON field 'movePrimary.to' is missing but a required field")
+        async with self._ddl_lock:
+            found = await self.find_all("databases", {"_id": db})
+            if not found:
+                raise MongoError(26, f"Database {db} not found")
+            entry = found[0]
+            old = entry["primary"]
+            if to not in {s["_id"] for s in await self.shards()}:
+                raise MongoError(70, f"Shard {to} not found")
+            if to == old:
+                return {"primary": old}
+            sharded = {c["_id"]: c for c in await self.find_all("collections")}
+            listed = await self.on_shard(old, db, {"listCollections": 1, "cursor": {"batchSize": 1 << 30}})
+            moved: list[str] = []
+            for info in listed["cursor"]["firstBatch"]:
+                name = info["name"]
+                if info.get("type", "collection") != "collection" or name.startswith("system."):
+                    continue
+                ns = f"{db}.{name}"
+                meta = sharded.get(ns)
+                ensure: dict[str, Any] = {"_shardsimEnsureCollection": name,
+                                          "uuid": info.get("info", {}).get("uuid"),
+                                          "options": info.get("options", {}), "primary": False}
+                if meta is not None:
+                    ensure["shardKey"] = meta["key"]
+                if ensure["uuid"] is None:
+                    del ensure["uuid"]
+                await self.on_shard(to, db, ensure)
+                if meta is not None:
+                    continue  # its documents belong to chunks and stay where they are
+                idx = await self.on_shard(old, db, {"listIndexes": name, "cursor": {"batchSize": 1 << 30}})
+                specs = [i for i in idx["cursor"]["firstBatch"] if i.get("name") != "_id_"]
+                if specs:
+                    await self.on_shard(to, db, {"createIndexes": name, "indexes": specs,
+                                                 "fromMigrate": True})
+                docs = await self.shard_find_all(old, db, name)
+                for i in range(0, len(docs), 1000):
+                    await self.on_shard(to, db, {"insert": name, "documents": docs[i:i + 1000],
+                                                 "ordered": False, "fromMigrate": True})
+                moved.append(name)
+            version = dict(entry.get("version") or {})
+            version["lastMod"] = int(version.get("lastMod", 1)) + 1
+            version["timestamp"] = self.clock.now()
+            await self.update("databases", {"_id": db}, {"$set": {"primary": to, "version": version}})
+            for name in moved:
+                await self.on_shard(old, db, {"drop": name, "fromMigrate": True})
+            log.info("moved primary of %s from %s to %s (%d collections)", db, old, to, len(moved))
+            return {"primary": to}
 
     # -- shardCollection --------------------------------------------------------------------
     async def _shard_collection(self, req: Request) -> dict[str, Any]:

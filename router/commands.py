@@ -575,7 +575,17 @@ def register(router: "RouterNode") -> None:
 
     async def move_primary(req: Request) -> dict[str, Any]:
         admin_only(req)
-        reply = await r.config_command({"_configsvrMovePrimary": req.arg, "to": req.get("to")})
+        cmd: dict[str, Any] = {"_configsvrMovePrimary": req.arg}
+        if "to" in req.body:
+            cmd["to"] = req.body["to"]
+        # Hold this router's writes to the database while its collections are copied.
+        gate = writes.gate_for(r, str(req.arg))
+        await gate.block()
+        try:
+            reply = await r.config_command(cmd)
+            await r.catalog.refresh()
+        finally:
+            await gate.unblock()
         return strip_reply(reply)
 
     c.register("movePrimary", move_primary, "moveprimary")

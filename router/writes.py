@@ -333,7 +333,8 @@ class WriteExecutor:
 
 
 class NamespaceGate:
-    """Writes to one namespace vs. a chunk migration started through this router (the
+    """Writes to one namespace (or database) vs. a chunk migration / movePrimary started
+    through this router (the
     router's share of the migration critical section): writes run concurrently with each other;
     :meth:`block` waits for the writes in flight and holds new ones until :meth:`unblock`."""
 
@@ -375,23 +376,31 @@ async def run_write(router: "RouterNode", req: Request, kind: str) -> dict[str, 
     """insert/update/delete through the router (with the retryable-write cache)."""
     key = RetryCache.key(req.body)
     record = router.retry_cache.record(key) if key is not None else None
-    gate = gate_for(router, f"{req.db}.{req.arg}")
-    await gate.enter()
+    db_gate, gate = gate_for(router, req.db), gate_for(router, f"{req.db}.{req.arg}")
+    await db_gate.enter()
     try:
-        return await WriteExecutor(router, req, kind).execute(record)
+        await gate.enter()
+        try:
+            return await WriteExecutor(router, req, kind).execute(record)
+        finally:
+            await gate.exit()
     finally:
-        await gate.exit()
+        await db_gate.exit()
 
 
 async def find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
     """findAndModify: to the shard owning the query's shard key, else the first shard holding
     a match; an untargetable upsert fails with ShardKeyNotFound (61)."""
-    gate = gate_for(router, f"{req.db}.{req.arg}")
-    await gate.enter()
+    db_gate, gate = gate_for(router, req.db), gate_for(router, f"{req.db}.{req.arg}")
+    await db_gate.enter()
     try:
-        return await _find_and_modify(router, req)
+        await gate.enter()
+        try:
+            return await _find_and_modify(router, req)
+        finally:
+            await gate.exit()
     finally:
-        await gate.exit()
+        await db_gate.exit()
 
 
 async def _find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:

@@ -323,3 +323,30 @@ def test_writes_during_migrations_are_not_lost(cluster: Cluster,
     assert len(where) == 2000
     for d in coll.find():
         assert where[d["_id"]] == cmap.shard_for_doc(d)
+
+
+def test_move_primary_moves_unsharded_collections_quietly(
+        cluster: Cluster, router_client: pymongo.MongoClient) -> None:
+    admin = router_client.admin
+    admin.command("enableSharding", "mp_db", primaryShard="shard0")
+    db = router_client.mp_db
+    db.a.insert_many([{"_id": i, "v": i} for i in range(100)])
+    db.a.create_index("v")
+    admin.command("shardCollection", "mp_db.s", key={"_id": "hashed"})
+    uuid_a = next(db.list_collections(filter={"name": "a"}))["info"]["uuid"]
+    admin.command("movePrimary", "mp_db", to="shard1")
+    assert router_client.config.databases.find_one({"_id": "mp_db"})["primary"] == "shard1"
+    assert docs_by_shard(cluster, "mp_db", "a") == {i: "shard1" for i in range(100)}
+    with direct(cluster.shard("shard1")) as c:
+        assert next(c.mp_db.list_collections(filter={"name": "a"}))["info"]["uuid"] == uuid_a
+        assert "v_1" in c.mp_db.a.index_information()
+        assert "s" in c.mp_db.list_collection_names()
+    db.a.insert_one({"_id": 100})
+    assert docs_by_shard(cluster, "mp_db", "a")[100] == "shard1"
+    assert db.a.count_documents({}) == 101
+    # Nothing of the move is visible to change streams.
+    for proc in cluster.shards[:2]:
+        moved = oplog(proc, {"ns": {"$in": ["mp_db.a", "mp_db.$cmd"]}, "$or": [
+            {"op": "i", "o._id": {"$lt": 100}, "fromMigrate": True},
+            {"op": "c", "o.drop": "a"}]})
+        assert all(e.get("fromMigrate") for e in moved) and moved
