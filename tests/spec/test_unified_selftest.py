@@ -133,3 +133,23 @@ def test_cli_table_summary_and_exit_status(single_shard: str, tmp_path: Path) ->
     assert res.exit_code == 0
     assert "needs topology sharded (deployment is replicaset)" in res.output
     assert res.output.rstrip("\n").splitlines()[-1] == "0 passed, 0 failed, 1 skipped"
+
+
+@pytest.mark.parametrize("topology", ["replicaset", "sharded"])
+def test_cli_starts_and_stops_its_own_deployment(topology: str, tmp_path: Path) -> None:
+    """Without --uri, `shardsim spec` starts the deployment itself and leaves nothing running."""
+    from click.testing import CliRunner
+
+    from shardsim.unified.cli import spec
+
+    path = _file(tmp_path, "own", [
+        {"description": "insert", "operations": [
+            INSERT, {"name": "find", "object": "coll0", "arguments": {"filter": {}},
+                     "expectResult": [{"_id": 1, "x": 1}]}]},
+        {"description": "topology", "runOnRequirements": [{"topologies": [topology]}],
+         "operations": []},
+    ])
+    res = CliRunner().invoke(spec, ["--topology", topology, "--spec-dir", str(path)])
+    assert res.exit_code == 0, res.output
+    assert f"topology {topology}" in res.output
+    assert res.output.rstrip("\n").splitlines()[-1] == "2 passed, 0 failed, 0 skipped"
