@@ -50,6 +50,7 @@ class Run:
     idx: list[int] = field(default_factory=list)
     ops: list[Any] = field(default_factory=list)
     broadcast: bool = False
+    key_update: bool = False  # a single update that may change the shard key's owner
 
 
 class RetryCache:
@@ -138,12 +139,6 @@ class WriteExecutor:
         q = op.get("q", {}) if isinstance(op, dict) else {}
         multi = op.get("multi", False) if self.kind == "update" else op.get("limit", 0) == 0
         key = info.pattern.key_of_query(q)
-        if key is None and self.kind == "update" and not multi and _is_replacement(op.get("u")):
-            try:
-                key = info.pattern.key_of_doc(op["u"]) if all(
-                    f.split(".")[0] in op["u"] for f in info.pattern.fields) else None
-            except MongoError:
-                key = None
         if key is not None:
             return [info.chunks.find(key).shard], False
         if multi:
@@ -171,8 +166,80 @@ class WriteExecutor:
             cmd["fromMigrate"] = True
         return cmd
 
+    def touches_key(self, op: Any) -> bool:
+        """True for a single (non-multi) update of a sharded collection that may change the
+        document's shard key (replacement, pipeline, or an operator on a key path)."""
+        if self.kind != "update" or self.in_txn or not isinstance(op, dict) or op.get("multi"):
+            return False
+        info = self.router.catalog.collection(self.ns)
+        if info is None:
+            return False
+        u = op.get("u")
+        if isinstance(u, list) or _is_replacement(u):
+            return True
+        if not isinstance(u, dict):
+            return False
+        fields = info.pattern.fields
+        for oper, arg in u.items():
+            if not isinstance(arg, dict):
+                continue
+            for path, val in arg.items():
+                paths = [path, val] if oper == "$rename" and isinstance(val, str) else [path]
+                for p in paths:
+                    if any(p == f or p.startswith(f + ".") or f.startswith(p + ".") for f in fields):
+                        return True
+        return False
+
     async def _send(self, run: Run) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Run one child batch; returns (totals, writeErrors with client indexes)."""
+        if run.key_update:
+            return await self._send_key_update(run)
+        return await self._send_plain(run)
+
+    async def _send_key_update(self, run: Run) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """An update that moves its document to another shard (``WouldChangeOwningShard`` on
+        the server, handled by mongos as delete + insert): delete on the current owner and
+        insert the updated document on the new one. Requires a retryable write, like mongos
+        ("Must run update to shard key field in a multi-statement transaction or with
+        retryWrites: true", IllegalOperation 20)."""
+        from shard.query import apply_update
+        i, op, shard = run.idx[0], run.ops[0], run.shards[0]
+        info = self.router.catalog.collection(self.ns)
+        plain = Run(run.shards, run.idx, run.ops)
+        find: dict[str, Any] = {"find": self.coll, "filter": op.get("q", {}), "limit": 1,
+                                "singleBatch": True}
+        for k in ("collation", "hint", "sort"):
+            if k in op:
+                find[k] = op[k]
+        docs = (await self.router.shard_command(shard, self.db, find))["cursor"]["firstBatch"]
+        if info is None or not docs:
+            return await self._send_plain(plain)
+        pre = docs[0]
+        try:
+            post = apply_update(pre, op.get("u"), op.get("q", {}))
+            owner = info.chunks.shard_for_doc(post)
+        except MongoError:
+            return await self._send_plain(plain)
+        if owner == shard:
+            return await self._send_plain(plain)
+        if "txnNumber" not in self.req.body:
+            return ({"n": 0, "nModified": 0, "upserted": []},
+                    [{"index": i, "code": 20, "codeName": "IllegalOperation",
+                      "errmsg": "Must run update to shard key field in a multi-statement "
+                                "transaction or with retryWrites: true."}])
+        await self.router.shard_command(shard, self.db, {
+            "delete": self.coll, "deletes": [{"q": {"_id": pre["_id"]}, "limit": 1}]})
+        try:
+            await self.router.shard_command(owner, self.db, {"insert": self.coll,
+                                                             "documents": [post]})
+        except MongoError as exc:
+            await self.router.shard_command(shard, self.db, {"insert": self.coll, "documents": [pre]})
+            return ({"n": 0, "nModified": 0, "upserted": []},
+                    [{"index": i, "code": exc.code, "codeName": exc.code_name,
+                      "errmsg": exc.errmsg}])
+        return {"n": 1, "nModified": 1, "upserted": []}, []
+
+    async def _send_plain(self, run: Run) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         cmd = self._child_command(run)
         totals = {"n": 0, "nModified": 0, "upserted": []}
         errors: list[dict[str, Any]] = []
@@ -244,19 +311,21 @@ class WriteExecutor:
                 if t is None:
                     break
                 i, shards, broadcast = t
-                if runs and not broadcast and not runs[-1].broadcast and runs[-1].shards == shards:
+                special = not broadcast and self.touches_key(ops[i])
+                if runs and not broadcast and not special and not runs[-1].broadcast and \
+                        not runs[-1].key_update and runs[-1].shards == shards:
                     runs[-1].idx.append(i)
                     runs[-1].ops.append(ops[i])
                 else:
-                    runs.append(Run(shards, [i], [ops[i]], broadcast))
+                    runs.append(Run(shards, [i], [ops[i]], broadcast, special))
         else:
             by_shard: dict[str, Run] = {}
             for t in targets:
                 if t is None:
                     continue
                 i, shards, broadcast = t
-                if broadcast:
-                    runs.append(Run(shards, [i], [ops[i]], True))
+                if broadcast or self.touches_key(ops[i]):
+                    runs.append(Run(shards, [i], [ops[i]], broadcast, not broadcast))
                 else:
                     run = by_shard.setdefault(shards[0], Run(shards))
                     run.idx.append(i)

@@ -79,3 +79,35 @@ def test_bad_input_gets_server_errors(router_client: pymongo.MongoClient) -> Non
         router_client.bad_db.command("noSuchCommand")
     assert info.value.code == 59
     assert admin.command("ping")["ok"] == 1.0
+
+
+def test_update_changing_the_owning_shard_moves_the_document(cluster, router_client) -> None:
+    admin = router_client.admin
+    admin.command("shardCollection", "skey_db.c", key={"x": 1})
+    admin.command("split", "skey_db.c", middle={"x": 0})
+    admin.command("moveChunk", "skey_db.c", find={"x": 5}, to="shard1")
+    admin.command("moveChunk", "skey_db.c", find={"x": -5}, to="shard2")
+    coll = router_client.skey_db.c
+    coll.insert_many([{"_id": 1, "x": 5}, {"_id": 2, "x": 6}])
+
+    def holder(_id: int) -> str:
+        for proc in cluster.shards:
+            with pymongo.MongoClient(f"mongodb://{proc.address}/?directConnection=true") as c:
+                if c.skey_db.c.find_one({"_id": _id}):
+                    return proc.name
+        return "nowhere"
+
+    assert holder(1) == "shard1"
+    res = coll.update_one({"x": 5}, {"$set": {"x": -5}})  # retryable write (pymongo default)
+    assert (res.matched_count, res.modified_count) == (1, 1)
+    assert holder(1) == "shard2" and coll.find_one({"_id": 1}) == {"_id": 1, "x": -5}
+    coll.replace_one({"_id": 2}, {"x": -6, "r": 1})
+    assert holder(2) == "shard2" and coll.find_one({"_id": 2}) == {"_id": 2, "x": -6, "r": 1}
+    # Same-shard key changes are plain updates.
+    coll.update_one({"x": -6}, {"$set": {"x": -7}})
+    assert holder(2) == "shard2"
+    with pymongo.MongoClient(cluster.router_uri, retryWrites=False) as plain:
+        with pytest.raises(pymongo.errors.WriteError) as info:
+            plain.skey_db.c.update_one({"x": -5}, {"$set": {"x": 50}})
+        assert info.value.code == 20
+    assert coll.count_documents({}) == 2
