@@ -88,3 +88,29 @@ def test_add_shard_later_move_chunk_and_remove_shard(cluster_factory) -> None:
         assert client.grow.c.count_documents({}) == 100
     finally:
         client.close()
+
+
+def test_config_server_and_router_restarts(cluster_factory) -> None:
+    cluster = cluster_factory(shards=2, durable=True)
+    client = pymongo.MongoClient(cluster.router_uri, serverSelectionTimeoutMS=10000)
+    try:
+        client.admin.command("shardCollection", "rs.c", key={"_id": "hashed"})
+        client.rs.c.insert_many([{"_id": i} for i in range(100)])
+        cluster.config.kill()
+        # The router keeps routing with its cached catalog ...
+        client.rs.c.insert_many([{"_id": i} for i in range(100, 200)])
+        assert client.rs.c.count_documents({}) == 200
+        # ... while catalog commands fail with a network error.
+        with pytest.raises(OperationFailure) as info:
+            client.admin.command("listShards")
+        assert info.value.code in NETWORK_CODES
+        cluster.restart(cluster.config)  # durable catalog comes back
+        assert [s["_id"] for s in client.admin.command("listShards")["shards"]] == ["shard0", "shard1"]
+        cluster.router.kill()
+        cluster.restart(cluster.router)  # a new router loads the catalog at start
+        client.rs.c.insert_one({"_id": 200})
+        assert client.rs.c.count_documents({}) == 201
+        entry = client.config.collections.find_one({"_id": "rs.c"})
+        assert entry["key"] == {"_id": "hashed"}
+    finally:
+        client.close()
