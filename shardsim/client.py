@@ -86,6 +86,11 @@ class Connection:
             raise remote_error(reply)
         return reply
 
+    def peer_closed(self) -> bool:
+        """True once the server closed an idle connection (EOF or error seen by the reader)."""
+        r = self._reader
+        return r is not None and (r.at_eof() or r.exception() is not None)
+
     def close(self) -> None:
         self.broken = True
         if self._writer is not None:
@@ -124,8 +129,9 @@ class Pool:
     async def acquire(self) -> Connection:
         while self._idle:
             conn = self._idle.pop()
-            if not conn.broken:
+            if not conn.broken and not conn.peer_closed():
                 return conn
+            conn.close()  # e.g. the server restarted while the connection sat idle
         conn = Connection(self.host, self.port)
         await conn.connect()
         return conn
