@@ -208,7 +208,7 @@ def register(node: ShardNode) -> None:
         for key, doc in q.select(coll, filt):
             new = q.apply_update(doc, upd, filt)
             matched += 1
-            if not q.same(doc, new):
+            if not q.is_noop(doc, new, upd):
                 apply_replace(coll, key, doc, new, upd, ctx)
                 modified += 1
             if not multi:
@@ -375,7 +375,7 @@ def register(node: ShardNode) -> None:
             elif candidates:
                 key, doc = candidates[0]
                 new = q.apply_update(doc, upd, filt)
-                if not q.same(doc, new):
+                if not q.is_noop(doc, new, upd):
                     apply_replace(coll, key, doc, new, upd, ctx)
                 value = new if new_opt else doc
                 leo = {"n": 1, "updatedExisting": True}

@@ -384,6 +384,19 @@ def same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def is_noop(pre: dict[str, Any], post: dict[str, Any], update: Any) -> bool:
+    """Whether mongod would treat the update as a no-op (no write, no oplog entry, nModified 0).
+
+    Operators and pipelines: the result is BSON-identical to the original. Replacements: only
+    when the replacement as sent (with its ``_id``) is binary-equal to the original document
+    (``ObjectReplaceExecutor::applyReplacementUpdate``); a replacement without ``_id`` always
+    writes.
+    """
+    if isinstance(update, dict) and (not update or not next(iter(update)).startswith("$")):
+        return "_id" in update and same(pre, update)
+    return same(pre, post)
+
+
 def update_paths(update: dict[str, Any]) -> tuple[list[tuple[str, ...]], set[tuple[str, ...]]]:
     """The paths an operator update touches (split on dots) and the ``$push``/``$addToSet``
     targets (logged as appended elements when the array only grew)."""

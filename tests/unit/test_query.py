@@ -66,6 +66,16 @@ def test_noop_update_produces_identical_document():
     assert post == pre and post is not pre
 
 
+def test_noop_rules_follow_mongod():
+    from shard.query import is_noop
+    pre = {"_id": 1, "v": -1}
+    # A replacement without _id always writes (ObjectReplaceExecutor compares with _id).
+    assert not is_noop(pre, apply_update(pre, {"v": -1}, {}), {"v": -1})
+    assert is_noop(pre, apply_update(pre, {"_id": 1, "v": -1}, {}), {"_id": 1, "v": -1})
+    assert is_noop(pre, apply_update(pre, {"$set": {"v": -1}}, {}), {"$set": {"v": -1}})
+    assert not is_noop(pre, apply_update(pre, {"$set": {"v": -1.0}}, {}), {"$set": {"v": -1.0}})
+
+
 def test_type_change_is_an_update():
     _, o = diff_of({"_id": 1, "a": 1}, {"$set": {"a": 1.0}})
     assert o["diff"] == {"u": {"a": 1.0}}
