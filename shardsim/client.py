@@ -147,6 +147,13 @@ class Pool:
         conn = await self.acquire()
         try:
             return await conn.command(db, cmd, **kw)
+        except MongoError:
+            if conn.broken:
+                # A network error means the peer went away (e.g. restarted): its other idle
+                # connections are dead too, so drop them all, as mongos' pool does on a
+                # network error (ConnectionPool::dropConnections), instead of failing once each.
+                self.close()
+            raise
         finally:
             self.release(conn)
 
