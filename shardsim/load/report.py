@@ -10,6 +10,7 @@ sampled (cluster time has 1 s resolution, so ~0.5 s is the floor for a busy shar
 from __future__ import annotations
 
 import json
+import math
 from array import array
 from typing import Any, Sequence
 
@@ -23,7 +24,7 @@ def percentile(sorted_vals: Sequence[float], q: float) -> float | None:
     """Nearest-rank percentile ``q`` in [0, 100] of already sorted values (None if empty)."""
     if not sorted_vals:
         return None
-    k = min(len(sorted_vals) - 1, max(0, int(round(q / 100 * len(sorted_vals) + 0.5)) - 1))
+    k = min(len(sorted_vals) - 1, max(0, math.ceil(q / 100 * len(sorted_vals)) - 1))
     return sorted_vals[k]
 
 
