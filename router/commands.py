@@ -95,33 +95,29 @@ def register(router: "RouterNode") -> None:
             shard = r.read_primary(ns.split(".", 1)[0])
             shards = [shard] if shard else []
         else:
-            key = info.pattern.key_of_query(filt if isinstance(filt, dict) else {})
-            shards = [info.chunks.find(key).shard] if key is not None else info.chunks.shards()
+            shards = info.chunks.shards_for_query(filt if isinstance(filt, dict) else {})
         if req.get("autocommit") is False and shards:
-            if len(shards) > 1:
-                current = r._txns.get(txn_key(req))  # type: ignore[attr-defined]
-                if current in shards:
-                    shards = [current]
             await txn_participant(req, set(shards))
         return shards
 
     async def config_read(req: Request, cursor_field: str | None) -> dict[str, Any]:
-        """Reads of the ``config`` database are answered by the config server (as on mongos)."""
+        """Reads of the ``config`` and ``admin`` databases are answered by the config server
+        (as on mongos)."""
         body = forwardable(req.body)
         if cursor_field is None:
-            return strip(await r.config_command(body, db="config"))
+            return strip(await r.config_command(body, db=req.db))
         batch_size = body.get("batchSize") if cursor_field == "find" else (body.get("cursor") or {}).get("batchSize")
         if cursor_field == "find":
             body["batchSize"] = BIG_BATCH
         else:
             body["cursor"] = {"batchSize": BIG_BATCH}
-        reply = await r.config_command(body, db="config")
+        reply = await r.config_command(body, db=req.db)
         cur = reply["cursor"]
         docs = list(cur["firstBatch"])
         coll = cur["ns"].split(".", 1)[1]
         while cur["id"]:
             reply = await r.config_command({"getMore": cur["id"], "collection": coll,
-                                            "batchSize": BIG_BATCH}, db="config")
+                                            "batchSize": BIG_BATCH}, db=req.db)
             cur = reply["cursor"]
             docs.extend(cur["nextBatch"])
         return await r.cursor_reply(cur["ns"], docs, req, batch_size, bool(req.get("singleBatch")))
@@ -161,7 +157,7 @@ def register(router: "RouterNode") -> None:
     # -- reads ----------------------------------------------------------------------------
     async def find(req: Request) -> dict[str, Any]:
         db, coll = _ns(req)
-        if db == "config":
+        if db in ("config", "admin"):
             return await config_read(req, "find")
         ns = f"{db}.{coll}"
         filt = req.get("filter") or {}
@@ -214,7 +210,7 @@ def register(router: "RouterNode") -> None:
 
     async def count(req: Request) -> dict[str, Any]:
         db, coll = _ns(req)
-        if db == "config":
+        if db in ("config", "admin"):
             return await config_read(req, None)
         ns = f"{db}.{coll}"
         query = req.get("query") or {}
@@ -241,7 +237,7 @@ def register(router: "RouterNode") -> None:
 
     async def distinct(req: Request) -> dict[str, Any]:
         db, coll = _ns(req)
-        if db == "config":
+        if db in ("config", "admin"):
             return await config_read(req, None)
         ns = f"{db}.{coll}"
         shards = await read_targets(req, ns, req.get("query") or {})
@@ -288,7 +284,7 @@ def register(router: "RouterNode") -> None:
             _, docs = await r.drain(shard, db, body, session=session_fields(req))
             return await r.cursor_reply(ns, docs, req, batch_size)
         db, coll = _ns(req)
-        if db == "config":
+        if db in ("config", "admin"):
             return await config_read(req, "aggregate")
         ns = f"{db}.{coll}"
         first_match = pipeline[0].get("$match") if pipeline and isinstance(pipeline[0], dict) else None
@@ -346,7 +342,7 @@ def register(router: "RouterNode") -> None:
         ns = f"{db}.$cmd.listCollections"
         batch_size = (req.get("cursor") or {}).get("batchSize")
         shard = r.read_primary(db) if db != "config" else None
-        if db == "config":
+        if db in ("config", "admin"):
             return await config_read(req, "listCollections")
         if shard is None:
             return await r.cursor_reply(ns, [], req, batch_size)
@@ -359,7 +355,7 @@ def register(router: "RouterNode") -> None:
 
     async def list_indexes(req: Request) -> dict[str, Any]:
         db, coll = _ns(req)
-        if db == "config":
+        if db in ("config", "admin"):
             return await config_read(req, "listIndexes")
         ns = f"{db}.{coll}"
         batch_size = (req.get("cursor") or {}).get("batchSize")

@@ -356,6 +356,60 @@ class ChunkMap:
     def shard_for_doc(self, doc: Any) -> str:
         return self.find(self.pattern.key_of_doc(doc)).shard
 
+    def shards_for_query(self, query: Any) -> list[str]:
+        """Shards whose chunks may hold documents matching ``query`` (mongos'
+        ``getShardIdsForQuery``, simplified): the full shard key by equality -> one chunk; an
+        equality, ``$in`` or range (``$gt/$gte/$lt/$lte``) on the first key field -> the chunks
+        overlapping it; anything else -> every owner."""
+        key = self.pattern.key_of_query(query)
+        if key is not None:
+            return [self.find(key).shard]
+        first = self.pattern.fields[0]
+        if not isinstance(query, dict) or first not in query:
+            return self.shards()
+        cond = query[first]
+        hashed = first in self.pattern.hashed
+        # (lo, hi, hi_inclusive) on the first key field
+        intervals: list[tuple[Any, Any, bool]] = []
+        if isinstance(cond, dict) and cond and all(str(k).startswith("$") for k in cond):
+            if set(cond) <= {"$in"} and isinstance(cond.get("$in"), list):
+                for v in cond["$in"]:
+                    if isinstance(v, (dict, list, Regex)):
+                        return self.shards()
+                    p = hash64(v) if hashed else v
+                    intervals.append((p, p, True))
+            elif not hashed and set(cond) <= {"$gt", "$gte", "$lt", "$lte", "$eq"}:
+                lo: Any = MinKey()
+                hi: Any = MaxKey()
+                hi_incl = True
+                for op, v in cond.items():
+                    if isinstance(v, (dict, list, Regex)):
+                        return self.shards()
+                    if op in ("$gt", "$gte", "$eq") and compare(v, lo) > 0:
+                        lo = v
+                    if op in ("$lt", "$lte", "$eq") and compare(v, hi) <= 0:
+                        hi_incl = op != "$lt" if compare(v, hi) < 0 else (hi_incl and op != "$lt")
+                        hi = v
+                intervals.append((lo, hi, hi_incl))
+            else:
+                return self.shards()
+        elif isinstance(cond, (list, Regex, dict)):
+            return self.shards()
+        else:
+            p = hash64(cond) if hashed else cond
+            intervals.append((p, p, True))
+        # With a compound key a bound's first field does not split keys exactly: be inclusive.
+        exact = len(self.pattern.fields) == 1
+        out: dict[str, None] = {}
+        for c in self.chunks:
+            for lo, hi, hi_incl in intervals:
+                above_lo = compare(c.max[0], lo) > 0 if exact else compare(c.max[0], lo) >= 0
+                below_hi = compare(c.min[0], hi) < 0 if (exact and not hi_incl) \
+                    else compare(c.min[0], hi) <= 0
+                if above_lo and below_hi:
+                    out.setdefault(c.shard, None)
+        return list(out) or [self.chunks[0].shard]
+
     def shards(self) -> list[str]:
         seen: dict[str, None] = {}
         for c in self.chunks:

@@ -141,6 +141,7 @@ class WriteExecutor:
         key = info.pattern.key_of_query(q)
         if key is not None:
             return [info.chunks.find(key).shard], False
+        owners = info.chunks.shards_for_query(q)
         if multi:
             return owners, True
         if self.kind == "update" and op.get("upsert"):

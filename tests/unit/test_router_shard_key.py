@@ -68,3 +68,20 @@ def test_chunk_map_finds_the_owning_chunk() -> None:
     assert [cmap.find((v,)).shard for v in (-1, 9.5, 10, 19, 20, "str", None)] == \
         ["s0", "s0", "s1", "s1", "s2", "s2", "s0"]
     assert cmap.shards() == ["s0", "s1", "s2"]
+
+
+def test_shards_for_query_targets_ranges_and_in() -> None:
+    kp = KeyPattern.parse({"x": 1})
+    cmap = ChunkMap(kp, [Chunk((MinKey(),), (10,), "s0"), Chunk((10,), (20,), "s1"),
+                         Chunk((20,), (MaxKey(),), "s2")])
+    assert cmap.shards_for_query({"x": 15}) == ["s1"]
+    assert cmap.shards_for_query({"x": {"$gt": 12}}) == ["s1", "s2"]
+    assert cmap.shards_for_query({"x": {"$gte": 10, "$lt": 20}}) == ["s1"]
+    assert cmap.shards_for_query({"x": {"$lte": 10}}) == ["s0", "s1"]
+    assert cmap.shards_for_query({"x": {"$in": [1, 25]}}) == ["s0", "s2"]
+    assert cmap.shards_for_query({"x": {"$ne": 1}}) == ["s0", "s1", "s2"]
+    assert cmap.shards_for_query({"y": 1}) == ["s0", "s1", "s2"]
+    hk = KeyPattern.parse({"x": "hashed"})
+    hmap = ChunkMap(hk, [Chunk((MinKey(),), (Int64(0),), "a"), Chunk((Int64(0),), (MaxKey(),), "b")])
+    assert hmap.shards_for_query({"x": 42}) == [hmap.find((hash64(42),)).shard]
+    assert hmap.shards_for_query({"x": {"$gt": 1}}) == ["a", "b"]
