@@ -121,6 +121,29 @@ class Cluster:
         os.makedirs(path, exist_ok=True)
         return ["--dbpath", path]
 
+    # A durable cluster keeps its ports: the catalog (config.shards) names shards by address.
+    def _ports_file(self) -> str:
+        return os.path.join(self.base_dir, "data", "ports.json")
+
+    def _saved_port(self, name: str) -> str:
+        if not self.durable:
+            return "0"
+        try:
+            with open(self._ports_file()) as f:
+                port = int(json.load(f).get(name, 0))
+        except (OSError, ValueError):
+            return "0"
+        if port and port_in_use(port, self.host):
+            raise ClusterError(f"port {port} of {name} (kept in {self._ports_file()}) is "
+                               f"already in use on {self.host}")
+        return str(port)
+
+    def _save_ports(self) -> None:
+        if self.durable:
+            os.makedirs(os.path.dirname(self._ports_file()), exist_ok=True)
+            with open(self._ports_file(), "w") as f:
+                json.dump({p.name: p.port for p in self.processes if p is not self.router}, f)
+
     def _start(self, proc: RoleProcess) -> RoleProcess:
         try:
             proc.start(self.start_timeout)
@@ -138,7 +161,8 @@ class Cluster:
                 raise ClusterError(f"port {self.port} is already in use on {self.host}: stop "
                                    f"whatever listens there or choose another --port")
             self.config = self._start(self._proc(
-                "configsvr", ["--port", "0", "--host", self.host, *self._dbpath("config")],
+                "configsvr", ["--port", self._saved_port("configsvr"), "--host", self.host,
+                              *self._dbpath("config")],
                 "configsvr"))
             for _ in range(self.num_shards):
                 self._start_shard()
@@ -147,6 +171,7 @@ class Cluster:
                            "--configdb", self.config.address], "router"))
             for shard in self.shards:
                 self._add_shard(shard)
+            self._save_ports()
         except BaseException:
             self.stop()
             raise
@@ -155,7 +180,8 @@ class Cluster:
     def _start_shard(self) -> RoleProcess:
         name = f"shard{self._next_shard}"
         self._next_shard += 1
-        proc = self._proc("shard", ["--port", "0", "--host", self.host, "--shard-name", name,
+        proc = self._proc("shard", ["--port", self._saved_port(name), "--host", self.host,
+                                    "--shard-name", name,
                                     *self._dbpath(name), *self.shard_args], name)
         self.shards.append(proc)
         return self._start(proc)
@@ -181,6 +207,7 @@ class Cluster:
         """Start one more shard and add it to the cluster; returns its name."""
         proc = self._start_shard()
         self._add_shard(proc)
+        self._save_ports()
         return proc.name
 
     def shard(self, name: str) -> RoleProcess:

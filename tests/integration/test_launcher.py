@@ -114,3 +114,17 @@ def test_cluster_context_manager_durable(tmp_path) -> None:
         procs = cluster.processes
     assert not any(p.alive() for p in procs)
     assert (base / "data" / "shard0").is_dir()
+
+
+def test_durable_cluster_restarts_with_its_data(tmp_path) -> None:
+    base = str(tmp_path / "d")
+    with Cluster(shards=2, base_dir=base, durable=True) as cluster:
+        with pymongo.MongoClient(cluster.router_uri) as c:
+            c.admin.command("shardCollection", "keep.c", key={"_id": "hashed"})
+            c.keep.c.insert_many([{"_id": i} for i in range(50)])
+        ports = {p.name: p.port for p in cluster.shards}
+    with Cluster(shards=2, base_dir=base, durable=True) as cluster:
+        assert {p.name: p.port for p in cluster.shards} == ports
+        with pymongo.MongoClient(cluster.router_uri) as c:
+            assert c.keep.c.count_documents({}) == 50
+            assert c.config.collections.find_one({"_id": "keep.c"})["key"] == {"_id": "hashed"}
