@@ -39,7 +39,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from router.merger import (CONFIG_SHARDS_NS, ChangeStreamMerge, Item, Merger, NewShard, Remote,
-                           item_from_raw_event)
+                           item_from_raw_event, token_ts_key)
 from router.remote import gossip_command, track_operation_time
 from shardsim.client import RAW_CODEC
 from shardsim.clock import ts_add_ticks, ts_key
@@ -138,6 +138,7 @@ class RouterChangeStream:
         self.closed = False
         self.op_time: Timestamp | None = None
         self.remote_await_ms = DEFAULT_AWAIT_MS
+        self.nudged: dict[int, int] = {}  # remote id -> router time it was last short-polled for
 
     # -- opening -------------------------------------------------------------------------------
     def _shard_command(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -235,9 +236,19 @@ class RouterChangeStream:
         # a fresh promise without a long await (they carry our newer $clusterTime), instead of
         # letting them sit out a full await period. Latency only; the merge rule is unchanged.
         blocked = any(r.buffer for r in self.merger.remotes)
+        # A remote whose promise is older than the router's cluster time can promise more right
+        # away (our getMore gossips that time to it): ask once without a long await, so a write
+        # the router has seen does not wait for idle shards' await periods.
+        now_key = ts_key(self.router.clock.now())
         for r in polls:
+            short = blocked
+            if not short and r.promise is not None:
+                pts = token_ts_key(r.promise[0])
+                if pts is not None and pts < now_key and self.nudged.get(r.rid) != now_key:
+                    self.nudged[r.rid] = now_key
+                    short = True
             r.in_flight = True
-            asyncio.get_running_loop().create_task(self._remote_getmore(r, blocked),
+            asyncio.get_running_loop().create_task(self._remote_getmore(r, short),
                                                    context=contextvars.Context())
 
     async def _remote_getmore(self, r: Remote, blocked: bool = False) -> None:
@@ -374,6 +385,7 @@ class RouterChangeStreamCursor(Cursor):
         last_token: Any = None
         command = "aggregate" if first else "getMore"
         while len(out) < limit:
+            st.wake.clear()  # before looking: a reply arriving from now on wakes the wait below
             try:
                 x = merge.next()
             except MongoError as exc:
@@ -406,7 +418,6 @@ class RouterChangeStreamCursor(Cursor):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or st.closed:
                 break
-            st.wake.clear()
             if merge.merger.ready():
                 continue
             try:

@@ -354,6 +354,7 @@ class Merger:
         remote.in_flight = False
         remote.cursor_id = int(cursor_id)
         remote.invalidated = invalidated
+        old_promise = remote.promise
         if pbrt is not None:
             new_key = token_key(pbrt)
             eligible = self._check_eligibility(new_key, remote, bool(items))
@@ -363,6 +364,12 @@ class Merger:
                 return
             remote.eligible = eligible
             remote.promise, remote.promise_token = new_key, pbrt
+        if items and old_promise is not None and items[0].key < old_promise:
+            # The remote broke its own promise: releasing would reorder the stream.
+            self._fail(remote, MongoError(1, f"{remote.name} returned an event "
+                                             f"{items[0].key[0]} below its earlier "
+                                             f"postBatchResumeToken {old_promise[0]}"))
+            return
         for it in items:
             if remote.last_key is not None and it.key <= remote.last_key:
                 self._fail(remote, MongoError(1, f"events from {remote.name} out of order: "
@@ -541,7 +548,10 @@ class ChangeStreamMerge:
             if item.op == "kNewShardDetected":
                 continue  # legacy signal, swallowed by mongos 4.4+
             if self.last_key is not None and item.key <= self.last_key:
-                continue  # the same event from two shards (identical token): return it once
+                if item.key == self.last_key:
+                    continue  # the same event from two shards (identical token): return it once
+                raise MongoError(1, f"change stream merge out of order: {item.key[0]} after "
+                                    f"{self.last_key[0]}")
             if self._resume_key is not None:
                 if item.key < self._resume_key:
                     continue
