@@ -225,7 +225,7 @@ class WriteExecutor:
             return await self._send_plain(plain)
         if "txnNumber" not in self.req.body:
             return ({"n": 0, "nModified": 0, "upserted": []},
-                    [{"index": i, "code": 20, "codeName": "IllegalOperation",
+                    [{"index": i, "code": 20,
                       "errmsg": "Must run update to shard key field in a multi-statement "
                                 "transaction or with retryWrites: true."}])
         await self.router.shard_command(shard, self.db, {
@@ -236,7 +236,7 @@ class WriteExecutor:
         except MongoError as exc:
             await self.router.shard_command(shard, self.db, {"insert": self.coll, "documents": [pre]})
             return ({"n": 0, "nModified": 0, "upserted": []},
-                    [{"index": i, "code": exc.code, "codeName": exc.code_name,
+                    [{"index": i, "code": exc.code,
                       "errmsg": exc.errmsg}])
         return {"n": 1, "nModified": 1, "upserted": []}, []
 
@@ -255,7 +255,7 @@ class WriteExecutor:
                     raise reply
                 # A command-level error fails every statement of the child batch.
                 for i in run.idx[:1] if self.ordered else run.idx:
-                    errors.append({"index": i, "code": reply.code, "codeName": reply.code_name,
+                    errors.append({"index": i, "code": reply.code,
                                    "errmsg": reply.errmsg})
                 continue
             if isinstance(reply, BaseException):
@@ -302,7 +302,7 @@ class WriteExecutor:
             except MongoError as exc:
                 if exc.code in (6, 7, 89, 9001, 70):
                     raise
-                errors.append({"index": i, "code": exc.code, "codeName": exc.code_name,
+                errors.append({"index": i, "code": exc.code,
                                "errmsg": exc.errmsg})
                 targets.append(None)
                 if self.ordered:
@@ -361,8 +361,7 @@ class WriteExecutor:
                 except MongoError as exc:
                     if not done_any:
                         raise
-                    errors.append({"index": run.idx[0], "code": exc.code,
-                                   "codeName": exc.code_name, "errmsg": exc.errmsg})
+                    errors.append({"index": run.idx[0], "code": exc.code, "errmsg": exc.errmsg})
                     break
                 done_any = True
                 fold(run, t, errs)
@@ -378,7 +377,7 @@ class WriteExecutor:
             for run, res in zip(runs, results):
                 if isinstance(res, MongoError):
                     for i in run.idx:
-                        errors.append({"index": i, "code": res.code, "codeName": res.code_name,
+                        errors.append({"index": i, "code": res.code,
                                        "errmsg": res.errmsg})
                 elif isinstance(res, BaseException):
                     raise res
