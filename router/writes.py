@@ -293,8 +293,9 @@ class WriteExecutor:
         errors: list[dict[str, Any]] = []
         targets: list[tuple[int, list[str], bool] | None] = []
         done: set[int] = record["done"] if record is not None else set()
+        complete = record is not None and record.get("complete", False)
         for i, op in enumerate(ops):
-            if i in done:
+            if complete or i in done:
                 continue
             try:
                 shards, broadcast = await self.target(op)
@@ -396,6 +397,10 @@ class WriteExecutor:
             reply["nModified"] = totals["nModified"]
         if errors:
             reply["writeErrors"] = errors
+        elif record is not None:
+            # Every statement applied: remember just that (not the index set) for a retry.
+            record["complete"] = True
+            done.clear()
         if wce is not None:
             reply["writeConcernError"] = wce
         return reply
