@@ -126,6 +126,7 @@ class ShardNode(Node):
             "shardName": self.shard_name,
             "oplogSizeMB": Int64(self.oplog.max_bytes // (1024 * 1024)),
             "oplogMinRetentionHours": self.oplog.min_retention_s / 3600,
+            "transactionLifetimeLimitSeconds": self.sessions.lifetime_s,
             "periodicNoopIntervalSecs": max(1, int(self.options.get("noop_interval_ms") or 1000) // 1000),
         })
         return params
@@ -134,6 +135,8 @@ class ShardNode(Node):
         if name == "oplogSizeMB":
             self.oplog.max_bytes = int(value) * 1024 * 1024
             self.oplog.truncate()
+        elif name == "transactionLifetimeLimitSeconds":
+            self.sessions.lifetime_s = int(value)
         elif name == "oplogMinRetentionHours":
             self.oplog.min_retention_s = float(value) * 3600
             self.oplog.truncate()
@@ -320,6 +323,7 @@ class ShardNode(Node):
     async def startup(self) -> None:
         await super().startup()
         from shard import noop_writer; noop_writer.start(self)  # periodic no-ops (change streams)
+        self.sessions.start_reaper()  # abort transactions past transactionLifetimeLimitSeconds
 
     async def shutdown(self) -> None:
         await super().shutdown()

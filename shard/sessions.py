@@ -16,6 +16,8 @@ transaction's writes before it commits (no snapshot isolation).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from bson import Binary
@@ -42,6 +44,7 @@ class Transaction:
         self.session = session
         self.txn_number = txn_number
         self.state = "in_progress"  # in_progress | committed | aborted
+        self.started = time.monotonic()
         self.ops: list[dict[str, Any]] = []
         self.pre_images: list[tuple[bytes, int, dict[str, Any]]] = []
         self.undo: list[tuple[Any, Any, dict[str, Any] | None]] = []  # (coll, id_key, old doc)
@@ -91,6 +94,40 @@ class Sessions:
     def __init__(self, node: Any) -> None:
         self.node = node
         self._sessions: dict[bytes, Session] = {}
+        self.lifetime_s = 60  # transactionLifetimeLimitSeconds
+        self._reaper: asyncio.Task | None = None
+
+    def start_reaper(self, interval_s: float = 1.0) -> None:
+        """Abort transactions older than ``lifetime_s`` seconds (mongod's periodic
+        ``abortExpiredTransactions``), so an abandoned transaction's writes are rolled back."""
+        async def reap() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                self.abort_expired()
+        self._reaper = asyncio.get_running_loop().create_task(reap())
+
+    def abort_expired(self) -> int:
+        """Roll back every in-progress transaction past its lifetime; returns how many."""
+        deadline = time.monotonic() - self.lifetime_s
+        n = 0
+        for s in list(self._sessions.values()):
+            txn = s.txn
+            if txn is not None and txn.state == "in_progress" and txn.started < deadline:
+                txn.rollback(self.node.storage)
+                txn.state = "aborted"
+                n += 1
+        if n:
+            self.node.flush()
+        return n
+
+    def end(self, lsids: list[Any]) -> None:
+        """endSessions/killSessions: abort their open transactions and forget them."""
+        for lsid in lsids:
+            sid = _session_id(lsid)
+            s = self._sessions.pop(sid, None) if sid is not None else None
+            if s is not None and s.txn is not None and s.txn.state == "in_progress":
+                s.txn.rollback(self.node.storage)
+                s.txn.state = "aborted"
 
     def get(self, lsid: Any) -> Session | None:
         sid = _session_id(lsid)
@@ -237,8 +274,18 @@ class Sessions:
             txn.state = "aborted"
             return {}
 
+        async def end_sessions(req: Request) -> dict[str, Any]:
+            ids = req.arg
+            if not isinstance(ids, list):
+                raise MongoError(14, f"BSON field '{req.name}.{req.name}' is the wrong type, "
+                                     f"expected type 'array'")
+            self.end(ids)
+            return {}
+
         node.commands.register("commitTransaction", commit)
         node.commands.register("abortTransaction", abort)
+        node.commands.register("endSessions", end_sessions)
+        node.commands.register("killSessions", end_sessions)
 
 
 class _TxnCtx:

@@ -476,3 +476,28 @@ def test_transaction_may_start_with_a_read(client):
     assert coll.find_one({"_id": 0})["n"] == 2
     e = client.local["oplog.rs"].find().sort("$natural", -1).limit(1).next()
     assert e["o"]["applyOps"][0]["o"] == {"$v": 2, "diff": {"u": {"n": 2}}}
+
+
+def test_abandoned_transaction_is_rolled_back(raw, client):
+    client.admin.command("setParameter", 1, transactionLifetimeLimitSeconds=1)
+    try:
+        lsid = {"id": Binary(uuid.uuid4().bytes, 4)}
+        r = raw("txn4", {"insert": "c", "documents": [{"_id": 1}], "lsid": lsid,
+                         "txnNumber": Int64(1), "autocommit": False, "startTransaction": True})
+        assert r["ok"] == 1.0
+        deadline = time.time() + 10
+        while client.txn4.c.find_one({"_id": 1}) is not None and time.time() < deadline:
+            time.sleep(0.2)
+        assert client.txn4.c.find_one({"_id": 1}) is None
+        r = raw("admin", {"commitTransaction": 1, "lsid": lsid, "txnNumber": Int64(1),
+                          "autocommit": False})
+        assert r["code"] == 251
+        # endSessions aborts an open transaction too.
+        lsid2 = {"id": Binary(uuid.uuid4().bytes, 4)}
+        client.admin.command("setParameter", 1, transactionLifetimeLimitSeconds=60)
+        raw("txn4", {"insert": "c", "documents": [{"_id": 2}], "lsid": lsid2,
+                     "txnNumber": Int64(1), "autocommit": False, "startTransaction": True})
+        assert raw("admin", {"endSessions": [lsid2]})["ok"] == 1.0
+        assert client.txn4.c.find_one({"_id": 2}) is None
+    finally:
+        client.admin.command("setParameter", 1, transactionLifetimeLimitSeconds=60)
