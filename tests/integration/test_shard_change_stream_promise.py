@@ -1,0 +1,117 @@
+"""The ``clock`` promise mode is safe: an idle batch promises HWM(current cluster time), which is
+only correct if no oplog entry at or below a promised time can be appended later.
+
+The shard ticks its clock and appends the oplog entry in one synchronous step of its event loop
+(no ``await`` in between), and later ticks are always greater. This test runs a shard in-process
+under concurrent writers (inserts, updates, deletes, DDL, gossiped cluster times) and checks two
+things: (1) at every turn of the event loop the promise the cursor would make is below every
+entry appended afterwards, and (2) end to end, every event a change stream returns sorts after
+every postBatchResumeToken it returned before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from bson import Int64, Timestamp
+
+from shard.change_stream.cursor import safe_promise_key
+from shard.node import ShardNode
+from shardsim.client import Pool
+from shardsim.clock import ts_key
+from shardsim.server import Server
+
+
+async def _scenario() -> tuple[list, list, int, int]:
+    node = ShardNode(shard_name="pp0", options={"noop_interval_ms": 30, "promise_mode": "clock"})
+    server = Server(node, "127.0.0.1", 0)
+    await server.start()
+    violations: list = []
+    max_promise = [0]
+    appended = [0]
+
+    def on_append(entry):
+        appended[0] += 1
+        if ts_key(entry["ts"]) <= max_promise[0]:
+            violations.append((entry["ts"], max_promise[0]))
+
+    node.oplog.add_listener(on_append)
+    done = asyncio.Event()
+
+    async def monitor():
+        while not done.is_set():
+            max_promise[0] = max(max_promise[0], safe_promise_key(node))
+            await asyncio.sleep(0)
+
+    stream_errors: list = []
+    events_seen = [0]
+
+    async def reader():
+        pool = Pool("127.0.0.1", server.port)
+        try:
+            r = await pool.command("pp", {"aggregate": 1, "pipeline": [{"$changeStream": {}}],
+                                          "cursor": {"batchSize": 0}})
+            cid = r["cursor"]["id"]
+            last = r["cursor"]["postBatchResumeToken"]["_data"]
+            while not done.is_set():
+                g = await pool.command("pp", {"getMore": Int64(cid), "collection": "$cmd.aggregate",
+                                              "maxTimeMS": 5})
+                for ev in g["cursor"]["nextBatch"]:
+                    events_seen[0] += 1
+                    if ev["_id"]["_data"] <= last:
+                        stream_errors.append((ev["_id"], last))
+                    last = ev["_id"]["_data"]
+                pb = g["cursor"]["postBatchResumeToken"]["_data"]
+                if pb < last:
+                    stream_errors.append(("pbrt regressed", pb, last))
+                last = pb
+        finally:
+            pool.close()
+
+    async def writer(i: int):
+        rng = random.Random(i)
+        pool = Pool("127.0.0.1", server.port)
+        try:
+            for j in range(120):
+                r = rng.random()
+                coll = f"c{rng.randrange(3)}"
+                body: dict
+                if r < 0.5:
+                    body = {"insert": coll, "documents": [{"_id": f"{i}-{j}", "v": j}]}
+                elif r < 0.7:
+                    body = {"update": coll, "updates": [{"q": {"_id": f"{i}-{j - 1}"},
+                                                         "u": {"$set": {"w": j}}}]}
+                elif r < 0.85:
+                    body = {"delete": coll, "deletes": [{"q": {"_id": f"{i}-{j - 2}"}, "limit": 1}]}
+                elif r < 0.92:
+                    body = {"createIndexes": coll, "indexes": [{"key": {f"f{j % 4}": 1},
+                                                                "name": f"f{j % 4}_1"}]}
+                else:
+                    now = node.clock.now()
+                    body = {"insert": coll, "documents": [{"_id": f"g{i}-{j}"}],
+                            "$clusterTime": {"clusterTime": Timestamp(now.time, now.inc + 50),
+                                             "signature": {"hash": b"\0" * 20, "keyId": Int64(0)}}}
+                await pool.command("pp", body, check=False)
+                if rng.random() < 0.3:
+                    await asyncio.sleep(0.001)
+        finally:
+            pool.close()
+
+    mon = asyncio.get_running_loop().create_task(monitor())
+    rd = asyncio.get_running_loop().create_task(reader())
+    await asyncio.sleep(0.05)
+    await asyncio.gather(*(writer(i) for i in range(6)))
+    await asyncio.sleep(0.1)
+    done.set()
+    await mon
+    await rd
+    await server.close()
+    return violations, stream_errors, appended[0], events_seen[0]
+
+
+def test_clock_promise_never_overtaken_by_an_append():
+    violations, stream_errors, appended, seen = asyncio.run(_scenario())
+    assert appended >= 300 and seen >= 200
+    assert violations == []
+    assert stream_errors == []
