@@ -123,20 +123,29 @@ def register(node: ShardNode) -> None:
     sessions = node.sessions
     c = node.commands
 
-    def begin_write(req: Request) -> tuple[WriteContext, dict[str, Any] | None]:
-        cached = sessions.retry_reply(req)
-        if cached is not None:
-            return WriteContext(), cached
-        return node.write_context(req), None
+    def begin_write(req: Request) -> WriteContext:
+        ctx = node.write_context(req)
+        ctx.retry = sessions.retryable(req)
+        return ctx
 
-    def finish_write(req: Request, ctx: WriteContext, reply: dict[str, Any]) -> dict[str, Any]:
+    def stmt_id_of(req: Request, i: int) -> int:
+        ids = req.body.get("stmtIds")
+        if isinstance(ids, list) and i < len(ids):
+            return int(ids[i])
+        return int(req.body.get("stmtId", 0) or 0) + i
+
+    def finish_write(req: Request, ctx: WriteContext, reply: dict[str, Any],
+                     retried: list[int]) -> dict[str, Any]:
         if ctx.txn is not None and "writeErrors" in reply:
             err = reply["writeErrors"][0]
             sessions.abort_on_error(req)
             raise MongoError(err["code"], err["errmsg"], labels=["TransientTransactionError"]
                              if err["code"] in (112, 251) else [],
                              **{k: v for k, v in err.items() if k in ("keyPattern", "keyValue")})
-        sessions.remember_reply(req, reply)
+        if retried:
+            reply["retriedStmtIds"] = retried
+        if ctx.retry is not None:
+            sessions.note(ctx.retry)
         return reply
 
     # -- insert -------------------------------------------------------------------------------
@@ -146,11 +155,10 @@ def register(node: ShardNode) -> None:
         docs = check_type(req, "documents", list, "array", required=True)
         ordered, _ = _batch_opts(req)
         _check_writable(req, name)
-        ctx, cached = begin_write(req)
-        if cached is not None:
-            return cached
+        ctx = begin_write(req)
+        retry = ctx.retry
+        retried: list[int] = []
         raw_docs = req.sequences.get("documents")
-        stmt_ids = req.body.get("stmtIds")
         coll = node.ensure_collection(req.db, name, ctx) if docs else storage.get(req.db, name)
         txn = ctx.txn
         n = 0
@@ -158,6 +166,13 @@ def register(node: ShardNode) -> None:
         note = storage.journal is not None
         for i, doc in enumerate(docs):
             try:
+                if retry is not None:
+                    sid = stmt_id_of(req, i)
+                    if sid in retry.executed:
+                        retried.append(sid)
+                        n += 1
+                        continue
+                    ctx.stmt_id = sid
                 raw_size = len(raw_docs[i]) if raw_docs is not None else None
                 doc = _prepare_insert(doc, raw_size)
                 k = coll.insert(doc)
@@ -165,10 +180,9 @@ def register(node: ShardNode) -> None:
                     storage.note_doc(coll, k, doc)
                 if txn is not None:
                     txn.record_undo(coll, k, None)
-                if ctx.lsid is not None:
-                    ctx.stmt_id = int(stmt_ids[i]) if isinstance(stmt_ids, list) else \
-                        int(req.body.get("stmtId", 0)) + i
                 node.log_op("i", coll, doc, coll.document_key(doc), ctx=ctx, size=raw_size)
+                if retry is not None:
+                    retry.executed[ctx.stmt_id] = 1
                 n += 1
             except MongoError as exc:
                 errors.append(_write_error(i, exc))
@@ -177,7 +191,7 @@ def register(node: ShardNode) -> None:
         reply: dict[str, Any] = {"n": n}
         if errors:
             reply["writeErrors"] = errors
-        return finish_write(req, ctx, reply)
+        return finish_write(req, ctx, reply, retried)
 
     c.register("insert", insert)
 
@@ -247,20 +261,28 @@ def register(node: ShardNode) -> None:
         stmts = check_type(req, "updates", list, "array", required=True)
         ordered, _ = _batch_opts(req)
         _check_writable(req, name)
-        ctx, cached = begin_write(req)
-        if cached is not None:
-            return cached
-        stmt_ids = req.body.get("stmtIds")
+        ctx = begin_write(req)
+        retry = ctx.retry
+        retried: list[int] = []
         n = n_modified = 0
         upserted: list[dict[str, Any]] = []
         errors: list[dict[str, Any]] = []
         for i, stmt in enumerate(stmts):
             try:
-                if ctx.lsid is not None:
-                    ctx.stmt_id = int(stmt_ids[i]) if isinstance(stmt_ids, list) else \
-                        int(req.body.get("stmtId", 0)) + i
-                coll = storage.get(req.db, name)
-                m, mod, up = do_update(coll, req.db, name, stmt, ctx, i)
+                done = None
+                if retry is not None:
+                    ctx.stmt_id = stmt_id_of(req, i)
+                    done = retry.executed.get(ctx.stmt_id)
+                if done is not None:
+                    retried.append(ctx.stmt_id)
+                    m, mod = int(done["n"]), int(done["m"])
+                    up = done["u"][0] if done.get("u") else _NONE
+                else:
+                    coll = storage.get(req.db, name)
+                    m, mod, up = do_update(coll, req.db, name, stmt, ctx, i)
+                    if retry is not None:
+                        retry.executed[ctx.stmt_id] = {"n": m, "m": mod,
+                                                       "u": [up] if up is not _NONE else []}
                 n += m
                 n_modified += mod
                 if up is not _NONE:
@@ -276,7 +298,7 @@ def register(node: ShardNode) -> None:
         reply["nModified"] = n_modified
         if errors:
             reply["writeErrors"] = errors
-        return finish_write(req, ctx, reply)
+        return finish_write(req, ctx, reply, retried)
 
     c.register("update", update)
 
@@ -295,10 +317,9 @@ def register(node: ShardNode) -> None:
         stmts = check_type(req, "deletes", list, "array", required=True)
         ordered, _ = _batch_opts(req)
         _check_writable(req, name)
-        ctx, cached = begin_write(req)
-        if cached is not None:
-            return cached
-        stmt_ids = req.body.get("stmtIds")
+        ctx = begin_write(req)
+        retry = ctx.retry
+        retried: list[int] = []
         n = 0
         errors: list[dict[str, Any]] = []
         for i, stmt in enumerate(stmts):
@@ -312,15 +333,22 @@ def register(node: ShardNode) -> None:
                     raise MongoError(9, f"The limit field in delete objects must be 0 or 1. Got {limit}")
                 if not isinstance(stmt["q"], dict):
                     raise MongoError(14, "BSON field 'delete.deletes.q' is the wrong type, expected type 'object'")
-                if ctx.lsid is not None:
-                    ctx.stmt_id = int(stmt_ids[i]) if isinstance(stmt_ids, list) else \
-                        int(req.body.get("stmtId", 0)) + i
+                if retry is not None:
+                    ctx.stmt_id = stmt_id_of(req, i)
+                    if ctx.stmt_id in retry.executed:
+                        retried.append(ctx.stmt_id)
+                        n += int(retry.executed[ctx.stmt_id])
+                        continue
                 coll = storage.get(req.db, name)
+                deleted = 0
                 for key, _doc in q.select(coll, stmt["q"]):
                     delete_doc(coll, key, ctx)
-                    n += 1
+                    deleted += 1
                     if limit == 1:
                         break
+                n += deleted
+                if retry is not None:
+                    retry.executed[ctx.stmt_id] = deleted
             except MongoError as exc:
                 errors.append(_write_error(i, exc))
                 if ordered or ctx.txn is not None:
@@ -328,7 +356,7 @@ def register(node: ShardNode) -> None:
         reply: dict[str, Any] = {"n": n}
         if errors:
             reply["writeErrors"] = errors
-        return finish_write(req, ctx, reply)
+        return finish_write(req, ctx, reply, retried)
 
     c.register("delete", delete)
 
@@ -353,11 +381,12 @@ def register(node: ShardNode) -> None:
         if upd is not None:
             q.validate_update(upd)
         _check_writable(req, name)
-        ctx, cached = begin_write(req)
-        if cached is not None:
-            return cached
-        if ctx.lsid is not None:
-            ctx.stmt_id = int(body.get("stmtId", 0))
+        ctx = begin_write(req)
+        if ctx.retry is not None:
+            ctx.stmt_id = int(body.get("stmtId", 0) or 0)
+            done = ctx.retry.executed.get(ctx.stmt_id)
+            if done is not None:
+                return {**done, "retriedStmtId": ctx.stmt_id}
         coll = storage.get(req.db, name)
         try:
             candidates = list(q.select(coll, filt))
@@ -394,7 +423,9 @@ def register(node: ShardNode) -> None:
                 sessions.abort_on_error(req)
             raise
         reply = {"lastErrorObject": leo, "value": value}
-        sessions.remember_reply(req, reply)
+        if ctx.retry is not None:
+            ctx.retry.executed[ctx.stmt_id] = reply
+            sessions.note(ctx.retry)
         return reply
 
     c.register("findAndModify", find_and_modify, "findandmodify")

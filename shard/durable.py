@@ -1,9 +1,9 @@
 """Durable shard storage (``--dbpath DIR``): SQLite (stdlib ``sqlite3``) in WAL mode.
 
-One file ``DIR/shard.sqlite`` holds four tables: ``catalog`` (collection UUID -> BSON catalog
+One file ``DIR/shard.sqlite`` holds five tables: ``catalog`` (collection UUID -> BSON catalog
 record: name, options, shard key, index specs), ``docs`` (one row per document, BSON, in
-insertion order so a reload keeps ``$natural`` order), ``oplog`` (ts_key -> BSON entry) and
-``preimages``. The node keeps everything in memory and journals each mutation
+insertion order so a reload keeps ``$natural`` order), ``oplog`` (ts_key -> BSON entry),
+``preimages`` and ``sessions`` (retryable-write history, like ``config.transactions``). The node keeps everything in memory and journals each mutation
 (:attr:`shard.storage.Storage.journal`); :meth:`DurableStore.commit` writes a command's whole
 journal in ONE SQLite transaction before the reply is sent, so an acknowledged write, its oplog
 entry and its pre-image are on disk together or not at all.
@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS docs (seq INTEGER PRIMARY KEY AUTOINCREMENT, uuid BLO
                                  id BLOB NOT NULL, doc BLOB NOT NULL);
 CREATE UNIQUE INDEX IF NOT EXISTS docs_id ON docs (uuid, id);
 CREATE TABLE IF NOT EXISTS oplog (ts INTEGER PRIMARY KEY, entry BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (sid BLOB PRIMARY KEY, rec BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS preimages (ts INTEGER NOT NULL, uuid BLOB NOT NULL, idx INTEGER NOT NULL,
                                       doc BLOB NOT NULL, PRIMARY KEY (ts, uuid, idx));
 """
@@ -99,6 +100,8 @@ class DurableStore:
                 "SELECT ts, uuid, idx, doc FROM preimages ORDER BY ts"):
             from shardsim.clock import ts_from_key
             node.pre_images.put(bytes(uuid), ts_from_key(ts), idx, _dec(raw))
+        for (raw,) in self.conn.execute("SELECT rec FROM sessions"):
+            node.sessions.restore(_dec(raw))
         last = node.oplog.last_ts()
         if last is not None:
             node.clock.advance(last)
@@ -157,6 +160,10 @@ class DurableStore:
                     else:
                         cur.execute("INSERT OR REPLACE INTO catalog (uuid, rec) VALUES (?, ?)",
                                     (uuid, _enc(coll.catalog_doc())))
+                elif kind == "session":
+                    _, sid, sess = rec
+                    cur.execute("INSERT OR REPLACE INTO sessions (sid, rec) VALUES (?, ?)",
+                                (sid, _enc(sess.record())))
                 elif kind == "truncate":
                     flush()
                     cur.execute("DELETE FROM oplog WHERE ts <= ?", (rec[1],))

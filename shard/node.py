@@ -53,7 +53,7 @@ class WriteContext:
     """What a write command contributes to its oplog entries: session fields, ``fromMigrate``,
     and the open transaction (``txn``) that buffers operations instead of logging them."""
 
-    __slots__ = ("lsid", "txn_number", "from_migrate", "txn", "stmt_id")
+    __slots__ = ("lsid", "txn_number", "from_migrate", "txn", "stmt_id", "retry")
 
     def __init__(self, lsid: Any = None, txn_number: Any = None, from_migrate: bool = False,
                  txn: Any = None) -> None:
@@ -62,6 +62,7 @@ class WriteContext:
         self.from_migrate = from_migrate
         self.txn = txn
         self.stmt_id: int | None = None
+        self.retry: Any = None  # the Session of a retryable write
 
 
 NO_CONTEXT = WriteContext()

@@ -1,9 +1,11 @@
 """Logical sessions on a shard: retryable writes and single-shard multi-document transactions.
 
-Retryable writes (``lsid`` + ``txnNumber`` without ``autocommit``): the reply of the first
-execution is remembered per session and returned again for a retry with the same txnNumber, so
-a write is never applied twice; an older txnNumber fails with TransactionTooOld (225)
-(``transaction_participant.cpp``, ``session_catalog``).
+Retryable writes (``lsid`` + ``txnNumber`` without ``autocommit``): each executed statement
+(by ``stmtId``) is remembered with its result for the session's current txnNumber; a retry
+skips the statements that already ran, reports their results and lists them in
+``retriedStmtIds``, and runs the rest, so a write is never applied twice. An older txnNumber
+fails with TransactionTooOld (225) (``transaction_participant.cpp``, ``config.transactions``).
+Durable shards persist this history.
 
 Transactions (``autocommit: false``; ``startTransaction: true`` on the first statement): writes
 are applied to the collections at once and remembered in an undo log; their oplog operations
@@ -79,13 +81,19 @@ class Transaction:
 
 
 class Session:
-    """Per-lsid state: the highest txnNumber, its transaction, retryable-write replies."""
+    """Per-lsid state: the highest txnNumber, its transaction, and which statements of that
+    txnNumber already ran (retryable writes, by stmtId, with their results)."""
 
     def __init__(self, lsid: dict[str, Any]) -> None:
         self.lsid = lsid
         self.txn_number = -1
         self.txn: Transaction | None = None
-        self.retry_replies: dict[tuple[int, str], dict[str, Any]] = {}
+        self.executed: dict[int, Any] = {}  # stmtId -> result, for txn_number
+
+    def record(self) -> dict[str, Any]:
+        """The persisted form: ``{lsid, txnNumber, stmts: [{i: stmtId, r: result}]}``."""
+        return {"lsid": self.lsid, "txnNumber": Int64(self.txn_number),
+                "stmts": [{"i": k, "r": v} for k, v in self.executed.items()]}
 
 
 class Sessions:
@@ -139,8 +147,9 @@ class Sessions:
         return s
 
     # -- retryable writes ---------------------------------------------------------------------
-    def retry_reply(self, req: Request) -> dict[str, Any] | None:
-        """The remembered reply for a retried write, or None to execute it.
+    def retryable(self, req: Request) -> Session | None:
+        """The session of a retryable write (``txnNumber`` without ``autocommit``), whose
+        ``executed`` map (stmtId -> result) belongs to the request's txnNumber; None otherwise.
 
         Raises TransactionTooOld (225) when ``txnNumber`` is older than the session's."""
         tn = req.body.get("txnNumber")
@@ -156,25 +165,26 @@ class Sessions:
                                   f"{_session_id(s.lsid).hex()} because a newer retryable write with "
                                   f"txnNumber {s.txn_number} has already started on this session.")
         if tn > s.txn_number:
+            if s.txn is not None and s.txn.state == "in_progress":
+                s.txn.rollback(self.node.storage)
+                s.txn.state = "aborted"
             s.txn_number = tn
-            s.retry_replies.clear()
+            s.executed = {}
             s.txn = None
-        cached = s.retry_replies.get((tn, req.name))
-        if cached is not None:
-            out = dict(cached)
-            out["retriedStmtIds"] = []
-            return out
-        return None
+        return s
 
-    def remember_reply(self, req: Request, reply: dict[str, Any]) -> None:
-        """Keep a retryable write's reply (successful statements only are retried)."""
-        tn = req.body.get("txnNumber")
-        if tn is None or req.body.get("autocommit") is False:
-            return
-        s = self.get(req.body.get("lsid"))
-        if s is not None and "writeErrors" not in reply:
-            s.retry_replies[(int(tn), req.name)] = {k: v for k, v in reply.items()
-                                                   if not k.startswith("$") and k != "operationTime"}
+    def note(self, s: Session) -> None:
+        """Journal a session's retryable-write history (durable shards keep it, like
+        ``config.transactions``, so a retry after a restart is not applied twice)."""
+        if self.node.storage.journal is not None:
+            self.node.storage.journal.append(("session", _session_id(s.lsid), s))
+
+    def restore(self, rec: dict[str, Any]) -> None:
+        """Load one persisted session record (see :meth:`Session.record`)."""
+        s = self.get(rec["lsid"])
+        if s is not None:
+            s.txn_number = int(rec["txnNumber"])
+            s.executed = {int(x["i"]): x["r"] for x in rec.get("stmts", [])}
 
     # -- transactions -------------------------------------------------------------------------
     def transaction_for(self, req: Request) -> Transaction:
@@ -203,7 +213,7 @@ class Sessions:
             if s.txn is not None and s.txn.state == "in_progress":
                 s.txn.rollback(self.node.storage)
             s.txn_number = tn
-            s.retry_replies.clear()
+            s.executed = {}
             s.txn = Transaction(s, tn)
             return s.txn
         if s.txn is None or s.txn_number != tn:
@@ -291,7 +301,7 @@ class Sessions:
 class _TxnCtx:
     """Write context of the commit's applyOps entry: lsid/txnNumber + prevOpTime, no stmtId."""
 
-    __slots__ = ("lsid", "txn_number", "from_migrate", "txn", "stmt_id")
+    __slots__ = ("lsid", "txn_number", "from_migrate", "txn", "stmt_id", "retry")
 
     def __init__(self, lsid: Any, txn_number: int) -> None:
         self.lsid = lsid
@@ -299,5 +309,6 @@ class _TxnCtx:
         self.from_migrate = False
         self.txn = None
         self.stmt_id = None
+        self.retry = None
 
 

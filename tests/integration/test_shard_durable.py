@@ -73,3 +73,42 @@ def test_ddl_and_transactions_survive_restart(tmp_path, shard_process, shard_cli
     assert "b" not in c2.list_database_names()
     [apply_ops] = list(c2.local["oplog.rs"].find({"o.applyOps": {"$exists": True}}))
     assert [o["o"]["_id"] for o in apply_ops["o"]["applyOps"]] == [2, 3]
+
+
+def _command(proc, db: str, body: dict) -> dict:
+    """One OP_MSG round trip on a fresh socket (pymongo would replace a hand-made lsid)."""
+    import socket
+    import struct
+
+    import bson
+
+    from shardsim import wire
+    with socket.create_connection((proc.host, proc.port), timeout=10) as sock:
+        sock.sendall(wire.encode_op_msg(bson.encode({**body, "$db": db})))
+        buf = b""
+        while len(buf) < 16 or len(buf) < struct.unpack("<i", buf[:4])[0]:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed"
+            buf += chunk
+        return bson.decode(wire.parse_op_msg(0, buf[16:]).body)
+
+
+def test_retryable_write_history_survives_kill_9(tmp_path, shard_process, shard_client):
+    import uuid
+
+    from bson import Binary
+    from bson.int64 import Int64
+    dbpath = tmp_path / "s2"
+    proc = shard_process("durable2", dbpath)
+    lsid = {"id": Binary(uuid.uuid4().bytes, 4)}
+    ins = {"insert": "c", "documents": [{"_id": 1}, {"_id": 2}], "lsid": lsid,
+           "txnNumber": Int64(9)}
+    assert _command(proc, "r", ins)["n"] == 2
+    proc.kill()
+    proc2 = shard_process("durable2", dbpath)
+    r = _command(proc2, "r", ins)  # the driver's retry after the crash
+    assert r["ok"] == 1.0 and r["n"] == 2 and r["retriedStmtIds"] == [0, 1]
+    assert "writeErrors" not in r
+    c = shard_client(proc2)
+    assert c.local["oplog.rs"].count_documents({"ns": "r.c", "op": "i"}) == 2
+    assert _command(proc2, "r", {**ins, "txnNumber": Int64(8)})["code"] == 225

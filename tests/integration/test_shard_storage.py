@@ -362,6 +362,7 @@ def test_retryable_write_is_applied_once(raw, client):
     r1 = raw("retry", cmd)
     r2 = raw("retry", cmd)
     assert r1["n"] == r2["n"] == 1 and r1["upserted"] == r2["upserted"]
+    assert "retriedStmtIds" not in r1 and r2["retriedStmtIds"] == [0]
     assert client.retry.c.find_one({"_id": 1})["n"] == 1
     [entry] = last_ops(client, "retry.c", 1)
     assert entry["lsid"]["id"] == lsid["id"] and entry["txnNumber"] == 1 and entry["stmtId"] == 0
@@ -369,6 +370,21 @@ def test_retryable_write_is_applied_once(raw, client):
     r = raw("retry", cmd)
     assert r["code"] == 225
     assert client.retry.c.find_one({"_id": 1})["n"] == 2
+    # A partly failed ordered insert: the retry skips what ran and runs the rest.
+    client.retry.d.insert_one({"_id": 3})
+    ins = {"insert": "d", "documents": [{"_id": 1}, {"_id": 2}, {"_id": 3}, {"_id": 4}],
+           "lsid": lsid, "txnNumber": Int64(3)}
+    r = raw("retry", ins)
+    assert r["n"] == 2 and r["writeErrors"][0]["index"] == 2
+    client.retry.d.delete_one({"_id": 3})
+    r = raw("retry", ins)
+    assert r["n"] == 4 and r["retriedStmtIds"] == [0, 1] and "writeErrors" not in r
+    assert sorted(d["_id"] for d in client.retry.d.find()) == [1, 2, 3, 4]
+    fam = {"findAndModify": "d", "query": {"_id": 4}, "update": {"$inc": {"k": 1}}, "new": True,
+           "lsid": lsid, "txnNumber": Int64(4)}
+    a, b = raw("retry", fam), raw("retry", fam)
+    assert a["value"] == b["value"] == {"_id": 4, "k": 1} and b["retriedStmtId"] == 0
+    assert client.retry.d.find_one({"_id": 4}) == {"_id": 4, "k": 1}
 
 
 def test_internal_commands_and_from_migrate(client):
