@@ -1,0 +1,202 @@
+"""The change-stream cursor and the no-op writer against an in-memory oplog (no sockets):
+batches, postBatchResumeToken / high-water marks in both promise modes, awaitData wake-ups,
+``$sortKey`` for the router, invalidation closing the cursor, history lost while tailing."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+
+import pytest
+from bson import Binary, Timestamp
+
+from shardsim import resume_token as rt
+from shardsim.clock import HybridLogicalClock, ts_key
+from shardsim.errors import MongoError
+from shard import noop_writer
+from shard.change_stream import open_cursor
+from shard.oplog import Oplog, PreImages
+
+U1 = Binary(bytes(range(16)), 4)
+
+
+class FakeNode:
+    def __init__(self, promise_mode="clock", **oplog_kw):
+        self.clock = HybridLogicalClock(wall=lambda: 1000.0)
+        self.oplog = Oplog(**oplog_kw)
+        self.pre_images = PreImages()
+        self.options = {"promise_mode": promise_mode, "noop_interval_ms": 40}
+        self.docs = {}
+
+    def write(self, op, ns, o, o2=None, ui=U1, **extra):
+        e = {"op": op, "ns": ns, "o": o, "ts": self.clock.tick(), "wall": datetime.datetime(2026, 1, 1)}
+        if ui is not None:
+            e["ui"] = ui
+        if o2 is not None:
+            e["o2"] = o2
+        e.update(extra)
+        self.oplog.append(e)
+        return e
+
+    def write_noop(self, o, o2=None, ns="", ui=None):
+        return self.write("n", ns, o, o2, ui=ui)["ts"]
+
+    def find_document(self, ns, key):
+        return self.docs.get((ns, key.get("_id")))
+
+    def parameters(self):
+        return {}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def cursor(node, cs=None, rest=(), target="c", needs_merge=False):
+    return open_cursor(node, "d", target, [{"$changeStream": cs or {}}, *rest], needs_merge=needs_merge)
+
+
+def test_batches_and_pbrt_clock_mode():
+    node = FakeNode()
+    node.write("i", "d.c", {"_id": 0}, {"_id": 0})
+    cur = cursor(node)
+
+    async def go():
+        b0 = await cur.fetch(0, None, first=True)
+        assert b0.docs == [] and not b0.exhausted
+        assert rt.is_high_water_mark(rt.decode(b0.post_batch_resume_token))
+        for i in range(1, 6):
+            node.write("i", "d.c", {"_id": i}, {"_id": i})
+        node.write("i", "d.other", {"_id": 99}, {"_id": 99})
+        b1 = await cur.fetch(2, 100, first=False)
+        assert [d["documentKey"]["_id"] for d in b1.docs] == [1, 2]
+        assert b1.post_batch_resume_token == dict(b1.docs[-1]["_id"])  # not promised past unread entries
+        b2 = await cur.fetch(None, 100, first=False)
+        assert [d["documentKey"]["_id"] for d in b2.docs] == [3, 4, 5]
+        # scanned to the end: promise the cluster time (>= the unrelated write)
+        p = rt.decode(b2.post_batch_resume_token)
+        assert rt.is_high_water_mark(p) and p.clusterTime == node.clock.now()
+        node.clock.advance(Timestamp(2000, 5))
+        b3 = await cur.fetch(None, 10, first=False)
+        assert b3.docs == [] and rt.decode(b3.post_batch_resume_token).clusterTime == Timestamp(2000, 5)
+        keys = [b.post_batch_resume_token["_data"] for b in (b0, b1, b2, b3)]
+        assert keys == sorted(keys)
+    run(go())
+
+
+def test_pbrt_mongod_mode_follows_scanned_oplog():
+    node = FakeNode("mongod")
+    node.write("i", "d.c", {"_id": 0}, {"_id": 0})
+    cur = cursor(node)
+
+    async def go():
+        b0 = await cur.fetch(0, None, first=True)
+        node.clock.advance(Timestamp(5000, 1))  # gossip alone does not move the promise
+        b1 = await cur.fetch(None, 10, first=False)
+        assert b1.post_batch_resume_token == b0.post_batch_resume_token
+        ts = node.write_noop({"msg": "periodic noop"})
+        b2 = await cur.fetch(None, 10, first=False)
+        assert b2.docs == [] and rt.decode(b2.post_batch_resume_token).clusterTime == ts
+    run(go())
+
+
+def test_await_data_wakes_only_for_matching_writes():
+    node = FakeNode()
+    cur = cursor(node)
+
+    async def go():
+        await cur.fetch(0, None, first=True)
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.03, lambda: node.write("i", "d.other", {"_id": 1}, {"_id": 1}))
+        t0 = time.monotonic()
+        b = await cur.fetch(None, 150, first=False)
+        assert b.docs == [] and time.monotonic() - t0 >= 0.14
+        loop.call_later(0.03, lambda: node.write("i", "d.c", {"_id": 2}, {"_id": 2}))
+        t0 = time.monotonic()
+        b = await cur.fetch(None, 5000, first=False)
+        assert [d["documentKey"]["_id"] for d in b.docs] == [2] and time.monotonic() - t0 < 2
+    run(go())
+
+
+def test_needs_merge_sort_key_and_topology_event_bypasses_user_stages():
+    node = FakeNode()
+    cur = cursor(node, rest=[{"$match": {"operationType": "delete"}}], needs_merge=True)
+
+    async def go():
+        await cur.fetch(0, None, first=True)
+        node.write("d", "d.c", {"_id": 1})
+        node.write("i", "d.c", {"_id": 2}, {"_id": 2})  # filtered by the user's $match
+        node.write("n", "d.c", {"msg": "m"}, {"migrateChunkToNewShard": "d.c", "fromShardId": "a",
+                                               "toShardId": "b"})
+        b = await cur.fetch(None, 10, first=False)
+        assert [d["operationType"] for d in b.docs] == ["delete", "kNewShardDetected"]
+        for d in b.docs:
+            assert list(d.keys())[-1] == "$sortKey" and d["$sortKey"] == [d["_id"]]
+    run(go())
+
+
+def test_invalidate_closes_cursor_after_its_batch():
+    node = FakeNode()
+    cur = cursor(node)
+
+    async def go():
+        await cur.fetch(0, None, first=True)
+        node.write("i", "d.c", {"_id": 1}, {"_id": 1})
+        node.write("c", "d.$cmd", {"drop": "c"})
+        node.write("i", "d.c", {"_id": 2}, {"_id": 2}, ui=Binary(b"\x09" * 16, 4))
+        b = await cur.fetch(None, 10, first=False)
+        assert [d["operationType"] for d in b.docs] == ["insert", "drop", "invalidate"]
+        assert b.exhausted and b.post_batch_resume_token == dict(b.docs[-1]["_id"])
+    run(go())
+
+
+def test_history_lost_while_tailing():
+    node = FakeNode(max_bytes=300, min_retention_s=0)
+    cur = cursor(node)
+
+    async def go():
+        await cur.fetch(0, None, first=True)
+        for i in range(20):  # far more than 300 bytes: the oplog truncates under the cursor
+            node.write("i", "d.x", {"_id": i, "pad": "p" * 50}, {"_id": i})
+        with pytest.raises(MongoError) as ei:
+            await cur.fetch(None, 10, first=False)
+        assert ei.value.code == 286
+    run(go())
+
+
+def test_resume_token_version_and_start_points():
+    node = FakeNode()
+    node.write("i", "d.c", {"_id": 1}, {"_id": 1})
+    e2 = node.write("i", "d.c", {"_id": 2}, {"_id": 2})
+    cur = cursor(node, {"startAtOperationTime": e2["ts"]})
+    assert ts_key(rt.decode(cur.pbrt).clusterTime) == ts_key(e2["ts"])
+
+    async def go():
+        b = await cur.fetch(None, None, first=True)
+        assert [d["documentKey"]["_id"] for d in b.docs] == [2]
+    run(go())
+    with pytest.raises(MongoError) as ei:
+        cursor(node, {"startAtOperationTime": e2["ts"], "resumeAfter": rt.make_high_water_mark(e2["ts"])})
+    assert ei.value.code == 40674
+
+
+def test_noop_writer_writes_only_when_idle():
+    node = FakeNode()
+
+    async def go():
+        task = noop_writer.start(node)
+        first = next(node.oplog.entries_from(0))
+        assert first["o"] == {"msg": "initiating set"}
+        await asyncio.sleep(0.15)
+        idle = [e for e in node.oplog.entries_from(0) if e["o"] == {"msg": "periodic noop"}]
+        assert len(idle) >= 2
+        n0 = len(node.oplog)
+        for _ in range(10):  # busy: a write every 10 ms, no periodic noops
+            node.write("i", "d.c", {"_id": time.monotonic()}, {"_id": 0})
+            await asyncio.sleep(0.01)
+        busy = [e for e in list(node.oplog.entries_from(0))[n0:] if e["op"] == "n"]
+        noop_writer.stop(node)
+        await asyncio.sleep(0)
+        assert len(busy) <= 1 and task.cancelled() or task.done()
+    run(go())
