@@ -86,9 +86,11 @@ def test_twenty_thousand_ops_four_writers_then_resume_from_fifty_tokens(cluster,
         for t in threads:
             t.start()
         tokens: list = []
+        t0 = time.monotonic()
         events = _drain(stream, N_OPS, 150, tokens)
         for t in threads:
             t.join(60)
+        print(f"\n{len(events)} events in {time.monotonic() - t0:.1f} s (writes and watch)")
     assert not errors
     per_doc: dict[str, list[str]] = {}
     for e in events:
@@ -114,6 +116,7 @@ def test_twenty_thousand_ops_four_writers_then_resume_from_fifty_tokens(cluster,
     # (2) Resume from 50 random tokens: event tokens and postBatchResumeTokens. The suffix is
     # every event whose token sorts after the resume token; 3 are read to the end, the others
     # for their first 300 events (the rest of the suffix is the same merge, already checked).
+    t0 = time.monotonic()
     rng = random.Random(5)
     candidates = [(e["_id"], i + 1) for i, e in enumerate(events)] + tokens
     picks = rng.sample(candidates, 50)
@@ -123,6 +126,7 @@ def test_twenty_thousand_ops_four_writers_then_resume_from_fifty_tokens(cluster,
         with coll.watch(resume_after=tok, batch_size=5000, max_await_time_ms=200) as s2:
             got = _drain(s2, want, 60)
         assert [g["_id"]["_data"] for g in got] == suffix[:want]
+    print(f"50 resumes checked in {time.monotonic() - t0:.1f} s")
 
 
 def test_shard_added_mid_stream_chunk_moved_and_written(cluster_factory):
@@ -240,3 +244,47 @@ def test_shard_killed_gives_resumable_error(cluster_factory):
         assert ei.value.details.get("errorLabels") == ["ResumableChangeStreamError"]
     finally:
         client.close()
+
+
+def _drain_until_closed(stream: Any, timeout: float) -> list:
+    out: list = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and stream.alive:
+        ch = stream.try_next()
+        if ch is not None:
+            out.append(ch)
+    return out
+
+
+def test_drop_and_drop_database_once_for_the_cluster(cluster, router_client):
+    db_name = "rcs_ddl"
+    router_client.drop_database(db_name)
+    router_client.admin.command({"shardCollection": f"{db_name}.c", "key": {"_id": "hashed"}})
+    db = router_client[db_name]
+    db.c.insert_many([{"_id": i} for i in range(30)])  # documents on every shard
+    db.u.insert_one({"_id": 1})
+    coll_stream = db.c.watch(max_await_time_ms=200)
+    db_stream = db.watch(max_await_time_ms=200)
+    cluster_stream = router_client.watch(max_await_time_ms=200)
+    try:
+        db.c.insert_one({"_id": 100})
+        db.c.drop()
+        got = _drain_until_closed(coll_stream, 10)
+        assert [e["operationType"] for e in got] == ["insert", "drop", "invalidate"]
+        assert not coll_stream.alive
+        router_client.drop_database(db_name)
+        got = _drain_until_closed(db_stream, 10)
+        ops = [(e["operationType"], e.get("ns", {}).get("coll")) for e in got]
+        assert ops == [("insert", "c"), ("drop", "c"), ("drop", "u"), ("dropDatabase", None),
+                       ("invalidate", None)]
+        got = []
+        deadline = time.monotonic() + 5
+        while len(got) < 4 and time.monotonic() < deadline:
+            ch = cluster_stream.try_next()
+            if ch is not None and ch.get("ns", {}).get("db") == db_name:
+                got.append(ch)
+        assert [e["operationType"] for e in got] == ["insert", "drop", "drop", "dropDatabase"]
+        assert cluster_stream.alive  # cluster-wide streams never invalidate
+    finally:
+        for s in (coll_stream, db_stream, cluster_stream):
+            s.close()
