@@ -666,12 +666,14 @@ class OplogCursor(Cursor):
         self.tailable = tailable
         self.await_data = await_data
         self.pos = _ts_lower_bound(filt)
-        first = node.oplog.first_ts()
-        if tailable and first is not None and self.pos and self.pos < ts_key(first):
-            # mongod: a tailable cursor that starts before the oldest entry fails (capped position lost).
-            pass
+        self.scanned = False
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        if not first and self.tailable and self.scanned and \
+                self.node.oplog.truncated_through >= self.pos:
+            # The entries after our position were truncated away (capped collection semantics).
+            raise MongoError(136, "CollectionScan died due to position in capped collection "
+                                  "being deleted.")
         limit = batch_size if batch_size else (101 if first else 1 << 62)
         if self.limit:
             limit = min(limit, self.limit - self.returned)
@@ -692,6 +694,7 @@ class OplogCursor(Cursor):
         out: list[dict[str, Any]] = []
         for entry in self.node.oplog.entries_from(self.pos):
             self.pos = ts_key(entry["ts"]) + 1
+            self.scanned = True
             if q.matches(self.filt, entry):
                 if self.skip:
                     self.skip -= 1

@@ -290,6 +290,11 @@ class ShardNode(Node):
         from shard.storage import validate_collection_name, validate_db_name
         validate_db_name(db)
         validate_collection_name(db, name)
+        if db not in self.storage.dbs:
+            for other in self.storage.dbs:
+                if other.lower() == db.lower():
+                    raise MongoError(13297, f"db already exists with different case already have: "
+                                            f"[{other}] trying to create [{db}]")
         coll = Collection(db, name, uuid or new_uuid(), options, shard_key)
         self.storage.add(coll)
         o = {"create": name}

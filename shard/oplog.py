@@ -63,6 +63,7 @@ class Oplog:
         self._listeners: list[Listener] = []
         self._event: asyncio.Event | None = None
         self.truncated_callbacks: list[Callable[[int], None]] = []
+        self.truncated_through = 0  # ts_key of the newest entry ever truncated (0 = none)
 
     # -- reading ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -176,6 +177,7 @@ class Oplog:
             self._base += self._head
             self._head = 0
         if removed_to is not None:
+            self.truncated_through = removed_to
             for cb in tuple(self.truncated_callbacks):
                 cb(removed_to)
 

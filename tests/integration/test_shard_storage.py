@@ -517,3 +517,23 @@ def test_abandoned_transaction_is_rolled_back(raw, client):
         assert client.txn4.c.find_one({"_id": 2}) is None
     finally:
         client.admin.command("setParameter", 1, transactionLifetimeLimitSeconds=60)
+
+
+def test_small_oplog_truncates_and_tailing_past_it_fails(shard_process, shard_client):
+    p = shard_process("tiny", None, "--oplog-size-mb", "0.02")
+    c = shard_client(p)
+    c.t.c.insert_one({"_id": 0})
+    first_batch = c.local.command("find", "oplog.rs", tailable=True, awaitData=True, batchSize=1)
+    cid = first_batch["cursor"]["id"]
+    assert cid and len(first_batch["cursor"]["firstBatch"]) == 1
+    c.t.c.insert_many([{"_id": i, "pad": "x" * 200} for i in range(1, 400)])
+    status = c.admin.command("serverStatus")["oplog"]
+    assert status["sizeBytes"] <= 0.02 * 1024 * 1024
+    first = c.local["oplog.rs"].find().limit(1).next()
+    assert first["o"].get("_id", 0) > 1  # the oldest entries are gone
+    with pytest.raises(OperationFailure) as e:  # (pymongo's cursor would swallow 136)
+        c.local.command("getMore", cid, collection="oplog.rs", maxTimeMS=100)
+    assert e.value.code == 136 and e.value.details["codeName"] == "CappedPositionLost"
+    with pytest.raises(OperationFailure) as e:
+        c["T"].c.insert_one({})
+    assert e.value.code == 13297

@@ -62,6 +62,7 @@ def test_oplog_retention_by_size_keeps_newest_and_reports_truncation():
     assert o.last_ts() == Timestamp(100, 49)
     assert o.size_bytes <= 300
     assert cut and cut[-1] == ts_key(o.first_ts()) - 1
+    assert o.truncated_through == cut[-1]
 
 
 def test_oplog_retention_by_age_and_min_retention():
