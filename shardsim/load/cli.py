@@ -190,7 +190,7 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
             source = "through the router"
         except PyMongoError as exc:
             # No migrations run during the load, so the shards' own documents are the contents.
-            console.print(f"[yellow]read-back through the router failed ({exc}); "
+            console.print(f"[yellow]read-back through the router failed ({str(exc).split(', full error')[0]}); "
                           f"reading each shard directly[/]")
             try:
                 final = _read_shards(hosts, chunks.shards, spec)
