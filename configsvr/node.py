@@ -208,7 +208,8 @@ class ConfigServerNode(ShardNode):
             chunks = await self.find_all("chunks", {"shard": name})
             dbs = [d["_id"] for d in await self.find_all("databases", {"primary": name})]
             if chunks or dbs:
-                note = "you need to call moveChunk or movePrimary for dbsToMove and collectionsToMove"
+                note = ("you need to call moveCollection for collectionsToMove and afterwards "
+                        "movePrimary for the dbsToMove")
                 if not entry.get("draining"):
                     await self.update("shards", {"_id": name}, {"$set": {"draining": True}})
                     return {"msg": "draining started successfully", "state": "started",
