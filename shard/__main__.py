@@ -6,6 +6,7 @@ Prints ``shardsim shard ready on HOST:PORT`` once listening (see :mod:`shardsim.
 from __future__ import annotations
 
 import logging
+import sys
 
 import click
 
@@ -44,8 +45,12 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
         "oplog_size_mb": oplog_size_mb, "oplog_min_retention_hours": oplog_min_retention_hours,
         "oplog_max_age_s": oplog_max_age_s, "sync": sync,
     }
-    node = ShardNode(shard_name=shard_name, host=host, port=port,
-                     test_commands=not no_test_commands, options=options)
+    try:
+        node = ShardNode(shard_name=shard_name, host=host, port=port,
+                         test_commands=not no_test_commands, options=options)
+    except RuntimeError as exc:  # e.g. DBPathInUse: exit like mongod does (code 100)
+        click.echo(f"shardsim shard: {exc}", err=True)
+        sys.exit(100)
     run_node(node, host, port, ready_message=ready_line("shard"))
 
 

@@ -16,6 +16,7 @@ back and the clock restarts after the newest oplog ``ts``.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 from typing import Any
@@ -63,6 +64,15 @@ class DurableStore:
 
     def __init__(self, dbpath: str, *, sync: str = "normal") -> None:
         os.makedirs(dbpath, exist_ok=True)
+        # One process per dbpath, like mongod's mongod.lock (released by the OS on kill -9).
+        self._lock = open(os.path.join(dbpath, "shard.lock"), "a+")
+        try:
+            fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.close()
+            raise RuntimeError(f"DBPathInUse: Unable to lock the lock file: {dbpath}/shard.lock "
+                               f"(Resource temporarily unavailable). Another shardsim shard "
+                               f"process is already running in {dbpath}") from None
         self.path = os.path.join(dbpath, "shard.sqlite")
         self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
@@ -179,3 +189,4 @@ class DurableStore:
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             self.conn.close()
+            self._lock.close()

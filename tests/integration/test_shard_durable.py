@@ -45,6 +45,9 @@ def test_kill_9_keeps_every_acknowledged_write(tmp_path, shard_process, shard_cl
         items.insert_one({"k": "key1"})
     pre = [p["preImage"] for p in c2.config["system.preimages"].find()]
     assert {"_id": 7, "k": "key7", "v": 7} in pre and {"_id": 2000, "k": "extra", "v": 0} in pre
+    # A second process on the same dbpath is refused (mongod's DBPathInUse).
+    with pytest.raises(RuntimeError, match="DBPathInUse"):
+        shard_process("durable0-twin", dbpath)
     # The clock continues after the newest oplog entry.
     items.insert_one({"_id": 5000, "k": "new"})
     newest = c2.local["oplog.rs"].find().sort("$natural", -1).limit(1).next()
