@@ -2,7 +2,10 @@
 ``document_source_change_stream_check_resumability.cpp``).
 
 Events that sort before the client's token are swallowed (kCheckNextDoc); the event equal to it
-is swallowed too (kFoundToken) and everything after is returned (kSurpassedToken). Comparison is
+(kFoundToken) and everything after (kSurpassedToken) are returned — the token's own event is for
+the router's ensure-resume-token-present check, which swallows it. Streams read directly (no
+``needsMerge``) from an event token use :mod:`ensure_resume_token_present` instead, which
+swallows it here. Comparison is
 ``compareAgainstClientResumeToken``'s order — clusterTime, tokenType, txnOpIndex, fromInvalidate,
 uuid, eventIdentifier — which is exactly the KeyString byte order of the two tokens when they
 have the same version (the transform keeps the client's version until the resume point is
@@ -49,8 +52,8 @@ def assert_history_available(oplog: Any, start_key: int) -> None:
 
 
 class CheckResumability:
-    """Swallows events up to and including the client's token. ``found`` says whether the
-    exact token was seen; ``done`` once the stream is past it."""
+    """Swallows events sorting before the client's token. ``found`` says whether the exact
+    token was seen; ``done`` once the stream has reached it."""
 
     def __init__(self, spec: StreamSpec) -> None:
         data = spec.resume_data
@@ -83,11 +86,13 @@ class CheckResumability:
         if status == CHECK_NEXT:
             return None
         if status == FOUND:
+            # Returned, not swallowed: with needsMerge the router's
+            # $_internalChangeStreamEnsureResumeTokenPresent must see the token's own event
+            # (the server's kFoundToken case: "Return the doc so DSEnsureResumeTokenPresent sees it").
             self.found = True
             self.done = True
             if self.fragment is not None:
                 ev.fragment_skip = self.fragment
-                return ev
-            return None
+            return ev
         self.done = True
         return ev
