@@ -142,14 +142,137 @@ def sort_docs(docs: list[dict[str, Any]], sort: dict[str, Any] | None) -> list[d
 
 
 def project(docs: list[dict[str, Any]], projection: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Apply a find projection (inclusion/exclusion/expressions, as ``$project``)."""
+    """Apply a find projection (``projection.cpp`` semantics): inclusion or exclusion of
+    (dotted) paths in the document's own field order with ``_id`` first, the ``$slice`` and
+    ``$elemMatch`` operators, and aggregation expressions (computed by mongomock's ``$project``).
+    Errors: 31254/31253 mixing inclusion and exclusion, 2 for bad operator arguments."""
     if not projection:
         return docs
-    try:
-        out = mm_aggregate._handle_project_stage(docs, None, projection)
-    except Exception as exc:
-        raise _translate(exc) from None
-    return out if out is not None else [{} for _ in docs]
+    spec = _ProjectionSpec(projection)
+    return [spec.apply(d) for d in docs]
+
+
+class _ProjectionSpec:
+    def __init__(self, projection: dict[str, Any]) -> None:
+        self.include: list[tuple[str, ...]] = []
+        self.exclude: list[tuple[str, ...]] = []
+        self.ops: dict[str, dict[str, Any]] = {}
+        self.exprs: dict[str, Any] = {}
+        self.id_mode: bool | None = None
+        for field, value in projection.items():
+            if not isinstance(field, str) or not field:
+                raise MongoError(2, "Projection field name cannot be empty")
+            if isinstance(value, dict) and value and next(iter(value)) in ("$slice", "$elemMatch"):
+                op = next(iter(value))
+                if op == "$slice" and not (isinstance(value[op], int) and not isinstance(value[op], bool)
+                                           or isinstance(value[op], list) and len(value[op]) == 2):
+                    raise MongoError(28724, "First argument to $slice must be an array")
+                if op == "$elemMatch" and not isinstance(value[op], dict):
+                    raise MongoError(31274, "elemMatch: Invalid argument, object required, but got "
+                                            f"{type(value[op]).__name__}")
+                self.ops[field] = value
+                continue
+            if field.endswith(".$"):
+                raise MongoError(238, "positional projection is not supported by shardsim")
+            if isinstance(value, (bool, int, float)) and not isinstance(value, dict):
+                flag = bool(value)
+                if field == "_id":
+                    self.id_mode = flag
+                elif flag:
+                    self.include.append(tuple(field.split(".")))
+                else:
+                    self.exclude.append(tuple(field.split(".")))
+                continue
+            self.exprs[field] = value
+        # $elemMatch projects like an inclusion; $slice alone keeps every other field.
+        inclusive = bool(self.include or self.exprs or
+                         any("$elemMatch" in op for op in self.ops.values()))
+        if inclusive and self.exclude:
+            raise MongoError(31254, f"Cannot do exclusion on field {'.'.join(self.exclude[0])} in "
+                                    f"inclusion projection")
+        self.inclusive = inclusive
+        if self.id_mode is False and not inclusive and not self.exclude:
+            self.exclude.append(("_id",))
+            self.id_mode = None
+
+    def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
+        if self.inclusive:
+            out: dict[str, Any] = {}
+            if self.id_mode is not False and "_id" in doc:
+                out["_id"] = doc["_id"]
+            rest = _include(doc, self.include + [tuple(f.split(".")) for f in self.ops])
+            for k, v in rest.items():
+                if k != "_id" or self.id_mode is not False:
+                    out[k] = v
+            if ("_id",) in self.include and "_id" in doc:
+                out["_id"] = doc["_id"]
+        else:
+            out = _exclude(doc, self.exclude + ([("_id",)] if self.id_mode is False else []))
+        for field, op in self.ops.items():
+            if field not in out:
+                continue
+            val = out[field]
+            if "$slice" in op:
+                if isinstance(val, list):
+                    arg = op["$slice"]
+                    if isinstance(arg, list):
+                        skip, limit = arg
+                        if skip < 0:
+                            skip = max(0, len(val) + skip)
+                        out[field] = val[skip:skip + limit]
+                    elif arg < 0:
+                        out[field] = val[len(val) + arg:] if -arg < len(val) else val
+                    else:
+                        out[field] = val[:arg]
+            else:
+                match = [x for x in val if isinstance(x, dict) and matches(op["$elemMatch"], x)] \
+                    if isinstance(val, list) else []
+                if match:
+                    out[field] = [match[0]]
+                else:
+                    del out[field]
+        if self.exprs:
+            try:
+                computed = mm_aggregate._handle_project_stage([doc], None, dict(self.exprs))
+            except Exception as exc:
+                raise _translate(exc) from None
+            if computed:
+                for k, v in computed[0].items():
+                    if k != "_id":
+                        out[k] = v
+        return out
+
+
+def _include(doc: Any, paths: list[tuple[str, ...]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        subs = [p[1:] for p in paths if p[0] == k]
+        if not subs:
+            continue
+        if any(not s for s in subs):
+            out[k] = v
+        elif isinstance(v, dict):
+            out[k] = _include(v, subs)
+        elif isinstance(v, list):
+            out[k] = [_include(x, subs) for x in v if isinstance(x, dict)]
+    return out
+
+
+def _exclude(doc: Any, paths: list[tuple[str, ...]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        subs = [p[1:] for p in paths if p[0] == k]
+        if not subs:
+            out[k] = v
+        elif any(not s for s in subs):
+            continue
+        elif isinstance(v, dict):
+            out[k] = _exclude(v, subs)
+        elif isinstance(v, list):
+            out[k] = [_exclude(x, subs) if isinstance(x, dict) else x for x in v]
+        else:
+            out[k] = v
+    return out
 
 
 def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]], database: Any) -> list[dict[str, Any]]:

@@ -119,3 +119,20 @@ def test_matcher_and_helpers():
         matches({"a": {"$bogus": 1}}, doc)
     assert upsert_seed({"_id": 3, "x": {"$gt": 1}, "y.z": 2}) == {"_id": 3, "y": {"z": 2}}
     assert distinct_values([{"t": [1, 2]}, {"t": 2}, {"t": "a"}], "t") == [1, 2, "a"]
+
+
+def test_find_projection_semantics():
+    from shard.query import project
+    doc = {"_id": 1, "a": [1, 2, 3, 4], "b": {"c": 1, "d": 2}, "e": [{"x": 1, "y": 1}, {"x": 2, "y": 2}], "z": 5}
+    assert project([doc], {"b.c": 1}) == [{"_id": 1, "b": {"c": 1}}]
+    assert list(project([doc], {"z": 1, "a": {"$slice": [1, 2]}})[0]) == ["_id", "a", "z"]
+    assert project([doc], {"z": 1, "a": {"$slice": [1, 2]}})[0]["a"] == [2, 3]
+    only_slice = project([doc], {"a": {"$slice": -1}})[0]
+    assert only_slice["a"] == [4] and only_slice["z"] == 5  # $slice alone keeps other fields
+    assert project([doc], {"e": {"$elemMatch": {"x": 2}}, "_id": 0}) == [{"e": [{"x": 2, "y": 2}]}]
+    assert project([doc], {"e.y": 0, "_id": 0})[0]["e"] == [{"x": 1}, {"x": 2}]
+    assert project([doc], {"n": {"$add": ["$z", 1]}, "z": 1}) == [{"_id": 1, "z": 5, "n": 6}]
+    with pytest.raises(MongoError) as e:
+        project([doc], {"a": 1, "z": 0})
+    assert e.value.code == 31254
+    assert doc["a"] == [1, 2, 3, 4] and doc["e"][0] == {"x": 1, "y": 1}  # input untouched
