@@ -39,6 +39,8 @@ def _compare_type(val: Any) -> int:
     from bson import MaxKey, MinKey, Timestamp
     if isinstance(val, Timestamp):
         return 47
+    if isinstance(val, _EmptyArray):
+        return 3
     if isinstance(val, MinKey):
         return -1
     if isinstance(val, MaxKey):
@@ -133,12 +135,61 @@ def sort_docs(docs: list[dict[str, Any]], sort: dict[str, Any] | None) -> list[d
                 raise MongoError(2, f"Illegal key in $sort specification: {k}: {v}")
         elif v not in (1, -1) or isinstance(v, bool):
             raise MongoError(15975, "$sort key ordering must be 1 (for ascending) or -1 (for descending)")
+    out = list(docs)
     try:
-        return list(mm_aggregate._handle_sort_stage(docs, None, sort))
+        for path, direction in reversed(list(sort.items())):
+            if isinstance(direction, dict):
+                continue  # {$meta: ...}: no text scores here, keep the order
+            desc = direction < 0
+            out.sort(key=lambda d, p=path, r=desc: _SortKey(_sort_value(d, p, r)), reverse=desc)
     except MongoError:
         raise
     except Exception as exc:
         raise _translate(exc) from None
+    return out
+
+
+class _EmptyArray:
+    """Stands for ``[]`` in sort keys: it sorts before null (``sort_key_generator.cpp``)."""
+
+
+_EMPTY = _EmptyArray()
+
+
+class _SortKey:
+    __slots__ = ("v",)
+
+    def __init__(self, v: Any) -> None:
+        self.v = v
+
+    def __lt__(self, other: "_SortKey") -> bool:
+        import operator
+        return mm_filtering.bson_compare(operator.lt, self.v, other.v)
+
+
+def _sort_value(doc: dict[str, Any], path: str, desc: bool) -> Any:
+    """The value a document sorts by: through arrays, the smallest element ascending and the
+    largest descending (mongod's multikey sort); missing is null."""
+    import operator
+    cands: list[Any] = []
+    for v in mm_filtering.iter_key_candidates(path, doc):
+        if v is mm_filtering.NOTHING:
+            continue
+        if isinstance(v, list):
+            if v:
+                cands.extend(v)
+            else:
+                cands.append(_EMPTY)
+        else:
+            cands.append(v)
+    if not cands:
+        return None
+    best = cands[0]
+    op = operator.gt if desc else operator.lt
+    for c in cands[1:]:
+        if mm_filtering.bson_compare(op, c, best):
+            best = c
+    return best
 
 
 def project(docs: list[dict[str, Any]], projection: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -136,3 +136,15 @@ def test_find_projection_semantics():
         project([doc], {"a": 1, "z": 0})
     assert e.value.code == 31254
     assert doc["a"] == [1, 2, 3, 4] and doc["e"][0] == {"x": 1, "y": 1}  # input untouched
+
+
+def test_sort_uses_bson_order_and_array_min_max():
+    from shard.query import sort_docs
+    docs = [{"_id": 1, "a": [5, 1]}, {"_id": 2, "a": 3}, {"_id": 3}, {"_id": 4, "a": []},
+            {"_id": 5, "a": "s"}, {"_id": 6, "a": [2, 9]}, {"_id": 7, "a": None}]
+    assert [d["_id"] for d in sort_docs(docs, {"a": 1})] == [4, 3, 7, 1, 6, 2, 5]
+    assert [d["_id"] for d in sort_docs(docs, {"a": -1})] == [5, 6, 1, 2, 3, 7, 4]
+    assert [d["_id"] for d in sort_docs(docs, {"a": 1, "_id": -1})] == [4, 7, 3, 1, 6, 2, 5]
+    with pytest.raises(MongoError) as e:
+        sort_docs(docs, {"a": 2})
+    assert e.value.code == 15975
