@@ -287,9 +287,12 @@ class Transform:
             token_uuid = None
         else:
             token_uuid = uuid
-        data = rt.event_token_data(ts, token_uuid, op_type, document_key, op_desc,
-                                   txn_op_index=idx, version=self._version(ts, idx))
-        token = rt.encode(data)
+        version = self._version(ts, idx)
+        if version == 2 and type(document_key) is dict and op_desc is None:
+            token = rt.fast_event_token(ts, token_uuid, op_type, document_key, idx)
+        else:
+            token = rt.encode(rt.event_token_data(ts, token_uuid, op_type, document_key, op_desc,
+                                                  txn_op_index=idx, version=version))
 
         doc: dict[str, Any] = dict(pre)
         doc["_id"] = token

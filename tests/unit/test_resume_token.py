@@ -204,3 +204,16 @@ def test_decode_rejects_oversized():
 def test_lowercase_hex_is_accepted():
     tok = rt.make_high_water_mark(Timestamp(3, 4))
     assert rt.decode({"_data": tok["_data"].lower()}).clusterTime == Timestamp(3, 4)
+
+
+def test_fast_event_token_matches_generic_encoder():
+    rng = random.Random(99)
+    for i in range(500):
+        key = {"sk": _random_id(rng), "_id": _random_id(rng)} if i % 2 else {"_id": _random_id(rng)}
+        if i % 7 == 0:
+            key["_id"] = {"a": [1, "x", None, True, Int64(5)], "b": 2.5}
+        ts = Timestamp(rng.randint(1, 2**31), rng.randint(0, 2**31))
+        u = None if i % 11 == 0 else bytes(rng.randrange(256) for _ in range(16))
+        idx = rng.choice([0, 1, 300, 2**31 - 1])
+        op = rng.choice(["insert", "update", "replace", "delete"])
+        assert rt.fast_event_token(ts, u, op, key, idx) == rt.event_token(ts, u, op, key, txn_op_index=idx)
