@@ -425,6 +425,20 @@ def _validate_operators(update: dict[str, Any]) -> None:
                 raise MongoError(56, "An empty update path is not valid.")
     if "$bit" in update:
         raise MongoError(238, "$bit is not supported by shardsim")
+    # Two modifiers on the same path or on a path and its prefix conflict (update_driver.cpp).
+    seen: list[tuple[str, ...]] = []
+    for op, arg in update.items():
+        targets = list(arg)
+        if op == "$rename":
+            targets += [v for v in arg.values() if isinstance(v, str)]
+        for path in targets:
+            parts = tuple(path.split("."))
+            for other in seen:
+                n = min(len(parts), len(other))
+                if parts[:n] == other[:n]:
+                    raise MongoError(40, f"Updating the path '{path}' would create a conflict at "
+                                         f"'{'.'.join(parts[:n])}'")
+            seen.append(parts)
 
 
 def _set_path(doc: dict[str, Any], path: str, value: Any) -> None:

@@ -106,6 +106,9 @@ def test_immutable_id_and_bad_modifiers():
     with pytest.raises(MongoError) as e:
         apply_update({"_id": 1}, {"$set": {"a": 1}, "b": 2}, {})
     assert e.value.code == 9
+    with pytest.raises(MongoError) as e:
+        apply_update({"_id": 1}, {"$set": {"a": 1}, "$inc": {"a.b": 2}}, {})
+    assert e.value.code == 40 and "would create a conflict at 'a'" in e.value.errmsg
 
 
 def test_matcher_and_helpers():
