@@ -129,11 +129,14 @@ docker_build() {  # docker_build TAG CTX BASE WITH_JAVA
     if ! docker build -t "$1" -f deploy/Dockerfile \
             --build-arg BASE_IMAGE="$3" --build-arg WITH_JAVA="$4" \
             --label org.opencontainers.image.revision="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+        --label org.shardsim.image=1 \
             "$2" >"$stage/build-$(basename "$2").log" 2>&1; then
         tail -n 40 "$stage/build-$(basename "$2").log" >&2
         log "docker build of $1 failed (full log: $stage/build-$(basename "$2").log)"
         exit 1
     fi
+    # Earlier builds of this image are now untagged: remove them (only ours, only dangling).
+    docker image prune -f --filter label=org.shardsim.image=1 >/dev/null 2>&1 || true
     log "built $1"
 }
 
