@@ -111,9 +111,31 @@ def compile_stage(name: str, arg: Any) -> StageFn | None:
     if name in ("$addFields", "$set") and not isinstance(arg, dict):
         raise MongoError(40272, f"{name} specification stage must be an object, got "
                                 f"{type(arg).__name__}")
+    if name == "$project":
+        arg = _nest_computed_paths(arg)
     fn = _pipeline_stage({name: arg})
     fn(dict(_SAMPLE_EVENT))  # validate the specification now, like the server's parse
     return fn
+
+
+def _nest_computed_paths(spec: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b": <expr>}`` -> ``{"a": {"b": <expr>}}`` in a ``$project`` (same meaning on the
+    server; mongomock would create a field literally named "a.b"). Inclusions/exclusions stay
+    dotted, which mongomock handles."""
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if "." in key and not (isinstance(value, (bool, int, float)) and value in (0, 1)):
+            head, *rest = key.split(".")
+            node = out.setdefault(head, {})
+            if not isinstance(node, dict):
+                out[key] = value
+                continue
+            for part in rest[:-1]:
+                node = node.setdefault(part, {})
+            node[rest[-1]] = value
+        else:
+            out[key] = value
+    return out
 
 
 def compile_stages(stages: list[tuple[str, Any]]) -> list[StageFn]:

@@ -260,3 +260,12 @@ def test_spec_resume_after_invalidate_and_uuidless_tokens():
         spec_mod.parse("d", "c", [{"$changeStream": {"resumeAfter": no_uuid}}])
     assert ei.value.code == 260
     assert spec_mod.parse("d", 1, [{"$changeStream": {"resumeAfter": no_uuid}}]).kind == "database"
+
+
+def test_user_project_with_dotted_computed_path():
+    from shard.change_stream.user_stages import compile_stage
+    fn = compile_stage("$project", {"_id": 1, "operationType": 1, "ns.viewOn": "db.coll"})
+    out = fn({"_id": {"_data": "00"}, "operationType": "insert", "ns": {"db": "a", "coll": "b"}})
+    assert out == {"_id": {"_data": "00"}, "operationType": "insert", "ns": {"viewOn": "db.coll"}}
+    inc = compile_stage("$project", {"ns.db": 1})
+    assert inc({"_id": 1, "ns": {"db": "a", "coll": "b"}}) == {"_id": 1, "ns": {"db": "a"}}
