@@ -216,14 +216,15 @@ def register(node: ShardNode) -> None:
         kind = q.validate_update(upd)
         if multi and kind == "replacement" and upd:
             raise MongoError(9, "multi update is not supported for replacement-style update")
-        if stmt.get("arrayFilters"):
-            raise MongoError(238, "arrayFilters are not supported by shardsim")
+        array_filters = stmt.get("arrayFilters")
+        q.parse_array_filters(array_filters)
         matched = modified = 0
         for key, doc in q.select(coll, filt):
-            new = q.apply_update(doc, upd, filt)
+            concrete = q.expand_positional(doc, upd, filt, array_filters)
+            new = q.apply_update(doc, concrete, filt)
             matched += 1
-            if not q.is_noop(doc, new, upd):
-                apply_replace(coll, key, doc, new, upd, ctx)
+            if not q.is_noop(doc, new, concrete):
+                apply_replace(coll, key, doc, new, concrete, ctx)
                 modified += 1
             if not multi:
                 break
@@ -403,13 +404,16 @@ def register(node: ShardNode) -> None:
                     leo = {"n": 1}
             elif candidates:
                 key, doc = candidates[0]
-                new = q.apply_update(doc, upd, filt)
-                if not q.is_noop(doc, new, upd):
-                    apply_replace(coll, key, doc, new, upd, ctx)
+                concrete = q.expand_positional(doc, upd, filt, body.get("arrayFilters"))
+                new = q.apply_update(doc, concrete, filt)
+                if not q.is_noop(doc, new, concrete):
+                    apply_replace(coll, key, doc, new, concrete, ctx)
                 value = new if new_opt else doc
                 leo = {"n": 1, "updatedExisting": True}
             elif upsert:
                 stmt = {"q": filt, "u": upd, "upsert": True}
+                if body.get("arrayFilters") is not None:
+                    stmt["arrayFilters"] = body["arrayFilters"]
                 _, _, up = do_update(coll, req.db, name, stmt, ctx, 0)
                 coll = storage.get(req.db, name)
                 leo = {"n": 1, "updatedExisting": False, "upserted": up}

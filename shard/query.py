@@ -498,6 +498,112 @@ def _apply_rename(doc: dict[str, Any], arg: dict[str, Any]) -> None:
             _set_path(doc, dst, value)
 
 
+_IDENT = re.compile(r"^[a-z][a-zA-Z0-9]*$")
+
+
+def parse_array_filters(array_filters: Any) -> dict[str, list[dict[str, Any]]]:
+    """``arrayFilters`` -> identifier -> element filters (keys rewritten onto ``x``).
+
+    Errors like mongod: FailedToParse (9) for a filter naming no or several identifiers,
+    BadValue (2) for a bad identifier."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    if array_filters is None:
+        return out
+    if not isinstance(array_filters, list):
+        raise MongoError(14, "BSON field 'arrayFilters' is the wrong type, expected type 'array'")
+    for f in array_filters:
+        if not isinstance(f, dict) or not f:
+            raise MongoError(9, "Cannot use an expression without a top-level field name in arrayFilters")
+        idents = {k.split(".", 1)[0] for k in f if not k.startswith("$")}
+        if len(idents) != 1:
+            raise MongoError(9, "Error parsing array filter :: caused by :: Expected a single "
+                                "top-level field name, found " + ", ".join(sorted(idents)))
+        ident = idents.pop()
+        if not _IDENT.match(ident):
+            raise MongoError(2, f"Error parsing array filter :: caused by :: The top-level field name "
+                                f"must be an alphanumeric string beginning with a lowercase letter, "
+                                f"found '{ident}'")
+        if ident in out:
+            raise MongoError(9, f"Found multiple array filters with the same top-level field name {ident}")
+        out[ident] = [{("x" + k[len(ident):]): v for k, v in f.items()}]
+    return out
+
+
+def expand_positional(doc: dict[str, Any], update: Any, query: dict[str, Any] | None,
+                      array_filters: Any = None) -> Any:
+    """Rewrite ``$``, ``$[]`` and ``$[<id>]`` path components of an operator update into the
+    concrete array indices they select in ``doc`` (so the update and its oplog diff name real
+    paths). ``$`` is the first element that made ``query`` match; ``$[<id>]`` every element
+    matching the ``arrayFilters`` entry for ``<id>``. Errors: BadValue (2) when ``$`` has no
+    match or an identifier has no filter; FailedToParse (9) for an unused filter."""
+    filters = parse_array_filters(array_filters)
+    if not isinstance(update, dict) or not update or not next(iter(update)).startswith("$"):
+        if filters:
+            raise MongoError(9, f"The array filter for identifier '{next(iter(filters))}' was not "
+                                f"used in the update {update}")
+        return update
+    used: set[str] = set()
+    out: dict[str, Any] = {}
+    for op, arg in update.items():
+        if not isinstance(arg, dict) or not any("$" in p for p in arg):
+            out[op] = arg
+            continue
+        new_arg: dict[str, Any] = {}
+        for path, value in arg.items():
+            parts = path.split(".")
+            if not any(p == "$" or p.startswith("$[") for p in parts):
+                new_arg[path] = value
+                continue
+            for concrete in _expand_parts(doc, parts, [], query or {}, filters, used, path):
+                new_arg[".".join(concrete)] = value
+        out[op] = new_arg
+    for ident in filters:
+        if ident not in used:
+            raise MongoError(9, f"The array filter for identifier '{ident}' was not used in the "
+                                f"update {update}")
+    return out
+
+
+def _expand_parts(cur: Any, parts: list[str], done: list[str], query: dict[str, Any],
+                  filters: dict[str, list[dict[str, Any]]], used: set[str], path: str) -> list[list[str]]:
+    if not parts:
+        return [done]
+    head, rest = parts[0], parts[1:]
+    if head == "$":
+        if not isinstance(cur, list):
+            raise MongoError(2, "The positional operator did not find the match needed from the query.")
+        prefix = ".".join(done)
+        sub = {k: v for k, v in query.items() if k == prefix or k.startswith(prefix + ".")}
+        for i, elem in enumerate(cur):
+            probe: dict[str, Any] = {}
+            _set_path(probe, prefix, [elem])
+            if sub and matches(sub, probe):
+                return _expand_parts(elem, rest, done + [str(i)], query, filters, used, path)
+        raise MongoError(2, "The positional operator did not find the match needed from the query.")
+    if head.startswith("$[") and head.endswith("]"):
+        ident = head[2:-1]
+        if ident and ident not in filters:
+            raise MongoError(2, f"No array filter found for identifier '{ident}' in path '{path}'")
+        if not isinstance(cur, list):
+            if cur is None:
+                return []
+            raise MongoError(2, f"Cannot apply array updates to non-array element {'.'.join(done)}")
+        used.add(ident)
+        out: list[list[str]] = []
+        for i, elem in enumerate(cur):
+            if ident and not all(matches(f, {"x": elem}) for f in filters[ident]):
+                continue
+            out += _expand_parts(elem, rest, done + [str(i)], query, filters, used, path)
+        return out
+    if isinstance(cur, dict):
+        nxt = cur.get(head)
+    elif isinstance(cur, list) and head.isdigit() and int(head) < len(cur):
+        nxt = cur[int(head)]
+    else:
+        nxt = None
+    return _expand_parts(nxt, rest, done + [head], query, filters, used, path)
+
+
 def apply_update(doc: dict[str, Any], update: Any, spec: dict[str, Any] | None, *,
                  is_insert: bool = False) -> dict[str, Any]:
     """The document after ``update`` (operators, replacement or pipeline) applied to ``doc``.

@@ -537,3 +537,19 @@ def test_small_oplog_truncates_and_tailing_past_it_fails(shard_process, shard_cl
     with pytest.raises(OperationFailure) as e:
         c["T"].c.insert_one({})
     assert e.value.code == 13297
+
+
+def test_array_filters_and_positional_updates(client):
+    coll = client.arrf.c
+    coll.insert_one({"_id": 1, "grades": [{"g": 80, "n": 1}, {"g": 95, "n": 2}, {"g": 97, "n": 3}]})
+    r = coll.update_one({"_id": 1}, {"$set": {"grades.$[hi].top": True}},
+                        array_filters=[{"hi.g": {"$gte": 95}}])
+    assert r.modified_count == 1
+    coll.update_one({"_id": 1, "grades.n": 1}, {"$inc": {"grades.$.g": 5}})
+    doc = coll.find_one({"_id": 1})
+    assert [x.get("top") for x in doc["grades"]] == [None, True, True]
+    assert doc["grades"][0]["g"] == 85
+    e1, e2 = last_ops(client, "arrf.c", 2)
+    assert e1["o"]["diff"] == {"sgrades": {"a": True, "s1": {"i": {"top": True}},
+                                           "s2": {"i": {"top": True}}}}
+    assert e2["o"]["diff"] == {"sgrades": {"a": True, "s0": {"u": {"g": 85}}}}

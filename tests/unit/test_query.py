@@ -151,3 +151,27 @@ def test_sort_uses_bson_order_and_array_min_max():
     with pytest.raises(MongoError) as e:
         sort_docs(docs, {"a": 2})
     assert e.value.code == 15975
+
+
+def test_positional_and_array_filter_updates_expand_to_real_paths():
+    from shard.query import expand_positional
+    pre = {"_id": 1, "a": [{"b": 0, "k": "x"}, {"b": 5, "k": "y"}, {"b": 7, "k": "y"}]}
+    u = expand_positional(pre, {"$set": {"a.$[].b": 1}}, {})
+    assert u == {"$set": {"a.0.b": 1, "a.1.b": 1, "a.2.b": 1}}
+    u = expand_positional(pre, {"$inc": {"a.$[el].b": 10}}, {}, [{"el.k": "y"}])
+    assert u == {"$inc": {"a.1.b": 10, "a.2.b": 10}}
+    post = apply_update(pre, u, {})
+    assert [e["b"] for e in post["a"]] == [0, 15, 17]
+    assert update_diff(pre, post, u)["diff"] == {"sa": {"a": True, "s1": {"u": {"b": 15}},
+                                                        "s2": {"u": {"b": 17}}}}
+    u = expand_positional(pre, {"$set": {"a.$.b": 9}}, {"a.k": "y"})
+    assert u == {"$set": {"a.1.b": 9}}
+    with pytest.raises(MongoError) as e:
+        expand_positional(pre, {"$set": {"a.$[zz].b": 1}}, {})
+    assert e.value.code == 2
+    with pytest.raises(MongoError) as e:
+        expand_positional(pre, {"$set": {"a.0.b": 1}}, {}, [{"q": 1}])
+    assert e.value.code == 9
+    with pytest.raises(MongoError) as e:
+        expand_positional(pre, {"$set": {"a.$.b": 1}}, {"_id": 1})
+    assert e.value.code == 2
