@@ -253,3 +253,46 @@ def test_config_event_metadata():
     item = item_from_raw_event(rd, is_config=True)
     assert item.meta["is_shard_insert"] and item.meta["shard"] == "shard03"
     assert item.meta["cluster_time"] == (10 << 32) | 3
+
+
+def test_shard_resume_spec_asks_shards_for_the_token_time():
+    from router.change_stream import _shard_resume_spec
+    from shardsim import resume_token as rt
+    ts = Timestamp(100, 7)
+    ev_tok = rt.event_token(ts, bytes(16), "insert", {"_id": 1})
+    spec = _shard_resume_spec({"resumeAfter": ev_tok, "fullDocument": "updateLookup"}, ev_tok)
+    assert spec == {"fullDocument": "updateLookup", "resumeAfter": rt.make_high_water_mark(ts)}
+    spec = _shard_resume_spec({"startAfter": ev_tok}, ev_tok)
+    assert spec == {"resumeAfter": rt.make_high_water_mark(ts)}
+    inv = rt.event_token(ts, bytes(16), "invalidate", None, from_invalidate=True)
+    assert _shard_resume_spec({"startAfter": inv}, inv) == {"startAfter": inv}
+    hwm_tok = rt.make_high_water_mark(ts)
+    assert _shard_resume_spec({"resumeAfter": hwm_tok}, hwm_tok) == {"resumeAfter": hwm_tok}
+    assert _shard_resume_spec({"startAtOperationTime": ts}, None) == {"startAtOperationTime": ts}
+
+
+def test_token_helpers_agree_with_the_shared_codec():
+    from router.merger import is_invalidate_data, token_ts_key
+    from shardsim import resume_token as rt
+    ts = Timestamp(1234, 5)
+    inv = rt.event_token(ts, bytes(16), "invalidate", None, from_invalidate=True)
+    ins = rt.event_token(ts, bytes(16), "insert", {"_id": 1})
+    assert is_invalidate_data(inv["_data"]) and not is_invalidate_data(ins["_data"])
+    assert token_ts_key(ins["_data"]) == (1234 << 32) | 5
+    assert hwm_data((1234 << 32) | 5) == rt.make_high_water_mark(ts)["_data"]
+    assert is_hwm_data(rt.make_high_water_mark(ts, 1)["_data"])
+
+
+def test_invalidate_resume_token_is_not_required_to_be_seen():
+    from shardsim import resume_token as rt
+    inv_tok = rt.event_token(Timestamp(0, 5), bytes(16), "invalidate", None, from_invalidate=True)
+    m, cs = _merge([ev(8)], [ev(9)], resume=inv_tok)
+    assert [x.payload for x in _drain(cs)] == ["e8.0", "e9.0"]
+
+
+def test_event_below_an_earlier_promise_fails_instead_of_reordering():
+    m = Merger()
+    a = m.add_remote("a", "db.c", 1, [], hwm(1))
+    m.on_batch(a, [], 1, hwm(10))
+    m.on_batch(a, [ev(5)], 1, ev(5).token)
+    assert m.status is not None and m.status.code == 1
