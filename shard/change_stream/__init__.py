@@ -87,7 +87,11 @@ async def aggregate_change_stream(node: Any, req: Any) -> dict[str, Any]:
                          needs_merge=bool(body.get("needsMerge", False)))
     if body.get("lsid") is not None:
         cursor.lsid = body.get("lsid")
-    reply = await node.cursors.run_first_batch(cursor, batch_size)
+    try:
+        reply = await node.cursors.run_first_batch(cursor, batch_size)
+    except BaseException:
+        await cursor.close()  # unregisters its oplog listener; the cursor was never registered
+        raise
     if isinstance(reply.get("id"), int) and not isinstance(reply["id"], Int64):
         reply["id"] = Int64(reply["id"])
     return {"cursor": reply}

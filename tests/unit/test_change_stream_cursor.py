@@ -200,3 +200,20 @@ def test_noop_writer_writes_only_when_idle():
         await asyncio.sleep(0)
         assert len(busy) <= 1 and task.cancelled() or task.done()
     run(go())
+
+
+def test_failed_first_batch_releases_the_oplog_listener():
+    from types import SimpleNamespace
+    from shard.change_stream import aggregate_change_stream
+    from shardsim.cursors import CursorManager
+    node = FakeNode()
+    node.cursors = CursorManager()
+    node.write("i", "d.c", {"_id": 1}, {"_id": 1})
+    start = node.oplog.first_ts()
+    req = SimpleNamespace(db="d", body={"aggregate": "c", "cursor": {},
+                                        "pipeline": [{"$changeStream": {"startAtOperationTime": start}},
+                                                     {"$project": {"_id": 0}}]})
+    with pytest.raises(MongoError) as ei:
+        run(aggregate_change_stream(node, req))
+    assert ei.value.code == 280
+    assert node.oplog._listeners == [] and len(node.cursors) == 0
