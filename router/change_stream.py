@@ -171,7 +171,7 @@ class RouterChangeStream:
         shards = [s[0] for s in router.catalog.shards()]
         if not shards:
             raise MongoError(70, "no shards found")
-        cmd = self._shard_command(_shard_resume_spec(spec, token))
+        cmd = self._shard_command(spec)  # the same explicit start for every shard
         opens = [self._open(name, self.db, cmd) for name in shards]
         config_cmd = None
         if self.db != "config":
@@ -316,30 +316,6 @@ class RouterChangeStream:
         for r in list(self.merger.remotes):
             self._kill_remote(r)
         self.wake.set()
-
-
-def _shard_resume_spec(spec: dict[str, Any], token: Any) -> dict[str, Any]:
-    """The ``$changeStream`` spec sent to shards.
-
-    Resuming from a plain event token T, every shard is asked to resume from HWM(T's
-    clusterTime) instead, so the shard that holds T returns T itself and the router's
-    ensure-resume-token-present check sees it (the server's shard-side CheckResumability returns
-    the found token to mongos for that reason; shardsim's shard stage swallows it). The router
-    then drops everything up to and including T. Invalidate tokens (startAfter) and split-event
-    tokens (fragmentNum) go to the shards unchanged: their shard-side handling depends on them.
-    """
-    if token is None:
-        return spec
-    try:
-        from shardsim import resume_token as rt
-        data = rt.decode(token)
-    except Exception:
-        return spec  # the shards report the parse error
-    if rt.is_high_water_mark(data) or data.fromInvalidate or data.fragmentNum is not None:
-        return spec
-    out = {k: v for k, v in spec.items() if k not in ("resumeAfter", "startAfter")}
-    out["resumeAfter"] = rt.make_high_water_mark(data.clusterTime, data.version)
-    return out
 
 
 def _plain(token: Any) -> Any:

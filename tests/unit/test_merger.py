@@ -255,22 +255,6 @@ def test_config_event_metadata():
     assert item.meta["cluster_time"] == (10 << 32) | 3
 
 
-def test_shard_resume_spec_asks_shards_for_the_token_time():
-    from router.change_stream import _shard_resume_spec
-    from shardsim import resume_token as rt
-    ts = Timestamp(100, 7)
-    ev_tok = rt.event_token(ts, bytes(16), "insert", {"_id": 1})
-    spec = _shard_resume_spec({"resumeAfter": ev_tok, "fullDocument": "updateLookup"}, ev_tok)
-    assert spec == {"fullDocument": "updateLookup", "resumeAfter": rt.make_high_water_mark(ts)}
-    spec = _shard_resume_spec({"startAfter": ev_tok}, ev_tok)
-    assert spec == {"resumeAfter": rt.make_high_water_mark(ts)}
-    inv = rt.event_token(ts, bytes(16), "invalidate", None, from_invalidate=True)
-    assert _shard_resume_spec({"startAfter": inv}, inv) == {"startAfter": inv}
-    hwm_tok = rt.make_high_water_mark(ts)
-    assert _shard_resume_spec({"resumeAfter": hwm_tok}, hwm_tok) == {"resumeAfter": hwm_tok}
-    assert _shard_resume_spec({"startAtOperationTime": ts}, None) == {"startAtOperationTime": ts}
-
-
 def test_token_helpers_agree_with_the_shared_codec():
     from router.merger import is_invalidate_data, token_ts_key
     from shardsim import resume_token as rt
