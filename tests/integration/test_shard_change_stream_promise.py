@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 
-from bson import Int64, Timestamp
+from bson import Binary, Int64, Timestamp
 
 from shard.change_stream.cursor import safe_promise_key
 from shard.node import ShardNode
@@ -31,8 +32,12 @@ async def _scenario() -> tuple[list, list, int, int]:
     max_promise = [0]
     appended = [0]
 
+    txns = [0]
+
     def on_append(entry):
         appended[0] += 1
+        if "applyOps" in entry.get("o", {}):
+            txns[0] += 1
         if ts_key(entry["ts"]) <= max_promise[0]:
             violations.append((entry["ts"], max_promise[0]))
 
@@ -84,6 +89,15 @@ async def _scenario() -> tuple[list, list, int, int]:
                                                          "u": {"$set": {"w": j}}}]}
                 elif r < 0.85:
                     body = {"delete": coll, "deletes": [{"q": {"_id": f"{i}-{j - 2}"}, "limit": 1}]}
+                elif r < 0.88:  # a two-statement transaction committed as one applyOps entry
+                    lsid = {"id": Binary(uuid.uuid4().bytes, 4)}
+                    txn = {"lsid": lsid, "txnNumber": Int64(1), "autocommit": False}
+                    await pool.command("pp", {"insert": coll, "documents": [{"_id": f"t{i}-{j}"}],
+                                              "startTransaction": True, **txn}, check=False)
+                    await pool.command("pp", {"insert": coll, "documents": [{"_id": f"u{i}-{j}"}], **txn},
+                                       check=False)
+                    await pool.command("admin", {"commitTransaction": 1, **txn}, check=False)
+                    continue
                 elif r < 0.92:
                     body = {"createIndexes": coll, "indexes": [{"key": {f"f{j % 4}": 1},
                                                                 "name": f"f{j % 4}_1"}]}
@@ -107,6 +121,7 @@ async def _scenario() -> tuple[list, list, int, int]:
     await mon
     await rd
     await server.close()
+    assert txns[0] >= 5, "the scenario must commit transactions"
     return violations, stream_errors, appended[0], events_seen[0]
 
 
