@@ -189,20 +189,22 @@ def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = Fals
             raise MongoError(40323, "A pipeline stage specification object must contain exactly one field.")
         name, arg = next(iter(st.items()))
         if name == "$changeStream":
-            raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
+            raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline")
         if name not in KNOWN_STAGES:
             raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
         if name not in USER_STAGES:
             raise MongoError(20, f"{name} is not permitted in a $changeStream pipeline")
         if name == "$changeStreamSplitLargeEvent":
-            if arg != {} and not isinstance(arg, dict):
-                raise MongoError(7182800, "$changeStreamSplitLargeEvent stage expects an empty document "
-                                          "as argument")
-            if arg:
-                raise MongoError(7182800, "$changeStreamSplitLargeEvent stage expects an empty document "
-                                          "as argument")
-            if i != len(rest) - 1:
-                raise MongoError(7182802, "$changeStreamSplitLargeEvent must be the last stage in the pipeline")
+            if not isinstance(arg, dict) or arg:
+                raise MongoError(7182800, "$changeStreamSplitLargeEvent spec must be an empty object")
+            if any(n == name for n, _ in stages):
+                raise MongoError(7183900, f"{name} can only be used once in the pipeline")
+            if i != len(rest) - 1:  # PositionRequirement::kLast (Pipeline::validateCommon)
+                raise MongoError(40601, f"{name} can only be the final stage in the pipeline")
         stages.append((name, arg))
     spec.user_stages = stages
+    if (spec.resume_data is not None and spec.resume_data.fragmentNum is not None
+            and not any(n == "$changeStreamSplitLargeEvent" for n, _ in stages)):
+        raise MongoError(280, "To resume from a split event, the $changeStream pipeline must include "
+                              "a $changeStreamSplitLargeEvent stage")
     return spec
