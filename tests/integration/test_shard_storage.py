@@ -553,3 +553,14 @@ def test_array_filters_and_positional_updates(client):
     assert e1["o"]["diff"] == {"sgrades": {"a": True, "s1": {"i": {"top": True}},
                                            "s2": {"i": {"top": True}}}}
     assert e2["o"]["diff"] == {"sgrades": {"a": True, "s0": {"u": {"g": 85}}}}
+
+
+def test_legacy_op_query_handshake(proc):
+    with socket.create_connection((proc.host, proc.port), timeout=10) as sock:
+        sock.sendall(wire.encode_op_query("admin.$cmd", bson.encode({"isMaster": 1}), request_id=42))
+        header = _recv(sock, 16)
+        length, _rid, response_to, op = struct.unpack("<iiii", header)
+        assert op == wire.OP_REPLY and response_to == 42
+        [doc] = wire.parse_op_reply(_recv(sock, length - 16))
+        reply = bson.decode(doc)
+        assert reply["ismaster"] is True and reply["setName"] == "rsA" and reply["ok"] == 1.0
