@@ -75,16 +75,14 @@ def build(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
             return isinstance(ops, list) and any(isinstance(op, dict) and op_ok(op) for op in ops)
         if entry.get("fromMigrate"):
             return False
+        if name == "renameCollection":  # source or target watched (may be another database)
+            return ns_ok(str(o.get("renameCollection", ""))) or ns_ok(str(o.get("to", "")))
         if not db_ok(db):
             return False
         if name == "dropDatabase":
             return True
         if name == "drop":
             return ns_ok(f"{db}.{o['drop']}")
-        if name == "renameCollection":
-            src = o.get("renameCollection", "")
-            dst = o.get("to", "")
-            return ns_ok(src) or ns_ok(dst)
         if name in EXPANDED_COMMANDS:
             return show_expanded and ns_ok(f"{db}.{o[name]}")
         return False

@@ -78,6 +78,9 @@ def test_database_and_cluster_filters():
     assert dbm(entry("i", "d.any", {"_id": 1}))
     assert not dbm(entry("i", "d.system.views", {"_id": 1}))
     assert not dbm(entry("i", "e.any", {"_id": 1}))
+    # a rename from another database into this one concerns the database stream
+    assert dbm(entry("c", "e.$cmd", {"renameCollection": "e.a", "to": "d.b", "stayTemp": False}))
+    assert not dbm(entry("c", "e.$cmd", {"renameCollection": "e.a", "to": "e.b", "stayTemp": False}))
     cl = oplog_match.build(spec_mod.parse("admin", 1, [{"$changeStream": {"allChangesForCluster": True}}]))
     assert cl(entry("i", "e.any", {"_id": 1}))
     for internal in ("admin.x", "config.x", "local.x"):
