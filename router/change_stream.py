@@ -226,7 +226,7 @@ class RouterChangeStream:
             raise _labelled(exc, "getMore") from None
 
     # -- remote getMores ----------------------------------------------------------------------
-    def schedule_getmores(self) -> None:
+    def schedule_getmores(self, nudge: bool = False) -> None:
         """``_scheduleGetMores``: one getMore per remote that has nothing buffered and no
         request outstanding. Tasks run in a fresh context (they outlive client operations)."""
         polls = self.merger.remotes_to_poll()
@@ -236,13 +236,15 @@ class RouterChangeStream:
         # a fresh promise without a long await (they carry our newer $clusterTime), instead of
         # letting them sit out a full await period. Latency only; the merge rule is unchanged.
         blocked = any(r.buffer for r in self.merger.remotes)
-        # A remote whose promise is older than the router's cluster time can promise more right
-        # away (our getMore gossips that time to it): ask once without a long await, so a write
-        # the router has seen does not wait for idle shards' await periods.
+        # When a client getMore starts, a remote whose promise is older than the router's
+        # cluster time can promise more right away (our getMore gossips that time to it): ask
+        # it once without a long await, so a write the router has seen does not wait for idle
+        # shards' await periods. (Only at the start of a client getMore: idle streams then cost
+        # at most one extra round per remote and client getMore.)
         now_key = ts_key(self.router.clock.now())
         for r in polls:
             short = blocked
-            if not short and r.promise is not None:
+            if nudge and not short and r.promise is not None:
                 pts = token_ts_key(r.promise[0])
                 if pts is not None and pts < now_key and self.nudged.get(r.rid) != now_key:
                     self.nudged[r.rid] = now_key
@@ -358,6 +360,7 @@ class RouterChangeStreamCursor(Cursor):
         exhausted = False
         invalidate_pbrt = None
         stashed = False
+        nudge = True
         last_token: Any = None
         command = "aggregate" if first else "getMore"
         while len(out) < limit:
@@ -390,7 +393,8 @@ class RouterChangeStreamCursor(Cursor):
                 break
             if out or first:
                 break
-            st.schedule_getmores()
+            st.schedule_getmores(nudge=nudge)
+            nudge = False
             remaining = deadline - time.monotonic()
             if remaining <= 0 or st.closed:
                 break

@@ -537,3 +537,33 @@ def test_pymongo_resumes_after_resumable_error(h):
         while second is None and time.time() < deadline:
             second = stream.try_next()
     assert first["fullDocument"]["_id"] == "before" and second["fullDocument"]["_id"] == "after"
+
+
+def test_fail_command_block_connection_and_write_concern_error(h):
+    admin = h.client.admin
+    admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                   "data": {"failCommands": ["ping"], "blockConnection": True, "blockTimeMS": 300}})
+    t0 = time.monotonic()
+    admin.command("ping")
+    assert time.monotonic() - t0 >= 0.28
+    admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                   "data": {"failCommands": ["ping"],
+                            "writeConcernError": {"code": 91, "errmsg": "Replication is being shut down"}}})
+    reply = admin.command("ping")  # the command runs; the reply carries the injected error
+    assert reply["writeConcernError"]["code"] == 91
+    with pytest.raises(OperationFailure) as ei:
+        admin.command({"configureFailPoint": "noSuchFailPoint", "mode": "off"})
+    assert ei.value.code == 2
+    with pytest.raises(OperationFailure) as ei:
+        admin.command({"configureFailPoint": "failCommand", "mode": "sometimes"})
+    assert ei.value.code == 2
+
+
+def test_fail_aggregate_is_not_resumed_by_pymongo(h):
+    h.client.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                            "data": {"failCommands": ["aggregate"], "errorCode": 2}})
+    with pytest.raises(OperationFailure) as ei:
+        h.client.db.coll.watch()
+    assert ei.value.code == 2
+    with h.client.db.coll.watch() as stream:  # times: 1 was used up
+        assert stream.alive
