@@ -340,6 +340,9 @@ def register(node: ShardNode) -> None:
             raise MongoError(40414, "BSON field 'collMod.changeStreamPreAndPostImages.enabled' is "
                                     "missing but a required field")
         reply: dict[str, Any] = {}
+        # o2 of the oplog entry: the options before the change (op_observer_impl.cpp onCollMod),
+        # which change streams show as stateBeforeChange.
+        o2: dict[str, Any] = {"collectionOptions_old": {"uuid": coll.ui, **coll.options}}
         if "index" in changes:
             spec = changes["index"]
             if not isinstance(spec, dict):
@@ -352,6 +355,10 @@ def register(node: ShardNode) -> None:
             if idx is None:
                 raise MongoError(27, f"cannot find index {spec.get('name', spec.get('keyPattern'))} "
                                      f"for ns {coll.ns}")
+            old_index = {k: idx.spec[k] for k in ("hidden", "expireAfterSeconds", "unique",
+                                                   "prepareUnique") if k in spec and k in idx.spec}
+            if old_index:
+                o2["indexOptions_old"] = old_index
             for k in ("hidden", "expireAfterSeconds", "unique", "prepareUnique"):
                 if k in spec:
                     old = idx.spec.get(k)
@@ -371,7 +378,7 @@ def register(node: ShardNode) -> None:
         if isinstance(cs_opt, dict) and cs_opt.get("enabled") is False:
             coll.options.pop("changeStreamPreAndPostImages")
         storage.note_catalog(coll)
-        node.log_command(req.db, {"collMod": name, **changes}, coll.ui, ctx=ctx_of(req))
+        node.log_command(req.db, {"collMod": name, **changes}, coll.ui, o2, ctx=ctx_of(req))
         return reply
 
     c.register("collMod", coll_mod)

@@ -220,6 +220,8 @@ def test_ddl_commands_and_their_oplog_entries(client):
                      "drop", "drop", "dropDatabase"]
     assert cmds[0]["idIndex"] == {"v": 2, "key": {"_id": 1}, "name": "_id_"}
     assert cmds[3] == {"renameCollection": "ddl.a", "to": "ddl.b", "stayTemp": False}
+    collmod = oplog(client, ns="ddl.$cmd")[2]
+    assert collmod["o2"]["collectionOptions_old"]["changeStreamPreAndPostImages"] == {"enabled": True}
     with pytest.raises(OperationFailure) as e:
         client.admin.command("renameCollection", "ddl.nope", to="ddl.x")
     assert e.value.code == 26
