@@ -173,6 +173,7 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
         smp.stop()
     for smp in samplers:
         smp.join(5)
+        smp.count_oplog([f"{spec.db}.{c}" for c in spec.collection_names])
 
     if "error" in box:
         _fail(console, f"Spark job failed: {box['error']}")

@@ -8,9 +8,9 @@ stream stayed silent for ``idle_timeout`` seconds. It also samples the router's
 ``postBatchResumeToken`` (the merged high-water mark) over time.
 
 A *sampler* is a driver thread per shard with a direct connection to that shard, watching the
-plan database there: its ``postBatchResumeToken`` is the shard's promise (what the router's
-merger waits for), sampled over time for the plot and the promise-lag figures; the number of
-events it sees is the shard's oplog count for the run.
+plan database there with a pipeline that matches nothing: its ``postBatchResumeToken`` is the
+shard's promise (what the router's merger waits for), sampled over time for the plot and the
+promise-lag figures. After the run it counts the run's entries in the shard's oplog.
 """
 
 from __future__ import annotations
@@ -154,7 +154,13 @@ class ShardSample:
 
 
 class ShardSampler(threading.Thread):
-    """Watches one shard directly (``directConnection=true``) until ``stop()``."""
+    """Watches one shard directly (``directConnection=true``) until ``stop()``.
+
+    The stream's pipeline matches no event, so the shard scans its oplog and answers with
+    high-water-mark ``postBatchResumeToken``s only (the promise the router's merger sees)
+    without shipping every event a second time. :meth:`count_oplog` then counts the run's
+    CRUD entries in the shard's ``local.oplog.rs`` (migration copies excluded).
+    """
 
     def __init__(self, shard: str, host: str, db: str, interval: float = 0.1) -> None:
         super().__init__(name=f"sampler-{shard}", daemon=True)
@@ -170,21 +176,15 @@ class ShardSampler(threading.Thread):
 
         client = MongoClient(self.uri)
         try:
-            # Only the token is needed: drop everything else shard-side.
-            with client[self.db].watch([{"$project": {"_id": 1}}], max_await_time_ms=100,
-                                       batch_size=10000) as stream:
+            with client[self.db].watch([{"$match": {"operationType": "(none: promise samples only)"}}],
+                                       max_await_time_ms=int(self.interval * 1000)) as stream:
                 self.opened.set()
-                last = 0.0
                 while not self._halt.is_set():
-                    change = stream.try_next()
-                    if change is not None:
+                    if stream.try_next() is not None:  # cannot match; counted defensively
                         self.data.events += 1
-                    now = time.time()
-                    if now - last >= self.interval or change is None:
-                        t = token_time(stream.resume_token)
-                        if t:
-                            self.data.samples.append((now, t[0], t[1]))
-                        last = now
+                    t = token_time(stream.resume_token)
+                    if t:
+                        self.data.samples.append((time.time(), t[0], t[1]))
         except Exception as exc:  # noqa: BLE001 - shown in the report, not fatal to the run
             self.data.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -193,3 +193,16 @@ class ShardSampler(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
+
+    def count_oplog(self, namespaces: list[str]) -> None:
+        """Set ``data.events`` to the insert/update/delete oplog entries of ``namespaces``
+        on this shard (``fromMigrate`` entries excluded); keeps the error on failure."""
+        from pymongo import MongoClient
+
+        try:
+            with MongoClient(self.uri) as client:
+                self.data.events = client.local["oplog.rs"].count_documents(
+                    {"ns": {"$in": namespaces}, "op": {"$in": ["i", "u", "d"]},
+                     "fromMigrate": {"$ne": True}})
+        except Exception as exc:  # noqa: BLE001 - informational figure
+            self.data.error = f"oplog count: {type(exc).__name__}: {exc}"
