@@ -88,8 +88,11 @@ def register(node: ShardNode) -> None:
 
     def drop_collection(coll: Collection, ctx: WriteContext) -> int:
         n = len(coll.indexes)
+        records = len(coll.docs)
         storage.remove(coll)
-        node.log_command(coll.db, {"drop": coll.name}, coll.ui, ctx=ctx)
+        # o2.numRecords as op_observer_impl.cpp's makeObject2ForDropOrRename writes it.
+        node.log_command(coll.db, {"drop": coll.name}, coll.ui, {"numRecords": Int64(records)},
+                         ctx=ctx)
         return n
 
     async def drop(req: Request) -> dict[str, Any]:
@@ -147,7 +150,7 @@ def register(node: ShardNode) -> None:
             o["dropTarget"] = target.ui
         o["stayTemp"] = False
         storage.rename(coll, ddb, dname)
-        node.log_command(sdb, o, coll.ui, ctx=ctx)
+        node.log_command(sdb, o, coll.ui, {"numRecords": Int64(len(coll.docs))}, ctx=ctx)
         return {}
 
     c.register("renameCollection", rename_collection)
