@@ -16,6 +16,8 @@ reply leaves (``run_command``).
 from __future__ import annotations
 
 import datetime
+import logging
+import os
 import time
 from typing import Any
 
@@ -191,7 +193,14 @@ class ShardNode(Node):
         if self.durable is not None and self.storage.journal:
             journal = self.storage.journal
             self.storage.journal = []
-            self.durable.commit(journal)
+            try:
+                self.durable.commit(journal)
+            except Exception:
+                # Like mongod's fassert on a storage-engine write failure: memory is ahead of
+                # disk, so stop before acknowledging anything that is not durable.
+                logging.getLogger("shardsim.shard").critical("durable commit failed; exiting",
+                                                              exc_info=True)
+                os._exit(14)
 
     # -- the write path -----------------------------------------------------------------------
     def write_context(self, req: Request) -> WriteContext:
