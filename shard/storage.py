@@ -17,6 +17,7 @@ Durable shards pass a ``journal`` list: every mutation appends a record that
 from __future__ import annotations
 
 import datetime
+import itertools
 import re
 import uuid as uuid_mod
 from typing import Any, Iterator
@@ -141,21 +142,42 @@ class Index:
         self.partial: dict[str, Any] | None = spec.get("partialFilterExpression")
         self.entries: dict[Any, Any] = {}
 
-    def key_of(self, doc: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
-        """``(hash key, keyValue doc)`` for ``doc``, or None when the index skips it."""
-        values = {}
+    def keys_of(self, doc: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
+        """``[(hash key, keyValue doc)]`` for ``doc``: one per array element for a multikey
+        index (arrays are unwound like mongod's index keys), ``[]`` when the index skips it
+        (sparse without the fields, or outside the partialFilterExpression)."""
+        per_field: list[list[Any]] = []
         any_found = False
         for f in self.fields:
             found, v = get_path(doc, f)
             any_found |= found
-            values[f] = v if found else None
+            if not found:
+                per_field.append([None])
+            elif isinstance(v, list):
+                per_field.append(_unique_values(v) if v else [None])
+            else:
+                per_field.append([v])
         if self.sparse and not any_found:
-            return None
+            return []
         if self.partial is not None:
             from shard.query import matches
             if not matches(self.partial, doc):
-                return None
-        return tuple(id_key(v) for v in values.values()), values
+                return []
+        out = []
+        for combo in itertools.product(*per_field):
+            out.append((tuple(id_key(v) for v in combo), dict(zip(self.fields, combo))))
+        return out
+
+
+def _unique_values(values: list[Any]) -> list[Any]:
+    seen: set[Any] = set()
+    out = []
+    for v in values:
+        k = id_key(v)
+        if k not in seen:
+            seen.add(k)
+            out.append(v)
+    return out
 
 
 class Collection:
@@ -221,22 +243,19 @@ class Collection:
                 if other is not None and k != own_key:
                     raise self._dup_error(idx, {"_id": doc["_id"]})
                 continue
-            got = idx.key_of(doc)
-            if got is None:
-                continue
-            hk, kv = got
-            holder = idx.entries.get(hk)
-            if holder is not None and holder != own_key:
-                raise self._dup_error(idx, kv)
-            out.append((idx, hk))
+            for hk, kv in idx.keys_of(doc):
+                holder = idx.entries.get(hk)
+                if holder is not None and holder != own_key:
+                    raise self._dup_error(idx, kv)
+                out.append((idx, hk))
         return out
 
     def _unindex(self, key: Any, doc: dict[str, Any]) -> None:
         for idx in self.indexes.values():
             if idx.unique and idx.name != "_id_":
-                got = idx.key_of(doc)
-                if got is not None and idx.entries.get(got[0]) == key:
-                    del idx.entries[got[0]]
+                for hk, _ in idx.keys_of(doc):
+                    if idx.entries.get(hk) == key:
+                        del idx.entries[hk]
 
     # -- document mutations (callers log oplog entries) ----------------------------------------
     def insert(self, doc: dict[str, Any]) -> Any:
@@ -269,12 +288,10 @@ class Collection:
         idx = Index(spec)
         if idx.unique:
             for k, doc in self.docs.items():
-                got = idx.key_of(doc)
-                if got is None:
-                    continue
-                if got[0] in idx.entries:
-                    raise self._dup_error(idx, got[1])
-                idx.entries[got[0]] = k
+                for hk, kv in idx.keys_of(doc):
+                    if idx.entries.get(hk, k) != k:
+                        raise self._dup_error(idx, kv)
+                    idx.entries[hk] = k
         self.indexes[idx.name] = idx
 
     def catalog_doc(self) -> dict[str, Any]:

@@ -140,3 +140,15 @@ def test_collection_unique_indexes_and_document_key():
     c.insert({"_id": 3, "email": "a"})
     assert c.document_key({"_id": 3, "x": 1, "sk": 9}) == {"sk": 9, "_id": 3}
     assert Collection("d", "e", b"y" * 16).document_key({"_id": 4, "sk": 1}) == {"_id": 4}
+
+
+def test_unique_multikey_index_unwinds_arrays():
+    c = Collection("db", "m", b"m" * 16)
+    c.add_index({"v": 2, "key": {"tags": 1}, "name": "tags_1", "unique": True})
+    k = c.insert({"_id": 1, "tags": [1, 2, 2]})  # repeats inside one document are fine
+    with pytest.raises(MongoError) as e:
+        c.insert({"_id": 2, "tags": [3, 2]})
+    assert e.value.extra["keyValue"] == {"tags": 2}
+    c.insert({"_id": 3, "tags": 4})
+    c.replace(k, {"_id": 1, "tags": [5]})
+    c.insert({"_id": 4, "tags": [1, 2]})  # freed by the replacement
