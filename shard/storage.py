@@ -17,6 +17,7 @@ Durable shards pass a ``journal`` list: every mutation appends a record that
 from __future__ import annotations
 
 import datetime
+import decimal
 import itertools
 import re
 import uuid as uuid_mod
@@ -56,7 +57,13 @@ def id_key(value: Any) -> Any:
     if t is datetime.datetime:
         return ("d", value)
     if t is Decimal128:
-        return ("n", value.to_decimal())
+        # Canonical numeric form, so equal numbers of different types give equal keys with
+        # equal reprs (the durable store keys rows by repr).
+        d = value.to_decimal()
+        if d.is_finite() and d == d.to_integral_value():
+            return ("n", int(d))
+        f = float(d)
+        return ("n", f) if decimal.Decimal(f) == d else ("n", d.normalize())
     return ("x", bson.encode({"": value}))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from bson import Binary, ObjectId
+from bson import Binary, Decimal128, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
@@ -115,7 +115,9 @@ def test_pre_images_put_get_truncate():
 
 
 def test_id_key_equality_like_mongod():
-    assert id_key(1) == id_key(1.0) == id_key(Int64(1))
+    assert id_key(1) == id_key(1.0) == id_key(Int64(1)) == id_key(Decimal128("1.00"))
+    assert repr(id_key(Decimal128("1.5"))) == repr(id_key(1.5))
+    assert repr(id_key(Decimal128("1"))) == repr(id_key(1.0))
     assert id_key(True) != id_key(1)
     assert id_key("1") != id_key(1)
     oid = ObjectId()
