@@ -73,7 +73,12 @@ class Transaction:
                 coll.delete(key)
                 storage.note_doc(coll, key, None)
             if old is not None:
-                coll.insert(old)
+                try:
+                    coll.insert(old)
+                except MongoError:
+                    # Without snapshot isolation another session may have taken a unique key
+                    # meanwhile; that write wins (documented limitation).
+                    continue
                 storage.note_doc(coll, key, old)
         self.undo.clear()
         self.ops.clear()
