@@ -303,6 +303,9 @@ def register(node: ShardNode) -> None:
         elif isinstance(which, str):
             names = [which]
         elif isinstance(which, list):
+            if not all(isinstance(n, str) for n in which):
+                raise MongoError(14, "dropIndexes.index must be a string, an object or an array "
+                                     "of strings")
             names = list(which)
         elif isinstance(which, dict):
             found = [i.name for i in coll.indexes.values() if i.spec["key"] == which]

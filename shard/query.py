@@ -59,7 +59,8 @@ UPDATE_OPERATORS = frozenset({
 def _translate(exc: Exception) -> MongoError:
     if isinstance(exc, MongoError):
         return exc
-    msg = str(exc)
+    msg = str(exc).replace("is not implemented in mongomock yet", "is not supported by shardsim")
+    msg = msg.replace("in Mongomock", "in shardsim").replace("Mongomock", "shardsim")
     code = getattr(exc, "code", None)
     if isinstance(code, int) and code > 0:
         return MongoError(code, msg)
