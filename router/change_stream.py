@@ -95,6 +95,15 @@ async def aggregate_change_stream(router: Any, req: Any) -> dict[str, Any]:
     except ImportError:  # pragma: no cover - the shard package is part of the project
         if not isinstance(spec_doc, dict):
             raise MongoError(50808, "$changeStream stage expects a document as argument")
+    if isinstance(spec_doc, dict) and spec_doc.get("showMigrationEvents"):
+        # assertIsLegalSpecification (document_source_change_stream.cpp)
+        raise MongoError(31123, "Change streams from mongos may not show migration events")
+    rc = body.get("readConcern")
+    level = rc.get("level") if isinstance(rc, dict) else None
+    if level is not None and level != "majority":
+        # DocumentSourceChangeStream::LiteParsed::supportsReadConcern: majority only.
+        raise MongoError(72, f"Command aggregate does not support {{ readConcern: {{ level: \"{level}\" }} }}"
+                             " :: caused by :: Only read concern level majority is supported")
     cursor_opt = body.get("cursor")
     if cursor_opt is None:
         raise MongoError(9, "The 'cursor' option is required, except for aggregate with the "

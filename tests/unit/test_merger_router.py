@@ -567,3 +567,18 @@ def test_fail_aggregate_is_not_resumed_by_pymongo(h):
     assert ei.value.code == 2
     with h.client.db.coll.watch() as stream:  # times: 1 was used up
         assert stream.alive
+
+
+def test_router_rejects_non_majority_read_concern_and_migration_events(h):
+    from pymongo.read_concern import ReadConcern
+    with pytest.raises(OperationFailure) as ei:
+        h.client.db.get_collection("coll", read_concern=ReadConcern("local")).watch()
+    assert ei.value.code == 72
+    with h.client.db.get_collection("coll", read_concern=ReadConcern("majority")).watch() as s:
+        assert s.alive
+    with pytest.raises(OperationFailure) as ei:
+        h.client.db.command({"aggregate": "coll", "cursor": {},
+                             "pipeline": [{"$changeStream": {"showMigrationEvents": True}}]})
+    assert ei.value.code == 31123
+    assert all(not sh.aggregates or "showMigrationEvents" not in
+               sh.aggregates[-1]["pipeline"][0]["$changeStream"] for sh in h.shards)
