@@ -138,6 +138,7 @@ def test_durable_shard_sigkill_resume(procs, tmp_path):
                 seen.append(ev)
     token = seen[10]["_id"]
     expected_before_kill = [e["_id"]["_data"] for e in seen[11:]]
+    c.close()  # (a client of a dead server would wait out server selection at close)
     p.kill()
     p2 = procs.start("dur0", "--dbpath", str(dbpath))
     c2 = procs.client(p2)
