@@ -27,7 +27,7 @@ import math
 import re
 import struct
 import uuid as _uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
