@@ -68,6 +68,34 @@ def test_cluster_is_up_with_three_shards(compose_cluster):
     assert (init["Status"], init["ExitCode"]) == ("exited", 0)
 
 
+def test_up_again_is_harmless(compose_cluster):
+    """`up -d` on a running cluster reruns the one-shot init, which skips the added shards."""
+    c = compose_cluster
+    c.up()
+    assert "shard0 already added" in c.logs("init")
+    with client_for(c) as client:
+        assert sorted(s["_id"] for s in client.admin.command("listShards")["shards"]) == SHARDS
+
+
+def test_spark_profile_services(compose_cluster):
+    """The spark profile adds a master, a worker and the load job aimed at the router; without
+    the profile none of them is part of the project. (Running it needs the ~1.6 GB Spark image:
+    docs/docker.md.)"""
+    c = compose_cluster
+    plain = {"configsvr", *SHARDS, "router", "init"}
+    spark = set(c.compose("--profile", "spark", "config", "--services").stdout.split())
+    assert spark == plain | {"spark-master", "spark-worker", "load"}
+    # `up` without the profile started only the plain services.
+    running = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"label=com.docker.compose.project={c.project}",
+         "--format", '{{.Label "com.docker.compose.service"}}'],
+        capture_output=True, text=True, check=True, timeout=30).stdout.split()
+    assert sorted(running) == sorted(plain)
+    config = " ".join(c.compose("--profile", "spark", "config").stdout.split())  # YAML folds lines
+    assert "shardsim load --spark-master spark://spark-master:7077 --uri mongodb://router:27017" in config
+    assert "service_completed_successfully" in config
+
+
 def test_watch_through_router_gets_every_event_in_order(compose_cluster):
     """A change stream on the router sees every write to a collection sharded over all three
     shards, in write order, with strictly increasing resume tokens."""
