@@ -507,3 +507,18 @@ def test_split_large_event(db):
                     resume_after=f1["_id"], max_await_time_ms=200) as cs:
         (again,) = next_events(cs, 1)
     assert again["_id"] == f2["_id"]
+
+
+def test_driver_resumes_after_cursor_killed_without_loss(db, client):
+    coll = db.c
+    coll.insert_one({"_id": 0})
+    with coll.watch(max_await_time_ms=100, batch_size=3) as cs:
+        coll.insert_many([{"_id": i} for i in range(1, 8)])
+        got = [e["documentKey"]["_id"] for e in next_events(cs, 3)]
+        # kill the server cursor behind pymongo's back: getMore fails with CursorNotFound (43),
+        # the driver resumes from its cached postBatchResumeToken
+        cid = cs._cursor.cursor_id
+        client[db.name].command("killCursors", "c", cursors=[cid])
+        coll.insert_one({"_id": 8})
+        got += [e["documentKey"]["_id"] for e in next_events(cs, 5)]
+    assert got == list(range(1, 9))
