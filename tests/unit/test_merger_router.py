@@ -582,3 +582,32 @@ def test_router_rejects_non_majority_read_concern_and_migration_events(h):
     assert ei.value.code == 31123
     assert all(not sh.aggregates or "showMigrationEvents" not in
                sh.aggregates[-1]["pipeline"][0]["$changeStream"] for sh in h.shards)
+
+
+def test_kill_cursors_while_a_getmore_waits(h):
+    db = h.client.db
+    cid = db.command({"aggregate": "coll", "pipeline": [{"$changeStream": {}}], "cursor": {}})["cursor"]["id"]
+    result: dict = {}
+
+    def waiter():
+        try:
+            result["reply"] = db.command({"getMore": cid, "collection": "coll", "maxTimeMS": 3000})
+        except OperationFailure as exc:
+            result["error"] = exc
+
+    t = threading.Thread(target=waiter)
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(0.3)
+    other = pymongo.MongoClient("127.0.0.1", h.router.port, directConnection=True)
+    try:
+        killed = other.db.command({"killCursors": "coll", "cursors": [cid]})
+    finally:
+        other.close()
+    t.join(10)
+    assert killed["cursorsKilled"] == [cid]
+    assert time.monotonic() - t0 < 2.5  # the waiting getMore returned early
+    assert "reply" in result or result["error"].code in (43, 237)
+    with pytest.raises(OperationFailure) as ei:
+        db.command({"getMore": cid, "collection": "coll"})
+    assert ei.value.code == 43
