@@ -69,8 +69,9 @@ def load(ops: int, shards: int, uri: str | None, mix: str, distribution: str, co
                         collections=collections, doc_size=doc_size, db=db)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    t = time.time()
+    t_cmd = t = time.time()
     plan = Plan(spec)
+    phases = {"plan_s": time.time() - t}
     console.print(f"plan: {len(plan):,} ops {plan.counts()} over {collections} collection(s), "
                   f"seed {seed}, {distribution} ({time.time() - t:.1f} s)")
     with contextlib.ExitStack() as stack:
@@ -78,18 +79,22 @@ def load(ops: int, shards: int, uri: str | None, mix: str, distribution: str, co
             from shardsim.launcher import Cluster
 
             console.print(f"starting a mini cluster with {shards} shard(s)…")
+            t = time.time()
             cluster = stack.enter_context(Cluster(shards=shards))
             uri = cluster.router_uri
+            phases["cluster_start_s"] = time.time() - t
         code = _run(console, plan, uri, watchers=watchers, direct=direct, master=spark_master,
                     batch_size=batch_size, fault=inject_fault, idle_timeout=idle_timeout,
                     result_path=result_path, plot_path=plot_path,
-                    final_check=not skip_final_check, stack=stack)
+                    final_check=not skip_final_check, stack=stack, phases=phases,
+                    t_cmd=t_cmd)
     sys.exit(code)
 
 
 def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, master: str,
          batch_size: int, fault: str | None, idle_timeout: float, result_path: str,
-         plot_path: str, final_check: bool, stack: contextlib.ExitStack) -> int:
+         plot_path: str, final_check: bool, stack: contextlib.ExitStack,
+         phases: dict[str, float], t_cmd: float) -> int:
     from pymongo import MongoClient
     from pymongo.errors import PyMongoError
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -108,6 +113,7 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
         hosts = cl.list_shards(client)
         t = time.time()
         chunks = cl.prepare(client, spec)
+        phases["shard_collections_s"] = time.time() - t
         console.print(f"sharded {len(spec.collection_names)} collection(s) over "
                       f"{len(chunks.shards)} shard(s) ({len(chunks.chunks)} chunks, {time.time() - t:.1f} s)")
     except (PyMongoError, RuntimeError) as exc:
@@ -125,6 +131,7 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
         _fail(console, f"could not start Spark: {exc}")
     stack.callback(runner.stop)
     console.print(f"Spark up in {runner.startup_s:.1f} s")
+    phases["spark_start_s"] = runner.startup_s
 
     samplers = [ShardSampler(s, hosts[s], spec.db) for s in chunks.shards]
     for smp in samplers:
@@ -168,6 +175,8 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
             refresh()
             time.sleep(0.2)
         refresh()
+    phases["load_s"] = time.time() - t_start
+    t = time.time()
     outs = [w.join(30) for w in ws]
     for smp in samplers:
         smp.stop()
@@ -200,6 +209,8 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
             source = "from the shards directly"
         console.print(f"read back {sum(len(v) for v in final.values()):,} documents "
                       f"{source} ({time.time() - t:.1f} s)")
+    phases["collect_and_read_back_s"] = time.time() - t
+    t = time.time()
 
     verdicts = []
     first_bad = None
@@ -222,10 +233,13 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
             first_bad = f"watcher {i}: {rep.violation.message}"
         elif out.error and first_bad is None:
             first_bad = f"watcher {i}: change stream failed: {out.error}"
-
-    events0 = [Event(*e) for e in outs[0].events]
+        if i == 0:
+            events0 = events if not fault else [Event(*e) for e in out.events]
+    phases["verify_s"] = time.time() - t
     figures = report.compute(plan, results, events0, [s.data for s in samplers], planned)
     figures["spark_startup_s"] = runner.startup_s
+    phases["total_s"] = time.time() - t_cmd
+    figures["phases"] = phases
     ok = first_bad is None
     verdict = "PASS: every planned op delivered once, in order" if ok else f"FAIL: {first_bad}"
     console.print(report.table(figures, verdict, ok))
@@ -237,6 +251,7 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
                     results, outs[0].hwm)
     except Exception as exc:  # noqa: BLE001 - a plot failure must not hide the verdict
         console.print(f"[yellow]plot failed:[/] {exc}")
+    console.print("phases (s): " + ", ".join(f"{k[:-2]} {v:.1f}" for k, v in phases.items()))
     console.print(f"result: {result_path}, plot: {plot_path}")
     if not ok:
         console.print(f"[bold red]first bad event:[/] {first_bad}")
