@@ -23,6 +23,7 @@ Decoding raises :class:`~shardsim.errors.MongoError` with the server's codes and
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 import struct
@@ -198,17 +199,19 @@ def _append_large_double(out: bytearray, value: float) -> None:
     out += raw if value > 0 else bytes(b ^ 0xFF for b in raw)
 
 
-def _append_double_value(out: bytearray, num: float) -> None:
-    """``_appendDoubleWithoutTypeBits`` with dcm = kDCMEqualToDouble (0), Version V1."""
+def _append_double_value(out: bytearray, num: float, dcm: int = 0) -> None:
+    """``_appendDoubleWithoutTypeBits`` (Version V1); ``dcm`` is the decimal continuation marker
+    (0 kDCMEqualToDouble, 2 kDCMEqualToDoubleRoundedUpTo15Digits for decimals)."""
     negative = num < 0.0
     mag = -num if negative else num
     if not mag >= 1.0:
         if mag > 0.0:
             out.append(_NEG_SMALL if negative else _POS_SMALL)
             if mag >= _TINIEST_2BIT_DCM:
-                enc = (_double_bits(mag) << 2) & _U64
+                enc = ((_double_bits(mag) << 2) & _U64) | dcm
             else:
-                enc = (((_double_bits(mag * 2.0 ** 256) << 1) & _U64) + (1 << 62)) & _U64
+                enc = ((((_double_bits(mag * 2.0 ** 256) << 1) & _U64) | (1 if dcm else 0))
+                       + (1 << 62)) & _U64
             raw = _pack_q(enc)
             out += bytes(b ^ 0xFF for b in raw) if negative else raw
         elif num == 0.0:
@@ -218,14 +221,14 @@ def _append_double_value(out: bytearray, num: float) -> None:
         return
     if mag < _TWO63:
         ip = int(mag)
-        if float(ip) == mag:
+        if float(ip) == mag and dcm == 0:
             _append_preshifted(out, ip << 1, negative)
             return
         clz = 64 - (ip << 1).bit_length()
         fb = clz // 8
         out.append((_NEG_8B + fb) if negative else (_POS_8B - fb))
         enc = int(math.ldexp(mag, 8 * fb)) + ((ip + 1) << (8 * fb))
-        raw = _pack_q(enc & _U64)
+        raw = _pack_q((enc | dcm) & _U64)
         out += bytes(b ^ 0xFF for b in raw) if negative else raw
         return
     _append_large_double(out, num)
@@ -410,10 +413,23 @@ _GENERIC = {int: _NUMERIC, float: _NUMERIC, Int64: _NUMERIC, str: _STRING, dict:
             Timestamp: _TIMESTAMP, datetime: _DATE}
 
 
+_DEC_CTX = decimal.Context(prec=34)
+_ROUND15_UP = decimal.Context(prec=15, rounding=decimal.ROUND_UP)
+
+
+def _toward_zero(d: decimal.Decimal) -> float:
+    """``Decimal128::toDouble(kRoundTowardZero)``."""
+    f = float(d)
+    if math.isfinite(f) and abs(decimal.Decimal(f)) > abs(d):
+        f = math.nextafter(f, 0.0)
+    return f
+
+
 def _append_decimal(out: bytearray, tb: _TypeBits, value: Decimal128) -> None:
-    """NumberDecimal: exact for every decimal that equals a double (the common case: integers,
-    binary fractions); other decimals are encoded as their nearest double (ordering kept up to
-    the double's precision; documented limitation)."""
+    """NumberDecimal (``_appendNumberDecimal``): exact for decimals equal to a double and for
+    decimals with at most 15 significant digits in [2^-255, 2^53) (the DCM "equal to the double
+    rounded up to 15 digits"); decimals that need an 8-byte decimal continuation are encoded as
+    their nearest double (documented limitation: order kept to double precision)."""
     dec = value.to_decimal()
     if dec.is_nan():
         out.append(_NAN)
@@ -424,7 +440,7 @@ def _append_decimal(out: bytearray, tb: _TypeBits, value: Decimal128) -> None:
         out.append(_NEG_LARGE if dec.is_signed() else _POS_LARGE)
         out += b"\x00" * 8 if dec.is_signed() else b"\xff" * 8
         return
-    exponent = dec.as_tuple().exponent
+    sign, digits, exponent = dec.as_tuple()
     biased = int(exponent) + 6176
     if dec.is_zero():
         which = biased + (12288 if dec.is_signed() else 0)
@@ -439,7 +455,28 @@ def _append_decimal(out: bytearray, tb: _TypeBits, value: Decimal128) -> None:
     tb.two(3)
     for i in range(5, -1, -1):
         tb.append((biased >> i) & 1)
+    bin_ = _toward_zero(dec)
+    if math.isfinite(bin_) and bin_ != 0.0 and decimal.Decimal(bin_) == dec:
+        _append_double_value(out, bin_)  # the decimal is exactly a double
+        return
+    mag = abs(bin_)
+    if math.isfinite(bin_) and _TINIEST_2BIT_DCM <= mag < 2.0 ** 53:
+        coefficient = int("".join(map(str, digits)) or "0")
+        if coefficient < 10 ** 15 or _ROUND15_UP.plus(decimal.Decimal(bin_)) == dec:
+            _append_double_value(out, bin_, 2)
+            return
     _append_double_value(out, float(dec))
+
+
+def _decimal_with_exponent(d: decimal.Decimal, low_bits: int) -> Decimal128:
+    """``adjustDecimalExponent``: the exponent is the one <= the normalized exponent whose low 6
+    biased bits match the type bits (unique within 34 digits)."""
+    norm = d.normalize(_DEC_CTX)
+    if norm.is_zero():
+        return Decimal128(norm)
+    e = int(norm.as_tuple().exponent)
+    target = e - (((e + 6176) - low_bits) & 63)
+    return Decimal128(norm.quantize(decimal.Decimal(1).scaleb(target), context=_DEC_CTX))
 
 
 def _datetime_millis(value: datetime) -> int:
@@ -595,15 +632,15 @@ class _Reader:
                 neg = which >= 12288
                 biased = which - 12288 if neg else which
                 return Decimal128(f"{'-' if neg else ''}0E{biased - 6176}")
-            return (0, Int64(0), 0.0)[kind] if kind < 3 else 0
+            return (0, Int64(0), 0.0)[kind]
         kind = self.tb.two()
-        exp_bits = None
+        exp_bits = 0
         if kind == 3:
-            exp_bits = 0
             for i in range(5, -1, -1):
                 exp_bits |= self.tb.bit() << i
         if ctype == _NAN:
             return Decimal128("NaN") if kind == 3 else float("nan")
+        dcm = 0
         if ctype in (_POS_LARGE, _NEG_LARGE):
             raw = struct.unpack(">Q", self.take(8))[0]
             neg = ctype == _NEG_LARGE
@@ -612,47 +649,65 @@ class _Reader:
             if raw == _U64:
                 val = float("inf")
             else:
+                dcm = 3 if raw & 1 else 0
                 val = _bits_double((raw >> 1) | (1 << 62))
             val = -val if neg else val
-            return self._typed(val, kind)
-        if ctype in (_POS_SMALL, _NEG_SMALL):
+        elif ctype in (_POS_SMALL, _NEG_SMALL):
             raw = struct.unpack(">Q", self.take(8))[0]
             neg = ctype == _NEG_SMALL
             if neg:
                 raw ^= _U64
             if raw >> 62 == 3:
+                dcm = raw & 3
                 val = _bits_double(raw >> 2)
             else:
+                dcm = 3 if raw & 1 else 0
                 val = _bits_double(((raw - (1 << 62)) & _U64) >> 1) * 2.0 ** -256
-            return self._typed(-val if neg else val, kind)
-        neg = ctype < _ZERO
-        nbytes = (_NEG_1B - ctype + 1) if neg else (ctype - _POS_1B + 1)
-        raw = self.take(nbytes)
-        if neg:
-            raw = bytes(b ^ 0xFF for b in raw)
-        pre = int.from_bytes(raw, "big")
-        ip = pre >> 1
-        if pre & 1:  # a double with a fractional part (V1 layout)
-            fb = 8 - nbytes
-            frac_raw = self.take(fb)
+            val = -val if neg else val
+        else:
+            neg = ctype < _ZERO
+            nbytes = (_NEG_1B - ctype + 1) if neg else (ctype - _POS_1B + 1)
+            raw_b = self.take(nbytes)
             if neg:
-                frac_raw = bytes(b ^ 0xFF for b in frac_raw)
-            enc = (pre << (8 * fb)) | int.from_bytes(frac_raw, "big")
-            enc &= ~3
-            val = math.ldexp(float(enc - ((ip + 1) << (8 * fb))), -8 * fb)
-            return self._typed(-val if neg else val, kind if kind >= 2 else 2)
-        num = -ip if neg else ip
-        if kind == 0:
-            return num if _INT32_MIN <= num <= _INT32_MAX else Int64(num)
-        if kind == 1:
-            return Int64(num)
-        return self._typed(float(num), kind)
-
-    @staticmethod
-    def _typed(val: float, kind: int) -> Any:
-        if kind == 3:
-            return Decimal128(repr(val) if math.isfinite(val) else str(val))
-        return val
+                raw_b = bytes(b ^ 0xFF for b in raw_b)
+            pre = int.from_bytes(raw_b, "big")
+            ip = pre >> 1
+            if pre & 1:  # a fractional part follows (V1 layout)
+                fb = 8 - nbytes
+                frac_raw = self.take(fb)
+                if neg:
+                    frac_raw = bytes(b ^ 0xFF for b in frac_raw)
+                enc = (pre << (8 * fb)) | int.from_bytes(frac_raw, "big")
+                dcm = enc & 3
+                enc &= ~3
+                val = math.ldexp(float(enc - ((ip + 1) << (8 * fb))), -8 * fb)
+                val = -val if neg else val
+                if kind < 2:
+                    kind = 2
+            else:
+                num = -ip if neg else ip
+                if kind == 0:
+                    return num if _INT32_MIN <= num <= _INT32_MAX else Int64(num)
+                if kind == 1:
+                    return Int64(num)
+                val = float(num)
+        if kind != 3:
+            return val
+        if not math.isfinite(val):
+            return Decimal128(str(val).replace("inf", "Infinity"))
+        if dcm in (1, 3):
+            cont = struct.unpack(">Q", self.take(8))[0]
+            if neg:
+                cont ^= _U64
+            stored = decimal.Context(prec=34, rounding=decimal.ROUND_UP).plus(
+                decimal.Decimal(val)).normalize(_DEC_CTX)
+            step = decimal.Decimal(1).scaleb(stored.as_tuple().exponent)
+            d = stored + (-cont if neg else cont) * step
+        elif dcm == 2:
+            d = _ROUND15_UP.plus(decimal.Decimal(val))
+        else:
+            d = decimal.Decimal(val)
+        return _decimal_with_exponent(d, exp_bits)
 
 
 def decode_keystring(data: bytes, type_bits: bytes | None = None) -> list[Any]:

@@ -217,3 +217,54 @@ def test_fast_event_token_matches_generic_encoder():
         idx = rng.choice([0, 1, 300, 2**31 - 1])
         op = rng.choice(["insert", "update", "replace", "delete"])
         assert rt.fast_event_token(ts, u, op, key, idx) == rt.event_token(ts, u, op, key, txn_op_index=idx)
+
+
+DECIMALS = ["0.1", "-0.1", "1.10", "3.14159", "123456789012345", "1E+5", "2.50", "-7.000",
+            "0.000123", "1E-70", "99999.99999", "1.5", "-2", "0", "-0", "0E+10", "NaN", "Infinity"]
+
+
+@pytest.mark.parametrize("text", DECIMALS)
+def test_decimal_round_trip_keeps_value_and_exponent(text):
+    value = Decimal128(text)
+    key, tb = rt.encode_keystring([value])
+    back = rt.decode_keystring(key, tb)[0]
+    assert isinstance(back, Decimal128)
+    if text == "NaN":
+        assert back.to_decimal().is_nan()
+    else:
+        assert str(back) == str(value)
+
+
+def test_decimal_examples_from_the_algorithm():
+    # 0.1 is not a double: encoded as the double below it with DCM 2 ("rounds up to it")
+    key, tb = rt.encode_keystring([Decimal128("0.1")])
+    import struct
+    below = struct.unpack("<Q", struct.pack("<d", 0.09999999999999999))[0]
+    assert key == bytes([0x2A]) + ((below << 2) | 2).to_bytes(8, "big") + b"\x04"
+    # typeBits: decimal (1,1) then the low 6 bits of the biased exponent (6175 -> 0b011111)
+    assert tb == bytes([0x81, 0b11111011])
+
+
+def test_numbers_of_all_types_sort_numerically():
+    rng = random.Random(5)
+    vals = []
+    for _ in range(400):
+        kind = rng.randrange(4)
+        if kind == 0:
+            vals.append(rng.randint(-10**6, 10**6))
+        elif kind == 1:
+            vals.append(rng.uniform(-1e6, 1e6))
+        elif kind == 2:
+            vals.append(Int64(rng.randint(-10**6, 10**6)))
+        else:
+            digits = rng.randint(1, 14)
+            coef = rng.randrange(1, 10 ** digits) * rng.choice([1, -1])
+            vals.append(Decimal128(f"{coef}E{rng.randint(-12, 0)}"))
+
+    def num(v):
+        import decimal
+        return v.to_decimal() if isinstance(v, Decimal128) else decimal.Decimal(v)
+
+    keyed = sorted(vals, key=lambda v: rt.encode_keystring([v])[0])
+    nums = [num(v) for v in keyed]
+    assert nums == sorted(nums)
