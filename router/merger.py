@@ -185,6 +185,47 @@ def strip_sort_key(raw: bytes, id_raw: bytes | None) -> bytes | None:
     return _i32.pack(len(body)) + body[4:]
 
 
+_ID_HEAD = b"\x03_id\x00"
+_DATA_HEAD = b"\x02_data\x00"
+_TB_HEAD = b"\x05_typeBits\x00"
+_OP_HEAD = b"\x02operationType\x00"
+
+
+def _fast_item(raw: bytes) -> Item | None:
+    """Parse the common layout without inflating the event: ``_id: {_data[, _typeBits]}`` first,
+    ``operationType`` second, ``$sortKey`` last. None when the layout differs."""
+    if raw[4:9] != _ID_HEAD:
+        return None
+    id_len = _i32.unpack_from(raw, 9)[0]
+    id_end = 9 + id_len
+    id_raw = raw[9:id_end]
+    if id_raw[4:11] != _DATA_HEAD:
+        return None
+    slen = _i32.unpack_from(id_raw, 11)[0]
+    p = 15 + slen
+    data = id_raw[15:p - 1].decode()
+    token: dict[str, Any] = {"_data": data}
+    key: Key = (data, 0, b"")
+    if id_raw[p] != 0:
+        if id_raw[p:p + 11] != _TB_HEAD:
+            return None
+        blen = _i32.unpack_from(id_raw, p + 11)[0]
+        tb = id_raw[p + 16:p + 16 + blen]
+        if id_raw[p + 16 + blen] != 0:
+            return None
+        from bson.binary import Binary
+        token["_typeBits"] = Binary(tb, id_raw[p + 15])
+        key = (data, 1, len(tb).to_bytes(4, "big") + tb)
+    stripped = strip_sort_key(raw, id_raw)
+    if stripped is None:
+        return None
+    op = None
+    if raw[id_end:id_end + 15] == _OP_HEAD:
+        olen = _i32.unpack_from(raw, id_end + 15)[0]
+        op = raw[id_end + 19:id_end + 19 + olen - 1].decode()
+    return Item(key, token, stripped, op)
+
+
 def item_from_raw_event(event: Any, *, is_config: bool = False) -> Item:
     """Build an :class:`Item` from a shard's event (a RawBSONDocument with ``$sortKey`` last).
 
@@ -194,6 +235,10 @@ def item_from_raw_event(event: Any, *, is_config: bool = False) -> Item:
     Config-server events are decoded (they are few) to learn the added shard's name and time.
     """
     raw: bytes = event.raw
+    if not is_config:
+        fast = _fast_item(raw)
+        if fast is not None:
+            return fast
     try:
         id_val = event["_id"]
     except KeyError:

@@ -280,3 +280,27 @@ def test_event_below_an_earlier_promise_fails_instead_of_reordering():
     m.on_batch(a, [], 1, hwm(10))
     m.on_batch(a, [ev(5)], 1, ev(5).token)
     assert m.status is not None and m.status.code == 1
+
+
+@pytest.mark.parametrize("doc_id", [5, 5.5, "abc", {"a": 1}])
+def test_fast_event_parsing_matches_the_generic_path(doc_id):
+    from router.merger import _fast_item
+    from shardsim import resume_token as rt
+    tok = rt.event_token(Timestamp(1, 1), bytes(16), "update", {"_id": doc_id})
+    ev = {"_id": tok, "operationType": "update", "clusterTime": Timestamp(1, 1),
+          "ns": {"db": "a", "coll": "b"}, "documentKey": {"_id": doc_id}}
+    raw = bson.encode({**ev, "$sortKey": [tok]})
+    fast = _fast_item(raw)
+    assert fast is not None
+    assert fast.payload == bson.encode(ev) and fast.op == "update"
+    assert fast.key == token_key(tok) and fast.token == tok
+    if isinstance(doc_id, float):
+        assert "_typeBits" in tok  # the double _id exercises the _typeBits branch
+    # a layout it does not know falls back to the generic path
+    from bson import _dict_to_bson
+    from bson.codec_options import DEFAULT_CODEC_OPTIONS
+    odd = _dict_to_bson({"operationType": "x", "_id": tok, "$sortKey": [tok]}, False,
+                        DEFAULT_CODEC_OPTIONS, False)  # keeps field order: _id not first
+    assert _fast_item(odd) is None
+    slow = item_from_raw_event(RawBSONDocument(odd))
+    assert slow.key == token_key(tok) and slow.op == "x"
