@@ -123,6 +123,13 @@ def register(node: ShardNode) -> None:
     sessions = node.sessions
     c = node.commands
 
+    def view(coll: Collection | None, req_or_ctx: Any) -> Any:
+        """``coll`` as the request's transaction sees it (its own writes), else ``coll``."""
+        txn = req_or_ctx.txn if isinstance(req_or_ctx, WriteContext) else node.txn_of(req_or_ctx)
+        if coll is None or txn is None:
+            return coll
+        return txn.view(coll)
+
     def begin_write(req: Request) -> WriteContext:
         ctx = node.write_context(req)
         ctx.retry = sessions.retryable(req)
@@ -159,11 +166,12 @@ def register(node: ShardNode) -> None:
         retry = ctx.retry
         retried: list[int] = []
         raw_docs = req.sequences.get("documents")
-        coll = node.ensure_collection(req.db, name, ctx) if docs else storage.get(req.db, name)
+        coll = view(node.ensure_collection(req.db, name, ctx) if docs else storage.get(req.db, name),
+                    ctx)
         txn = ctx.txn
         n = 0
         errors: list[dict[str, Any]] = []
-        note = storage.journal is not None
+        note = storage.journal is not None and txn is None
         for i, doc in enumerate(docs):
             try:
                 if retry is not None:
@@ -178,8 +186,6 @@ def register(node: ShardNode) -> None:
                 k = coll.insert(doc)
                 if note:
                     storage.note_doc(coll, k, doc)
-                if txn is not None:
-                    txn.record_undo(coll, k, None)
                 node.log_op("i", coll, doc, coll.document_key(doc), ctx=ctx, size=raw_size)
                 if retry is not None:
                     retry.executed[ctx.stmt_id] = 1
@@ -235,12 +241,11 @@ def register(node: ShardNode) -> None:
             if "_id" not in new:
                 new = {"_id": ObjectId(), **new}
             if coll is None:
-                coll = node.ensure_collection(db, name, ctx)
+                coll = view(node.ensure_collection(db, name, ctx), ctx)
             new = _prepare_insert(new, None)
             k = coll.insert(new)
-            storage.note_doc(coll, k, new)
-            if ctx.txn is not None:
-                ctx.txn.record_undo(coll, k, None)
+            if ctx.txn is None:
+                storage.note_doc(coll, k, new)
             node.log_op("i", coll, new, coll.document_key(new), ctx=ctx)
             return 0, 0, new["_id"]
         return matched, modified, _NONE
@@ -250,9 +255,8 @@ def register(node: ShardNode) -> None:
         if len(bson.encode(new)) > MAX_DOC:
             raise MongoError(17419, f"Resulting document after update is larger than {MAX_DOC}")
         coll.replace(key, new)
-        storage.note_doc(coll, key, new)
-        if ctx.txn is not None:
-            ctx.txn.record_undo(coll, key, doc)
+        if ctx.txn is None:
+            storage.note_doc(coll, key, new)
         node.log_op("u", coll, q.update_diff(doc, new, upd), coll.document_key(doc), ctx=ctx,
                     pre_image=doc)
 
@@ -279,7 +283,7 @@ def register(node: ShardNode) -> None:
                     m, mod = int(done["n"]), int(done["m"])
                     up = done["u"][0] if done.get("u") else _NONE
                 else:
-                    coll = storage.get(req.db, name)
+                    coll = view(storage.get(req.db, name), ctx)
                     m, mod, up = do_update(coll, req.db, name, stmt, ctx, i)
                     if retry is not None:
                         retry.executed[ctx.stmt_id] = {"n": m, "m": mod,
@@ -306,9 +310,8 @@ def register(node: ShardNode) -> None:
     # -- delete -------------------------------------------------------------------------------
     def delete_doc(coll: Collection, key: Any, ctx: WriteContext) -> dict[str, Any]:
         old = coll.delete(key)
-        storage.note_doc(coll, key, None)
-        if ctx.txn is not None:
-            ctx.txn.record_undo(coll, key, old)
+        if ctx.txn is None:
+            storage.note_doc(coll, key, None)
         node.log_op("d", coll, coll.document_key(old), None, ctx=ctx, pre_image=old)
         return old
 
@@ -340,7 +343,7 @@ def register(node: ShardNode) -> None:
                         retried.append(ctx.stmt_id)
                         n += int(retry.executed[ctx.stmt_id])
                         continue
-                coll = storage.get(req.db, name)
+                coll = view(storage.get(req.db, name), ctx)
                 deleted = 0
                 for key, _doc in q.select(coll, stmt["q"]):
                     delete_doc(coll, key, ctx)
@@ -388,7 +391,7 @@ def register(node: ShardNode) -> None:
             done = ctx.retry.executed.get(ctx.stmt_id)
             if done is not None:
                 return {**done, "retriedStmtId": ctx.stmt_id}
-        coll = storage.get(req.db, name)
+        coll = view(storage.get(req.db, name), ctx)
         try:
             candidates = list(q.select(coll, filt))
             if sort and len(candidates) > 1:
@@ -415,7 +418,7 @@ def register(node: ShardNode) -> None:
                 if body.get("arrayFilters") is not None:
                     stmt["arrayFilters"] = body["arrayFilters"]
                 _, _, up = do_update(coll, req.db, name, stmt, ctx, 0)
-                coll = storage.get(req.db, name)
+                coll = view(storage.get(req.db, name), ctx)
                 leo = {"n": 1, "updatedExisting": False, "upserted": up}
                 value = coll.docs.get(id_key(up)) if new_opt else None
             else:
@@ -491,7 +494,7 @@ def register(node: ShardNode) -> None:
             if tailable:
                 raise MongoError(2, f"error processing query: ns={ns} tailable cursor requested on "
                                     f"non capped collection")
-            coll = storage.get(req.db, name)
+            coll = view(storage.get(req.db, name), req)
             cursor = ListCursor(ns, read_docs(req, coll, filt, sort, skip, limit, projection))
         if req.body.get("noCursorTimeout"):
             cursor.no_timeout = True
@@ -538,7 +541,7 @@ def register(node: ShardNode) -> None:
         if req.db == "local" and name == "oplog.rs":
             n = sum(1 for d in node.oplog.entries_from(0) if q.matches(filt, d))
         else:
-            coll = storage.get(req.db, name)
+            coll = view(storage.get(req.db, name), req)
             n = len(coll.docs) if coll is not None and not filt else \
                 sum(1 for _ in q.select(coll, filt))
         n = max(0, n - skip)
@@ -552,7 +555,7 @@ def register(node: ShardNode) -> None:
         name = _coll_name(req)
         key = check_type(req, "key", str, "string", required=True)
         filt = check_type(req, "query", dict, "object") or {}
-        coll = storage.get(req.db, name)
+        coll = view(storage.get(req.db, name), req)
         return {"values": q.distinct_values((d for _, d in q.select(coll, filt)), key)}
 
     c.register("distinct", distinct)
@@ -592,7 +595,7 @@ def register(node: ShardNode) -> None:
             if req.db == "local" and name == "oplog.rs":
                 docs = list(node.oplog.entries_from(0))
             else:
-                coll = storage.get(req.db, name)
+                coll = view(storage.get(req.db, name), req)
                 docs = list(coll.docs.values()) if coll is not None else []
         for st in pipeline:
             if isinstance(st, dict) and ("$out" in st or "$merge" in st):

@@ -211,6 +211,10 @@ class ShardNode(Node):
         txn = self._req_txn.get(id(req)) if req.body.get("autocommit") is False else None
         return WriteContext(lsid if txn_number is not None else None, txn_number, from_migrate, txn)
 
+    def txn_of(self, req: Request) -> Any:
+        """The transaction a request runs in (``autocommit: false``), or None."""
+        return self._req_txn.get(id(req))
+
     def make_entry(self, op: str, ns: str, ui: Binary | None, o: dict[str, Any],
                    o2: dict[str, Any] | None = None, *, ctx: WriteContext = NO_CONTEXT,
                    ts: Timestamp | None = None) -> dict[str, Any]:

@@ -8,12 +8,15 @@ fails with TransactionTooOld (225) (``transaction_participant.cpp``, ``config.tr
 Durable shards persist this history.
 
 Transactions (``autocommit: false``; ``startTransaction: true`` on the first statement): writes
-are applied to the collections at once and remembered in an undo log; their oplog operations
-are buffered. ``commitTransaction`` writes ONE ``applyOps`` entry
-(``{op: "c", ns: "admin.$cmd", o: {applyOps: [...]}, lsid, txnNumber, prevOpTime}``) and the
-pre-images with their ``applyOpsIndex``; ``abortTransaction`` (or a failed statement) rolls the
-undo log back and writes nothing. Known difference from mongod: other sessions can see a
-transaction's writes before it commits (no snapshot isolation).
+go to per-collection overlays (:class:`TxnView`) that only the transaction's own statements
+see; their oplog operations are buffered. ``commitTransaction`` applies the overlays (all or
+nothing; a unique key taken meanwhile gives WriteConflict 112), then writes ONE ``applyOps``
+entry (``{op: "c", ns: "admin.$cmd", o: {applyOps: [...]}, lsid, txnNumber, prevOpTime}``) and
+the pre-images with their ``applyOpsIndex``; ``abortTransaction`` (or a failed statement)
+drops the overlays and writes nothing. Known differences from mongod: reads inside a
+transaction see the latest committed data rather than a snapshot from its start, and
+conflicting writers are detected at commit (WriteConflict 112 when a document the transaction
+wrote was changed by someone else meanwhile, a unique key was taken, or the collection dropped).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def _session_id(lsid: Any) -> bytes | None:
 
 
 class Transaction:
-    """One open transaction: buffered oplog operations and the undo log."""
+    """One open transaction: per-collection overlays of its writes (:class:`TxnView`) and the
+    buffered oplog operations (``applyOps``) with their pre-images."""
 
     def __init__(self, session: "Session", txn_number: int) -> None:
         self.session = session
@@ -49,7 +53,14 @@ class Transaction:
         self.started = time.monotonic()
         self.ops: list[dict[str, Any]] = []
         self.pre_images: list[tuple[bytes, int, dict[str, Any]]] = []
-        self.undo: list[tuple[Any, Any, dict[str, Any] | None]] = []  # (coll, id_key, old doc)
+        self.views: dict[bytes, TxnView] = {}
+
+    def view(self, coll: Any) -> "TxnView":
+        """The collection as this transaction sees it (its own writes over the committed data)."""
+        v = self.views.get(coll.uuid)
+        if v is None or v.coll is not coll:
+            v = self.views[coll.uuid] = TxnView(coll)
+        return v
 
     def add_op(self, op: str, coll: Any, o: dict[str, Any], o2: dict[str, Any] | None,
                pre_image: dict[str, Any] | None) -> None:
@@ -61,28 +72,158 @@ class Transaction:
             self.pre_images.append((coll.uuid, len(self.ops), pre_image))
         self.ops.append(entry)
 
-    def record_undo(self, coll: Any, key: Any, old: dict[str, Any] | None) -> None:
-        """Remember a document's state before the transaction's first change to it."""
-        self.undo.append((coll, key, old))
-
-    def rollback(self, storage: Any) -> None:
-        for coll, key, old in reversed(self.undo):
-            if storage.by_uuid.get(coll.uuid) is not coll:
-                continue
-            if key in coll.docs:
-                coll.delete(key)
-                storage.note_doc(coll, key, None)
-            if old is not None:
-                try:
-                    coll.insert(old)
-                except MongoError:
-                    # Without snapshot isolation another session may have taken a unique key
-                    # meanwhile; that write wins (documented limitation).
+    def apply(self, storage: Any) -> None:
+        """Commit the overlays to the collections (all or nothing). Raises WriteConflict (112,
+        TransientTransactionError) when a collection was dropped or a unique key was taken by
+        another writer since the transaction wrote."""
+        applied: list[tuple[Any, Any, dict[str, Any] | None]] = []
+        try:
+            for v in self.views.values():
+                base = v.coll
+                if not v.overlay:
                     continue
-                storage.note_doc(coll, key, old)
-        self.undo.clear()
+                if storage.by_uuid.get(base.uuid) is not base:
+                    raise MongoError(112, "Collection dropped during the transaction")
+                for key, doc in v.overlay.items():
+                    old = base.docs.get(key)
+                    if old is not v.seen.get(key):
+                        # Another writer changed this document after the transaction read it
+                        # (stored documents are never mutated, so identity tells).
+                        raise MongoError(112, "document changed by another writer")
+                    if doc is None:
+                        if old is not None:
+                            base.delete(key)
+                            applied.append((base, key, old))
+                    elif old is None:
+                        base.insert(doc)
+                        applied.append((base, key, None))
+                    else:
+                        base.replace(key, doc)
+                        applied.append((base, key, old))
+        except MongoError as exc:
+            for base, key, old in reversed(applied):
+                if key in base.docs:
+                    base.delete(key)
+                if old is not None:
+                    base.insert(old)
+            raise MongoError(112, f"Write conflict during plan execution and yielding is disabled. "
+                                  f":: Please retry your operation or multi-document transaction. "
+                                  f"({exc.errmsg})", labels=TRANSIENT) from None
+        for base, key, _old in applied:
+            storage.note_doc(base, key, base.docs.get(key))
+
+    def rollback(self, storage: Any = None) -> None:
+        """Forget the transaction's writes (nothing was applied to the collections)."""
+        self.views.clear()
         self.ops.clear()
         self.pre_images.clear()
+
+
+class _MergedDocs:
+    """``docs`` of a :class:`TxnView`: the committed documents with the overlay applied, in
+    natural order (overlay inserts last). Mapping-like: get, items, values, keys, len, in."""
+
+    __slots__ = ("base", "overlay")
+
+    def __init__(self, base: dict[Any, Any], overlay: dict[Any, Any]) -> None:
+        self.base = base
+        self.overlay = overlay
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self.overlay:
+            doc = self.overlay[key]
+            return default if doc is None else doc
+        return self.base.get(key, default)
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key) is not None
+
+    def __getitem__(self, key: Any) -> Any:
+        doc = self.get(key)
+        if doc is None:
+            raise KeyError(key)
+        return doc
+
+    def __iter__(self):
+        overlay = self.overlay
+        for k in list(self.base):
+            if k not in overlay or overlay[k] is not None:
+                yield k
+        for k, doc in list(overlay.items()):
+            if doc is not None and k not in self.base:
+                yield k
+
+    def keys(self):
+        return list(iter(self))
+
+    def items(self):
+        return [(k, self.get(k)) for k in self]
+
+    def values(self):
+        return [self.get(k) for k in self]
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class TxnView:
+    """A collection seen from inside a transaction. Reads see committed documents plus the
+    transaction's own writes; writes go to ``overlay`` (id_key -> new document, or None for
+    deleted) until commit. Other attributes (ns, ui, uuid, indexes, document_key, ...) are the
+    collection's."""
+
+    def __init__(self, coll: Any) -> None:
+        self.coll = coll
+        self.overlay: dict[Any, dict[str, Any] | None] = {}
+        self.seen: dict[Any, dict[str, Any] | None] = {}  # committed doc when first written
+        self.docs = _MergedDocs(coll.docs, self.overlay)
+
+    def _remember(self, key: Any) -> None:
+        if key not in self.seen:
+            self.seen[key] = self.coll.docs.get(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.coll, name)
+
+    def _check_unique(self, doc: dict[str, Any], own_key: Any = None) -> None:
+        from shard.storage import id_key
+        coll = self.coll
+        for idx in coll.indexes.values():
+            if not idx.unique:
+                continue
+            if idx.name == "_id_":
+                k = id_key(doc["_id"])
+                if k != own_key and self.docs.get(k) is not None:
+                    raise coll._dup_error(idx, {"_id": doc["_id"]})
+                continue
+            for hk, kv in idx.keys_of(doc):
+                holder = idx.entries.get(hk)
+                if holder is not None and holder != own_key and holder not in self.overlay:
+                    raise coll._dup_error(idx, kv)
+                for ok, od in self.overlay.items():
+                    if od is not None and ok != own_key and any(h == hk for h, _ in idx.keys_of(od)):
+                        raise coll._dup_error(idx, kv)
+
+    def insert(self, doc: dict[str, Any]) -> Any:
+        from shard.storage import id_key
+        self._check_unique(doc)
+        k = id_key(doc["_id"])
+        self._remember(k)
+        self.overlay[k] = doc
+        return k
+
+    def replace(self, key: Any, new: dict[str, Any]) -> dict[str, Any]:
+        old = self.docs[key]
+        self._check_unique(new, own_key=key)
+        self._remember(key)
+        self.overlay[key] = new
+        return old
+
+    def delete(self, key: Any) -> dict[str, Any]:
+        old = self.docs[key]
+        self._remember(key)
+        self.overlay[key] = None
+        return old
 
 
 class Session:
@@ -266,6 +407,12 @@ class Sessions:
             if txn.state == "aborted":
                 raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
                                       f"been aborted.", labels=TRANSIENT)
+            try:
+                txn.apply(node.storage)
+            except MongoError:
+                txn.state = "aborted"
+                txn.rollback()
+                raise
             txn.state = "committed"
             if not txn.ops:
                 return {}
@@ -274,7 +421,7 @@ class Sessions:
             node.append_entry(entry)
             for uuid, idx, doc in txn.pre_images:
                 node.put_pre_image(uuid, entry["ts"], idx, doc)
-            txn.undo.clear()
+            txn.views.clear()
             return {"__operationTime": entry["ts"]}
 
         async def abort(req: Request) -> dict[str, Any]:

@@ -503,13 +503,11 @@ def test_abandoned_transaction_is_rolled_back(raw, client):
         r = raw("txn4", {"insert": "c", "documents": [{"_id": 1}], "lsid": lsid,
                          "txnNumber": Int64(1), "autocommit": False, "startTransaction": True})
         assert r["ok"] == 1.0
-        deadline = time.time() + 10
-        while client.txn4.c.find_one({"_id": 1}) is not None and time.time() < deadline:
-            time.sleep(0.2)
-        assert client.txn4.c.find_one({"_id": 1}) is None
+        time.sleep(2.5)  # lifetime 1 s + the reaper's 1 s period
         r = raw("admin", {"commitTransaction": 1, "lsid": lsid, "txnNumber": Int64(1),
                           "autocommit": False})
         assert r["code"] == 251
+        assert client.txn4.c.find_one({"_id": 1}) is None
         # endSessions aborts an open transaction too.
         lsid2 = {"id": Binary(uuid.uuid4().bytes, 4)}
         client.admin.command("setParameter", 1, transactionLifetimeLimitSeconds=60)
@@ -566,3 +564,28 @@ def test_legacy_op_query_handshake(proc):
         [doc] = wire.parse_op_reply(_recv(sock, length - 16))
         reply = bson.decode(doc)
         assert reply["ismaster"] is True and reply["setName"] == "rsA" and reply["ok"] == 1.0
+
+
+def test_transaction_writes_are_isolated_until_commit(raw, client):
+    client.iso.c.insert_one({"_id": 0, "n": 0})
+    lsid = {"id": Binary(uuid.uuid4().bytes, 4)}
+    tx = {"lsid": lsid, "txnNumber": Int64(1), "autocommit": False}
+    raw("iso", {"insert": "c", "documents": [{"_id": 1}], "startTransaction": True, **tx})
+    raw("iso", {"update": "c", "updates": [{"q": {"_id": 0}, "u": {"$inc": {"n": 1}}}], **tx})
+    raw("iso", {"delete": "c", "deletes": [{"q": {"_id": 1}, "limit": 1}], **tx})
+    raw("iso", {"insert": "c", "documents": [{"_id": 2}], **tx})
+    inside = raw("iso", {"find": "c", "filter": {}, **tx})["cursor"]["firstBatch"]
+    assert inside == [{"_id": 0, "n": 1}, {"_id": 2}]
+    assert list(client.iso.c.find()) == [{"_id": 0, "n": 0}]  # outside: nothing yet
+    # A unique-key clash with the transaction's own writes is seen inside it.
+    r = raw("iso", {"insert": "c", "documents": [{"_id": 2}], **tx})
+    assert r["code"] == 11000
+    # ...and it aborted the transaction: nothing was applied.
+    assert raw("admin", {"commitTransaction": 1, **tx})["code"] == 251
+    assert list(client.iso.c.find()) == [{"_id": 0, "n": 0}]
+    tx2 = {**tx, "txnNumber": Int64(2)}
+    raw("iso", {"insert": "c", "documents": [{"_id": 5}], "startTransaction": True, **tx2})
+    client.iso.c.insert_one({"_id": 5, "outside": True})  # a concurrent writer takes the key
+    r = raw("admin", {"commitTransaction": 1, **tx2})
+    assert r["code"] == 112 and r["errorLabels"] == ["TransientTransactionError"]
+    assert client.iso.c.find_one({"_id": 5}) == {"_id": 5, "outside": True}
