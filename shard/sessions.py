@@ -446,8 +446,13 @@ class Sessions:
 
         node.commands.register("commitTransaction", commit)
         node.commands.register("abortTransaction", abort)
+        async def kill_all_sessions(req: Request) -> dict[str, Any]:
+            self.end([s.lsid for s in list(self._sessions.values())])
+            return {}
+
         node.commands.register("endSessions", end_sessions)
         node.commands.register("killSessions", end_sessions)
+        node.commands.register("killAllSessions", kill_all_sessions)
 
 
 class _TxnCtx:
