@@ -53,6 +53,7 @@ class CheckInvalidate:
         self.closing = False
 
     def process(self, ev: Event) -> list[Event]:
+        """``[ev]``, or ``[ev, invalidate]`` after an invalidating command."""
         if not is_invalidating(self.spec, ev):
             return [ev]
         inv = invalidate_event(ev)

@@ -71,6 +71,7 @@ class CheckResumability:
         self.done = False
 
     def compare(self, ev: Event) -> int:
+        """CHECK_NEXT, FOUND or SURPASSED for ``ev`` against the client's token."""
         d = ev.token["_data"]
         if d < self.target:
             return CHECK_NEXT

@@ -120,6 +120,7 @@ class ChangeStreamCursor(Cursor):
             self.history_lost = True
 
     async def close(self) -> None:
+        """Stop listening to the oplog (killCursors, exhaustion, failure, reaping)."""
         self.oplog.remove_listener(self._on_append)
         cbs = getattr(self.oplog, "truncated_callbacks", None)
         if cbs is not None and self._on_truncate in cbs:
@@ -195,6 +196,7 @@ class ChangeStreamCursor(Cursor):
 
     # -- batches --------------------------------------------------------------------------------
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        """One batch (see the module docstring); ``max_time_ms`` is the awaitData wait (ms)."""
         if batch_size is None:
             limit = DEFAULT_BATCH_SIZE if first else 1 << 62
         else:

@@ -33,6 +33,7 @@ class EnsureResumeTokenPresent(CheckResumability):
         self._client_token = spec.resume_token
 
     def process(self, ev: Event) -> Event | None:
+        """``ev`` to return, None to swallow; ChangeStreamFatalError (280) if the token is passed unseen."""
         if self.done:
             return ev
         status = self.compare(ev)

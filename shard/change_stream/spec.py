@@ -92,6 +92,7 @@ class StreamSpec:
 
     @property
     def ns(self) -> str:
+        """``db.coll``, or ``db.$cmd.aggregate`` for database/cluster streams."""
         return f"{self.db}.{self.coll}" if self.coll is not None else f"{self.db}.$cmd.aggregate"
 
     @property
