@@ -13,6 +13,7 @@ from typing import Any
 from bson import Binary
 from bson.int64 import Int64
 
+from shardsim.commands import GENERIC_FIELDS as _GENERIC
 from shardsim.commands import Request, check_type
 from shardsim.cursors import ListCursor
 from shardsim.errors import MongoError
@@ -450,5 +451,3 @@ def register(node: ShardNode) -> None:
 
     c.register("_shardsimNoop", noop)
 
-
-from shardsim.commands import GENERIC_FIELDS as _GENERIC  # noqa: E402

@@ -25,7 +25,6 @@ from bson import Binary, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim.clock import ts_key
 from shardsim.commands import Request
 from shardsim.errors import MongoError
 from shardsim.node import Node

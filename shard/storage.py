@@ -24,7 +24,7 @@ import uuid as uuid_mod
 from typing import Any, Iterator
 
 import bson
-from bson import Binary, Decimal128, ObjectId, Regex
+from bson import Binary, Decimal128, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
