@@ -157,6 +157,8 @@ def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = Fals
     spec.show_migration = bool(raw.get("showMigrationEvents", False))
     spec.show_raw_update = bool(raw.get("showRawUpdateDescription", False))
     spec.show_commit_ts = bool(raw.get("showCommitTimestamp", False))
+    # $_generateV2ResumeTokens: false asks for v1 tokens (eventIdentifier = documentKey).
+    spec.token_version = 1 if raw.get("$_generateV2ResumeTokens") is False else rt.DEFAULT_VERSION
 
     if "resumeAfter" in raw and "startAfter" in raw:
         raise MongoError(50865, "Do not specify both 'resumeAfter' and 'startAfter' in a $changeStream stage")
@@ -180,7 +182,7 @@ def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = Fals
                          and data.eventIdentifier.get("operationType") == "endOfTransaction")):
             raise MongoError(260, "Attempted to resume a single-collection stream, but the resume "
                                   "token does not include a UUID")
-        spec.token_version = max(rt.DEFAULT_VERSION, data.version)
+        spec.token_version = max(spec.token_version, data.version)
     spec.start_at = raw.get("startAtOperationTime")
 
     stages: list[tuple[str, Any]] = []

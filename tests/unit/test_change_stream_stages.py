@@ -272,3 +272,18 @@ def test_user_project_with_dotted_computed_path():
     assert out == {"_id": {"_data": "00"}, "operationType": "insert", "ns": {"viewOn": "db.coll"}}
     inc = compile_stage("$project", {"ns.db": 1})
     assert inc({"_id": 1, "ns": {"db": "a", "coll": "b"}}) == {"_id": 1, "ns": {"db": "a"}}
+
+
+def test_v1_tokens_on_request_and_version_kept_until_resume_point():
+    v1 = parse(cs={"$_generateV2ResumeTokens": False})
+    ev = Transform(v1)(entry("i", "d.c", {"_id": 1}, {"_id": 1}))
+    d = rt.decode(ev.token)
+    assert d.version == 1 and d.eventIdentifier == {"_id": 1}
+    assert ev.token["_data"].startswith("82") and "2B02" in ev.token["_data"][:24]
+    # resuming from that v1 token: events up to the resume point keep v1, later ones are v2
+    spec = parse(cs={"resumeAfter": ev.token})
+    t = Transform(spec)
+    same = t(entry("i", "d.c", {"_id": 1}, {"_id": 1}))
+    later = t(entry("i", "d.c", {"_id": 2}, {"_id": 2}, ts=(100, 2)))
+    assert same.token == ev.token
+    assert rt.decode(later.token).version == 2
