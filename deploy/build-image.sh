@@ -95,8 +95,14 @@ build_app() {  # build_app CTX
     tmp=$(mktemp -d)
     # Build from a copy of the tracked+untracked source (not .venv, .cache, ...): pip builds
     # setuptools projects in place, and the shared work tree should not get build/ litter.
-    git ls-files -co --exclude-standard -z -- pyproject.toml README.md shardsim shard router configsvr |
-        xargs -0 -I{} cp --parents {} "$tmp/" 2>/dev/null || true
+    local src=(pyproject.toml README.md shardsim shard router configsvr)
+    if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        # (a tracked file deleted in the work tree fails to copy: that is fine)
+        git ls-files -co --exclude-standard -z -- "${src[@]}" |
+            xargs -0 -I{} cp --parents {} "$tmp/" 2>/dev/null || true
+    else
+        cp -r "${src[@]}" "$tmp/"
+    fi
     if ! "$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$ctx/app" "$tmp" \
             >"$stage/wheel-app.log" 2>&1; then
         cat "$stage/wheel-app.log" >&2; log "building the shardsim wheel failed"; exit 1
