@@ -516,7 +516,7 @@ def register(node: ShardNode) -> None:
     def oplog_cursor(ns: str, filt: dict[str, Any], sort: dict[str, Any] | None, skip: int,
                      limit: int, projection: dict[str, Any] | None, tailable: bool,
                      await_data: bool) -> Cursor:
-        if sort and list(sort) == ["$natural"] and sort["$natural"] < 0:
+        if sort and list(sort) in (["$natural"], ["ts"]) and next(iter(sort.values())) == -1:
             docs = (d for d in node.oplog.entries_reversed() if q.matches(filt, d))
             out = []
             for d in docs:

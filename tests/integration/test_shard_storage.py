@@ -279,6 +279,9 @@ def test_oplog_filters(client):
     later = list(client.local["oplog.rs"].find({"ts": {"$gte": first}, "ns": "ofilt.c"}))
     assert len(later) == 7
     assert client.local["oplog.rs"].count_documents({"ns": "ofilt.c", "op": "i"}) == 5
+    newest_first = list(client.local["oplog.rs"].find({"ns": "ofilt.c"}).sort("ts", -1).limit(3))
+    assert [e["op"] for e in newest_first] == ["d", "d", "i"]
+    assert newest_first[0]["ts"] > newest_first[1]["ts"] > newest_first[2]["ts"]
 
 
 def test_transaction_commit_writes_one_apply_ops_entry(client):
