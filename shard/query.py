@@ -95,6 +95,17 @@ def _exact_id(filt: dict[str, Any]) -> tuple[bool, Any]:
     return True, v
 
 
+def _id_in_list(filt: dict[str, Any]) -> list[Any] | None:
+    v = filt.get("_id")
+    if not isinstance(v, dict) or list(v) != ["$in"] or not isinstance(v["$in"], list):
+        return None
+    vals = v["$in"]
+    for x in vals:
+        if isinstance(x, (dict, list, Regex)) or type(x).__name__ == "Pattern" or x is None:
+            return None
+    return vals
+
+
 def select(coll: Collection | None, filt: dict[str, Any] | None) -> Iterator[tuple[Any, dict[str, Any]]]:
     """``(id_key, doc)`` for every document of ``coll`` matching ``filt`` in natural order.
 
@@ -112,6 +123,18 @@ def select(coll: Collection | None, filt: dict[str, Any] | None) -> Iterator[tup
         doc = coll.docs.get(k)
         if doc is not None and (len(filt) == 1 or matches(filt, doc)):
             yield k, doc
+        return
+    in_values = _id_in_list(filt)
+    if in_values is not None:
+        # {_id: {$in: [...]}} answered from the _id map in ascending _id order, like an IXSCAN.
+        keys = {}
+        for v in in_values:
+            keys.setdefault(id_key(v), v)
+        ordered = sorted(keys.items(), key=lambda kv: _SortKey(kv[1]))
+        for k, _v in ordered:
+            doc = coll.docs.get(k)
+            if doc is not None and (len(filt) == 1 or matches(filt, doc)):
+                yield k, doc
         return
     if not filt:
         for k, doc in list(coll.docs.items()):

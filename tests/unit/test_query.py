@@ -175,3 +175,15 @@ def test_positional_and_array_filter_updates_expand_to_real_paths():
     with pytest.raises(MongoError) as e:
         expand_positional(pre, {"$set": {"a.$.b": 1}}, {"_id": 1})
     assert e.value.code == 2
+
+
+def test_select_by_id_uses_the_id_map():
+    from shard.query import select
+    from shard.storage import Collection
+    c = Collection("d", "c", b"s" * 16)
+    for i in [5, 3, 9, 1]:
+        c.insert({"_id": i, "v": i})
+    assert [d["_id"] for _, d in select(c, {"_id": 3.0})] == [3]
+    assert [d["_id"] for _, d in select(c, {"_id": {"$in": [9, 1, 3, 7, 1.0]}})] == [1, 3, 9]
+    assert [d["_id"] for _, d in select(c, {"_id": {"$in": [9, 1, 3]}, "v": {"$gt": 2}})] == [3, 9]
+    assert [d["_id"] for _, d in select(c, {"v": {"$gte": 3}})] == [5, 3, 9]  # natural order
