@@ -113,8 +113,15 @@ class Oplog:
         return self.entries_from(key + 1)
 
     def entries_reversed(self) -> Iterator[dict[str, Any]]:
-        """Newest first (for ``find`` sorted by ``$natural: -1``); a snapshot."""
-        return reversed(self._entries[self._head:])
+        """Newest first (for ``find`` sorted by ``$natural: -1``), starting from the newest entry
+        at the time of the call; lazy, so ``limit(1)`` costs O(1)."""
+        pos = self._base + len(self._entries) - 1
+        while True:
+            idx = pos - self._base
+            if idx < self._head or idx >= len(self._entries):
+                return
+            yield self._entries[idx]
+            pos -= 1
 
     def get(self, key: int) -> dict[str, Any] | None:
         """The entry whose ts_key is exactly ``key``, or None."""

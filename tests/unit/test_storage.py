@@ -29,6 +29,7 @@ def test_oplog_order_lookup_and_bounds():
     assert [e["ts"].inc for e in o.entries_from(ts_key(Timestamp(100, 3)))] == [3, 4, 5]
     assert [e["ts"].inc for e in o.entries_after(ts_key(Timestamp(100, 3)))] == [4, 5]
     assert o.get(ts_key(Timestamp(100, 2)))["ts"] == Timestamp(100, 2)
+    assert [e["ts"].inc for e in o.entries_reversed()] == [5, 4, 3, 2, 1]
     with pytest.raises(ValueError):
         o.append(entry(100, 5))
 
