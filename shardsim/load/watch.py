@@ -201,8 +201,10 @@ class ShardSampler(threading.Thread):
 
         try:
             with MongoClient(self.uri) as client:
-                self.data.events = client.local["oplog.rs"].count_documents(
-                    {"ns": {"$in": namespaces}, "op": {"$in": ["i", "u", "d"]},
-                     "fromMigrate": {"$ne": True}})
+                # the ``count`` command, not count_documents' $group aggregate: a plain
+                # filter scan is several times cheaper on a shard's oplog
+                self.data.events = int(client.local.command("count", "oplog.rs", query={
+                    "ns": {"$in": namespaces}, "op": {"$in": ["i", "u", "d"]},
+                    "fromMigrate": {"$ne": True}})["n"])
         except Exception as exc:  # noqa: BLE001 - informational figure
             self.data.error = f"oplog count: {type(exc).__name__}: {exc}"
