@@ -67,12 +67,8 @@ class RouterNode(Node):
         self._refresher: asyncio.Task | None = None
         from router import commands as router_commands
         router_commands.register(self)
-        try:  # fail points are another module's (router/failpoints.py); optional here
-            from router import failpoints  # type: ignore[attr-defined]
-        except ImportError:
-            failpoints = None
-        if failpoints is not None and hasattr(failpoints, "install"):
-            failpoints.install(self)
+        from shardsim import failpoints
+        failpoints.install(self)
 
     # -- identity -------------------------------------------------------------------------
     def hello(self, req: Request) -> dict[str, Any]:

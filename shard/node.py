@@ -103,6 +103,8 @@ class ShardNode(Node):
         crud.register(self)
         ddl.register(self)
         self.sessions.register()
+        from shardsim import failpoints  # configureFailPoint, with test commands only
+        failpoints.install(self)
 
     # -- identity -----------------------------------------------------------------------------
     def hello(self, req: Request) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The router's change-stream cursor (router/change_stream.py) and fail points
-(router/failpoints.py) driven by pymongo, with in-process fake shards.
+(shardsim/failpoints.py) driven by pymongo, with in-process fake shards.
 
 The fake shards speak the shard side of the contract (``needsMerge`` events with ``$sortKey``
 last, ``postBatchResumeToken`` on every reply, clock-mode promises) so these tests pin the
@@ -147,14 +147,15 @@ class FakeCatalog:
 
 
 class FakeRouter(Node):
-    """Just enough of router.node.RouterNode for router/change_stream.py and failpoints.py."""
+    """Just enough of router.node.RouterNode for router/change_stream.py and shardsim/failpoints.py."""
 
     def __init__(self, shard_addrs: dict, config_addr: tuple, test_commands: bool = True) -> None:
         super().__init__(test_commands=test_commands)
         self.catalog = FakeCatalog(dict(shard_addrs))
         self.config_pool = Pool(*config_addr)
         self._pools: dict = {}
-        from router import change_stream, failpoints
+        from router import change_stream
+        from shardsim import failpoints
 
         async def aggregate(req: Request) -> dict:
             return await change_stream.aggregate_change_stream(self, req)
