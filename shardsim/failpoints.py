@@ -172,6 +172,10 @@ class FailPoints:
         name = self.canonical(command or req.name)
         if name == "configureFailPoint":  # banned even when listed
             return False
+        try:  # an unknown command is CommandNotFound before any fail point
+            self.node.commands.lookup(name)
+        except MongoError:
+            return False
         if is_local_client(req.conn) and not (data.get("failLocalClients") is True
                                               or data.get("failInternalCommands") is True):
             return False
