@@ -6,12 +6,13 @@ Batches (``PlanExecutorPipeline`` + ``CursorResponseBuilder`` semantics):
   stays open (tailable, awaitData);
 * ``getMore`` returns as soon as at least one event is ready, otherwise waits up to its
   ``maxTimeMS`` (default 1000 ms) — woken only by oplog writes that pass this stream's oplog
-  filter (an oplog listener), not by unrelated writes;
+  filter (an oplog listener), not by unrelated writes, or by the router's internal
+  ``_shardsimAdvanceClusterTime`` request for a promise past a time (see :func:`register`);
 * a batch holds at most ``batchSize`` events (101 on the first batch by default, unlimited on
   getMore) and at most 16 MiB;
 * every reply carries ``postBatchResumeToken``: the last returned event's token; when the batch
   ends with nothing left to return, the high-water mark of the newest oplog time scanned if it is
-  newer (``mongod`` promise mode) or of the shard's current cluster time (``clock`` mode, see
+  newer (``mongod`` promise mode) or of the shard's current cluster time + 1 tick (``clock`` mode, see
   :func:`safe_promise_key`). It never moves backwards;
 * the batch carrying ``invalidate`` closes the cursor (id 0);
 * events are BSON-encoded once here (``RawBSONDocument``) so the reply path copies bytes; with
@@ -27,6 +28,7 @@ from typing import Any
 from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
 from bson.codec_options import DEFAULT_CODEC_OPTIONS
 from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
 
 from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key, ts_key
@@ -57,16 +59,80 @@ _INTERNAL_SLACK = 16 * 1024
 
 
 def safe_promise_key(node: Any) -> int:
-    """``clock`` promise mode: the newest cluster time no future oplog entry can be at or below.
+    """``clock`` promise mode: a cluster time T such that every future oplog entry has ts >= T,
+    so HWM(T) may be promised (a high-water mark sorts before every event at its own time:
+    tokenType 0 < 128, ``resume_token.cpp``).
 
-    The shard ticks its clock and appends the oplog entry in the same synchronous step of the
-    event loop (``ShardNode.make_entry`` + ``append_entry``; no ``await`` between), and every
-    later tick is strictly greater than ``clock.now()``. So when a cursor runs, every reserved
-    timestamp is already in the oplog and any later write gets ``ts > now``: promising
-    HWM(now) cannot be overtaken. ``tests/integration/test_shard_change_stream_promise.py``
-    checks this property against a live shard under concurrent writes.
+    Returns ``clock.now() + 1 tick``. The shard ticks its clock and appends the oplog entry in
+    the same synchronous step of the event loop (``ShardNode.make_entry`` + ``append_entry``; no
+    ``await`` between), so when a cursor runs every reserved timestamp is already in the oplog,
+    and every later tick is ``>= now + 1`` (``HybridLogicalClock.tick``: wall time or last + 1,
+    and gossip only moves the clock forward). Promising now + 1 rather than now matters for the
+    router: after a write at T the router gossips T to the idle shards, whose promise HWM(T + 1)
+    then passes the event at T (HWM(T) would still hold it back).
+    ``tests/integration/test_shard_change_stream_promise.py`` checks that no entry is ever
+    appended below a promise, against a live shard under concurrent writes and gossip.
     """
-    return node.clock.now_key()
+    return node.clock.now_key() + 1
+
+
+NUDGE_COMMAND = "_shardsimAdvanceClusterTime"
+
+
+class PromiseWaiters:
+    """Per-node record of promise requests (``node.cs_promise_waiters``).
+
+    The router sends ``{_shardsimAdvanceClusterTime: T}`` when it holds an event at cluster
+    time T that only idle remotes' promises block. ``key`` is the highest such T (as a ts key);
+    ``cursors`` are the change-stream cursors waiting in a getMore right now. A request is
+    sticky: a getMore that starts waiting after it still sees ``key``.
+    """
+
+    __slots__ = ("key", "cursors")
+
+    def __init__(self) -> None:
+        self.key = 0
+        self.cursors: set[ChangeStreamCursor] = set()
+
+    def request(self, key: int) -> None:
+        """Someone wants promises past ``key``: wake the waiting cursors that can give one."""
+        if key > self.key:
+            self.key = key
+        for cur in list(self.cursors):
+            cur._on_promise_request()
+
+
+def promise_waiters(node: Any) -> PromiseWaiters:
+    """The node's :class:`PromiseWaiters` (created on first use)."""
+    w = getattr(node, "cs_promise_waiters", None)
+    if w is None:
+        w = node.cs_promise_waiters = PromiseWaiters()
+    return w
+
+
+def register(node: Any) -> None:
+    """Register the internal ``_shardsimAdvanceClusterTime`` command on a shard/config node.
+
+    ``{_shardsimAdvanceClusterTime: Timestamp T}`` (plus the usual ``$clusterTime`` gossip)
+    moves the node's cluster time to at least T and asks its change-stream cursors for a promise
+    past T: in ``clock`` mode a waiting getMore returns at once with HWM(now + 1); in ``mongod``
+    mode it returns as soon as an oplog entry after T (e.g. the periodic no-op) is appended,
+    instead of sitting out its await time (the reply is still a real shard's: promise = newest
+    oplog time). Not a MongoDB command; the router sends it (shardsim's addition, for latency
+    only). Errors: TypeMismatch (14) when T is not a Timestamp. Reply ``{ok: 1}``.
+    """
+    waiters = promise_waiters(node)
+
+    async def advance(req: Any) -> dict[str, Any]:
+        ts = req.body.get(NUDGE_COMMAND)
+        if not isinstance(ts, Timestamp):
+            raise MongoError(14, f"BSON field '{NUDGE_COMMAND}' is the wrong type, expected type "
+                                 "'timestamp'")
+        node.clock.advance(ts)
+        waiters.request(ts_key(ts))
+        return {}
+
+    node.commands.register(NUDGE_COMMAND, advance)
 
 
 class ChangeStreamCursor(Cursor):
@@ -104,16 +170,55 @@ class ChangeStreamCursor(Cursor):
         self.history_lost = False
         self.promise_mode = str(node.options.get("promise_mode") or "clock")
         self._wake: asyncio.Event | None = None
-        self.oplog.add_listener(self._on_append)
+        self._waiters = promise_waiters(node)
+        self.oplog.add_listener(self._on_append, **self._listen_scope())
         cbs = getattr(self.oplog, "truncated_callbacks", None)
         if cbs is not None:
             cbs.append(self._on_truncate)
 
+    def _listen_scope(self) -> dict[str, str]:
+        """Which appends can wake this cursor (``Oplog.add_listener`` scope): in ``clock`` mode
+        only entries its oplog filter can admit (the namespace of a collection stream, the
+        database of a database stream, everything for a cluster stream), so writes elsewhere
+        never call it. ``mongod`` mode listens to every entry: any entry past a requested
+        promise time wakes it (see ``_on_append``)."""
+        spec = self.spec
+        if self.promise_mode != "clock" or spec.kind == "cluster":
+            return {}
+        if spec.kind == "collection":
+            return {"ns": f"{spec.db}.{spec.coll}"}
+        return {"db": spec.db}
+
     # -- oplog notifications ------------------------------------------------------------------
     def _on_append(self, entry: dict[str, Any]) -> None:
         wake = self._wake
-        if wake is not None and not wake.is_set() and self.match(entry):
-            wake.set()
+        if wake is not None and not wake.is_set():
+            if self.match(entry):
+                wake.set()
+            elif self.promise_mode != "clock" and self._promise_requested() \
+                    and ts_key(entry["ts"]) > self._waiters.key:
+                wake.set()  # mongod mode: this entry (e.g. a no-op) lets us promise past T
+
+    def _promise_requested(self) -> bool:
+        """A promise past some T was requested (``_shardsimAdvanceClusterTime``) and ours does
+        not pass it yet (HWM(p) passes events at T only when p > T)."""
+        return self._waiters.key >= self.pbrt_ts_key
+
+    def _can_promise_past_request(self) -> bool:
+        """True when the batch being built should end now, empty, because it can carry a
+        promise past the requested time: at once in ``clock`` mode (the request moved the clock
+        to >= T, so the safe promise is > T), once an entry after T was scanned in ``mongod``."""
+        if not self._promise_requested():
+            return False
+        if self.promise_mode == "clock":
+            return True
+        return self.latest_scanned > self._waiters.key
+
+    def _on_promise_request(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.is_set() and self._promise_requested():
+            if self.promise_mode == "clock" or self.oplog.latest_key > self._waiters.key:
+                wake.set()
 
     def _on_truncate(self, removed_to_key: int) -> None:
         if removed_to_key >= self.scan_key:
@@ -223,7 +328,7 @@ class ChangeStreamCursor(Cursor):
             self._scan()
             if self.pending or self.closing:
                 continue
-            if out or first:
+            if out or first or self._can_promise_past_request():
                 break
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -254,14 +359,19 @@ class ChangeStreamCursor(Cursor):
             self.pbrt_ts_key = key
 
     async def _wait(self, timeout_s: float) -> None:
-        """Sleep until a write this stream's filter admits is appended, or ``timeout_s``."""
+        """Sleep until a write this stream's filter admits is appended, a promise past some
+        time is requested that this cursor can now give (see :func:`register`), or
+        ``timeout_s``."""
         if self.oplog.latest_key >= self.scan_key:
             return  # something new arrived since the last scan
         ev = asyncio.Event()
         self._wake = ev
+        waiters = self._waiters
+        waiters.cursors.add(self)
         try:
             await asyncio.wait_for(ev.wait(), timeout_s)
         except asyncio.TimeoutError:
             pass
         finally:
             self._wake = None
+            waiters.cursors.discard(self)

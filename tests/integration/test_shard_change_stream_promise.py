@@ -1,5 +1,6 @@
-"""The ``clock`` promise mode is safe: an idle batch promises HWM(current cluster time), which is
-only correct if no oplog entry at or below a promised time can be appended later.
+"""The ``clock`` promise mode is safe: an idle batch promises HWM(current cluster time + 1 tick),
+which is only correct if no oplog entry below a promised time can be appended later (an event at
+exactly the promised time sorts after the high-water mark).
 
 The shard ticks its clock and appends the oplog entry in one synchronous step of its event loop
 (no ``await`` in between), and later ticks are always greater. This test runs a shard in-process
@@ -38,7 +39,8 @@ async def _scenario() -> tuple[list, list, int, int]:
         appended[0] += 1
         if "applyOps" in entry.get("o", {}):
             txns[0] += 1
-        if ts_key(entry["ts"]) <= max_promise[0]:
+        # A promise HWM(p) is broken by an entry at ts < p (an event at p sorts after HWM(p)).
+        if ts_key(entry["ts"]) < max_promise[0]:
             violations.append((entry["ts"], max_promise[0]))
 
     node.oplog.add_listener(on_append)
