@@ -103,6 +103,8 @@ class ShardNode(Node):
         crud.register(self)
         ddl.register(self)
         self.sessions.register()
+        from shard.change_stream import cursor as _cs_cursor
+        _cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
         from shardsim import failpoints  # configureFailPoint, with test commands only
         failpoints.install(self)
 
