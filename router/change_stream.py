@@ -42,7 +42,7 @@ from router.merger import (CONFIG_SHARDS_NS, ChangeStreamMerge, Item, Merger, Ne
                            item_from_raw_event, token_ts_key)
 from router.remote import gossip_command, track_operation_time
 from shardsim.client import RAW_CODEC
-from shardsim.clock import ts_add_ticks, ts_key
+from shardsim.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
 from shardsim.errors import MongoError, change_stream_labels
 
@@ -50,7 +50,9 @@ log = logging.getLogger("shardsim.router.change_stream")
 
 DEFAULT_AWAIT_MS = 1000  # mongos' default awaitData timeout for a getMore without maxTimeMS
 REMOTE_AWAIT_CAP_MS = 1000  # ARM::setAwaitDataTimeout cap when merging more than one remote
-BLOCKED_AWAIT_MS = 20  # remote await while a buffered event waits only for promises (ms)
+SHORT_AWAIT_MS = 20  # remote await of a one-off poll for a newer promise (ms)
+# Internal shard command asking for a promise past a cluster time (shard/change_stream/cursor.py).
+PROMISE_REQUEST_COMMAND = "_shardsimAdvanceClusterTime"
 # Aggregate fields the router does not pass on to shards (it sets its own cursor/needsMerge).
 _NOT_FORWARDED = frozenset({"aggregate", "pipeline", "cursor", "$db", "$clusterTime", "lsid",
                             "txnNumber", "$readPreference", "maxAwaitTimeMS", "maxTimeMS",
@@ -148,6 +150,8 @@ class RouterChangeStream:
         self.op_time: Timestamp | None = None
         self.remote_await_ms = DEFAULT_AWAIT_MS
         self.nudged: dict[int, int] = {}  # remote id -> router time it was last short-polled for
+        self.requested: dict[int, int] = {}  # remote id -> highest time a promise was asked past
+        self.requesting: set[int] = set()  # remote ids with a promise request outstanding
 
     # -- opening -------------------------------------------------------------------------------
     def _shard_command(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -241,19 +245,16 @@ class RouterChangeStream:
         polls = self.merger.remotes_to_poll()
         if not polls:
             return
-        # An event is buffered but held back by other remotes' promises: ask those remotes for
-        # a fresh promise without a long await (they carry our newer $clusterTime), instead of
-        # letting them sit out a full await period. Latency only; the merge rule is unchanged.
-        blocked = any(r.buffer for r in self.merger.remotes)
-        # When a client getMore starts, a remote whose promise is older than the router's
+        # (An event held back only by promises is handled by request_promises, which also
+        # cuts short the getMores already waiting.) When a client getMore starts, a remote whose promise is older than the router's
         # cluster time can promise more right away (our getMore gossips that time to it): ask
         # it once without a long await, so a write the router has seen does not wait for idle
         # shards' await periods. (Only at the start of a client getMore: idle streams then cost
         # at most one extra round per remote and client getMore.)
         now_key = ts_key(self.router.clock.now())
         for r in polls:
-            short = blocked
-            if nudge and not short and r.promise is not None:
+            short = False
+            if nudge and r.promise is not None:
                 pts = token_ts_key(r.promise[0])
                 if pts is not None and pts < now_key and self.nudged.get(r.rid) != now_key:
                     self.nudged[r.rid] = now_key
@@ -262,13 +263,53 @@ class RouterChangeStream:
             asyncio.get_running_loop().create_task(self._remote_getmore(r, short),
                                                    context=contextvars.Context())
 
+    def request_promises(self) -> None:
+        """An event is buffered but held back only by other remotes' promises: ask each of those
+        remotes once, on a separate pooled connection, for a promise past the event's cluster
+        time T (``{_shardsimAdvanceClusterTime: T}`` with our ``$clusterTime`` >= T).
+
+        A ``clock``-mode shard answers the getMore it is holding for us at once with
+        HWM(>= T + 1); a ``mongod``-mode shard answers it when its next oplog entry (the
+        periodic no-op) passes T, as its promise is still only its newest oplog time. Without
+        this the event would wait until every idle remote's await period (up to 1 s) ends,
+        because a getMore already waiting on an idle shard is not woken by a write elsewhere.
+        Latency only: what is released, and when it may be, is still decided by the merge rule
+        (an event is released only once every remote has promised past it). Not part of
+        mongos' ARM; one request per remote and newer T, at most one outstanding per remote.
+        """
+        item, remotes = self.merger.blocking_remotes()
+        if item is None or not remotes:
+            return
+        t = token_ts_key(item.key[0])
+        if t is None:
+            return
+        loop = asyncio.get_running_loop()
+        for r in remotes:
+            if r.rid in self.requesting or self.requested.get(r.rid, -1) >= t \
+                    or r.rid not in self.pools:
+                continue
+            self.requested[r.rid] = t
+            self.requesting.add(r.rid)
+            loop.create_task(self._request_promise(r, t), context=contextvars.Context())
+
+    async def _request_promise(self, r: Remote, t: int) -> None:
+        try:
+            await gossip_command(self.router.clock, self.pools[r.rid], "admin",
+                                 {PROMISE_REQUEST_COMMAND: ts_from_key(t)}, check=False,
+                                 timeout=10)
+        except Exception:  # latency only: a real failure shows up on the remote's getMore
+            pass
+        finally:
+            self.requesting.discard(r.rid)
+            self.wake.set()  # look again: a newer event may want a newer promise
+
     async def _remote_getmore(self, r: Remote, blocked: bool = False) -> None:
         db, coll = _split_ns(r.ns)
         await_ms = self.remote_await_ms
         if len(self.merger.remotes) > 1:
             await_ms = min(await_ms, REMOTE_AWAIT_CAP_MS)
         if blocked:
-            await_ms = min(await_ms, BLOCKED_AWAIT_MS)
+            await_ms = min(await_ms, SHORT_AWAIT_MS)
         cmd = {"getMore": Int64(r.cursor_id), "collection": coll, "maxTimeMS": int(await_ms)}
         pool = self.pools[r.rid]
         try:
@@ -403,6 +444,7 @@ class RouterChangeStreamCursor(Cursor):
             if out or first:
                 break
             st.schedule_getmores(nudge=nudge)
+            st.request_promises()
             nudge = False
             remaining = deadline - time.monotonic()
             if remaining <= 0 or st.closed:

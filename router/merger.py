@@ -522,6 +522,21 @@ class Merger:
         return [r for r in self.remotes
                 if not r.buffer and r.cursor_id != 0 and not r.in_flight and not r.closed]
 
+    def blocking_remotes(self) -> tuple[Item | None, list[Remote]]:
+        """When the smallest buffered event is not ready only because of promises: that event
+        and the live remotes whose promise is missing or below its key (they hold it back).
+        ``(None, [])`` when nothing is buffered, an event is ready or an error is pending.
+        Pure; used by the router to ask exactly those remotes for a newer promise."""
+        if self.status is not None:
+            return None, []
+        head = self._head()
+        if head is None or self.ready():
+            return None, []
+        item = head.buffer[0]
+        return item, [r for r in self.remotes
+                      if not r.closed and not r.buffer and r.cursor_id != 0
+                      and (r.promise is None or r.promise < item.key)]
+
     def has_in_flight(self) -> bool:
         return any(r.in_flight for r in self.remotes)
 

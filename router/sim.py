@@ -171,6 +171,8 @@ class Stream:
         self.resume = resume
         self.remote_of: dict[str, Any] = {}
         self.error: MongoError | None = None
+        self.requested: dict[str, int] = {}  # shard -> highest time a promise was asked past
+        self.pending_answer: dict[str, Callable[[], None]] = {}  # shard -> its waiting getMore
 
     def open(self) -> None:
         sim = self.sim
@@ -250,6 +252,34 @@ class Stream:
         for r in self.merger.remotes_to_poll():
             r.in_flight = True
             self._remote_getmore(r, max(1, max_await))
+        self._request_promises()
+
+    def _request_promises(self) -> None:
+        """The router's ``_shardsimAdvanceClusterTime`` (router/change_stream.py
+        ``request_promises``): the remotes holding back the smallest buffered event get its
+        cluster time T gossiped after a random delay; a ``clock``-mode shard then answers its
+        waiting getMore at once, a ``mongod`` one only when a visible entry passes T."""
+        item, blockers = self.merger.blocking_remotes()
+        if item is None:
+            return
+        sim = self.sim
+        t = int(item.key[0][2:18], 16)
+        for r in blockers:
+            if self.requested.get(r.name, -1) >= t:
+                continue
+            self.requested[r.name] = t
+            sh = sim.by_name[r.name]
+
+            def arrive(sh: SimShard = sh, t: int = t) -> None:
+                sh.gossip(max(t, sim.router_time))
+                fn = self.pending_answer.get(sh.name)
+                if fn is None:
+                    return
+                if sh.mode == "mongod" and not any(ts > t for ts, _ in sh.oplog
+                                                   if ts <= sh.visible_upto()):
+                    return
+                fn()
+            sim.at(sim.now + sim.rng.randint(0, 20), arrive)
 
     def _remote_getmore(self, r: Any, max_await: int) -> None:
         sim = self.sim
@@ -263,6 +293,9 @@ class Stream:
         latency = sim.rng.randint(0, 20)
 
         def answer() -> None:
+            if self.pending_answer.get(sh.name) is not answer:
+                return  # already answered early (a promise request)
+            del self.pending_answer[sh.name]
             evs, pbrt = sh.answer(cur, sim.rng.randint(1, 8))
 
             def arrive() -> None:
@@ -272,6 +305,7 @@ class Stream:
                 self.merger.on_batch(r, items, 1, pbrt)
                 self.drive()
             sim.at(sim.now + latency, arrive)
+        self.pending_answer[sh.name] = answer
         sim.at(sim.now + wait, answer)
 
 
