@@ -60,7 +60,12 @@ class Oplog:
         self._head = 0  # entries[:_head] are truncated (compacted lazily)
         self._base = 0
         self._bytes = 0
+        # Listeners indexed by what they can match (see add_listener): every entry, CRUD/no-op
+        # entries of one namespace, CRUD/no-op entries of one database.
         self._listeners: list[Listener] = []
+        self._by_ns: dict[str, list[Listener]] = {}
+        self._by_db: dict[str, list[Listener]] = {}
+        self._scope_of: dict[Listener, tuple[str, str] | None] = {}
         self._event: asyncio.Event | None = None
         self.truncated_callbacks: list[Callable[[int], None]] = []
         self.truncated_through = 0  # ts_key of the newest entry ever truncated (0 = none)
@@ -152,8 +157,22 @@ class Oplog:
         if ev is not None:
             self._event = None
             ev.set()
-        for cb in tuple(self._listeners):
-            cb(entry)
+        if self._scope_of:
+            self._notify(entry)
+
+    def _notify(self, entry: dict[str, Any]) -> None:
+        # CRUD ("i"/"u"/"d") and no-op ("n") entries go to the listeners of their namespace and
+        # database only; commands ("c": DDL, applyOps, renames across databases) to everyone.
+        if entry.get("op") == "c":
+            groups = [*self._by_ns.values(), *self._by_db.values()]
+        else:
+            ns = entry.get("ns", "")
+            groups = [self._by_ns.get(ns), self._by_db.get(ns.partition(".")[0])] if ns else []
+        groups.append(self._listeners)
+        for group in groups:
+            if group:
+                for cb in tuple(group):
+                    cb(entry)
 
     def load(self, entries: list[tuple[dict[str, Any], int]]) -> None:
         """Bulk-load ``(entry, size)`` pairs in ts order at start-up (no listeners called)."""
@@ -211,16 +230,47 @@ class Oplog:
                 return self.latest_key > key
         return True
 
-    def add_listener(self, cb: Listener) -> None:
-        """Call ``cb(entry)`` synchronously after every append."""
-        self._listeners.append(cb)
+    def add_listener(self, cb: Listener, *, ns: str | None = None, db: str | None = None) -> None:
+        """Call ``cb(entry)`` synchronously after appends.
+
+        Unscoped (neither ``ns`` nor ``db``): after every append. ``ns="db.coll"``: only for CRUD
+        and no-op entries on exactly that namespace, plus every command (``op: "c"``) entry.
+        ``db="db"``: the same for every namespace of that database. Scoped listeners let a write
+        skip the change-stream cursors that cannot match it (their oplog filter needs the
+        namespace of a CRUD/no-op entry to be watched, ``oplog_match.build``), so idle streams
+        on other namespaces cost nothing per write. A callback is registered at most once.
+        """
+        if cb in self._scope_of:
+            return
+        if ns is not None:
+            scope: tuple[str, str] | None = ("ns", ns)
+            self._by_ns.setdefault(ns, []).append(cb)
+        elif db is not None:
+            scope = ("db", db)
+            self._by_db.setdefault(db, []).append(cb)
+        else:
+            scope = None
+            self._listeners.append(cb)
+        self._scope_of[cb] = scope
 
     def remove_listener(self, cb: Listener) -> None:
         """Stop calling ``cb``; ignores unknown callbacks."""
-        try:
+        if cb not in self._scope_of:
+            return
+        scope = self._scope_of.pop(cb)
+        if scope is None:
             self._listeners.remove(cb)
-        except ValueError:
-            pass
+            return
+        index = self._by_ns if scope[0] == "ns" else self._by_db
+        group = index[scope[1]]
+        group.remove(cb)
+        if not group:
+            del index[scope[1]]
+
+    @property
+    def listener_count(self) -> int:
+        """Number of registered listeners (all scopes)."""
+        return len(self._scope_of)
 
 
 class PreImages:
