@@ -81,7 +81,10 @@ def load(ops: int, shards: int, uri: str | None, mix: str, distribution: str, co
 
             console.print(f"starting a mini cluster with {shards} shard(s)…")
             t = time.time()
-            cluster = stack.enter_context(Cluster(shards=shards))
+            try:
+                cluster = stack.enter_context(Cluster(shards=shards))
+            except Exception as exc:  # noqa: BLE001 - ClusterError, missing role modules, ...
+                _fail(console, f"could not start the mini cluster: {exc}")
             uri = cluster.router_uri
             phases["cluster_start_s"] = time.time() - t
         code = _run(console, plan, uri, watchers=watchers, direct=direct, master=spark_master,
@@ -108,7 +111,7 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
     from shardsim.load.watch import ShardSampler, Watcher
 
     spec = plan.spec
-    client = MongoClient(uri)
+    client = MongoClient(uri, serverSelectionTimeoutMS=5000)
     stack.callback(client.close)
     try:
         hosts = cl.list_shards(client)

@@ -53,3 +53,14 @@ def test_load_with_injected_reorder_fails_naming_first_bad_event(tmp_path):
     assert v["index"] == swapped + 1
     assert f"event #{swapped + 1}" in doc["first_violation"]
     assert "first bad event" in out
+
+
+def test_load_against_unreachable_router_exits_2(tmp_path):
+    from shardsim.procs import free_port
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardsim.cli", "load", "--ops", "100", "--uri",
+         f"mongodb://127.0.0.1:{free_port()}/", "--result", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "could not shard the target collections" in proc.stdout
