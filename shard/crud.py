@@ -130,6 +130,29 @@ def register(node: ShardNode) -> None:
             return coll
         return txn.view(coll)
 
+    def refuse_view_write(req: Request, name: str, count: int, ordered: bool,
+                          reply: dict[str, Any]) -> dict[str, Any] | None:
+        """Writes to a view fail per statement with CommandNotSupportedOnView (166), as
+        ``write_ops_exec.cpp`` reports them (ordered batches stop at the first)."""
+        if count == 0 or storage.view_def(req.db, name) is None:
+            return None
+        msg = f"Namespace {req.db}.{name} is a view, not a collection"
+        reply["writeErrors"] = [{"index": i, "code": 166, "errmsg": msg}
+                                for i in range(1 if ordered else count)]
+        return reply
+
+    def view_docs(req: Request, name: str) -> list[dict[str, Any]] | None:
+        """The documents view ``req.db.name`` shows (its resolved pipeline run over the source
+        collection, as ``ViewCatalog::resolveView`` + the aggregate rewrite do), or None when
+        ``name`` is not a view."""
+        resolved = storage.resolve_view(req.db, name)
+        if resolved is None:
+            return None
+        source, pipeline = resolved
+        coll = view(storage.get(req.db, source), req)
+        docs = [q.deep_copy(d) for d in coll.docs.values()] if coll is not None else []
+        return q.run_pipeline(docs, pipeline, _Database(node, req.db)) if pipeline else docs
+
     def begin_write(req: Request) -> WriteContext:
         ctx = node.write_context(req)
         ctx.retry = sessions.retryable(req)
@@ -162,6 +185,9 @@ def register(node: ShardNode) -> None:
         docs = check_type(req, "documents", list, "array", required=True)
         ordered, _ = _batch_opts(req)
         _check_writable(req, name)
+        refused = refuse_view_write(req, name, len(docs), ordered, {"n": 0})
+        if refused is not None:
+            return refused
         ctx = begin_write(req)
         retry = ctx.retry
         retried: list[int] = []
@@ -266,6 +292,9 @@ def register(node: ShardNode) -> None:
         stmts = check_type(req, "updates", list, "array", required=True)
         ordered, _ = _batch_opts(req)
         _check_writable(req, name)
+        refused = refuse_view_write(req, name, len(stmts), ordered, {"n": 0, "nModified": 0})
+        if refused is not None:
+            return refused
         ctx = begin_write(req)
         retry = ctx.retry
         retried: list[int] = []
@@ -321,6 +350,9 @@ def register(node: ShardNode) -> None:
         stmts = check_type(req, "deletes", list, "array", required=True)
         ordered, _ = _batch_opts(req)
         _check_writable(req, name)
+        refused = refuse_view_write(req, name, len(stmts), ordered, {"n": 0})
+        if refused is not None:
+            return refused
         ctx = begin_write(req)
         retry = ctx.retry
         retried: list[int] = []
@@ -385,6 +417,8 @@ def register(node: ShardNode) -> None:
         if upd is not None:
             q.validate_update(upd)
         _check_writable(req, name)
+        if storage.view_def(req.db, name) is not None:
+            raise MongoError(166, f"Namespace {req.db}.{name} is a view, not a collection")
         ctx = begin_write(req)
         if ctx.retry is not None:
             ctx.stmt_id = int(body.get("stmtId", 0) or 0)
@@ -494,8 +528,13 @@ def register(node: ShardNode) -> None:
             if tailable:
                 raise MongoError(2, f"error processing query: ns={ns} tailable cursor requested on "
                                     f"non capped collection")
-            coll = view(storage.get(req.db, name), req)
-            cursor = ListCursor(ns, read_docs(req, coll, filt, sort, skip, limit, projection))
+            vdocs = view_docs(req, name)
+            if vdocs is not None:  # find on a view = aggregate over the view (find_cmd.cpp)
+                vdocs = q.sort_docs([d for d in vdocs if q.matches(filt, d)], sort)[skip:]
+                cursor = ListCursor(ns, q.project(vdocs[:limit] if limit else vdocs, projection))
+            else:
+                coll = view(storage.get(req.db, name), req)
+                cursor = ListCursor(ns, read_docs(req, coll, filt, sort, skip, limit, projection))
         if req.body.get("noCursorTimeout"):
             cursor.no_timeout = True
         bs = int(batch_size) if batch_size is not None else None
@@ -538,8 +577,11 @@ def register(node: ShardNode) -> None:
         filt = check_type(req, "query", dict, "object") or {}
         skip = _int_opt(req, "skip")
         limit = abs(int(check_type(req, "limit", (int, float), "long") or 0))
+        vdocs = view_docs(req, name)
         if req.db == "local" and name == "oplog.rs":
             n = sum(1 for d in node.oplog.entries_from(0) if q.matches(filt, d))
+        elif vdocs is not None:
+            n = sum(1 for d in vdocs if q.matches(filt, d))
         else:
             coll = view(storage.get(req.db, name), req)
             n = len(coll.docs) if coll is not None and not filt else \
@@ -555,6 +597,9 @@ def register(node: ShardNode) -> None:
         name = _coll_name(req)
         key = check_type(req, "key", str, "string", required=True)
         filt = check_type(req, "query", dict, "object") or {}
+        vdocs = view_docs(req, name)
+        if vdocs is not None:
+            return {"values": q.distinct_values((d for d in vdocs if q.matches(filt, d)), key)}
         coll = view(storage.get(req.db, name), req)
         return {"values": q.distinct_values((d for _, d in q.select(coll, filt)), key)}
 
@@ -592,8 +637,11 @@ def register(node: ShardNode) -> None:
         else:
             name = _coll_name(req)
             ns = f"{req.db}.{name}"
+            vdocs = view_docs(req, name)
             if req.db == "local" and name == "oplog.rs":
                 docs = list(node.oplog.entries_from(0))
+            elif vdocs is not None:
+                docs = vdocs
             else:
                 coll = view(storage.get(req.db, name), req)
                 docs = list(coll.docs.values()) if coll is not None else []

@@ -14,12 +14,12 @@ from bson import Binary
 from bson.int64 import Int64
 
 from shardsim.commands import GENERIC_FIELDS as _GENERIC
-from shardsim.commands import Request, check_type
+from shardsim.commands import Request, bson_type_name, check_type
 from shardsim.cursors import ListCursor
 from shardsim.errors import MongoError
 from shard import query as q
 from shard.node import ID_INDEX_SPEC, ShardNode, WriteContext
-from shard.storage import Collection, validate_collection_name, validate_db_name
+from shard.storage import VIEWS_COLL, Collection, validate_collection_name, validate_db_name
 
 # create options mongod accepts (collection_options.idl); others fail with 40415.
 CREATE_OPTIONS = frozenset({
@@ -38,6 +38,42 @@ COLLMOD_OPTIONS = frozenset({
 
 def _ns_missing(ns: str) -> MongoError:
     return MongoError(26, f"ns does not exist: {ns}")
+
+
+def view_error(ns: str) -> MongoError:
+    """CommandNotSupportedOnView (166) as ``AutoGetCollection`` raises it for a view."""
+    return MongoError(166, f"Namespace {ns} is a view, not a collection")
+
+
+# Options a view accepts besides viewOn/pipeline (create_collection.cpp refuses the others).
+_VIEW_OPTIONS = frozenset({"viewOn", "pipeline", "collation"})
+
+
+def _view_spec(cmd: str, options: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """Validate ``viewOn``/``pipeline`` of a create or collMod (IDL types, then
+    ``CollectionOptions::parse``/``view_catalog_helpers`` rules); returns them."""
+    view_on = options.get("viewOn")
+    if "viewOn" not in options:
+        raise MongoError(2, "'pipeline' requires 'viewOn' to also be specified")
+    if not isinstance(view_on, str):
+        raise MongoError(14, f"BSON field '{cmd}.viewOn' is the wrong type "
+                             f"'{bson_type_name(view_on)}', expected type 'string'")
+    if not view_on:
+        raise MongoError(2, "'viewOn' cannot be empty")
+    pipeline = options.get("pipeline", [])
+    if not isinstance(pipeline, list):
+        raise MongoError(14, f"BSON field '{cmd}.pipeline' is the wrong type "
+                             f"'{bson_type_name(pipeline)}', expected type 'array'")
+    for stage in pipeline:
+        if not isinstance(stage, dict):
+            raise MongoError(14, f"BSON field '{cmd}.pipeline' is the wrong type, expected type "
+                                 f"'array' of objects")
+        name = next(iter(stage), "")
+        if name in ("$out", "$merge"):
+            raise MongoError(2, f"{name} cannot be used in a view definition")
+        if name == "$changeStream":
+            raise MongoError(2, "$changeStream cannot be used in a view definition")
+    return view_on, pipeline
 
 
 def _index_name(key: dict[str, Any]) -> str:
@@ -70,8 +106,10 @@ def register(node: ShardNode) -> None:
             if k not in CREATE_OPTIONS:
                 raise MongoError(40415, f"BSON field 'create.{k}' is an unknown field.")
             options[k] = v
-        if "viewOn" in options:
-            raise MongoError(238, "views are not supported by shardsim")
+        if "viewOn" in options or "pipeline" in options:
+            return create_view(req, name, options)
+        if storage.view_def(req.db, name) is not None:
+            raise MongoError(48, f"namespace '{req.db}.{name}' already exists, but is a view")
         cs = options.get("changeStreamPreAndPostImages")
         if cs is not None and (not isinstance(cs, dict) or not isinstance(cs.get("enabled"), bool)):
             raise MongoError(40414, "BSON field 'create.changeStreamPreAndPostImages.enabled' is "
@@ -87,6 +125,112 @@ def register(node: ShardNode) -> None:
 
     c.register("create", create)
 
+    # -- views: documents of <db>.system.views (create_collection.cpp _createView,
+    # views_for_database.cpp _upsertIntoCatalog/remove). The oplog sees only the CRUD entries on
+    # system.views (plus its own creation); change streams turn those into create/modify/drop.
+    def views_collection(db: str, ctx: WriteContext) -> Collection:
+        views = storage.get(db, VIEWS_COLL)
+        if views is None:  # Database::createSystemDotViewsIfNecessary
+            views = node.create_collection(db, VIEWS_COLL, ctx=ctx)
+        return views
+
+    def check_no_cycle(db: str, name: str, view_on: str) -> None:
+        chain = [f"{db}.{name}"]
+        cur: str | None = view_on
+        while cur is not None:
+            chain.append(f"{db}.{cur}")
+            if cur == name:
+                raise MongoError(93, "View cycle detected: [ " + ", ".join(chain) + " ]")
+            doc = storage.view_def(db, cur)
+            cur = doc["viewOn"] if doc is not None else None
+            if len(chain) > 21:
+                raise MongoError(
+                    14, "View depth too deep or view cycle detected. Maximum depth is 20")
+
+    def create_view(req: Request, name: str, options: dict[str, Any]) -> dict[str, Any]:
+        ns = f"{req.db}.{name}"
+        view_on, pipeline = _view_spec("create", options)
+        for k in options:
+            if k not in _VIEW_OPTIONS:
+                cs = options[k]
+                if k == "changeStreamPreAndPostImages" and not (isinstance(cs, dict)
+                                                                and cs.get("enabled")):
+                    continue
+                raise MongoError(72, f"option not supported on a view: {k}")
+        if name.startswith("system."):
+            raise MongoError(73, "View name cannot start with 'system.', which is reserved for "
+                                 "system namespaces")
+        collation = options.get("collation")
+        if collation is not None and not isinstance(collation, dict):
+            raise MongoError(14, f"BSON field 'create.collation' is the wrong type "
+                                 f"'{bson_type_name(collation)}', expected type 'object'")
+        if collation is not None and collation.get("locale") == "simple":
+            collation = None  # the simple collation is stored as no collation
+        if storage.get(req.db, name) is not None:
+            raise MongoError(48, f"namespace '{ns}' already exists, but is a collection rather "
+                                 f"than a view")
+        existing = storage.view_def(req.db, name)
+        if existing is not None:  # checkExistingViewIsCompatible: identical = no-op
+            if existing["viewOn"] != view_on:
+                raise MongoError(48, f"namespace '{ns}' already exists, but is a view on "
+                                     f"'{req.db}.{existing['viewOn']}' rather than "
+                                     f"'{req.db}.{view_on}'")
+            if existing.get("pipeline") != pipeline:
+                raise MongoError(48, f"namespace '{ns}' already exists, but with pipeline "
+                                     f"{existing.get('pipeline')} rather than {pipeline}")
+            if existing.get("collation") != collation:
+                raise MongoError(48, f"namespace '{ns}' already exists, but with collation: "
+                                     f"{existing.get('collation') or {}} rather than "
+                                     f"{collation or {}}")
+            return {}
+        check_no_cycle(req.db, name, view_on)
+        validate_collection_name(req.db, view_on)
+        if req.db not in storage.dbs:
+            for other in storage.dbs:
+                if other.lower() == req.db.lower():
+                    raise MongoError(13297, f"db already exists with different case already "
+                                            f"have: [{other}] trying to create [{req.db}]")
+        ctx = ctx_of(req)
+        views = views_collection(req.db, ctx)
+        doc: dict[str, Any] = {"_id": ns, "viewOn": view_on, "pipeline": pipeline}
+        if collation:
+            doc["collation"] = collation
+        k = views.insert(doc)
+        storage.note_doc(views, k, doc)
+        node.log_op("i", views, doc, {"_id": ns}, ctx=ctx)
+        return {}
+
+    def drop_view(db: str, name: str, ctx: WriteContext) -> None:
+        views = storage.get(db, VIEWS_COLL)
+        ns = f"{db}.{name}"
+        if views is None or ns not in views.docs:
+            return
+        views.delete(ns)
+        storage.note_doc(views, ns, None)
+        node.log_op("d", views, {"_id": ns}, ctx=ctx)
+
+    def mod_view(req: Request, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """collMod of a view: viewOn and/or pipeline, nothing else (coll_mod.cpp); logged as
+        a replacement of the system.views document (the change stream's ``modify``)."""
+        for k in changes:
+            if k not in ("viewOn", "pipeline"):
+                raise MongoError(72, f"option not supported on a view: {k}")
+        views = storage.get(req.db, VIEWS_COLL)
+        assert views is not None
+        ns = f"{req.db}.{name}"
+        old = views.docs[ns]
+        # Without auth either field may be omitted and keeps its current value.
+        view_on, pipeline = _view_spec("collMod", {"viewOn": old["viewOn"],
+                                                   "pipeline": old.get("pipeline", []), **changes})
+        check_no_cycle(req.db, name, view_on)
+        doc: dict[str, Any] = {"_id": ns, "viewOn": view_on, "pipeline": pipeline}
+        if old.get("collation"):
+            doc["collation"] = old["collation"]
+        views.replace(ns, doc)
+        storage.note_doc(views, ns, doc)
+        node.log_op("u", views, doc, {"_id": ns}, ctx=ctx_of(req), pre_image=old)
+        return {}
+
     def drop_collection(coll: Collection, ctx: WriteContext) -> int:
         n = len(coll.indexes)
         records = len(coll.docs)
@@ -100,7 +244,10 @@ def register(node: ShardNode) -> None:
         name = name_of(req)
         coll = storage.get(req.db, name)
         if coll is None:
-            return {}  # 7.0+: dropping a missing collection succeeds
+            # drop_collection.cpp _dropView: a view is removed from system.views; dropping a
+            # missing namespace succeeds (7.0+)
+            drop_view(req.db, name, ctx_of(req))
+            return {}
         n = drop_collection(coll, ctx_of(req))
         return {"nIndexesWas": n, "ns": coll.ns}
 
@@ -137,8 +284,12 @@ def register(node: ShardNode) -> None:
         validate_db_name(ddb)
         validate_collection_name(ddb, dname)
         coll = storage.get(sdb, sname)
+        if coll is None and storage.view_def(sdb, sname) is not None:
+            raise MongoError(166, f"cannot rename view: {src}")
         if coll is None:
             raise MongoError(26, f"Source collection {src} does not exist")
+        if storage.view_def(ddb, dname) is not None:
+            raise MongoError(48, f"a view already exists with that name: {dst}")
         if src == dst:
             raise MongoError(20, "Can't rename a collection to itself")
         target = storage.get(ddb, dname)
@@ -194,6 +345,10 @@ def register(node: ShardNode) -> None:
         name_only = bool(req.body.get("nameOnly", False))
         cursor_opt = check_type(req, "cursor", dict, "object") or {}
         infos = [coll_info(cl) for cl in storage.collections(req.db)]
+        for vdoc in storage.views(req.db):  # list_collections.cpp: views after collections
+            opts = {k: v for k, v in vdoc.items() if k != "_id"}
+            infos.append({"name": vdoc["_id"].split(".", 1)[1], "type": "view",
+                          "options": opts, "info": {"readOnly": True}})
         if req.db == "local":
             infos.append({"name": "oplog.rs", "type": "collection",
                           "options": {"capped": True, "size": Int64(node.oplog.max_bytes),
@@ -212,6 +367,8 @@ def register(node: ShardNode) -> None:
     async def list_indexes(req: Request) -> dict[str, Any]:
         name = name_of(req)
         coll = storage.get(req.db, name)
+        if coll is None and storage.view_def(req.db, name) is not None:
+            raise view_error(f"{req.db}.{name}")
         if coll is None:
             raise _ns_missing(f"{req.db}.{name}")
         cursor_opt = check_type(req, "cursor", dict, "object") or {}
@@ -229,6 +386,8 @@ def register(node: ShardNode) -> None:
         specs = check_type(req, "indexes", list, "array", required=True)
         if not specs:
             raise MongoError(2, "Must specify at least one index to create")
+        if storage.view_def(req.db, name) is not None:
+            raise view_error(f"{req.db}.{name}")
         ctx = ctx_of(req)
         created_auto = storage.get(req.db, name) is None
         prepared = []
@@ -292,6 +451,8 @@ def register(node: ShardNode) -> None:
     async def drop_indexes(req: Request) -> dict[str, Any]:
         name = name_of(req)
         coll = storage.get(req.db, name)
+        if coll is None and storage.view_def(req.db, name) is not None:
+            raise view_error(f"{req.db}.{name}")
         if coll is None:
             raise _ns_missing(f"{req.db}.{name}")
         which = req.body.get("index")
@@ -333,7 +494,8 @@ def register(node: ShardNode) -> None:
     async def coll_mod(req: Request) -> dict[str, Any]:
         name = name_of(req)
         coll = storage.get(req.db, name)
-        if coll is None:
+        is_view = coll is None and storage.view_def(req.db, name) is not None
+        if coll is None and not is_view:
             raise _ns_missing(f"{req.db}.{name}")
         changes: dict[str, Any] = {}
         for k, v in req.body.items():
@@ -342,6 +504,12 @@ def register(node: ShardNode) -> None:
             if k not in COLLMOD_OPTIONS:
                 raise MongoError(40415, f"BSON field 'collMod.{k}' is an unknown field.")
             changes[k] = v
+        if is_view:
+            return mod_view(req, name, changes)
+        assert coll is not None
+        for k in ("viewOn", "pipeline"):
+            if k in changes:
+                raise MongoError(72, f"option only supported on a view: {k}")
         cs = changes.get("changeStreamPreAndPostImages")
         if cs is not None and (not isinstance(cs, dict) or not isinstance(cs.get("enabled"), bool)):
             raise MongoError(40414, "BSON field 'collMod.changeStreamPreAndPostImages.enabled' is "
@@ -393,6 +561,8 @@ def register(node: ShardNode) -> None:
     async def coll_stats(req: Request) -> dict[str, Any]:
         name = name_of(req)
         coll = storage.get(req.db, name)
+        if coll is None and storage.view_def(req.db, name) is not None:
+            raise view_error(f"{req.db}.{name}")
         if coll is None:
             raise _ns_missing(f"{req.db}.{name}")
         return {"ns": coll.ns, "count": len(coll.docs), "nindexes": len(coll.indexes),
@@ -402,7 +572,7 @@ def register(node: ShardNode) -> None:
 
     async def db_stats(req: Request) -> dict[str, Any]:
         colls = list(storage.collections(req.db))
-        return {"db": req.db, "collections": len(colls), "views": 0,
+        return {"db": req.db, "collections": len(colls), "views": len(storage.views(req.db)),
                 "objects": sum(len(cl.docs) for cl in colls),
                 "indexes": sum(len(cl.indexes) for cl in colls)}
 

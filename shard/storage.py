@@ -32,6 +32,9 @@ from shardsim.errors import MongoError
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 
+# The per-database view catalog collection (NamespaceString::kSystemDotViewsCollectionName).
+VIEWS_COLL = "system.views"
+
 # Namespaces a client cannot write (mongod: "cannot write to '<ns>'" InvalidNamespace).
 _BAD_COLL_CHARS = re.compile(r"[\x00$]")
 
@@ -355,6 +358,38 @@ class Storage:
         coll.db, coll.name = db, name
         self.dbs.setdefault(db, {})[name] = coll
         self.note_catalog(coll)
+
+    # -- views (mongod keeps them as documents of ``<db>.system.views``; views_for_database.cpp)
+    def view_def(self, db: str, name: str) -> dict[str, Any] | None:
+        """The ``system.views`` document ``{_id: "db.name", viewOn, pipeline[, collation]}`` of
+        view ``db.name``, or None when ``db.name`` is not a view."""
+        views = self.get(db, VIEWS_COLL)
+        if views is None:
+            return None
+        return views.docs.get(f"{db}.{name}")  # id_key of a string is the string itself
+
+    def views(self, db: str) -> list[dict[str, Any]]:
+        """All view definitions of ``db`` (``system.views`` documents, in creation order)."""
+        views = self.get(db, VIEWS_COLL)
+        return list(views.docs.values()) if views is not None else []
+
+    def resolve_view(self, db: str, name: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """``(source collection name, full pipeline)`` for view ``db.name`` (views on views are
+        unfolded innermost first, like ``ViewCatalog::resolveView``), or None if not a view.
+        The source collection may not exist (a view on a missing collection reads nothing)."""
+        doc = self.view_def(db, name)
+        if doc is None:
+            return None
+        pipeline: list[dict[str, Any]] = []
+        seen = {name}
+        while doc is not None:
+            pipeline = list(doc.get("pipeline") or []) + pipeline
+            name = doc["viewOn"]
+            if name in seen:  # creation refuses cycles; a hand-edited catalog must not hang us
+                raise MongoError(93, f"View cycle detected: {db}.{name}")
+            seen.add(name)
+            doc = self.view_def(db, name)
+        return name, pipeline
 
     def note_catalog(self, coll: Collection) -> None:
         """Record a catalog change for the durable store."""

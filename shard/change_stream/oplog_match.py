@@ -48,6 +48,22 @@ def ns_predicate(spec: StreamSpec) -> Callable[[str], bool]:
     return in_cluster
 
 
+def view_ns_predicate(spec: StreamSpec) -> Callable[[str], bool]:
+    """``ns`` -> is it a ``system.views`` collection whose CRUD entries are view events for this
+    stream (``buildViewDefinitionEventFilter``: database/cluster streams with
+    showExpandedEvents only; ``getViewNsRegexForChangeStream``)?"""
+    if spec.kind == "collection" or not spec.show_expanded:
+        return lambda ns: False
+    if spec.kind == "database":
+        target = f"{spec.db}.system.views"
+        return lambda ns: ns == target
+
+    def any_db(ns: str) -> bool:
+        db, _, coll = ns.partition(".")
+        return coll == "system.views" and db not in INTERNAL_DBS
+    return any_db
+
+
 def db_predicate(spec: StreamSpec) -> Callable[[str], bool]:
     """Database name -> does a command on it concern the stream?"""
     if spec.kind == "cluster":
@@ -63,6 +79,7 @@ def build(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
     show_migration = spec.show_migration
     needs_merge = spec.needs_merge
     op_ok = crud_predicate(spec)
+    view_ok = view_ns_predicate(spec)
 
     def command_matches(entry: dict[str, Any]) -> bool:
         o = entry.get("o")
@@ -92,7 +109,8 @@ def build(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
         if op in ("i", "u", "d"):
             if entry.get("fromMigrate") and not show_migration:
                 return False
-            return ns_ok(entry.get("ns", ""))
+            ns = entry.get("ns", "")
+            return ns_ok(ns) or view_ok(ns)
         if op == "c":
             return command_matches(entry)
         if op == "n":

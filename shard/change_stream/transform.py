@@ -178,6 +178,8 @@ class Transform:
         ui = entry.get("ui")
         uuid = bytes(ui) if ui is not None else None
         o = entry.get("o") or {}
+        if coll == "system.views" and op in ("i", "u", "d") and spec.kind != "collection":
+            return self._view_event(entry, op, o, ts, uuid)
         full_document: Any = _MISSING
         update_desc: Any = None
         document_key: Any = None
@@ -328,6 +330,41 @@ class Transform:
         if uuid is not None and ((self._pre_requested and op_type in PRE_IMAGE_OPS)
                                  or (self._post_requested and op_type == "update")):
             ev.pre_image_id = (uuid, entry.get("applyOpsTs", ts), int(entry.get("applyOpsIndex", 0)))
+        return ev
+
+    def _view_event(self, entry: dict[str, Any], op: str, o: dict[str, Any], ts: Timestamp,
+                    uuid: bytes | None) -> Event:
+        """A CRUD entry on ``<db>.system.views`` as a view DDL event
+        (``ChangeStreamViewDefinitionEventTransformation``): insert -> ``create``, replacement
+        -> ``modify``, delete -> ``drop``; ``ns`` is the view (``o._id``), the token carries the
+        system.views UUID and no documentKey, and there is no ``collectionUUID``."""
+        view_ns = str(o.get("_id", ""))
+        vdb, _, vcoll = view_ns.partition(".")
+        op_desc: Any = None
+        ns_type: Any = None
+        if op == "i":
+            op_type = "create"
+            op_desc = _except(o, "_id")
+            ns_type = _collection_type(o)
+        elif op == "u":
+            op_type = "modify"
+            op_desc = _except(o, "_id")
+        else:
+            op_type = "drop"
+        idx = entry.get("txnOpIndex") or 0
+        token = rt.encode(rt.event_token_data(ts, uuid, op_type, None, op_desc, txn_op_index=idx,
+                                              version=self._version(ts, idx)))
+        doc: dict[str, Any] = {"_id": token, "operationType": op_type, "clusterTime": ts,
+                               "wallTime": entry.get("wall"), "ns": _ns_field(vdb, vcoll)}
+        if op_desc is not None:
+            doc["operationDescription"] = op_desc
+        if ns_type is not None:
+            doc["nsType"] = ns_type
+        ev = Event(doc, token, ts)
+        ev.txn_op_index = idx
+        ev.ns = view_ns
+        ev.uuid = uuid
+        ev.wall = entry.get("wall")
         return ev
 
 
