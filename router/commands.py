@@ -315,6 +315,63 @@ def register(router: "RouterNode") -> None:
 
     c.register("aggregate", aggregate)
 
+    # -- views on sharded collections ----------------------------------------------------------
+    # A read of a view goes to the database's primary shard like any unsharded namespace. When
+    # the view's source is sharded the shard answers 169 with ``resolvedView: {ns, pipeline}``
+    # and the router re-runs the read as an aggregate over the source with the view pipeline
+    # first (mongos: ClusterFind/ClusterAggregate retry with the ResolvedView).
+    async def run_resolved_view(req: Request, name: str, resolved: dict[str, Any]) -> dict[str, Any]:
+        db, view_coll = _ns(req)
+        src_db, _, src_coll = str(resolved.get("ns", "")).partition(".")
+        stages: list[Any] = list(resolved.get("pipeline") or [])
+        query = req.get("filter" if name == "find" else "query")
+        if name in ("find", "count", "distinct") and query:
+            stages.append({"$match": query})
+        if name == "find" and req.get("sort"):
+            stages.append({"$sort": req.get("sort")})
+        if name in ("find", "count"):
+            if req.get("skip"):
+                stages.append({"$skip": int(req.get("skip"))})
+            if req.get("limit"):
+                stages.append({"$limit": abs(int(req.get("limit")))})
+        if name == "find" and req.get("projection"):
+            stages.append({"$project": req.get("projection")})
+        if name == "aggregate":
+            stages.extend(req.get("pipeline") or [])
+        body: dict[str, Any] = {"aggregate": src_coll, "pipeline": stages,
+                                "cursor": {"batchSize": BIG_BATCH}, **session_fields(req)}
+        reply = await aggregate(Request("aggregate", src_db or db, body, req.conn))
+        docs = list(reply["cursor"]["firstBatch"])
+        if reply["cursor"].get("id"):
+            await r.cursors.kill([int(reply["cursor"]["id"])])
+        if name == "count":
+            return {"n": len(docs)}
+        if name == "distinct":
+            from shard.query import distinct_values
+            import functools
+            return {"values": sorted(distinct_values(docs, check_type(req, "key", str, "string")),
+                                     key=functools.cmp_to_key(compare))}
+        ns = f"{db}.{view_coll}"
+        if name == "find":
+            return await r.cursor_reply(ns, docs, req, req.get("batchSize"),
+                                        bool(req.get("singleBatch")))
+        return await r.cursor_reply(ns, docs, req, (req.get("cursor") or {}).get("batchSize"))
+
+    def view_aware(name: str, handler: Any) -> Any:
+        async def run(req: Request) -> dict[str, Any]:
+            try:
+                return await handler(req)
+            except MongoError as exc:
+                resolved = exc.extra.get("resolvedView")
+                if exc.code != 169 or not isinstance(resolved, dict):
+                    raise
+                return await run_resolved_view(req, name, resolved)
+        return run
+
+    for _name, _handler in (("find", find), ("count", count), ("distinct", distinct),
+                            ("aggregate", aggregate)):
+        c.register(_name, view_aware(_name, _handler))
+
     # -- catalog listing ------------------------------------------------------------------
     async def list_databases(req: Request) -> dict[str, Any]:
         body = forwardable(req.body)

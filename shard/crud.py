@@ -149,7 +149,14 @@ def register(node: ShardNode) -> None:
         if resolved is None:
             return None
         source, pipeline = resolved
-        coll = view(storage.get(req.db, source), req)
+        raw_source = storage.get(req.db, source)
+        if raw_source is not None and raw_source.shard_key:
+            # The source is sharded: only the router can run the view (it retries the read as
+            # an aggregate over the source with this pipeline; ResolvedView in mongod).
+            raise MongoError(169, "Resolved views on sharded collections must be executed by "
+                                  "mongos", resolvedView={"ns": f"{req.db}.{source}",
+                                                          "pipeline": pipeline})
+        coll = view(raw_source, req)
         docs = [q.deep_copy(d) for d in coll.docs.values()] if coll is not None else []
         return q.run_pipeline(docs, pipeline, _Database(node, req.db)) if pipeline else docs
 

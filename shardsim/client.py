@@ -110,6 +110,8 @@ def remote_error(reply: Any) -> MongoError:
     labels = reply.get("errorLabels")
     if labels:
         exc.labels = list(labels)
+    if "resolvedView" in reply:  # 169 from a shard: the router re-runs the view (ResolvedView)
+        exc.extra["resolvedView"] = reply["resolvedView"]
     return exc
 
 
