@@ -791,13 +791,17 @@ _OP_TYPE_FIELD = bytes([_STRING]) + b"operationType\x00" + bytes([_STRING])
 _DOC_KEY_FIELD = bytes([_OBJECT]) + b"documentKey\x00"
 
 
-def fast_event_token(cluster_time: Timestamp, uuid: bytes | None, operation_type: str,
-                     document_key: dict[str, Any], txn_op_index: int = 0) -> dict[str, Any]:
-    """``event_token`` for the common v2 CRUD case (``{operationType, documentKey}``, not from
-    invalidate, no fragment), built directly; byte-identical to :func:`event_token`."""
-    out = bytearray(b"\x82")
-    out += _pack_q((cluster_time.time << 32) | cluster_time.inc)
-    out += _EVENT_V2_HEAD
+# Hex of everything between the clusterTime and the documentKey's fields, per (collection UUID,
+# operationType, txnOpIndex): the same for every event of a collection (bounded cache).
+_MID_HEX: dict[tuple[bytes | None, str, int], str] = {}
+_MID_HEX_MAX = 4096
+_ID_FIELD_HEX = (bytes([_NUMERIC]) + b"_id\x00").hex().upper()
+_ID_OID_HEX = (bytes([_OID]) + b"_id\x00").hex().upper()
+_ID_STR_HEX = (bytes([_STRING]) + b"_id\x00").hex().upper()
+
+
+def _event_mid_hex(uuid: bytes | None, operation_type: str, txn_op_index: int) -> str:
+    out = bytearray(_EVENT_V2_HEAD)
     _append_integer(out, txn_op_index)
     out.append(_FALSE)
     if uuid is not None:
@@ -809,16 +813,54 @@ def fast_event_token(cluster_time: Timestamp, uuid: bytes | None, operation_type
     out += _OP_TYPE_FIELD
     _append_string_like(out, operation_type.encode())
     out += _DOC_KEY_FIELD
+    out.append(_OBJECT)
+    mid = out.hex().upper()
+    if len(_MID_HEX) >= _MID_HEX_MAX:
+        _MID_HEX.clear()
+    _MID_HEX[(uuid, operation_type, txn_op_index)] = mid
+    return mid
+
+
+def fast_event_token(cluster_time: Timestamp, uuid: bytes | None, operation_type: str,
+                     document_key: dict[str, Any], txn_op_index: int = 0) -> dict[str, Any]:
+    """``event_token`` for the common v2 CRUD case (``{operationType, documentKey}``, not from
+    invalidate, no fragment), built directly; byte-identical to :func:`event_token`.
+
+    Hot path (one token per event): the bytes between clusterTime and the documentKey are cached
+    per (uuid, operationType, txnOpIndex), and a documentKey ``{_id: <int32 | ObjectId | str>}``
+    (type bits all zero) is written without the generic KeyString encoder."""
+    mid = _MID_HEX.get((uuid, operation_type, txn_op_index))
+    if mid is None:
+        mid = _event_mid_hex(uuid, operation_type, txn_op_index)
+    if len(document_key) == 1:
+        v = document_key.get("_id", _MISSING_ID)
+        tv = type(v)
+        if tv is int and 0 < v <= _INT32_MAX:
+            # Positive integer: 0x2B + (nbytes - 1) then (v << 1) big-endian (_append_preshifted).
+            n = ((v << 1).bit_length() + 7) >> 3
+            return {"_data": "82%016X%s%s%02X%0*X000004" % (
+                (cluster_time.time << 32) | cluster_time.inc, mid, _ID_FIELD_HEX,
+                _POS_1B + n - 1, n << 1, v << 1)}
+        if tv is ObjectId:
+            return {"_data": "82%016X%s%s%s%s000004" % (
+                (cluster_time.time << 32) | cluster_time.inc, mid, _ID_OID_HEX, "%02X" % _OID,
+                v.binary.hex().upper())}
+        if tv is str and "\x00" not in v:
+            return {"_data": "82%016X%s%s%02X%s00000004" % (
+                (cluster_time.time << 32) | cluster_time.inc, mid, _ID_STR_HEX, _STRING,
+                v.encode("utf-8").hex().upper())}
     tb = _TypeBits()
     tb.n = 7  # version, tokenType, txnOpIndex (NumberInt: 0 0 each) and operationType (string: 0)
-    out.append(_OBJECT)
-    _append_object_body(out, tb, document_key)
-    out.append(0)
-    out.append(_END)
-    doc: dict[str, Any] = {"_data": out.hex().upper()}
+    body = bytearray()
+    _append_object_body(body, tb, document_key)
+    doc: dict[str, Any] = {"_data": "82%016X%s%s0004" % (
+        (cluster_time.time << 32) | cluster_time.inc, mid, body.hex().upper())}
     if tb.nonzero:
         doc["_typeBits"] = Binary(tb.serialize(), 0)  # type: ignore[arg-type]
     return doc
+
+
+_MISSING_ID = object()
 
 
 def event_token(cluster_time: Timestamp, uuid: bytes | None, operation_type: str,

@@ -96,7 +96,7 @@ class _DiffParser:
         self.disambiguated: dict[str, list[Any]] = {}
 
     def _path(self, parts: list[Any], ambiguous: bool) -> str:
-        path = ".".join(str(p) for p in parts)
+        path = ".".join(map(str, parts))
         if ambiguous:
             self.disambiguated[path] = list(parts)
         return path
@@ -159,6 +159,7 @@ class Transform:
         self._resume_version = rd.version if rd is not None else rt.DEFAULT_VERSION
         self._post_requested = spec.full_document in ("whenAvailable", "required")
         self._pre_requested = spec.full_document_before_change != "off"
+        self._ns_cache: dict[str, tuple[str, str, bool]] = {}
 
     def _version(self, ts: Timestamp, txn_op_index: int) -> int:
         rk = self._resume_key
@@ -170,8 +171,12 @@ class Transform:
 
     def __call__(self, entry: dict[str, Any]) -> Event | None:
         """The event for ``entry`` (an oplog entry or one unwound transaction op), or None."""
-        spec = self.spec
         op = entry.get("op")
+        if op in _CRUD_OPS and "txnOpIndex" not in entry:
+            ev = self._crud(entry, op)
+            if ev is not None:
+                return ev
+        spec = self.spec
         ns = entry.get("ns", "")
         db, _, coll = ns.partition(".")
         ts: Timestamp = entry["ts"]
@@ -332,6 +337,88 @@ class Transform:
             ev.pre_image_id = (uuid, entry.get("applyOpsTs", ts), int(entry.get("applyOpsIndex", 0)))
         return ev
 
+    def _ns_info(self, ns: str) -> tuple[str, str, bool]:
+        """``(db, coll, fast)`` for a CRUD entry's namespace; ``fast`` False for the namespaces the
+        general path treats specially (system.views of database/cluster streams)."""
+        info = self._ns_cache.get(ns)
+        if info is None:
+            db, _, coll = ns.partition(".")
+            info = (db, coll, bool(coll) and not (coll == "system.views"
+                                                  and self.spec.kind != "collection"))
+            if len(self._ns_cache) >= 1024:
+                self._ns_cache.clear()
+            self._ns_cache[ns] = info
+        return info
+
+    def _crud(self, entry: dict[str, Any], op: str) -> Event | None:
+        """The hot path of :meth:`__call__` for an insert/update/replace/delete outside a
+        transaction: the same event (fields, order, token) with less work per entry. None when
+        the general path must decide."""
+        db, coll, fast = self._ns_info(entry.get("ns", ""))
+        if not fast:
+            return None
+        spec = self.spec
+        ts: Timestamp = entry["ts"]
+        ui = entry.get("ui")
+        uuid = bytes(ui) if ui is not None else None
+        o = entry.get("o") or {}
+        update_desc: Any = None
+        raw_update = None
+        full_document: Any = _MISSING
+        if op == "i":
+            op_type = "insert"
+            full_document = o
+            document_key = entry.get("o2")
+            if document_key is None:
+                document_key = {"_id": o.get("_id")}
+        elif op == "d":
+            op_type = "delete"
+            document_key = o
+        else:
+            diff = o.get("diff")
+            if o.get("$v") == 2 and isinstance(diff, dict):
+                op_type = "update"
+                if spec.show_raw_update:
+                    update_desc = o
+                else:
+                    update_desc = update_description(diff, spec.show_expanded)
+                raw_update = o
+                if spec.full_document != "default":
+                    full_document = None  # placeholder filled by add_post_image
+            else:
+                op_type = "replace"
+                full_document = o
+            document_key = entry.get("o2")
+        version = spec.token_version if self._resume_key is None else self._version(ts, 0)
+        if version == 2 and type(document_key) is dict:
+            token = rt.fast_event_token(ts, uuid, op_type, document_key, 0)
+        else:
+            token = rt.encode(rt.event_token_data(ts, uuid, op_type, document_key, None,
+                                                  txn_op_index=0, version=version))
+        wall = entry.get("wall")
+        doc: dict[str, Any] = {"_id": token, "operationType": op_type, "clusterTime": ts}
+        if spec.show_commit_ts and "commitTimestamp" in entry:
+            doc["commitTimestamp"] = entry["commitTimestamp"]
+        if spec.show_expanded and uuid is not None:
+            doc["collectionUUID"] = ui
+        doc["wallTime"] = wall
+        if full_document is not _MISSING:
+            doc["fullDocument"] = full_document
+        doc["ns"] = {"db": db, "coll": coll}
+        if document_key is not None:
+            doc["documentKey"] = document_key
+        if update_desc is not None:
+            doc["rawUpdateDescription" if spec.show_raw_update else "updateDescription"] = update_desc
+        ev = Event(doc, token, ts)
+        ev.ns = f"{db}.{coll}"
+        ev.uuid = uuid
+        ev.wall = wall
+        ev.raw_update = raw_update
+        if uuid is not None and ((self._pre_requested and op_type in PRE_IMAGE_OPS)
+                                 or (self._post_requested and op_type == "update")):
+            ev.pre_image_id = (uuid, entry.get("applyOpsTs", ts), int(entry.get("applyOpsIndex", 0)))
+        return ev
+
     def _view_event(self, entry: dict[str, Any], op: str, o: dict[str, Any], ts: Timestamp,
                     uuid: bytes | None) -> Event:
         """A CRUD entry on ``<db>.system.views`` as a view DDL event
@@ -369,3 +456,4 @@ class Transform:
 
 
 _MISSING = object()
+_CRUD_OPS = frozenset({"i", "u", "d"})
