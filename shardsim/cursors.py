@@ -75,7 +75,9 @@ class ListCursor(Cursor):
                 doc = next(self._it, _END)
                 if doc is _END:
                     return Batch(out, exhausted=True)
-            doc_size = _approx_size(doc)
+            # Count the array element's header too (type byte, index key, NUL): with many small
+            # documents it adds ~10 %, and the whole reply must stay a legal BSON document.
+            doc_size = _approx_size(doc) + len(str(len(out))) + 2
             if out and size + doc_size > BATCH_BYTES_LIMIT:
                 self._peek.append(doc)
                 break

@@ -61,3 +61,18 @@ def test_batches_stop_before_16_mib():
         first = await mgr.run_first_batch(ListCursor("db.c", [{"s": big} for _ in range(5)]), 100)
         assert len(first["firstBatch"]) == 3 and first["id"] != 0
     run(main())
+
+
+def test_many_small_documents_keep_the_reply_under_16_mib():
+    """Array keys of a big batch count toward the limit (router read-back of 500k docs)."""
+    import bson
+
+    async def main():
+        mgr = CursorManager()
+        docs = [{"_id": i, "s": i} for i in range(1_200_000)]
+        first = await mgr.run_first_batch(ListCursor("db.c", docs), None)
+        more = await mgr.get_more(first["id"], "c", None, None)
+        reply = bson.encode({"cursor": more, "ok": 1.0})
+        assert len(reply) <= 16 * 1024 * 1024 + 16 * 1024
+        assert more["id"] != 0  # the rest is still there
+    run(main())
