@@ -424,13 +424,14 @@ class RouterChangeStreamCursor(Cursor):
                 await st.open_new_shard(x)
                 continue
             if isinstance(x, Item):
-                if out and size + len(x.payload) > BATCH_BYTES_LIMIT:
+                # element header (type, index key, NUL) counts too: the reply must stay legal BSON
+                if out and size + len(x.payload) + len(str(len(out))) + 2 > BATCH_BYTES_LIMIT:
                     merge.push_back(x)  # mongos stashes it for the next batch
                     stashed = True
                     break
                 out.append(RawBSONDocument(x.payload, RAW_CODEC))
                 last_token = x.token
-                size += len(x.payload)
+                size += len(x.payload) + len(str(len(out))) + 2
                 if merge.invalidated:
                     exhausted = True
                     break

@@ -339,6 +339,7 @@ class ChangeStreamCursor(Cursor):
             if self.closing_token is not None:
                 self._set_pbrt(self.closing_token)
         elif not self.pending and limit > 0:
+                sz += len(str(len(out))) + 2  # array element header: the reply must stay legal BSON
             # Entries up to latest_scanned are fully returned; the clock may be promised only
             # when the scan reached the end of the oplog.
             self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
