@@ -619,6 +619,8 @@ def register(node: ShardNode) -> None:
                                 "explain argument")
         cursor_opt = check_type(req, "cursor", dict, "object") or {}
         if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
+            if isinstance(req.arg, str) and storage.view_def(req.db, req.arg) is not None:
+                raise MongoError(166, f"Namespace {req.db}.{req.arg} is a view, not a collection")
             try:
                 from shard.change_stream import aggregate_change_stream
             except ImportError:

@@ -69,10 +69,8 @@ def _view_spec(cmd: str, options: dict[str, Any]) -> tuple[str, list[dict[str, A
             raise MongoError(14, f"BSON field '{cmd}.pipeline' is the wrong type, expected type "
                                  f"'array' of objects")
         name = next(iter(stage), "")
-        if name in ("$out", "$merge"):
-            raise MongoError(2, f"{name} cannot be used in a view definition")
-        if name == "$changeStream":
-            raise MongoError(2, "$changeStream cannot be used in a view definition")
+        if name in ("$out", "$merge", "$changeStream"):  # OptionNotSupportedOnView
+            raise MongoError(167, f"{name} cannot be used in a view definition")
     return view_on, pipeline
 
 

@@ -66,6 +66,7 @@ CODE_NAMES: dict[int, str] = {
     223: "IllegalOpMsgFlag",
     233: "TooManyDocumentSequences",
     166: "CommandNotSupportedOnView",
+    167: "OptionNotSupportedOnView",
     169: "CommandOnShardedViewNotSupportedOnMongod",
     175: "QueryPlanKilled",
     189: "PrimarySteppedDown",

@@ -28,6 +28,10 @@ def test_view_on_unsharded_collection(router_client: pymongo.MongoClient) -> Non
     with pytest.raises(OperationFailure) as exc:
         db.v.insert_one({"k": 0})
     assert exc.value.code == 166
+    with pytest.raises(OperationFailure) as exc:
+        with db.v.watch() as stream:
+            stream.try_next()
+    assert exc.value.code == 166
     db.drop_collection("v")
     assert "v" not in db.list_collection_names()
 

@@ -78,6 +78,14 @@ def test_view_lifecycle_reads_writes_and_oplog(shard, shard_client):
         db.command({"collMod": "evens", "viewOn": "bigEvens", "pipeline": []})
     assert exc.value.code == 93
 
+    # $changeStream may not define a view, and a view cannot be watched.
+    with pytest.raises(OperationFailure) as exc:
+        db.command({"create": "cs", "viewOn": "src", "pipeline": [{"$changeStream": {}}]})
+    assert exc.value.code == 167
+    with pytest.raises(OperationFailure) as exc:
+        db.evens.watch()
+    assert exc.value.code == 166
+
     # A view over a missing collection is allowed and reads nothing.
     db.command({"create": "ghost", "viewOn": "nothing_here"})
     assert list(db.ghost.find()) == []
