@@ -27,7 +27,7 @@ from typing import Any
 
 from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
 from bson.codec_options import DEFAULT_CODEC_OPTIONS
-from bson.raw_bson import RawBSONDocument
+from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS, RawBSONDocument
 from bson.timestamp import Timestamp
 
 from shardsim import resume_token as rt
@@ -56,6 +56,18 @@ def encode_event(doc: dict[str, Any]) -> bytes:
     return _dict_to_bson(doc, False, DEFAULT_CODEC_OPTIONS, False)
 # An event may exceed the user limit a little with $sortKey/_id overhead (BSONObjMaxInternalSize).
 _INTERNAL_SLACK = 16 * 1024
+
+
+class RawEvent(RawBSONDocument):
+    """An encoded event: a :class:`RawBSONDocument` (the reply encoder copies its bytes; tests
+    and stages can still read fields) built without re-validating bytes we just encoded."""
+
+    __slots__ = ()
+
+    def __init__(self, raw: bytes) -> None:  # noqa: D107 - see the class docstring
+        self._RawBSONDocument__raw = raw
+        self._RawBSONDocument__inflated_doc = None
+        self._RawBSONDocument__codec_options = DEFAULT_RAW_BSON_OPTIONS
 
 
 def safe_promise_key(node: Any) -> int:
@@ -170,6 +182,8 @@ class ChangeStreamCursor(Cursor):
         self.history_lost = False
         self.promise_mode = str(node.options.get("promise_mode") or "clock")
         self._wake: asyncio.Event | None = None
+        self._scan_it: Any = None  # the oplog iterator _scan left at _scan_it_key
+        self._scan_it_key = 0
         self._waiters = promise_waiters(node)
         self.oplog.add_listener(self._on_append, **self._listen_scope())
         cbs = getattr(self.oplog, "truncated_callbacks", None)
@@ -263,12 +277,13 @@ class ChangeStreamCursor(Cursor):
                 if spec.needs_merge:
                     frag["$sortKey"] = [ftoken]
                 fraw = encode_event(frag)
-                self.pending.append((RawBSONDocument(fraw), ftoken, len(fraw)))
+                self.pending.append((RawEvent(fraw), ftoken, len(fraw)))
             return
-        self.pending.append((RawBSONDocument(raw), token, size))
+        self.pending.append((RawEvent(raw), token, size))
 
     def _process_entry(self, entry: dict[str, Any]) -> None:
-        for op in unwind(entry, self.op_ok):
+        # Only commands (applyOps) unwind into several operations.
+        for op in (unwind(entry, self.op_ok) if entry.get("op") == "c" else (entry,)):
             ev = self.transform(op)
             if ev is None:
                 continue
@@ -286,17 +301,27 @@ class ChangeStreamCursor(Cursor):
                     return
 
     def _scan(self) -> None:
-        """Read oplog entries until some output is pending or the oplog end is reached."""
+        """Read oplog entries until some output is pending or the oplog end is reached.
+
+        The live oplog iterator is kept between calls while it stands at ``scan_key``, so a
+        catch-up costs one iterator, not one lookup per event."""
         if self.history_lost:
             raise MongoError(286, HISTORY_LOST_MSG)
         match = self.match
-        for entry in self.oplog.entries_from(self.scan_key):
-            key = ts_key(entry["ts"])
+        it = self._scan_it
+        if it is None or self._scan_it_key != self.scan_key:
+            it = self.oplog.entries_from(self.scan_key)
+        self._scan_it = None
+        for entry in it:
+            ts = entry["ts"]
+            key = (ts.time << 32) | ts.inc  # ts_key
             self.latest_scanned = key
             self.scan_key = key + 1
             if match(entry):
                 self._process_entry(entry)
                 if self.pending or self.closing:
+                    self._scan_it = it
+                    self._scan_it_key = self.scan_key
                     return
 
     # -- batches --------------------------------------------------------------------------------
@@ -314,6 +339,7 @@ class ChangeStreamCursor(Cursor):
         while limit > 0:
             while self.pending and len(out) < limit:
                 doc, token, sz = self.pending[0]
+                sz += len(str(len(out))) + 2  # array element header: the reply must stay legal BSON
                 if out and size + sz > BATCH_BYTES_LIMIT:
                     full = True
                     break
@@ -339,7 +365,6 @@ class ChangeStreamCursor(Cursor):
             if self.closing_token is not None:
                 self._set_pbrt(self.closing_token)
         elif not self.pending and limit > 0:
-                sz += len(str(len(out))) + 2  # array element header: the reply must stay legal BSON
             # Entries up to latest_scanned are fully returned; the clock may be promised only
             # when the scan reached the end of the oplog.
             self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
