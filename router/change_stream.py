@@ -150,8 +150,8 @@ class RouterChangeStream:
         self.op_time: Timestamp | None = None
         self.remote_await_ms = DEFAULT_AWAIT_MS
         self.nudged: dict[int, int] = {}  # remote id -> router time it was last short-polled for
-        self.requested: dict[int, int] = {}  # remote id -> highest time a promise was asked past
-        self.requesting: set[int] = set()  # remote ids with a promise request outstanding
+        self.idle: dict[int, bool] = {}  # remote id -> its last getMore reply had no events
+        self.sent_at: dict[int, float] = {}  # remote id -> monotonic time of its last getMore
 
     # -- opening -------------------------------------------------------------------------------
     def _shard_command(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -263,9 +263,9 @@ class RouterChangeStream:
             asyncio.get_running_loop().create_task(self._remote_getmore(r, short),
                                                    context=contextvars.Context())
 
-    def request_promises(self) -> None:
-        """An event is buffered but held back only by other remotes' promises: ask each of those
-        remotes once, on a separate pooled connection, for a promise past the event's cluster
+    def request_promises(self) -> float | None:
+        """An event is buffered but held back only by other remotes' promises: ask those
+        remotes' shards, on a separate pooled connection, for a promise past the event's cluster
         time T (``{_shardsimAdvanceClusterTime: T}`` with our ``$clusterTime`` >= T).
 
         A ``clock``-mode shard answers the getMore it is holding for us at once with
@@ -275,32 +275,52 @@ class RouterChangeStream:
         because a getMore already waiting on an idle shard is not woken by a write elsewhere.
         Latency only: what is released, and when it may be, is still decided by the merge rule
         (an event is released only once every remote has promised past it). Not part of
-        mongos' ARM; one request per remote and newer T, at most one outstanding per remote.
+        mongos' ARM.
+
+        Cost control: the request is sticky on the shard (a getMore that starts waiting later
+        still honours it), so the router sends at most one per shard address and newer T, and
+        one at a time per address, whatever the number of streams. A remote whose last reply
+        carried events is busy and will answer soon anyway: it is asked only once its getMore
+        has been out for ``ACTIVE_REQUEST_DELAY_MS``. Returns the delay (s) after which this
+        should be called again (a busy remote becomes eligible), or None.
         """
         item, remotes = self.merger.blocking_remotes()
         if item is None or not remotes:
-            return
+            return None
         t = token_ts_key(item.key[0])
         if t is None:
-            return
+            return None
+        state = _promise_requests(self.router)
+        now = time.monotonic()
+        again: float | None = None
         loop = asyncio.get_running_loop()
         for r in remotes:
-            if r.rid in self.requesting or self.requested.get(r.rid, -1) >= t \
-                    or r.rid not in self.pools:
+            if not r.in_flight or r.rid not in self.pools:
+                continue  # no getMore out on it: nothing to cut short
+            if not self.idle.get(r.rid, True):
+                wait = self.sent_at.get(r.rid, now) + ACTIVE_REQUEST_DELAY_MS / 1000 - now
+                if wait > 0:
+                    again = wait if again is None else min(again, wait)
+                    continue
+            addr = r.address or str(r.rid)
+            if addr in state.busy or state.sent.get(addr, -1) >= t:
                 continue
-            self.requested[r.rid] = t
-            self.requesting.add(r.rid)
-            loop.create_task(self._request_promise(r, t), context=contextvars.Context())
+            state.sent[addr] = t
+            state.busy.add(addr)
+            loop.create_task(self._request_promise(self.pools[r.rid], addr, t),
+                             context=contextvars.Context())
+        return again
 
-    async def _request_promise(self, r: Remote, t: int) -> None:
+    async def _request_promise(self, pool: Any, addr: str, t: int) -> None:
+        state = _promise_requests(self.router)
         try:
-            await gossip_command(self.router.clock, self.pools[r.rid], "admin",
+            await gossip_command(self.router.clock, pool, "admin",
                                  {PROMISE_REQUEST_COMMAND: ts_from_key(t)}, check=False,
                                  timeout=10)
         except Exception:  # latency only: a real failure shows up on the remote's getMore
             pass
         finally:
-            self.requesting.discard(r.rid)
+            state.busy.discard(addr)
             self.wake.set()  # look again: a newer event may want a newer promise
 
     async def _remote_getmore(self, r: Remote, blocked: bool = False) -> None:
@@ -312,6 +332,7 @@ class RouterChangeStream:
             await_ms = min(await_ms, SHORT_AWAIT_MS)
         cmd = {"getMore": Int64(r.cursor_id), "collection": coll, "maxTimeMS": int(await_ms)}
         pool = self.pools[r.rid]
+        self.sent_at[r.rid] = time.monotonic()
         try:
             reply = await gossip_command(self.router.clock, pool, db, cmd, raw=True,
                                          timeout=await_ms / 1000 + 30)
@@ -325,6 +346,7 @@ class RouterChangeStream:
             if cid != 0 and cid != r.cursor_id:
                 raise MongoError(2, f"Expected cursorid {r.cursor_id} but received {cid}")
             items = [item_from_raw_event(e, is_config=r.is_config) for e in cur.get("nextBatch", [])]
+            self.idle[r.rid] = not items
             self.merger.on_batch(r, items, cid, _plain(cur.get("postBatchResumeToken")),
                                  invalidated=bool(cur.get("invalidated", False)))
         except MongoError as exc:
@@ -368,6 +390,27 @@ class RouterChangeStream:
         for r in list(self.merger.remotes):
             self._kill_remote(r)
         self.wake.set()
+
+
+ACTIVE_REQUEST_DELAY_MS = 10  # see RouterChangeStream.request_promises
+
+
+class _PromiseRequests:
+    """Router-wide record of ``_shardsimAdvanceClusterTime`` requests: per shard address the
+    highest time asked for (``sent``) and whether one is outstanding (``busy``)."""
+
+    __slots__ = ("sent", "busy")
+
+    def __init__(self) -> None:
+        self.sent: dict[str, int] = {}
+        self.busy: set[str] = set()
+
+
+def _promise_requests(router: Any) -> _PromiseRequests:
+    state = getattr(router, "_cs_promise_requests", None)
+    if state is None:
+        state = router._cs_promise_requests = _PromiseRequests()
+    return state
 
 
 def _plain(token: Any) -> Any:
@@ -445,7 +488,7 @@ class RouterChangeStreamCursor(Cursor):
             if out or first:
                 break
             st.schedule_getmores(nudge=nudge)
-            st.request_promises()
+            recheck = st.request_promises()
             nudge = False
             remaining = deadline - time.monotonic()
             if remaining <= 0 or st.closed:
@@ -453,9 +496,11 @@ class RouterChangeStreamCursor(Cursor):
             if merge.merger.ready():
                 continue
             try:
-                await asyncio.wait_for(st.wake.wait(), remaining)
+                await asyncio.wait_for(st.wake.wait(),
+                                       remaining if recheck is None else min(remaining, recheck))
             except asyncio.TimeoutError:
-                break
+                if recheck is None or recheck >= remaining:
+                    break
         if first:
             st.schedule_getmores()  # start waiting on shards now; replies are buffered
         track_operation_time(st.op_time)

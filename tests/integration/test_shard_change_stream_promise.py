@@ -132,3 +132,88 @@ def test_clock_promise_never_overtaken_by_an_append():
     assert appended >= 300 and seen >= 200
     assert violations == []
     assert stream_errors == []
+
+
+def _sig() -> dict:
+    return {"hash": b"\0" * 20, "keyId": Int64(0)}
+
+
+async def _request_scenario(mode: str) -> dict:
+    """A change-stream getMore waiting on an idle shard, and the router's promise request."""
+    node = ShardNode(shard_name="pr0", options={"noop_interval_ms": 400, "promise_mode": mode})
+    server = Server(node, "127.0.0.1", 0)
+    await server.start()
+    pool = Pool("127.0.0.1", server.port)
+    out: dict = {}
+    loop = asyncio.get_running_loop()
+    try:
+        await pool.command("pr", {"insert": "c", "documents": [{"_id": 0}]})
+        r = await pool.command("pr", {"aggregate": "c", "pipeline": [{"$changeStream": {}}],
+                                      "cursor": {"batchSize": 0}, "needsMerge": True,
+                                      "fromRouter": True})
+        cid = r["cursor"]["id"]
+
+        async def get_more(max_ms: int) -> tuple[float, dict]:
+            t0 = loop.time()
+            g = await pool.command("pr", {"getMore": Int64(cid), "collection": "c",
+                                          "maxTimeMS": max_ms})
+            return loop.time() - t0, g["cursor"]
+
+        await get_more(1)  # settle the promise
+        # Gossip alone (a ping carrying a newer $clusterTime) does not cut a getMore short.
+        gm = loop.create_task(get_more(1500))
+        await asyncio.sleep(0.1)
+        ahead = Timestamp(node.clock.now().time, node.clock.now().inc + 5)
+        await pool.command("admin", {"ping": 1, "$clusterTime": {"clusterTime": ahead,
+                                                                 "signature": _sig()}})
+        await asyncio.sleep(0.1)
+        out["ping_woke"] = gm.done()
+        # The promise request does: T = a time past the shard's clock (another shard's event).
+        t = Timestamp(node.clock.now().time, node.clock.now().inc + 7)
+        t_req = loop.time()
+        await pool.command("admin", {"_shardsimAdvanceClusterTime": t})
+        elapsed, cur = await gm
+        out["after_request_s"] = loop.time() - t_req
+        out["total_s"] = elapsed
+        out["batch"] = cur["nextBatch"]
+        out["pbrt_ts"] = int(cur["postBatchResumeToken"]["_data"][2:18], 16)
+        out["t"] = ts_key(t)
+        # Sticky: a request that arrives before the getMore still applies to it.
+        t2 = Timestamp(node.clock.now().time, node.clock.now().inc + 3)
+        await pool.command("admin", {"_shardsimAdvanceClusterTime": t2})
+        elapsed2, cur2 = await get_more(1500)
+        out["sticky_s"] = elapsed2
+        out["pbrt2_ts"] = int(cur2["postBatchResumeToken"]["_data"][2:18], 16)
+        out["t2"] = ts_key(t2)
+        # Once past it, the next getMore waits again (no busy loop).
+        elapsed3, _ = await get_more(300)
+        out["next_wait_s"] = elapsed3
+        bad = await pool.command("admin", {"_shardsimAdvanceClusterTime": 1}, check=False)
+        out["bad"] = (bad["ok"], bad.get("code"))
+    finally:
+        pool.close()
+        await server.close()
+    return out
+
+
+def test_promise_request_clock_mode_answers_a_waiting_getmore_at_once():
+    out = asyncio.run(_request_scenario("clock"))
+    assert out["ping_woke"] is False  # plain gossip wakes nothing (as mongod)
+    assert out["batch"] == []
+    assert out["after_request_s"] < 0.3 and out["total_s"] < 1.0
+    assert out["pbrt_ts"] > out["t"]  # HWM(> T): passes an event at T
+    assert out["sticky_s"] < 0.3 and out["pbrt2_ts"] > out["t2"]
+    assert out["next_wait_s"] >= 0.25
+    assert out["bad"] == (0.0, 14)
+
+
+def test_promise_request_mongod_mode_waits_for_an_oplog_entry_past_it():
+    out = asyncio.run(_request_scenario("mongod"))
+    assert out["ping_woke"] is False
+    assert out["batch"] == []
+    # The promise is still the newest oplog time: the periodic no-op (every 400 ms) passes T.
+    assert out["pbrt_ts"] > out["t"]
+    assert out["total_s"] < 1.4  # answered by the no-op, not by the 1.5 s await
+    assert out["pbrt2_ts"] > out["t2"] and out["sticky_s"] < 1.4
+    assert out["next_wait_s"] >= 0.25
+    assert out["bad"] == (0.0, 14)

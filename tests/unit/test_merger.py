@@ -304,3 +304,33 @@ def test_fast_event_parsing_matches_the_generic_path(doc_id):
     assert _fast_item(odd) is None
     slow = item_from_raw_event(RawBSONDocument(odd))
     assert slow.key == token_key(tok) and slow.op == "x"
+
+
+def test_blocking_remotes_names_the_remotes_whose_promise_holds_the_head_back():
+    m = Merger()
+    a = m.add_remote("a", "db.c", 1, [ev(10)], ev(10).token)
+    b = m.add_remote("b", "db.c", 2, [], hwm(7))
+    c = m.add_remote("c", "db.c", 3, [], hwm(12))
+    cfg = m.add_remote("config", "config.shards", 4, [], hwm(5), is_config=True)
+    item, blockers = m.blocking_remotes()
+    assert item is not None and item.key == ev(10).key
+    assert {r.name for r in blockers} == {"b", "config"}  # c promised past it; a holds it
+    # HWM(10) does not pass an event at 10; HWM(11) does.
+    m.on_batch(b, [], 2, hwm(10))
+    assert {r.name for r in m.blocking_remotes()[1]} == {"b", "config"}
+    m.on_batch(b, [], 2, hwm(11))
+    m.on_batch(cfg, [], 4, hwm(11))
+    assert m.blocking_remotes() == (None, [])  # ready now: nothing to ask for
+    assert m.ready()
+    assert m.next_ready()[0].key == ev(10).key
+    assert m.blocking_remotes() == (None, [])  # nothing buffered
+    _ = (a, c)
+
+
+def test_blocking_remotes_none_on_error():
+    m = Merger()
+    m.add_remote("a", "db.c", 1, [ev(10)], ev(10).token)
+    b = m.add_remote("b", "db.c", 2, [], hwm(7))
+    assert m.blocking_remotes()[1] == [b]
+    m.on_error(b, MongoError(6, "down"))
+    assert m.blocking_remotes() == (None, [])
