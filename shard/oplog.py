@@ -19,6 +19,7 @@ oplog entry is removed (the server's default ``expireAfterSeconds: off`` behavio
 
 from __future__ import annotations
 
+import array
 import asyncio
 import bisect
 import time
@@ -66,6 +67,13 @@ class Oplog:
         self._by_ns: dict[str, list[Listener]] = {}
         self._by_db: dict[str, list[Listener]] = {}
         self._scope_of: dict[Listener, tuple[str, str] | None] = {}
+        # Scan indexes (absolute positions, ascending): CRUD/no-op entries per namespace and per
+        # database, and every command entry. A scoped scan (scoped_entries_from) visits only
+        # these, so an idle stream's getMore skips the writes on other namespaces.
+        self._ns_pos: dict[str, array.array] = {}
+        self._db_pos: dict[str, array.array] = {}
+        self._cmd_pos = array.array("q")
+        self._index_gen = 0  # bumped when the index arrays are trimmed (positions shift)
         self._event: asyncio.Event | None = None
         self.truncated_callbacks: list[Callable[[int], None]] = []
         self.truncated_through = 0  # ts_key of the newest entry ever truncated (0 = none)
@@ -151,6 +159,7 @@ class Oplog:
         self._entries.append(entry)
         self._sizes.append(size)
         self._bytes += size
+        self._index(entry, self._base + len(self._entries) - 1)
         if self._bytes > self.max_bytes or self.max_age_s is not None:
             self._enforce_retention()
         ev = self._event
@@ -181,6 +190,69 @@ class Oplog:
             self._entries.append(entry)
             self._sizes.append(size)
             self._bytes += size
+            self._index(entry, self._base + len(self._entries) - 1)
+
+    def _index(self, entry: dict[str, Any], pos: int) -> None:
+        if entry.get("op") == "c":
+            self._cmd_pos.append(pos)
+            return
+        ns = entry.get("ns")
+        if not ns or not isinstance(ns, str):
+            return  # periodic no-ops (ns "") never match a scoped stream
+        arr = self._ns_pos.get(ns)
+        if arr is None:
+            arr = self._ns_pos[ns] = array.array("q")
+        arr.append(pos)
+        db = ns.partition(".")[0]
+        arr = self._db_pos.get(db)
+        if arr is None:
+            arr = self._db_pos[db] = array.array("q")
+        arr.append(pos)
+
+    def scoped_entries_from(self, key: int, *, ns: str | None = None,
+                            db: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(ts_key, entry)`` in ts order from ``key`` on, restricted like a scoped listener
+        (:meth:`add_listener`): with ``ns``, the CRUD/no-op entries of that namespace and every
+        command entry; with ``db``, the same for the database; with neither, every entry.
+
+        Every skipped entry is one a change stream on that namespace/database cannot match
+        (``oplog_match.build``), so a reader that exhausts the iterator has in effect scanned to
+        :attr:`latest_key`. Live like :meth:`entries_from` (appends are seen; truncated entries
+        are skipped).
+        """
+        if ns is None and db is None:
+            for entry in self.entries_from(key):
+                ts = entry["ts"]
+                yield (ts.time << 32) | ts.inc, entry
+            return
+        index = self._ns_pos if ns is not None else self._db_pos
+        name = ns if ns is not None else db
+        # Absolute position of the first entry with ts_key >= key.
+        pos = self._base + max(bisect.bisect_left(self._keys, key, self._head), self._head)
+        cmds = self._cmd_pos
+        while True:
+            gen = self._index_gen
+            arr = index.get(name)
+            ia = bisect.bisect_left(arr, pos) if arr is not None else 0
+            ic = bisect.bisect_left(cmds, pos)
+            while gen == self._index_gen:
+                if arr is None:
+                    arr = index.get(name)  # created by a write since
+                na = arr[ia] if arr is not None and ia < len(arr) else -1
+                nc = cmds[ic] if ic < len(cmds) else -1
+                if na < 0 and nc < 0:
+                    return
+                if nc < 0 or 0 <= na < nc:
+                    p = na
+                    ia += 1
+                else:
+                    p = nc
+                    ic += 1
+                pos = p + 1
+                idx = p - self._base
+                if idx < self._head:
+                    continue  # truncated
+                yield self._keys[idx], self._entries[idx]
 
     def _enforce_retention(self) -> None:
         now = self._wall()
@@ -202,10 +274,27 @@ class Oplog:
             del self._sizes[:self._head]
             self._base += self._head
             self._head = 0
+            self._trim_indexes()
         if removed_to is not None:
             self.truncated_through = removed_to
             for cb in tuple(self.truncated_callbacks):
                 cb(removed_to)
+
+    def _trim_indexes(self) -> None:
+        """Drop index positions of compacted entries (keeps the indexes as long as the oplog)."""
+        first = self._base + self._head
+        self._index_gen += 1
+        for index in (self._ns_pos, self._db_pos):
+            for name in list(index):
+                arr = index[name]
+                cut = bisect.bisect_left(arr, first)
+                if cut == len(arr):
+                    del index[name]
+                elif cut:
+                    del arr[:cut]
+        cut = bisect.bisect_left(self._cmd_pos, first)
+        if cut:
+            del self._cmd_pos[:cut]
 
     def truncate(self) -> None:
         """Apply the retention settings now (after they change)."""

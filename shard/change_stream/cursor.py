@@ -190,6 +190,16 @@ class ChangeStreamCursor(Cursor):
         if cbs is not None:
             cbs.append(self._on_truncate)
 
+    def _scan_scope(self) -> dict[str, str]:
+        """The oplog index a scan may use (``Oplog.scoped_entries_from``): this stream's
+        namespace or database; a cluster-wide stream reads every entry."""
+        spec = self.spec
+        if spec.kind == "collection":
+            return {"ns": f"{spec.db}.{spec.coll}"}
+        if spec.kind == "database":
+            return {"db": spec.db}
+        return {}
+
     def _listen_scope(self) -> dict[str, str]:
         """Which appends can wake this cursor (``Oplog.add_listener`` scope): in ``clock`` mode
         only entries its oplog filter can admit (the namespace of a collection stream, the
@@ -303,18 +313,25 @@ class ChangeStreamCursor(Cursor):
     def _scan(self) -> None:
         """Read oplog entries until some output is pending or the oplog end is reached.
 
-        The live oplog iterator is kept between calls while it stands at ``scan_key``, so a
-        catch-up costs one iterator, not one lookup per event."""
+        Collection and database streams read through the oplog's namespace/database index
+        (``Oplog.scoped_entries_from``): entries of other namespaces cannot match their filter,
+        so an idle stream's getMore costs nothing per unrelated write; reaching the end of the
+        index counts as having scanned to the newest entry. The live iterator is kept between
+        calls while it stands at ``scan_key``, so a catch-up costs one iterator, not one lookup
+        per event."""
         if self.history_lost:
             raise MongoError(286, HISTORY_LOST_MSG)
         match = self.match
         it = self._scan_it
         if it is None or self._scan_it_key != self.scan_key:
-            it = self.oplog.entries_from(self.scan_key)
+            oplog = self.oplog
+            scoped = getattr(oplog, "scoped_entries_from", None)
+            if scoped is not None:
+                it = scoped(self.scan_key, **self._scan_scope())
+            else:
+                it = ((ts_key(e["ts"]), e) for e in oplog.entries_from(self.scan_key))
         self._scan_it = None
-        for entry in it:
-            ts = entry["ts"]
-            key = (ts.time << 32) | ts.inc  # ts_key
+        for key, entry in it:
             self.latest_scanned = key
             self.scan_key = key + 1
             if match(entry):
@@ -323,6 +340,10 @@ class ChangeStreamCursor(Cursor):
                     self._scan_it = it
                     self._scan_it_key = self.scan_key
                     return
+        end = self.oplog.latest_key
+        if end >= self.scan_key:  # the index skipped entries this stream cannot match
+            self.latest_scanned = end
+            self.scan_key = end + 1
 
     # -- batches --------------------------------------------------------------------------------
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:

@@ -109,3 +109,74 @@ def test_mongod_mode_cursor_listens_to_every_entry():
     assert calls == ["x.c"]
     asyncio.run(cur.close())
     assert node.oplog.listener_count == 0
+
+
+# -- the scan index ------------------------------------------------------------------------------
+
+def _expected(entries, ns=None, db=None):
+    def keep(e):
+        if e["op"] == "c":
+            return True
+        if ns is not None:
+            return e["ns"] == ns
+        return bool(e["ns"]) and e["ns"].partition(".")[0] == db
+    return [e["ts"].inc for e in entries if keep(e)]
+
+
+def test_scoped_entries_from_matches_a_filtered_full_scan_across_truncation():
+    import random
+    rnd = random.Random(7)
+    o = Oplog(max_bytes=1 << 62)
+    written = []
+    namespaces = ["d.c", "d.other", "e.c", "d.c2", ""]
+    for inc in range(1, 6001):
+        ns = rnd.choice(namespaces)
+        op = "n" if ns == "" else rnd.choice(["i", "u", "d", "n", "c"])
+        e = entry(inc, op=op, ns=(ns.partition(".")[0] + ".$cmd") if op == "c" else ns)
+        o.append(e)
+        written.append(e)
+    for scope in ({"ns": "d.c"}, {"db": "d"}, {"ns": "never.written"}):
+        got = [k & 0xFFFFFFFF for k, _ in o.scoped_entries_from(0, **scope)]
+        assert got == _expected(written, **scope)
+        start = (100 << 32) | 3000
+        got = [e["ts"].inc for _, e in o.scoped_entries_from(start, **scope)]
+        assert got == _expected(written[2999:], **scope)
+    # A suspended iterator survives truncation + compaction and sees later appends.
+    it = o.scoped_entries_from(0, ns="d.c")
+    first = [next(it)[1]["ts"].inc for _ in range(3)]
+    o.max_bytes = 0  # truncate everything but the newest entry (compacts the arrays)
+    o.truncate()
+    assert o._index_gen > 0
+    o.max_bytes = 1 << 62
+    o.append(entry(7000, ns="d.c"))
+    o.append(entry(7001, ns="e.c"))
+    rest = [e["ts"].inc for _, e in it]
+    assert first == _expected(written, ns="d.c")[:3]
+    assert rest[-1] == 7000 and 7001 not in rest and all(i >= 6000 for i in rest)
+    assert all(len(a) <= 2 for a in o._ns_pos.values())
+
+
+def test_idle_stream_getmore_skips_unrelated_writes_and_still_promises_the_end():
+    node = FakeNode(promise_mode="mongod")
+    cur = open_cursor(node, "d", "idle", [{"$changeStream": {}}])
+    calls = []
+    inner = cur.match
+    cur.match = lambda e: calls.append(e["ns"]) or inner(e)
+
+    async def go():
+        await cur.fetch(0, None, first=True)
+        for i in range(500):
+            node.write("i", "d.busy", {"_id": i}, {"_id": i})
+        node.write("c", "d.$cmd", {"create": "x"})
+        b = await cur.fetch(None, 0, first=False)
+        assert b.docs == []
+        assert calls == ["d.$cmd"]  # only the command; the 500 inserts were never looked at
+        from shardsim import resume_token as rt
+        p = rt.decode(b.post_batch_resume_token)  # mongod mode: HWM of the newest entry
+        assert rt.is_high_water_mark(p) and p.clusterTime == node.oplog.last_ts()
+        node.write("i", "d.idle", {"_id": 1}, {"_id": 1})
+        b = await cur.fetch(None, 0, first=False)
+        assert [d["documentKey"]["_id"] for d in b.docs] == [1]
+        await cur.close()
+
+    asyncio.run(go())
