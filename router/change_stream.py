@@ -303,7 +303,10 @@ class RouterChangeStream:
                     again = wait if again is None else min(again, wait)
                     continue
             addr = r.address or str(r.rid)
-            if addr in state.busy or state.sent.get(addr, -1) >= t:
+            if state.sent.get(addr, -1) >= t:
+                continue  # asked already (by any stream): the shard keeps the request
+            if addr in state.busy:
+                state.deferred.setdefault(addr, set()).add(self)  # look again when it is back
                 continue
             state.sent[addr] = t
             state.busy.add(addr)
@@ -322,6 +325,8 @@ class RouterChangeStream:
         finally:
             state.busy.discard(addr)
             self.wake.set()  # look again: a newer event may want a newer promise
+            for st in state.deferred.pop(addr, ()):
+                st.wake.set()
 
     async def _remote_getmore(self, r: Remote, blocked: bool = False) -> None:
         db, coll = _split_ns(r.ns)
@@ -397,13 +402,15 @@ ACTIVE_REQUEST_DELAY_MS = 10  # see RouterChangeStream.request_promises
 
 class _PromiseRequests:
     """Router-wide record of ``_shardsimAdvanceClusterTime`` requests: per shard address the
-    highest time asked for (``sent``) and whether one is outstanding (``busy``)."""
+    highest time asked for (``sent``), whether one is outstanding (``busy``) and the streams that
+    wanted a newer one meanwhile (``deferred``, woken when it completes)."""
 
-    __slots__ = ("sent", "busy")
+    __slots__ = ("sent", "busy", "deferred")
 
     def __init__(self) -> None:
         self.sent: dict[str, int] = {}
         self.busy: set[str] = set()
+        self.deferred: dict[str, set[Any]] = {}
 
 
 def _promise_requests(router: Any) -> _PromiseRequests:
