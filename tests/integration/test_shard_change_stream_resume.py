@@ -17,6 +17,7 @@ from pymongo.errors import OperationFailure
 
 from shardsim import resume_token as rt
 from shardsim.client import Pool
+from shardsim.clock import ts_key
 from shardsim.procs import RoleProcess
 
 
@@ -229,7 +230,8 @@ def test_promise_mode_clock_uses_cluster_time(procs):
     p1 = rt.decode(g["cursor"]["postBatchResumeToken"])
     assert rt.is_high_water_mark(p1)
     assert p1.clusterTime >= _oplog_tail(c)["ts"]
-    assert p1.clusterTime <= g["$clusterTime"]["clusterTime"]
+    # HWM(cluster time + 1 tick): every later entry is at or after it (shard/change_stream/cursor.py)
+    assert ts_key(p1.clusterTime) <= ts_key(g["$clusterTime"]["clusterTime"]) + 1
     # gossip moves the shard's cluster time forward; an idle batch promises it
     ahead = Timestamp(g["$clusterTime"]["clusterTime"].time + 5, 1)
     # (pymongo replaces $clusterTime with its own, so gossip through the project's client)
@@ -251,4 +253,6 @@ def test_promise_mode_clock_uses_cluster_time(procs):
     db.c.insert_one({"_id": 2})
     g3 = db.command(SON([("getMore", Int64(cur["id"])), ("collection", "c"), ("maxTimeMS", 500)]))
     ev = g3["cursor"]["nextBatch"][0]
-    assert ev["clusterTime"] > p2  # nothing is ever appended at or below a promise
+    # nothing is ever appended below a promise; an event at the promised time sorts after it
+    assert ev["clusterTime"] >= p2
+    assert ev["_id"]["_data"] > g2["cursor"]["postBatchResumeToken"]["_data"]

@@ -74,12 +74,12 @@ def test_batches_and_pbrt_clock_mode():
         assert b1.post_batch_resume_token == dict(b1.docs[-1]["_id"])  # not promised past unread entries
         b2 = await cur.fetch(None, 100, first=False)
         assert [d["documentKey"]["_id"] for d in b2.docs] == [3, 4, 5]
-        # scanned to the end: promise the cluster time (>= the unrelated write)
+        # scanned to the end: promise the cluster time + 1 tick (> the unrelated write)
         p = rt.decode(b2.post_batch_resume_token)
-        assert rt.is_high_water_mark(p) and p.clusterTime == node.clock.now()
+        assert rt.is_high_water_mark(p) and ts_key(p.clusterTime) == ts_key(node.clock.now()) + 1
         node.clock.advance(Timestamp(2000, 5))
         b3 = await cur.fetch(None, 10, first=False)
-        assert b3.docs == [] and rt.decode(b3.post_batch_resume_token).clusterTime == Timestamp(2000, 5)
+        assert b3.docs == [] and rt.decode(b3.post_batch_resume_token).clusterTime == Timestamp(2000, 6)
         keys = [b.post_batch_resume_token["_data"] for b in (b0, b1, b2, b3)]
         assert keys == sorted(keys)
     run(go())
