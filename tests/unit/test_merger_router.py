@@ -76,6 +76,8 @@ class FakeShardCursor(Cursor):
                 return Batch(out, False, self.pbrt)
             if time.monotonic() >= deadline:
                 break
+            if sh.requested_key >= token_key(self.pbrt)[0][2:18] and sh.answer_requests:
+                break  # a promise past the requested time is wanted: answer now (clock mode)
             sh.changed.clear()
             try:
                 await asyncio.wait_for(sh.changed.wait(), max(0.0, deadline - time.monotonic()))
@@ -99,6 +101,19 @@ class FakeShard(Node):
         self.seq = 0
         self.aggregates: list[dict] = []
         self.killed: list[int] = []
+        self.requests: list[Timestamp] = []  # _shardsimAdvanceClusterTime received
+        self.requested_key = ""  # hex of the highest requested time (compares like _data)
+        self.answer_requests = True
+
+        async def advance(req: Request) -> dict:
+            ts = req.body["_shardsimAdvanceClusterTime"]
+            self.requests.append(ts)
+            self.clock.advance(ts)
+            self.requested_key = max(self.requested_key, f"{ts_key(ts):016X}")
+            self.changed.set()
+            return {}
+
+        self.commands.register("_shardsimAdvanceClusterTime", advance)
 
         async def aggregate(req: Request) -> dict:
             self.aggregates.append(req.body)
@@ -612,3 +627,39 @@ def test_kill_cursors_while_a_getmore_waits(h):
     with pytest.raises(OperationFailure) as ei:
         db.command({"getMore": cid, "collection": "coll"})
     assert ei.value.code == 43
+
+
+def _watch_and_time_one_insert(h: Harness) -> tuple[float, dict, dict]:
+    """Open a stream, let every remote settle into a long-await getMore, write one event on
+    shard00 and time how long the watcher takes to get it."""
+    coll = h.client.db.coll
+    _gossip_all(h)
+    with coll.watch(max_await_time_ms=1000) as stream:
+        stream.try_next()
+        time.sleep(0.3)  # the remotes' getMores are now waiting (1 s await)
+        t0 = time.monotonic()
+        tok = h.write(0, {"_id": 1})
+        ch = None
+        while ch is None and time.monotonic() - t0 < 5:
+            ch = stream.try_next()
+        return time.monotonic() - t0, tok, ch
+
+
+def test_event_held_by_idle_remotes_triggers_promise_requests(h):
+    took, tok, ch = _watch_and_time_one_insert(h)
+    assert ch is not None and ch["_id"] == tok
+    t = rt.decode(tok).clusterTime
+    # The idle remotes (and the config server) were asked for a promise past the event...
+    for sh in h.shards[1:] + [h.config]:
+        assert sh.requests and max(sh.requests) >= t, sh.name
+    assert h.shards[0].requests == [] or max(h.shards[0].requests) < t  # not the one holding it
+    # ...so the event did not wait for their 1 s await periods.
+    assert took < 0.6, took
+
+
+def test_promise_request_ignored_still_bounded_by_await_and_order_kept(h):
+    for sh in h.shards + [h.config]:
+        sh.answer_requests = False  # e.g. a shard that does not know the request
+    took, tok, ch = _watch_and_time_one_insert(h)
+    assert ch is not None and ch["_id"] == tok  # released only once every remote promised
+    assert took < 2.5
