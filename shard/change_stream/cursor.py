@@ -292,8 +292,17 @@ class ChangeStreamCursor(Cursor):
         self.pending.append((RawEvent(raw), token, size))
 
     def _process_entry(self, entry: dict[str, Any]) -> None:
-        # Only commands (applyOps) unwind into several operations.
-        for op in (unwind(entry, self.op_ok) if entry.get("op") == "c" else (entry,)):
+        if entry.get("op") != "c" and self.resume is None:
+            # Hot path: a CRUD/no-op entry is one event and never invalidates.
+            ev = self.transform(entry)
+            if ev is not None and not ev.invalidating:
+                self._emit(ev)
+                return
+            ops: Any = () if ev is None else (entry,)
+        else:
+            # Only commands (applyOps) unwind into several operations.
+            ops = unwind(entry, self.op_ok) if entry.get("op") == "c" else (entry,)
+        for op in ops:
             ev = self.transform(op)
             if ev is None:
                 continue

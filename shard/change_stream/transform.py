@@ -82,6 +82,9 @@ def _collection_type(o: dict[str, Any]) -> str:
 
 # -- updateDescription from a $v:2 diff ----------------------------------------------------------
 
+_FLAT_SECTIONS = frozenset({"u", "i", "d"})
+
+
 def _is_ambiguous_field(name: str) -> bool:
     return "." in name or (name.isdigit() and name != "")
 
@@ -138,6 +141,20 @@ class _DiffParser:
 
 def update_description(diff: dict[str, Any], expanded: bool) -> dict[str, Any]:
     """``{updatedFields, removedFields, truncatedArrays[, disambiguatedPaths]}`` for a diff."""
+    if all(k in _FLAT_SECTIONS for k in diff):
+        # Hot path: top-level fields only (no sub-diffs): paths are the field names.
+        deletes, upd, ins = diff.get("d"), diff.get("u"), diff.get("i")
+        deletes = deletes if isinstance(deletes, dict) else {}
+        updated: dict[str, Any] = dict(upd) if isinstance(upd, dict) else {}
+        if isinstance(ins, dict):
+            updated.update(ins)
+        flat: dict[str, Any] = {"updatedFields": updated, "removedFields": list(deletes),
+                                "truncatedArrays": []}
+        if expanded:
+            flat["disambiguatedPaths"] = {
+                n: [n] for sec in (deletes, upd, ins) if isinstance(sec, dict)
+                for n in sec if _is_ambiguous_field(n)}
+        return flat
     p = _DiffParser()
     p.obj(diff, [], False)
     out: dict[str, Any] = {"updatedFields": p.updated, "removedFields": p.removed,
