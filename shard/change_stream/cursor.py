@@ -292,10 +292,14 @@ class ChangeStreamCursor(Cursor):
         self.pending.append((RawEvent(raw), token, size))
 
     def _process_entry(self, entry: dict[str, Any]) -> None:
-        if entry.get("op") != "c" and self.resume is None:
+        if entry.get("op") != "c":
             # Hot path: a CRUD/no-op entry is one event and never invalidates.
             ev = self.transform(entry)
             if ev is not None and not ev.invalidating:
+                if self.resume is not None:
+                    ev = self.resume.process(ev)
+                    if ev is None:
+                        return
                 self._emit(ev)
                 return
             ops: Any = () if ev is None else (entry,)
