@@ -185,10 +185,9 @@ class ChangeStreamCursor(Cursor):
         self._scan_it: Any = None  # the oplog iterator _scan left at _scan_it_key
         self._scan_it_key = 0
         self._waiters = promise_waiters(node)
+        # No truncation callback: _scan compares scan_key with oplog.truncated_through, so an
+        # oplog at its size cap does not call every open cursor on each write.
         self.oplog.add_listener(self._on_append, **self._listen_scope())
-        cbs = getattr(self.oplog, "truncated_callbacks", None)
-        if cbs is not None:
-            cbs.append(self._on_truncate)
 
     def _scan_scope(self) -> dict[str, str]:
         """The oplog index a scan may use (``Oplog.scoped_entries_from``): this stream's
@@ -244,16 +243,9 @@ class ChangeStreamCursor(Cursor):
             if self.promise_mode == "clock" or self.oplog.latest_key > self._waiters.key:
                 wake.set()
 
-    def _on_truncate(self, removed_to_key: int) -> None:
-        if removed_to_key >= self.scan_key:
-            self.history_lost = True
-
     async def close(self) -> None:
         """Stop listening to the oplog (killCursors, exhaustion, failure, reaping)."""
         self.oplog.remove_listener(self._on_append)
-        cbs = getattr(self.oplog, "truncated_callbacks", None)
-        if cbs is not None and self._on_truncate in cbs:
-            cbs.remove(self._on_truncate)
 
     # -- the pipeline ---------------------------------------------------------------------------
     def _emit(self, ev: Event) -> None:
@@ -332,7 +324,9 @@ class ChangeStreamCursor(Cursor):
         index counts as having scanned to the newest entry. The live iterator is kept between
         calls while it stands at ``scan_key``, so a catch-up costs one iterator, not one lookup
         per event."""
-        if self.history_lost:
+        if self.history_lost or getattr(self.oplog, "truncated_through", 0) >= self.scan_key:
+            # Entries at or after our position were truncated since the last scan.
+            self.history_lost = True
             raise MongoError(286, HISTORY_LOST_MSG)
         match = self.match
         it = self._scan_it

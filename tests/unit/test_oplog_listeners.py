@@ -180,3 +180,28 @@ def test_idle_stream_getmore_skips_unrelated_writes_and_still_promises_the_end()
         await cur.close()
 
     asyncio.run(go())
+
+
+def test_truncation_calls_no_cursor_and_history_loss_is_still_detected():
+    from shardsim.errors import MongoError
+    node = FakeNode()
+    node.oplog.max_bytes = 2000
+    curs = [open_cursor(node, "d", f"c{i}", [{"$changeStream": {}}]) for i in range(20)]
+    assert node.oplog.truncated_callbacks == []  # a write at the size cap costs nothing per cursor
+
+    async def go():
+        for c in curs:
+            await c.fetch(0, None, first=True)
+        for i in range(50):
+            node.write("i", "d.c0", {"_id": i, "pad": "p" * 50}, {"_id": i})
+        assert node.oplog.truncated_through > 0
+        try:
+            await curs[0].fetch(None, 0, first=False)
+        except MongoError as exc:
+            assert exc.code == 286
+        else:
+            raise AssertionError("expected ChangeStreamHistoryLost")
+        for c in curs:
+            await c.close()
+
+    asyncio.run(go())
