@@ -354,6 +354,10 @@ class RouterChangeStream:
             self.idle[r.rid] = not items
             self.merger.on_batch(r, items, cid, _plain(cur.get("postBatchResumeToken")),
                                  invalidated=bool(cur.get("invalidated", False)))
+            if items:
+                # Ask the idle remotes for promises now, not when the client's next getMore
+                # arrives: the client is often between getMores when a write's event comes in.
+                self.request_promises()
         except MongoError as exc:
             if not self.closed:
                 if exc.code == 43 and r.cursor_id:

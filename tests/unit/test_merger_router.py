@@ -353,11 +353,11 @@ def test_new_shard_seen_on_config_cursor(h):
     coll = h.client.db.coll
     with coll.watch(max_await_time_ms=200) as stream:
         h.write(0, {"_id": 1})
-        assert stream.try_next() is None or True
+        first = stream.try_next()  # may already carry the event (idle remotes answer at once)
         new = h.add_shard("shard09")
         tok = h.do(new.write, {"_id": "on-new-shard"})
         h.write(1, {"_id": 2})
-        got = []
+        got = [first] if first is not None else []
         deadline = time.time() + 20
         while len(got) < 3 and time.time() < deadline:
             ch = stream.try_next()
