@@ -246,9 +246,9 @@ class RouterChangeStream:
         if not polls:
             return
         # (An event held back only by promises is handled by request_promises, which also
-        # cuts short the getMores already waiting.) When a client getMore starts, a remote whose promise is older than the router's
-        # cluster time can promise more right away (our getMore gossips that time to it): ask
-        # it once without a long await, so a write the router has seen does not wait for idle
+        # cuts short the getMores already waiting.) When a client getMore starts, a remote whose
+        # promise is older than the router's cluster time can promise more right away (our
+        # getMore gossips that time to it): ask it once without a long await, so a write the router has seen does not wait for idle
         # shards' await periods. (Only at the start of a client getMore: idle streams then cost
         # at most one extra round per remote and client getMore.)
         now_key = ts_key(self.router.clock.now())
