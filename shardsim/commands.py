@@ -7,8 +7,16 @@ commands fail like mongod: ``CommandNotFound`` (59) "no such command: '<name>'".
 
 from __future__ import annotations
 
+import datetime
+import re
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
+
+from bson import Binary, Code, DBRef, Decimal128, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.datetime_ms import DatetimeMS
+from bson.int64 import Int64
 
 from shardsim.errors import MongoError
 
@@ -122,10 +130,14 @@ def check_type(req: Request, field_name: str, types: type | tuple[type, ...], ty
 
 
 def bson_type_name(value: Any) -> str:
-    """The server's type alias for a Python/BSON value (``$type`` names)."""
-    from bson import Binary, Code, Decimal128, MaxKey, MinKey, ObjectId, Regex, Timestamp
-    from bson.int64 import Int64
-    import datetime
+    """The server's ``$type`` alias of a decoded BSON value (``"int"``, ``"long"``, ``"object"``...).
+
+    int64 values decode to :class:`bson.int64.Int64`; a plain Python ``int`` is reported as
+    ``"int"`` when it fits in 32 bits, else ``"long"`` (how pymongo encodes it). Values pymongo
+    decodes to other Python types map to their BSON type: ``uuid.UUID`` -> ``"binData"``,
+    ``DBRef`` -> ``"object"``, ``re.Pattern`` -> ``"regex"``, ``DatetimeMS`` -> ``"date"``.
+    Aliases per https://www.mongodb.com/docs/manual/reference/operator/query/type/.
+    """
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -133,29 +145,31 @@ def bson_type_name(value: Any) -> str:
     if isinstance(value, Int64):
         return "long"
     if isinstance(value, int):
-        return "int" if -2**31 <= value < 2**31 else "long"
+        return "int" if -(2**31) <= value < 2**31 else "long"
     if isinstance(value, float):
         return "double"
+    if isinstance(value, Decimal128):
+        return "decimal"
+    if isinstance(value, Code):  # Code subclasses str: test it first
+        return "javascriptWithScope" if value.scope is not None else "javascript"
     if isinstance(value, str):
         return "string"
-    if isinstance(value, dict) or hasattr(value, "raw"):
+    if isinstance(value, DBRef):
+        return "object"  # a DBRef is a document on the wire ($ref/$id)
+    if isinstance(value, Mapping):
         return "object"
+    if isinstance(value, (bytes, Binary, uuid.UUID)):
+        return "binData"
     if isinstance(value, (list, tuple)):
         return "array"
     if isinstance(value, ObjectId):
         return "objectId"
-    if isinstance(value, (bytes, Binary)):
-        return "binData"
-    if isinstance(value, datetime.datetime):
+    if isinstance(value, (datetime.datetime, DatetimeMS)):
         return "date"
+    if isinstance(value, (Regex, re.Pattern)):
+        return "regex"
     if isinstance(value, Timestamp):
         return "timestamp"
-    if isinstance(value, Decimal128):
-        return "decimal"
-    if isinstance(value, Regex):
-        return "regex"
-    if isinstance(value, Code):
-        return "javascript"
     if isinstance(value, MinKey):
         return "minKey"
     if isinstance(value, MaxKey):

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from bson.decimal128 import Decimal128
 
+from shardsim.commands import bson_type_name
 from shardsim.errors import MongoError
 
 StageFn = Callable[[dict[str, Any]], "dict[str, Any] | None"]
@@ -123,7 +124,7 @@ def compile_stage(name: str, arg: Any) -> StageFn | None:
     if name in ("$addFields", "$set"):
         if not isinstance(arg, dict):
             raise MongoError(40272, f"{name} specification stage must be an object, got "
-                                    f"{_type_name(arg)}")
+                                    f"{bson_type_name(arg)}")
         return Projection(arg, name, add_fields=True).apply
     fn = _pipeline_stage({name: arg})
     fn(dict(_SAMPLE_EVENT))  # validate the specification now, like the server's parse
@@ -224,11 +225,6 @@ def _render(v: Any) -> str:
     if isinstance(v, list):
         return "[ " + ", ".join(_render(x) for x in v) + " ]" if v else "[]"
     return str(v)
-
-
-def _type_name(v: Any) -> str:
-    from shardsim.commands import bson_type_name
-    return bson_type_name(v)
 
 
 class Projection:

@@ -10,23 +10,14 @@ whose message names the path (``root.ns.coll``) and both values.
 
 from __future__ import annotations
 
-import datetime
 import re
-import uuid
 from collections.abc import Mapping
 from typing import Any, Callable
 
 from bson import json_util
 from bson.binary import Binary
-from bson.code import Code
-from bson.dbref import DBRef
-from bson.decimal128 import Decimal128
-from bson.int64 import Int64
-from bson.max_key import MaxKey
-from bson.min_key import MinKey
-from bson.objectid import ObjectId
-from bson.regex import Regex
-from bson.timestamp import Timestamp
+
+from shardsim.commands import bson_type_name
 
 
 class MatchError(AssertionError):
@@ -49,53 +40,9 @@ MISSING = _Missing()
 # $type aliases (https://www.mongodb.com/docs/manual/reference/operator/query/type/)
 _NUMBER = ("int", "long", "double", "decimal")
 
-
-def bson_type(value: Any) -> str:
-    """The ``$type`` string alias of a decoded BSON value (``"int"``, ``"long"``, ``"object"``...).
-
-    int64 values decode to :class:`bson.int64.Int64` in pymongo; a plain Python ``int`` is
-    reported as ``"int"`` when it fits in 32 bits, else ``"long"`` (how pymongo encodes it).
-    """
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, Int64):
-        return "long"
-    if isinstance(value, int):
-        return "int" if -(2**31) <= value < 2**31 else "long"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, Decimal128):
-        return "decimal"
-    if isinstance(value, Code):  # Code subclasses str: test it first
-        return "javascriptWithScope" if value.scope is not None else "javascript"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, DBRef):
-        return "object"  # a DBRef is a document on the wire ($ref/$id)
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, (bytes, Binary, uuid.UUID)):
-        return "binData"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    if isinstance(value, ObjectId):
-        return "objectId"
-    if isinstance(value, datetime.datetime) or type(value).__name__ == "DatetimeMS":
-        return "date"
-    if isinstance(value, (Regex, re.Pattern)):
-        return "regex"
-    if isinstance(value, Timestamp):
-        return "timestamp"
-    if isinstance(value, MinKey):
-        return "minKey"
-    if isinstance(value, MaxKey):
-        return "maxKey"
-    return type(value).__name__
-
-
-_type_of = bson_type
+# One implementation of the $type alias for the runner and the servers.
+bson_type = bson_type_name
+_type_of = bson_type_name
 
 
 def _is_number(value: Any) -> bool:
