@@ -94,6 +94,16 @@ def register(node: ShardNode) -> None:
         validate_collection_name(req.db, name)
         return name
 
+    def existing_collection(db: str, name: str) -> Collection:
+        """The collection ``db.name``: CommandNotSupportedOnView (166) when it is a view,
+        NamespaceNotFound (26) "ns does not exist" when there is neither."""
+        coll = storage.get(db, name)
+        if coll is None and storage.view_def(db, name) is not None:
+            raise view_error(f"{db}.{name}")
+        if coll is None:
+            raise _ns_missing(f"{db}.{name}")
+        return coll
+
     # -- create / drop ------------------------------------------------------------------------
     async def create(req: Request) -> dict[str, Any]:
         name = name_of(req)
@@ -364,11 +374,7 @@ def register(node: ShardNode) -> None:
 
     async def list_indexes(req: Request) -> dict[str, Any]:
         name = name_of(req)
-        coll = storage.get(req.db, name)
-        if coll is None and storage.view_def(req.db, name) is not None:
-            raise view_error(f"{req.db}.{name}")
-        if coll is None:
-            raise _ns_missing(f"{req.db}.{name}")
+        coll = existing_collection(req.db, name)
         cursor_opt = check_type(req, "cursor", dict, "object") or {}
         bs = cursor_opt.get("batchSize")
         specs = [dict(i.spec) for i in coll.indexes.values()]
@@ -448,11 +454,7 @@ def register(node: ShardNode) -> None:
 
     async def drop_indexes(req: Request) -> dict[str, Any]:
         name = name_of(req)
-        coll = storage.get(req.db, name)
-        if coll is None and storage.view_def(req.db, name) is not None:
-            raise view_error(f"{req.db}.{name}")
-        if coll is None:
-            raise _ns_missing(f"{req.db}.{name}")
+        coll = existing_collection(req.db, name)
         which = req.body.get("index")
         if which is None:
             raise MongoError(40414, "BSON field 'dropIndexes.index' is missing but a required field")
@@ -558,11 +560,7 @@ def register(node: ShardNode) -> None:
 
     async def coll_stats(req: Request) -> dict[str, Any]:
         name = name_of(req)
-        coll = storage.get(req.db, name)
-        if coll is None and storage.view_def(req.db, name) is not None:
-            raise view_error(f"{req.db}.{name}")
-        if coll is None:
-            raise _ns_missing(f"{req.db}.{name}")
+        coll = existing_collection(req.db, name)
         return {"ns": coll.ns, "count": len(coll.docs), "nindexes": len(coll.indexes),
                 "capped": False}
 
