@@ -545,14 +545,34 @@ def register(router: "RouterNode") -> None:
     def strip_reply(reply: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in reply.items() if k not in ("ok", "$clusterTime", "operationTime")}
 
+    def with_fields(cmd: dict[str, Any], req: Request, fields: tuple[str, ...]) -> dict[str, Any]:
+        """``cmd`` plus those of ``fields`` that the user's command carries."""
+        cmd.update({k: req.body[k] for k in fields if k in req.body})
+        return cmd
+
+    async def run_on_config(cmd: dict[str, Any], hold_writes_to: str | None = None
+                            ) -> dict[str, Any]:
+        """Run ``cmd`` on the config server, refresh the routing cache, and return the reply
+        without ok/$clusterTime/operationTime. With ``hold_writes_to`` (a namespace or a
+        database), this router's writes there are held until it is done: a migration has no
+        catch-up phase, so no write may land on the donor after its documents were copied."""
+        if hold_writes_to is not None:
+            gate = writes.gate_for(r, hold_writes_to)
+            await gate.block()
+            try:
+                return await run_on_config(cmd)
+            finally:
+                await gate.unblock()
+        reply = await r.config_command(cmd)
+        await r.catalog.refresh()
+        return strip_reply(reply)
+
     async def add_shard(req: Request) -> dict[str, Any]:
         admin_only(req)
         cmd: dict[str, Any] = {"_configsvrAddShard": req.arg}
         if req.get("name") is not None:
             cmd["name"] = req.get("name")
-        reply = await r.config_command(cmd)
-        await r.catalog.refresh()
-        return strip_reply(reply)
+        return await run_on_config(cmd)
 
     c.register("addShard", add_shard, "addshard")
 
@@ -565,9 +585,7 @@ def register(router: "RouterNode") -> None:
 
     async def remove_shard(req: Request) -> dict[str, Any]:
         admin_only(req)
-        reply = await r.config_command({"_configsvrRemoveShard": req.arg})
-        await r.catalog.refresh()
-        return strip_reply(reply)
+        return await run_on_config({"_configsvrRemoveShard": req.arg})
 
     c.register("removeShard", remove_shard, "removeshard")
 
@@ -585,61 +603,33 @@ def register(router: "RouterNode") -> None:
     async def shard_collection(req: Request) -> dict[str, Any]:
         admin_only(req)
         check_type(req, "key", dict, "object", required=True)
-        cmd: dict[str, Any] = {"_configsvrShardCollection": req.arg, "key": req.get("key")}
-        for k in ("unique", "numInitialChunks", "presplitHashedZones", "collation"):
-            if k in req.body:
-                cmd[k] = req.body[k]
-        reply = await r.config_command(cmd)
-        await r.catalog.refresh()
-        return strip_reply(reply)
+        return await run_on_config(with_fields(
+            {"_configsvrShardCollection": req.arg, "key": req.get("key")}, req,
+            ("unique", "numInitialChunks", "presplitHashedZones", "collation")))
 
     c.register("shardCollection", shard_collection, "shardcollection")
 
     async def split(req: Request) -> dict[str, Any]:
         admin_only(req)
-        cmd: dict[str, Any] = {"_configsvrSplitChunk": req.arg}
-        for k in ("middle", "find", "bounds"):
-            if k in req.body:
-                cmd[k] = req.body[k]
-        reply = await r.config_command(cmd)
-        await r.catalog.refresh()
-        return strip_reply(reply)
+        return await run_on_config(with_fields({"_configsvrSplitChunk": req.arg}, req,
+                                               ("middle", "find", "bounds")))
 
     c.register("split", split)
 
     async def move_chunk(req: Request) -> dict[str, Any]:
         admin_only(req)
-        cmd: dict[str, Any] = {"_configsvrMoveChunk": req.arg}
-        for k in ("find", "bounds", "to"):
-            if k in req.body:
-                cmd[k] = req.body[k]
-        # Hold this router's writes to the namespace during the migration, so none lands on
-        # the donor after its documents were copied (the migration has no catch-up phase).
-        gate = writes.gate_for(r, str(req.arg))
-        await gate.block()
-        try:
-            reply = await r.config_command(cmd)
-            await r.catalog.refresh()
-        finally:
-            await gate.unblock()
-        return strip_reply(reply)
+        # This router's writes to the namespace are held during the migration.
+        return await run_on_config(with_fields({"_configsvrMoveChunk": req.arg}, req,
+                                               ("find", "bounds", "to")),
+                                   hold_writes_to=str(req.arg))
 
     c.register("moveChunk", move_chunk, "movechunk")
 
     async def move_primary(req: Request) -> dict[str, Any]:
         admin_only(req)
-        cmd: dict[str, Any] = {"_configsvrMovePrimary": req.arg}
-        if "to" in req.body:
-            cmd["to"] = req.body["to"]
-        # Hold this router's writes to the database while its collections are copied.
-        gate = writes.gate_for(r, str(req.arg))
-        await gate.block()
-        try:
-            reply = await r.config_command(cmd)
-            await r.catalog.refresh()
-        finally:
-            await gate.unblock()
-        return strip_reply(reply)
+        # This router's writes to the database are held while its collections are copied.
+        return await run_on_config(with_fields({"_configsvrMovePrimary": req.arg}, req, ("to",)),
+                                   hold_writes_to=str(req.arg))
 
     c.register("movePrimary", move_primary, "moveprimary")
 
