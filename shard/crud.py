@@ -10,7 +10,6 @@ Reply shapes and error codes follow mongod 8.0 (``write_commands.cpp``, ``find_c
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import bson
@@ -22,6 +21,7 @@ from shardsim.commands import GENERIC_FIELDS, Request, check_type
 from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
 from shard import query as q
+from shard.change_stream import aggregate_change_stream
 from shard.node import ShardNode, WriteContext
 from shard.storage import Collection, id_key
 
@@ -621,14 +621,7 @@ def register(node: ShardNode) -> None:
         if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
             if isinstance(req.arg, str) and storage.view_def(req.db, req.arg) is not None:
                 raise MongoError(166, f"Namespace {req.db}.{req.arg} is a view, not a collection")
-            try:
-                from shard.change_stream import aggregate_change_stream
-            except ImportError:
-                raise MongoError(40573, "The $changeStream stage is only supported on replica sets") from None
-            result = aggregate_change_stream(node, req)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
+            return await aggregate_change_stream(node, req)
         for st in pipeline:
             if isinstance(st, dict) and "$changeStream" in st:
                 raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
