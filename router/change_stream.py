@@ -38,10 +38,9 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from router.merger import (CONFIG_SHARDS_NS, ChangeStreamMerge, Item, Merger, NewShard, Remote,
-                           item_from_raw_event, token_ts_key)
+from router.merger import (CONFIG_SHARDS_NS, ChangeStreamMerge, Item, Merger, NewShard, RawDoc,
+                           Remote, item_from_raw_event, split_cursor, token_ts_key)
 from router.remote import gossip_command, track_operation_time
-from shardsim.client import RAW_CODEC
 from shardsim.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
 from shardsim.errors import MongoError, change_stream_labels
@@ -212,10 +211,9 @@ class RouterChangeStream:
         router = self.router
         pool = router.config_pool if shard is None else router.pool_for(shard)
         reply = await gossip_command(router.clock, pool, db, cmd, raw=True)
-        cur = reply["cursor"]
-        remote_ns = cur.get("ns") or (CONFIG_SHARDS_NS if shard is None else self.ns)
         is_config = shard is None
-        items = [item_from_raw_event(e, is_config=is_config) for e in cur.get("firstBatch", [])]
+        cur, items = _cursor_batch(reply["cursor"], "firstBatch", is_config)
+        remote_ns = cur.get("ns") or (CONFIG_SHARDS_NS if shard is None else self.ns)
         pbrt = cur.get("postBatchResumeToken")
         remote = self.merger.add_remote("config" if is_config else shard, remote_ns,
                                         int(cur.get("id", 0)), items, _plain(pbrt),
@@ -346,11 +344,10 @@ class RouterChangeStream:
             op_time = reply.get("operationTime")
             if isinstance(op_time, Timestamp) and (self.op_time is None or ts_key(op_time) > ts_key(self.op_time)):
                 self.op_time = op_time
-            cur = reply["cursor"]
+            cur, items = _cursor_batch(reply["cursor"], "nextBatch", r.is_config)
             cid = int(cur.get("id", 0))
             if cid != 0 and cid != r.cursor_id:
                 raise MongoError(2, f"Expected cursorid {r.cursor_id} but received {cid}")
-            items = [item_from_raw_event(e, is_config=r.is_config) for e in cur.get("nextBatch", [])]
             self.idle[r.rid] = not items
             self.merger.on_batch(r, items, cid, _plain(cur.get("postBatchResumeToken")),
                                  invalidated=bool(cur.get("invalidated", False)))
@@ -424,6 +421,18 @@ def _promise_requests(router: Any) -> _PromiseRequests:
     return state
 
 
+def _cursor_batch(cur: Any, field: str, is_config: bool) -> tuple[Any, list[Item]]:
+    """A shard reply's ``cursor`` subdocument (RawBSONDocument) as (its other fields, the
+    batch's items). Shard events are parsed in place from the reply's bytes
+    (:func:`router.merger.split_cursor`); the config cursor's few events, and anything
+    unusual, go through RawBSONDocument and :func:`router.merger.item_from_raw_event`."""
+    if not is_config:
+        split = split_cursor(cur.raw, field)
+        if split is not None:
+            return split
+    return cur, [item_from_raw_event(e, is_config=is_config) for e in cur.get(field, [])]
+
+
 def _plain(token: Any) -> Any:
     """A token from a raw reply as a plain dict (it is stored and re-sent)."""
     if token is None:
@@ -483,7 +492,7 @@ class RouterChangeStreamCursor(Cursor):
                     merge.push_back(x)  # mongos stashes it for the next batch
                     stashed = True
                     break
-                out.append(RawBSONDocument(x.payload, RAW_CODEC))
+                out.append(RawDoc(x.payload))
                 last_token = x.token
                 size += len(x.payload) + len(str(len(out))) + 2
                 if merge.invalidated:

@@ -26,8 +26,10 @@ promise over ALL remotes (config cursor included), and only once every remote ha
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections import deque
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -157,7 +159,8 @@ class Item:
     ``key`` — sort key (see :func:`token_key`); ``token`` — the resume token document (dict or
     RawBSONDocument); ``payload`` — what is forwarded to the client (raw BSON bytes on the
     router, anything in the simulation); ``op`` — ``operationType`` when known; ``meta`` —
-    extra info (config.shards events: ``shard`` name and ``cluster_time`` key).
+    extra info (config.shards events: ``shard`` name and ``cluster_time`` key); ``src`` — the
+    :class:`Remote` that returned it (set by :meth:`Merger.on_batch`).
     """
 
     key: Key
@@ -165,6 +168,24 @@ class Item:
     payload: Any
     op: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    src: Any = None
+
+
+class RawDoc:
+    """Raw BSON bytes the reply encoder copies as an embedded document (``bson`` encodes any
+    object whose ``_type_marker`` is 101 from its ``raw`` attribute, like a RawBSONDocument),
+    without RawBSONDocument's per-object validation: the router's client batches are lists of
+    these. ``raw`` — one complete BSON document (bytes)."""
+
+    __slots__ = ("raw",)
+    _type_marker = 101
+
+    def __init__(self, raw: bytes) -> None:  # noqa: D107 - see the class docstring
+        self.raw = raw
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        import bson
+        return f"RawDoc({bson.decode(self.raw)!r})"
 
 
 def strip_sort_key(raw: bytes, id_raw: bytes | None) -> bytes | None:
@@ -191,39 +212,110 @@ _TB_HEAD = b"\x05_typeBits\x00"
 _OP_HEAD = b"\x02operationType\x00"
 
 
-def _fast_item(raw: bytes) -> Item | None:
+_TAIL_HEAD = b"\x04" + _SORTKEY_NAME
+_BINARY = None
+
+
+def _fast_item(buf: bytes, s: int = 0, n: int | None = None) -> Item | None:
     """Parse the common layout without inflating the event: ``_id: {_data[, _typeBits]}`` first,
-    ``operationType`` second, ``$sortKey`` last. None when the layout differs."""
-    if raw[4:9] != _ID_HEAD:
+    ``operationType`` second, ``$sortKey: [<_id>]`` last. The event is ``buf[s:s + n]`` (the
+    whole of ``buf`` by default), so a shard reply's batch is parsed in place. The payload is
+    the event without ``$sortKey`` (bytes). None when the layout differs."""
+    global _BINARY
+    if n is None:
+        n = _i32.unpack_from(buf, s)[0]
+    if buf[s + 4:s + 9] != _ID_HEAD:
         return None
-    id_len = _i32.unpack_from(raw, 9)[0]
-    id_end = 9 + id_len
-    id_raw = raw[9:id_end]
-    if id_raw[4:11] != _DATA_HEAD:
+    ids = s + 9
+    id_len = _i32.unpack_from(buf, ids)[0]
+    id_end = ids + id_len
+    if buf[ids + 4:ids + 11] != _DATA_HEAD:
         return None
-    slen = _i32.unpack_from(id_raw, 11)[0]
-    p = 15 + slen
-    data = id_raw[15:p - 1].decode()
+    slen = _i32.unpack_from(buf, ids + 11)[0]
+    p = ids + 15 + slen
+    data = buf[ids + 15:p - 1].decode()
     token: dict[str, Any] = {"_data": data}
     key: Key = (data, 0, b"")
-    if id_raw[p] != 0:
-        if id_raw[p:p + 11] != _TB_HEAD:
+    if buf[p] != 0:
+        if buf[p:p + 11] != _TB_HEAD:
             return None
-        blen = _i32.unpack_from(id_raw, p + 11)[0]
-        tb = id_raw[p + 16:p + 16 + blen]
-        if id_raw[p + 16 + blen] != 0:
+        blen = _i32.unpack_from(buf, p + 11)[0]
+        tb = buf[p + 16:p + 16 + blen]
+        if buf[p + 16 + blen] != 0:
             return None
-        from bson.binary import Binary
-        token["_typeBits"] = Binary(tb, id_raw[p + 15])
+        if _BINARY is None:
+            from bson.binary import Binary as _B
+            _BINARY = _B
+        token["_typeBits"] = _BINARY(tb, buf[p + 15])
         key = (data, 1, len(tb).to_bytes(4, "big") + tb)
-    stripped = strip_sort_key(raw, id_raw)
-    if stripped is None:
+    # Expected tail: 0x04 "$sortKey\0" int32 (0x03 "0\0" <_id doc> 0x00) 0x00 — proves
+    # _id == $sortKey[0] byte for byte (see strip_sort_key).
+    t = s + n - id_len - 19
+    if (t <= id_end or buf[t:t + 10] != _TAIL_HEAD or _i32.unpack_from(buf, t + 10)[0] != id_len + 8
+            or buf[t + 14:t + 17] != b"\x030\x00" or buf[s + n - 2:s + n] != b"\x00\x00"
+            or buf[t + 17:t + 17 + id_len] != buf[ids:id_end]):
         return None
+    stripped = _i32.pack(t - s + 1) + buf[s + 4:t] + b"\x00"
     op = None
-    if raw[id_end:id_end + 15] == _OP_HEAD:
-        olen = _i32.unpack_from(raw, id_end + 15)[0]
-        op = raw[id_end + 19:id_end + 19 + olen - 1].decode()
+    if buf[id_end:id_end + 15] == _OP_HEAD:
+        olen = _i32.unpack_from(buf, id_end + 15)[0]
+        op = buf[id_end + 19:id_end + 19 + olen - 1].decode()
     return Item(key, token, stripped, op)
+
+
+# Sizes of fixed-width BSON values by type byte (bsonspec.org).
+_FIXED = {1: 8, 7: 12, 8: 1, 9: 8, 10: 0, 6: 0, 16: 4, 17: 8, 18: 8, 19: 16, 127: 0, 255: 0}
+
+
+def split_cursor(raw: bytes, batch_field: str) -> tuple[dict[str, Any], list[Item]] | None:
+    """Split a shard reply's raw ``cursor`` subdocument into its other fields (decoded: ``id``,
+    ``ns``, ``postBatchResumeToken``, ...) and the :class:`Item` of every event of
+    ``batch_field`` (``firstBatch``/``nextBatch``), parsed in place from the reply's bytes
+    (no per-event RawBSONDocument, no decode). None when anything is unusual (an element type
+    not handled here, an event in another layout): the caller then takes the general path."""
+    import bson
+    from shardsim.node import CODEC
+    if not isinstance(raw, bytes):
+        raw = bytes(raw)  # a memoryview of the wire message: one copy per reply
+    end = _i32.unpack_from(raw, 0)[0] - 1
+    pos = 4
+    rest: list[bytes] = []
+    items: list[Item] = []
+    want = batch_field.encode()
+    unpack = _i32.unpack_from
+    while pos < end:
+        t = raw[pos]
+        k = raw.index(0, pos + 1)
+        v = k + 1
+        if t in (3, 4):
+            size = unpack(raw, v)[0]
+        elif t == 2:
+            size = 4 + unpack(raw, v)[0]
+        elif t == 5:
+            size = 5 + unpack(raw, v)[0]
+        else:
+            size = _FIXED.get(t, -1)
+            if size < 0:
+                return None
+        if t == 4 and raw[pos + 1:k] == want:
+            a, stop = v + 4, v + size - 1
+            fast = _fast_item
+            while a < stop:
+                if raw[a] != 3:
+                    return None
+                d = raw.index(0, a + 1) + 1
+                dl = unpack(raw, d)[0]
+                it = fast(raw, d, dl)
+                if it is None:
+                    return None
+                items.append(it)
+                a = d + dl
+        else:
+            rest.append(raw[pos:v + size])
+        pos = v + size
+    body = b"".join(rest)
+    meta = bson.decode(_i32.pack(len(body) + 5) + body + b"\x00", CODEC)
+    return meta, items
 
 
 def item_from_raw_event(event: Any, *, is_config: bool = False) -> Item:
@@ -311,12 +403,13 @@ class Remote:
     ``cursor_id`` — 0 once exhausted; ``buffer`` — events received, not yet released;
     ``promise``/``promise_token`` — latest postBatchResumeToken (key, document);
     ``eligible`` — may set the HWM (§1.4); ``in_flight`` — a getMore is outstanding;
-    ``status`` — the first error (MongoError) this remote reported.
+    ``status`` — the first error (MongoError) this remote reported; ``queued`` — how many of
+    its events sit in the merger's release queue (taken from ``buffer``, proven ready).
     """
 
     __slots__ = ("rid", "name", "ns", "is_config", "cursor_id", "buffer", "promise",
                  "promise_token", "eligible", "invalidated", "in_flight", "status", "closed",
-                 "last_key", "address")
+                 "last_key", "address", "queued")
 
     def __init__(self, rid: int, name: str, ns: str, is_config: bool) -> None:
         self.rid = rid
@@ -334,6 +427,7 @@ class Remote:
         self.closed = False
         self.last_key: Key | None = None
         self.address = ""
+        self.queued = 0
 
     @property
     def exhausted(self) -> bool:
@@ -351,6 +445,13 @@ class Merger:
     :meth:`on_error` (getMore replies); ask :meth:`ready`, :meth:`next_ready`,
     :meth:`high_water_mark`, :meth:`remotes_to_poll`. Errors: :meth:`next_ready` raises the
     first remote error (MongoError with the remote's code) once any remote failed.
+
+    Releasing is done in runs: when asked, every buffered event at or below the minimum promise
+    is moved, k-way merged (``heapq.merge``), into a release queue at once, instead of scanning
+    all remotes for every event. The queue is exactly the sequence the per-event rule would
+    release (promises only grow; when a remote is added its promise may be lower, so the queue
+    is then put back into the buffers). A remote whose events all moved to the queue has an
+    empty buffer and is polled again (its next batch is fetched while the queue drains).
     """
 
     def __init__(self) -> None:
@@ -359,12 +460,14 @@ class Merger:
         self.hwm: Key | None = None
         self.hwm_token: Any = None
         self.status: MongoError | None = None
+        self._queue: deque[Item] = deque()
 
     # -- remotes ------------------------------------------------------------------------------
     def add_remote(self, name: str, ns: str, cursor_id: int, first_batch: Iterable[Item],
                    pbrt: Any, *, is_config: bool = False) -> Remote:
         """Add a remote and process its establish-time batch like a getMore reply
         (``_buildRemote`` / ``addNewShardCursors``): its PBRT participates at once."""
+        self._unqueue()  # the new remote's promise may be below queued events
         remote = Remote(self._next_rid, name, ns, is_config or ns == CONFIG_SHARDS_NS)
         self._next_rid += 1
         self.remotes.append(remote)
@@ -384,7 +487,7 @@ class Merger:
     def remove_remote(self, remote: Remote) -> None:
         """``closeShardCursors``: forget a remote; its buffered events are still released."""
         remote.closed = True
-        if not remote.buffer:
+        if not remote.buffer and not remote.queued:
             self.remotes.remove(remote)
 
     # -- responses ----------------------------------------------------------------------------
@@ -421,6 +524,7 @@ class Merger:
                                                  f"{it.key[0]} after {remote.last_key[0]}"))
                 return
             remote.last_key = it.key
+            it.src = remote
             remote.buffer.append(it)
         if items and remote.promise is not None and items[-1].key > remote.promise:
             self._fail(remote, MongoError(1, f"postBatchResumeToken from {remote.name} is below "
@@ -469,29 +573,67 @@ class Merger:
                 best = r
         return best
 
+    def _unqueue(self) -> None:
+        """Put queued events back at the front of their remotes' buffers (in order)."""
+        q = self._queue
+        while q:
+            it = q.pop()
+            it.src.buffer.appendleft(it)
+            it.src.queued -= 1
+
+    def _refill(self) -> bool:
+        """Move every event that is ready now (key ``<=`` the minimum promise over all
+        remotes; everything once only closed remotes are left) into the release queue, in
+        merged order (ties: lowest remote id first, as :meth:`_head`). True when it queued any."""
+        live = [r for r in self.remotes if r.buffer]
+        if not live:
+            return False
+        mp = self.min_promise()
+        if mp is None:
+            if not all(r.closed for r in self.remotes):
+                return False
+            bound = None
+        else:
+            bound = mp.promise
+        runs: list[list[Item]] = []
+        for r in live:  # self.remotes is in remote id order
+            buf = r.buffer
+            if bound is None or buf[-1].key <= bound:
+                run = list(buf)
+                buf.clear()
+            else:
+                run = []
+                while buf and buf[0].key <= bound:  # type: ignore[operator]
+                    run.append(buf.popleft())
+            if run:
+                r.queued += len(run)
+                runs.append(run)
+        if not runs:
+            return False
+        if len(runs) == 1:
+            self._queue.extend(runs[0])
+        else:
+            self._queue.extend(heapq.merge(*runs, key=_KEY))
+        return True
+
     def ready(self) -> bool:
         """``_readySortedTailable``: an error is pending, or the smallest buffered event is
         ``<=`` the minimum promise over all remotes."""
         if self.status is not None:
             return True
-        head = self._head()
-        if head is None:
-            return False
-        mp = self.min_promise()
-        if mp is None:
-            # Only closed remotes are left: their buffered events are all that remains.
-            return all(r.closed for r in self.remotes)
-        return head.buffer[0].key <= mp.promise  # type: ignore[operator]
+        return bool(self._queue) or self._refill()
 
     def next_ready(self) -> tuple[Item, Remote]:
         """Pop the smallest ready event (``_nextReadySorted``); the HWM follows it when its
         remote is eligible. Raises the pending remote error (MongoError)."""
         if self.status is not None:
             raise self.status
-        head = self._head()
-        assert head is not None and self.ready(), "next_ready() called when not ready"
-        item = head.buffer.popleft()
-        if head.closed and not head.buffer:
+        if not self._queue:
+            assert self._refill(), "next_ready() called when not ready"
+        item = self._queue.popleft()
+        head: Remote = item.src
+        head.queued -= 1
+        if head.closed and not head.buffer and not head.queued:
             self.remotes.remove(head)
         if head.eligible and (self.hwm is None or item.key > self.hwm):
             self.hwm, self.hwm_token = item.key, item.token
@@ -539,6 +681,9 @@ class Merger:
 
     def has_in_flight(self) -> bool:
         return any(r.in_flight for r in self.remotes)
+
+
+_KEY = attrgetter("key")
 
 
 # ---------------------------------------------------------------------------------------------
