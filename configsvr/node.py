@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import re
 import uuid as uuid_mod
 from typing import Any
 
@@ -33,7 +34,7 @@ from router.remote import gossip_command
 from router.shard_key import (Chunk, ChunkMap, KeyPattern, SortKey, compare_keys,
                               hashed_split_points)
 from shard.node import ShardNode
-from shardsim.client import Pool, parse_address
+from shardsim.client import Pool, parse_address, remote_error
 from shardsim.commands import ConnectionInfo, Request
 from shardsim.errors import MongoError
 
@@ -77,7 +78,6 @@ class ConfigServerNode(ShardNode):
         body["$db"] = db
         reply = await self.run_command(Request(name, db, body, _INTERNAL_CONN))
         if not reply.get("ok"):
-            from shardsim.client import remote_error
             raise remote_error(reply)
         return reply
 
@@ -615,7 +615,7 @@ class ConfigServerNode(ShardNode):
     async def _drop_database_meta(self, req: Request) -> dict[str, Any]:
         db = req.arg
         async with self._ddl_lock:
-            for entry in await self.find_all("collections", {"_id": {"$regex": f"^{_re_escape(db)}\\."}}):
+            for entry in await self.find_all("collections", {"_id": {"$regex": f"^{re.escape(db)}\\."}}):
                 await self.delete("chunks", {"uuid": entry["uuid"]})
                 await self.delete("collections", {"_id": entry["_id"]})
             await self.delete("databases", {"_id": db})
@@ -631,8 +631,3 @@ class ConfigServerNode(ShardNode):
         opts = dict(super().parsed_options())
         opts["sharding"] = {"clusterRole": "configsvr"}
         return opts
-
-
-def _re_escape(s: str) -> str:
-    import re
-    return re.escape(s)

@@ -28,6 +28,7 @@ from router.remote import OPERATION_TIME, gossip_command
 from shardsim.client import Pool, parse_address
 from shardsim.commands import Request
 from shardsim.cursors import ListCursor
+from shardsim import failpoints
 from shardsim.errors import RETRYABLE_WRITE_CODES, MongoError
 from shardsim.node import Node
 
@@ -65,9 +66,8 @@ class RouterNode(Node):
         self.catalog = CatalogCache(self.config_pool, self.clock)
         self._pools: dict[str, tuple[tuple[str, int], Pool]] = {}
         self._refresher: asyncio.Task | None = None
-        from router import commands as router_commands
+        from router import commands as router_commands  # here: it imports this module
         router_commands.register(self)
-        from shardsim import failpoints
         failpoints.install(self)
 
     # -- identity -------------------------------------------------------------------------

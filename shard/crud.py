@@ -15,6 +15,7 @@ from typing import Any
 import bson
 from bson import ObjectId, Regex
 from bson.int64 import Int64
+from bson.timestamp import Timestamp
 
 from shardsim.clock import ts_key
 from shardsim.commands import GENERIC_FIELDS, Request, check_type
@@ -767,7 +768,6 @@ def _ts_lower_bound(filt: dict[str, Any]) -> int:
     if isinstance(filt.get("$and"), list):
         conds += [c for c in filt["$and"] if isinstance(c, dict)]
     best = 0
-    from bson.timestamp import Timestamp
     for c in conds:
         v = c.get("ts")
         if isinstance(v, Timestamp):

@@ -23,7 +23,7 @@ from typing import Any
 
 import bson
 
-from shardsim.clock import ts_key
+from shardsim.clock import ts_from_key, ts_key
 from shardsim.node import CODEC
 from shard.storage import Collection, id_key
 
@@ -108,7 +108,6 @@ class DurableStore:
         node.oplog.load(rows)
         for ts, uuid, idx, raw in self.conn.execute(
                 "SELECT ts, uuid, idx, doc FROM preimages ORDER BY ts"):
-            from shardsim.clock import ts_from_key
             node.pre_images.put(bytes(uuid), ts_from_key(ts), idx, _dec(raw))
         for (raw,) in self.conn.execute("SELECT rec FROM sessions"):
             node.sessions.restore(_dec(raw))

@@ -25,11 +25,18 @@ from bson import Binary, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from shardsim import failpoints
 from shardsim.commands import Request
 from shardsim.errors import MongoError
 from shardsim.node import Node
+from shard import noop_writer
+from shard.change_stream import cursor as cs_cursor
+from shard.durable import DurableStore
 from shard.oplog import Oplog, PreImages
-from shard.storage import Collection, Storage, new_uuid
+from shard.query import select
+from shard.sessions import Sessions
+from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
+                           validate_db_name)
 
 TERM = Int64(1)
 OPLOG_VERSION = Int64(2)
@@ -91,22 +98,18 @@ class ShardNode(Node):
         self.durable = None
         self._depth = 0
         self._req_txn: dict[int, Any] = {}
-        from shard.sessions import Sessions
         self.sessions = Sessions(self)
         dbpath = self.options.get("dbpath")
         if dbpath:
-            from shard.durable import DurableStore
             self.durable = DurableStore(dbpath, sync=self.options.get("sync") or "normal")
             self.storage.journal = []
             self.durable.load(self)
-        from shard import crud, ddl
+        from shard import crud, ddl  # here: both import this module
         crud.register(self)
         ddl.register(self)
         self.sessions.register()
-        from shard.change_stream import cursor as _cs_cursor
-        _cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
-        from shardsim import failpoints  # configureFailPoint, with test commands only
-        failpoints.install(self)
+        cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
+        failpoints.install(self)  # configureFailPoint, with test commands only
 
     # -- identity -----------------------------------------------------------------------------
     def hello(self, req: Request) -> dict[str, Any]:
@@ -303,7 +306,6 @@ class ShardNode(Node):
                           uuid: bytes | None = None, shard_key: dict[str, Any] | None = None,
                           ctx: WriteContext = NO_CONTEXT) -> Collection:
         """Create a collection and log ``{create: name, <options>, idIndex}``."""
-        from shard.storage import validate_collection_name, validate_db_name
         validate_db_name(db)
         validate_collection_name(db, name)
         if db not in self.storage.dbs:
@@ -336,7 +338,6 @@ class ShardNode(Node):
         coll = self.storage.get(db, name)
         if coll is None:
             return None
-        from shard.query import select
         for _, doc in select(coll, document_key):
             return doc
         return None
@@ -344,7 +345,7 @@ class ShardNode(Node):
     # -- lifecycle ----------------------------------------------------------------------------
     async def startup(self) -> None:
         await super().startup()
-        from shard import noop_writer; noop_writer.start(self)  # periodic no-ops (change streams)
+        noop_writer.start(self)  # periodic no-ops (change streams)
         self.sessions.start_reaper()  # abort transactions past transactionLifetimeLimitSeconds
 
     async def shutdown(self) -> None:

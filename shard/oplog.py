@@ -22,10 +22,13 @@ from __future__ import annotations
 import array
 import asyncio
 import bisect
+import datetime
 import time
 from typing import Any, Callable, Iterator
 
 import bson
+from bson import Binary
+from bson.int64 import Int64
 from bson.timestamp import Timestamp
 from sortedcontainers import SortedDict
 
@@ -398,9 +401,6 @@ class PreImages:
     def docs(self) -> Iterator[dict[str, Any]]:
         """Pre-images as ``config.system.preimages`` documents ``{_id: {nsUUID, ts,
         applyOpsIndex}, operationTime, preImage}`` (for ``find``)."""
-        import datetime
-        from bson import Binary
-        from bson.int64 import Int64
         for (key, uuid, idx), doc in self._docs.items():
             ts = ts_from_key(key)
             when = datetime.datetime.fromtimestamp(ts.time, datetime.timezone.utc).replace(tzinfo=None)

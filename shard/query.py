@@ -16,13 +16,15 @@ Stored documents are never mutated: :func:`apply_update` returns a new document.
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Any, Iterable, Iterator
 
 import mongomock
 from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
-from bson import Regex
+import bson
+from bson import MaxKey, MinKey, Regex, Timestamp
 from bson.int64 import Int64
 
 from shardsim.errors import MongoError
@@ -36,7 +38,6 @@ _mm_compare_type = mm_filtering._get_compare_type
 
 
 def _compare_type(val: Any) -> int:
-    from bson import MaxKey, MinKey, Timestamp
     if isinstance(val, Timestamp):
         return 47
     if isinstance(val, _EmptyArray):
@@ -187,14 +188,12 @@ class _SortKey:
         self.v = v
 
     def __lt__(self, other: "_SortKey") -> bool:
-        import operator
         return mm_filtering.bson_compare(operator.lt, self.v, other.v)
 
 
 def _sort_value(doc: dict[str, Any], path: str, desc: bool) -> Any:
     """The value a document sorts by: through arrays, the smallest element ascending and the
     largest descending (mongod's multikey sort); missing is null."""
-    import operator
     cands: list[Any] = []
     for v in mm_filtering.iter_key_candidates(path, doc):
         if v is mm_filtering.NOTHING:
@@ -829,7 +828,6 @@ def update_diff(pre: dict[str, Any], post: dict[str, Any], update: Any) -> dict[
         paths, appends = update_paths(update)
         return {"$v": 2, "diff": _obj_diff(pre, post, (), paths, appends)}
     diff = _obj_diff(pre, post, (), None, set())
-    import bson
     if len(bson.encode({"$v": 2, "diff": diff})) > len(bson.encode(post)):
         return post
     return {"$v": 2, "diff": diff}

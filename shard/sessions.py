@@ -30,6 +30,7 @@ from bson.int64 import Int64
 
 from shardsim.commands import Request
 from shardsim.errors import MongoError
+from shard.storage import id_key
 
 TRANSIENT = ["TransientTransactionError"]
 
@@ -186,7 +187,6 @@ class TxnView:
         return getattr(self.coll, name)
 
     def _check_unique(self, doc: dict[str, Any], own_key: Any = None) -> None:
-        from shard.storage import id_key
         coll = self.coll
         for idx in coll.indexes.values():
             if not idx.unique:
@@ -205,7 +205,6 @@ class TxnView:
                         raise coll._dup_error(idx, kv)
 
     def insert(self, doc: dict[str, Any]) -> Any:
-        from shard.storage import id_key
         self._check_unique(doc)
         k = id_key(doc["_id"])
         self._remember(k)

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import mongomock.aggregate as mm
 from bson.decimal128 import Decimal128
+from mongomock.aggregate import _Parser  # expression evaluator
 
 from shardsim.commands import bson_type_name
 from shardsim.errors import MongoError
+from shard import query as q
 
 StageFn = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
@@ -26,7 +29,6 @@ _SAMPLE_EVENT: dict[str, Any] = {"_id": {"_data": "00"}, "operationType": "inser
 
 
 def _pipeline_stage(stage: dict[str, Any]) -> StageFn:
-    from shard import query as q
 
     def run(doc: dict[str, Any]) -> dict[str, Any] | None:
         out = q.run_pipeline([doc], [stage], None)
@@ -38,7 +40,6 @@ def compile_match(arg: Any) -> StageFn:
     """``$match``: keep events that satisfy the query."""
     if not isinstance(arg, dict):
         raise MongoError(15959, "the match filter must be an expression in an object")
-    from shard import query as q
     q.matches(arg, dict(_SAMPLE_EVENT))  # surfaces unknown operators at open time
 
     def run(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -48,7 +49,6 @@ def compile_match(arg: Any) -> StageFn:
 
 def compile_redact(arg: Any) -> StageFn:
     """``$redact``: ``$$DESCEND``/``$$PRUNE``/``$$KEEP`` evaluated per (sub)document."""
-    from mongomock.aggregate import _Parser  # expression evaluator
 
     def mark(expr: Any) -> Any:
         # mongomock knows no $$KEEP/$$PRUNE/$$DESCEND: evaluate them as literals.
@@ -463,8 +463,6 @@ def evaluate(expr: Any, root: dict[str, Any]) -> Any:
             return out
     else:
         return expr
-    from mongomock.aggregate import _Parser
-    from shard import query as q
     try:
         return _Parser(root).parse(expr)
     except KeyError:
@@ -492,7 +490,6 @@ def _check_operand(value: Any) -> None:
 
 
 def _known_expressions() -> frozenset[str]:
-    import mongomock.aggregate as mm
     names: set[str] = set()
     for attr in dir(mm):
         if attr.endswith("_operators"):
