@@ -33,6 +33,7 @@ from bson.timestamp import Timestamp
 from router.remote import gossip_command
 from router.shard_key import (Chunk, ChunkMap, KeyPattern, SortKey, compare_keys,
                               hashed_split_points)
+from shard.ddl import view_error
 from shard.node import ShardNode
 from shardsim.client import Pool, parse_address, remote_error
 from shardsim.commands import ConnectionInfo, Request
@@ -350,7 +351,7 @@ class ConfigServerNode(ShardNode):
             listed = await self.on_shard(primary, db, {"listCollections": 1, "filter": {"name": coll}})
             infos = listed["cursor"]["firstBatch"]
             if infos and infos[0].get("type") == "view":
-                raise MongoError(166, f"Namespace {ns} is a view, not a collection")
+                raise view_error(ns)
             if infos:
                 uuid = infos[0].get("info", {}).get("uuid") or Binary(uuid_mod.uuid4().bytes, 4)
                 options = infos[0].get("options", {})

@@ -23,6 +23,7 @@ from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
 from shard import query as q
 from shard.change_stream import aggregate_change_stream
+from shard.ddl import view_error
 from shard.node import ShardNode, WriteContext
 from shard.storage import Collection, id_key
 
@@ -137,7 +138,7 @@ def register(node: ShardNode) -> None:
         ``write_ops_exec.cpp`` reports them (ordered batches stop at the first)."""
         if count == 0 or storage.view_def(req.db, name) is None:
             return None
-        msg = f"Namespace {req.db}.{name} is a view, not a collection"
+        msg = view_error(f"{req.db}.{name}").errmsg
         reply["writeErrors"] = [{"index": i, "code": 166, "errmsg": msg}
                                 for i in range(1 if ordered else count)]
         return reply
@@ -426,7 +427,7 @@ def register(node: ShardNode) -> None:
             q.validate_update(upd)
         _check_writable(req, name)
         if storage.view_def(req.db, name) is not None:
-            raise MongoError(166, f"Namespace {req.db}.{name} is a view, not a collection")
+            raise view_error(f"{req.db}.{name}")
         ctx = begin_write(req)
         if ctx.retry is not None:
             ctx.stmt_id = int(body.get("stmtId", 0) or 0)
@@ -621,7 +622,7 @@ def register(node: ShardNode) -> None:
         cursor_opt = check_type(req, "cursor", dict, "object") or {}
         if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
             if isinstance(req.arg, str) and storage.view_def(req.db, req.arg) is not None:
-                raise MongoError(166, f"Namespace {req.db}.{req.arg} is a view, not a collection")
+                raise view_error(f"{req.db}.{req.arg}")
             return await aggregate_change_stream(node, req)
         for st in pipeline:
             if isinstance(st, dict) and "$changeStream" in st:
