@@ -7,11 +7,13 @@ Writes are in :mod:`router.writes`; change streams in :mod:`router.change_stream
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 from router.node import BIG_BATCH, forwardable
 from router.shard_key import compare
-from router import writes
+from router import change_stream, writes
+from shardsim.client import remote_error
 from shardsim.commands import Request, check_type
 from shardsim.errors import MongoError
 
@@ -32,8 +34,7 @@ def _ns(req: Request) -> tuple[str, str]:
 
 def register(router: "RouterNode") -> None:
     """Register every router command on ``router.commands``."""
-    from router.writes import RetryCache
-    router.retry_cache = RetryCache()  # type: ignore[attr-defined]
+    router.retry_cache = writes.RetryCache()  # type: ignore[attr-defined]
     router._txns = {}  # type: ignore[attr-defined]
     c = router.commands
     r = router
@@ -197,7 +198,7 @@ def register(router: "RouterNode") -> None:
         results = await asyncio.gather(*(r.drain(s, db, body, session=sess) for s in shards))
         docs = [d for _, part in results for d in part]
         if sort:
-            from shard.query import sort_docs
+            from shard.query import sort_docs  # deferred: loads mongomock, rarely needed
             docs = sort_docs(docs, sort)
         docs = docs[skip:]
         if limit is not None:
@@ -252,7 +253,6 @@ def register(router: "RouterNode") -> None:
         for rep in replies:
             for v in rep["values"]:
                 seen.setdefault(id_key(v), v)
-        import functools
         return {"values": sorted(seen.values(), key=functools.cmp_to_key(compare))}
 
     c.register("distinct", distinct)
@@ -262,11 +262,6 @@ def register(router: "RouterNode") -> None:
         if not isinstance(pipeline, list):
             check_type(req, "pipeline", list, "array", required=True)
         if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
-            try:
-                from router import change_stream
-            except ImportError:
-                raise MongoError(115, "change streams are not available on this router "
-                                      "(router/change_stream.py is missing)") from None
             return await change_stream.aggregate_change_stream(r, req)
         cursor_opt = req.get("cursor")
         if cursor_opt is None and not req.get("explain"):
@@ -348,7 +343,6 @@ def register(router: "RouterNode") -> None:
             return {"n": len(docs)}
         if name == "distinct":
             from shard.query import distinct_values
-            import functools
             return {"values": sorted(distinct_values(docs, check_type(req, "key", str, "string")),
                                      key=functools.cmp_to_key(compare))}
         ns = f"{db}.{view_coll}"
@@ -449,7 +443,6 @@ def register(router: "RouterNode") -> None:
                                              for s in shards[1:]))
             for res in results:
                 if not res.get("ok") and res.get("code") not in (26, 27):
-                    from shardsim.client import remote_error
                     raise remote_error(res)
         return {k: v for k, v in reply.items() if k not in ("ok", "$clusterTime", "operationTime")}
 
