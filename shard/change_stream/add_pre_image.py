@@ -27,10 +27,7 @@ def fetch_pre_image(node: Any, ev: Event) -> dict[str, Any] | None:
     if ev.pre_image_id is None:
         return None
     uuid, ts, index = ev.pre_image_id
-    store = getattr(node, "pre_images", None)
-    if store is None:
-        return None
-    return store.get(uuid, ts, index)
+    return node.pre_images.get(uuid, ts, index)
 
 
 def add_pre_image(node: Any, mode: str, ev: Event) -> None:
