@@ -50,6 +50,9 @@ log = logging.getLogger("shardsim.router.change_stream")
 DEFAULT_AWAIT_MS = 1000  # mongos' default awaitData timeout for a getMore without maxTimeMS
 REMOTE_AWAIT_CAP_MS = 1000  # ARM::setAwaitDataTimeout cap when merging more than one remote
 SHORT_AWAIT_MS = 20  # remote await of a one-off poll for a newer promise (ms)
+# batchSize of the router's getMores to shards: a backlog then comes in slices, so shards build
+# the next slice while the router merges this one and the client reads the previous one.
+REMOTE_BATCH_SIZE = 2000
 # Internal shard command asking for a promise past a cluster time (shard/change_stream/cursor.py).
 PROMISE_REQUEST_COMMAND = "_shardsimAdvanceClusterTime"
 # Aggregate fields the router does not pass on to shards (it sets its own cursor/needsMerge).
@@ -333,7 +336,8 @@ class RouterChangeStream:
             await_ms = min(await_ms, REMOTE_AWAIT_CAP_MS)
         if blocked:
             await_ms = min(await_ms, SHORT_AWAIT_MS)
-        cmd = {"getMore": Int64(r.cursor_id), "collection": coll, "maxTimeMS": int(await_ms)}
+        cmd = {"getMore": Int64(r.cursor_id), "collection": coll, "maxTimeMS": int(await_ms),
+               "batchSize": REMOTE_BATCH_SIZE}
         pool = self.pools[r.rid]
         self.sent_at[r.rid] = time.monotonic()
         try:
@@ -349,6 +353,7 @@ class RouterChangeStream:
             if cid != 0 and cid != r.cursor_id:
                 raise MongoError(2, f"Expected cursorid {r.cursor_id} but received {cid}")
             self.idle[r.rid] = not items
+            r.more = len(items) >= REMOTE_BATCH_SIZE
             self.merger.on_batch(r, items, cid, _plain(cur.get("postBatchResumeToken")),
                                  invalidated=bool(cur.get("invalidated", False)))
             if items:
@@ -368,6 +373,8 @@ class RouterChangeStream:
         finally:
             r.in_flight = False
             self.wake.set()
+        if r.more and not self.closed:
+            self.schedule_getmores()  # a full batch: prefetch the rest of the backlog
 
     # -- closing ------------------------------------------------------------------------------
     def _kill_remote(self, r: Remote) -> None:
@@ -521,8 +528,7 @@ class RouterChangeStreamCursor(Cursor):
             except asyncio.TimeoutError:
                 if recheck is None or recheck >= remaining:
                     break
-        if first:
-            st.schedule_getmores()  # start waiting on shards now; replies are buffered
+        st.schedule_getmores()  # first batch: start waiting on shards now; later: prefetch
         track_operation_time(st.op_time)
         if invalidate_pbrt is not None:
             pbrt = invalidate_pbrt

@@ -216,30 +216,39 @@ _TAIL_HEAD = b"\x04" + _SORTKEY_NAME
 _BINARY = None
 
 
+def _tail_head(id_len: int) -> bytes:
+    """``0x04 "$sortKey\\0" int32 0x03 "0\\0"``: the start of the ``$sortKey: [<_id>]`` element
+    of an event whose ``_id`` document is ``id_len`` bytes (cached per length)."""
+    h = _TAILS.get(id_len)
+    if h is None:
+        h = _TAILS[id_len] = _TAIL_HEAD + _i32.pack(id_len + 8) + b"\x030\x00"
+    return h
+
+
+_TAILS: dict[int, bytes] = {}
+
+
 def _fast_item(buf: bytes, s: int = 0, n: int | None = None) -> Item | None:
     """Parse the common layout without inflating the event: ``_id: {_data[, _typeBits]}`` first,
     ``operationType`` second, ``$sortKey: [<_id>]`` last. The event is ``buf[s:s + n]`` (the
     whole of ``buf`` by default), so a shard reply's batch is parsed in place. The payload is
     the event without ``$sortKey`` (bytes). None when the layout differs."""
     global _BINARY
+    unpack = _i32.unpack_from
     if n is None:
-        n = _i32.unpack_from(buf, s)[0]
-    if buf[s + 4:s + 9] != _ID_HEAD:
-        return None
+        n = unpack(buf, s)[0]
     ids = s + 9
-    id_len = _i32.unpack_from(buf, ids)[0]
-    id_end = ids + id_len
-    if buf[ids + 4:ids + 11] != _DATA_HEAD:
+    if not buf.startswith(_ID_HEAD, s + 4) or not buf.startswith(_DATA_HEAD, ids + 4):
         return None
-    slen = _i32.unpack_from(buf, ids + 11)[0]
-    p = ids + 15 + slen
+    id_len = unpack(buf, ids)[0]
+    id_end = ids + id_len
+    p = ids + 15 + unpack(buf, ids + 11)[0]
     data = buf[ids + 15:p - 1].decode()
     token: dict[str, Any] = {"_data": data}
-    key: Key = (data, 0, b"")
     if buf[p] != 0:
-        if buf[p:p + 11] != _TB_HEAD:
+        if not buf.startswith(_TB_HEAD, p):
             return None
-        blen = _i32.unpack_from(buf, p + 11)[0]
+        blen = unpack(buf, p + 11)[0]
         tb = buf[p + 16:p + 16 + blen]
         if buf[p + 16 + blen] != 0:
             return None
@@ -247,20 +256,22 @@ def _fast_item(buf: bytes, s: int = 0, n: int | None = None) -> Item | None:
             from bson.binary import Binary as _B
             _BINARY = _B
         token["_typeBits"] = _BINARY(tb, buf[p + 15])
-        key = (data, 1, len(tb).to_bytes(4, "big") + tb)
+        key: Key = (data, 1, len(tb).to_bytes(4, "big") + tb)
+    else:
+        key = (data, 0, b"")
     # Expected tail: 0x04 "$sortKey\0" int32 (0x03 "0\0" <_id doc> 0x00) 0x00 — proves
     # _id == $sortKey[0] byte for byte (see strip_sort_key).
-    t = s + n - id_len - 19
-    if (t <= id_end or buf[t:t + 10] != _TAIL_HEAD or _i32.unpack_from(buf, t + 10)[0] != id_len + 8
-            or buf[t + 14:t + 17] != b"\x030\x00" or buf[s + n - 2:s + n] != b"\x00\x00"
-            or buf[t + 17:t + 17 + id_len] != buf[ids:id_end]):
+    e = s + n
+    t = e - id_len - 19
+    if (t <= id_end or buf[e - 1] != 0 or buf[e - 2] != 0
+            or not buf.startswith(_tail_head(id_len), t)
+            or not buf.startswith(buf[ids:id_end], t + 17)):
         return None
     stripped = _i32.pack(t - s + 1) + buf[s + 4:t] + b"\x00"
-    op = None
-    if buf[id_end:id_end + 15] == _OP_HEAD:
-        olen = _i32.unpack_from(buf, id_end + 15)[0]
-        op = buf[id_end + 19:id_end + 19 + olen - 1].decode()
-    return Item(key, token, stripped, op)
+    if buf.startswith(_OP_HEAD, id_end):
+        olen = unpack(buf, id_end + 15)[0]
+        return Item(key, token, stripped, buf[id_end + 19:id_end + 18 + olen].decode())
+    return Item(key, token, stripped)
 
 
 # Sizes of fixed-width BSON values by type byte (bsonspec.org).
@@ -404,12 +415,14 @@ class Remote:
     ``promise``/``promise_token`` — latest postBatchResumeToken (key, document);
     ``eligible`` — may set the HWM (§1.4); ``in_flight`` — a getMore is outstanding;
     ``status`` — the first error (MongoError) this remote reported; ``queued`` — how many of
-    its events sit in the merger's release queue (taken from ``buffer``, proven ready).
+    its events sit in the merger's release queue (taken from ``buffer``, proven ready);
+    ``more`` — set by the owner when the remote's last batch was full (it has a backlog), so
+    it may be polled while its buffer still holds fewer than ``PREFETCH_EVENTS`` events.
     """
 
     __slots__ = ("rid", "name", "ns", "is_config", "cursor_id", "buffer", "promise",
                  "promise_token", "eligible", "invalidated", "in_flight", "status", "closed",
-                 "last_key", "address", "queued")
+                 "last_key", "address", "queued", "more")
 
     def __init__(self, rid: int, name: str, ns: str, is_config: bool) -> None:
         self.rid = rid
@@ -428,6 +441,7 @@ class Remote:
         self.last_key: Key | None = None
         self.address = ""
         self.queued = 0
+        self.more = False
 
     @property
     def exhausted(self) -> bool:
@@ -658,11 +672,14 @@ class Merger:
 
     def remotes_to_poll(self) -> list[Remote]:
         """``_scheduleGetMores``: remotes with an empty buffer, a live cursor and no request
-        in flight (remotes holding events are not polled)."""
+        in flight. A remote holding events is polled only when its last batch was full
+        (``more``) and it holds fewer than ``PREFETCH_EVENTS`` (prefetch while its buffer
+        drains; still at most one request in flight per remote cursor)."""
         if self.status is not None:
             return []
         return [r for r in self.remotes
-                if not r.buffer and r.cursor_id != 0 and not r.in_flight and not r.closed]
+                if (not r.buffer or (r.more and len(r.buffer) < PREFETCH_EVENTS))
+                and r.cursor_id != 0 and not r.in_flight and not r.closed]
 
     def blocking_remotes(self) -> tuple[Item | None, list[Remote]]:
         """When the smallest buffered event is not ready only because of promises: that event
@@ -684,6 +701,8 @@ class Merger:
 
 
 _KEY = attrgetter("key")
+# A remote with a backlog is asked for its next batch while it holds fewer events than this.
+PREFETCH_EVENTS = 4096
 
 
 # ---------------------------------------------------------------------------------------------

@@ -364,17 +364,21 @@ class ChangeStreamCursor(Cursor):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000.0
         full = False
+        pending = self.pending
         while limit > 0:
-            while self.pending and len(out) < limit:
-                doc, token, sz = self.pending[0]
+            last = None
+            while pending and len(out) < limit:
+                doc, token, sz = pending[0]
                 sz += len(str(len(out))) + 2  # array element header: the reply must stay legal BSON
                 if out and size + sz > BATCH_BYTES_LIMIT:
                     full = True
                     break
-                self.pending.popleft()
+                pending.popleft()
                 out.append(doc)
                 size += sz
-                self._set_pbrt(token)
+                last = token
+            if last is not None:
+                self._set_pbrt(last)  # once per run: parsing the token's time costs per call
             if full or len(out) >= limit:
                 break
             if self.closing:
