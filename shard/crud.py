@@ -173,10 +173,14 @@ def register(node: ShardNode) -> None:
             return int(ids[i])
         return int(req.body.get("stmtId", 0) or 0) + i
 
-    def finish_write(req: Request, ctx: WriteContext, reply: dict[str, Any],
-                     retried: list[int]) -> dict[str, Any]:
-        if ctx.txn is not None and "writeErrors" in reply:
-            err = reply["writeErrors"][0]
+    def finish_write(req: Request, ctx: WriteContext, reply: dict[str, Any], retried: list[int],
+                     errors: list[dict[str, Any]]) -> dict[str, Any]:
+        """The batch's reply: ``writeErrors`` (last) when there are any, ``retriedStmtIds``;
+        inside a transaction the first write error aborts it and fails the command instead."""
+        if errors:
+            reply["writeErrors"] = errors
+        if ctx.txn is not None and errors:
+            err = errors[0]
             sessions.abort_on_error(req)
             raise MongoError(err["code"], err["errmsg"], labels=["TransientTransactionError"]
                              if err["code"] in (112, 251) else [],
@@ -230,9 +234,7 @@ def register(node: ShardNode) -> None:
                 if ordered or txn is not None:
                     break
         reply: dict[str, Any] = {"n": n}
-        if errors:
-            reply["writeErrors"] = errors
-        return finish_write(req, ctx, reply, retried)
+        return finish_write(req, ctx, reply, retried, errors)
 
     c.register("insert", insert)
 
@@ -339,9 +341,7 @@ def register(node: ShardNode) -> None:
         if upserted:
             reply["upserted"] = upserted
         reply["nModified"] = n_modified
-        if errors:
-            reply["writeErrors"] = errors
-        return finish_write(req, ctx, reply, retried)
+        return finish_write(req, ctx, reply, retried, errors)
 
     c.register("update", update)
 
@@ -399,9 +399,7 @@ def register(node: ShardNode) -> None:
                 if ordered or ctx.txn is not None:
                     break
         reply: dict[str, Any] = {"n": n}
-        if errors:
-            reply["writeErrors"] = errors
-        return finish_write(req, ctx, reply, retried)
+        return finish_write(req, ctx, reply, retried, errors)
 
     c.register("delete", delete)
 
