@@ -74,10 +74,6 @@ def _view_spec(cmd: str, options: dict[str, Any]) -> tuple[str, list[dict[str, A
     return view_on, pipeline
 
 
-def _index_name(key: dict[str, Any]) -> str:
-    return "_".join(f"{k}_{v}" for k, v in key.items())
-
-
 def register(node: ShardNode) -> None:
     """Register the catalog commands on ``node.commands``."""
     storage = node.storage
