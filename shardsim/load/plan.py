@@ -184,15 +184,6 @@ class Plan:
         return (f"op #{seq} ({KIND_NAMES[self.kinds[seq]]} {self.spec.db}.c{self.colls[seq]} "
                 f"_id={self.ids[seq]})")
 
-    def insert_doc(self, seq: int, pad: str | None = None) -> dict[str, Any]:
-        """The document inserted by insert op ``seq``."""
-        return {"_id": self.ids[seq], "s": seq, "v": 0, "pad": self.pad if pad is None else pad}
-
-    @staticmethod
-    def update_spec(seq: int) -> dict[str, Any]:
-        """The update document of update op ``seq``."""
-        return {"$set": {"s": seq}, "$inc": {"v": 1}}
-
     def counts(self) -> dict[str, int]:
         """Operations per kind."""
         out = {k: 0 for k in KIND_NAMES}
