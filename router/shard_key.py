@@ -18,7 +18,6 @@ Pure functions, no I/O; used by the router (targeting) and the config server (in
 from __future__ import annotations
 
 import bisect
-import datetime
 import functools
 import hashlib
 import math
@@ -28,9 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import bson
-from bson import Binary, Code, Decimal128, MaxKey, MinKey, ObjectId, Regex
+from bson import Binary, Decimal128, MaxKey, MinKey, ObjectId, Regex
 from bson.int64 import Int64
-from bson.timestamp import Timestamp
 
 from shardsim.errors import MongoError
 

@@ -25,7 +25,7 @@ from pymongo.errors import OperationFailure
 from router.merger import hwm_token, token_key
 from shardsim import resume_token as rt
 from shardsim.client import Pool
-from shardsim.clock import HybridLogicalClock, ts_key
+from shardsim.clock import ts_key
 from shardsim.commands import Request
 from shardsim.cursors import Batch, Cursor
 from shardsim.errors import MongoError
