@@ -42,7 +42,6 @@ _NUMBER = ("int", "long", "double", "decimal")
 
 # One implementation of the $type alias for the runner and the servers.
 bson_type = bson_type_name
-_type_of = bson_type_name
 
 
 def _is_number(value: Any) -> bool:
@@ -98,7 +97,7 @@ class Matcher:
                 raise MatchError(f"{path}: expected {_show(expected)} but the field is missing")
             if not isinstance(actual, Mapping):
                 raise MatchError(f"{path}: expected a document {_show(expected)}, "
-                                 f"got {_type_of(actual)} {_show(actual)}")
+                                 f"got {bson_type(actual)} {_show(actual)}")
             for key, value in expected.items():
                 sub = f"{path}.{key}"
                 act = actual[key] if key in actual else MISSING
@@ -118,7 +117,7 @@ class Matcher:
             if actual is MISSING:
                 raise MatchError(f"{path}: expected {_show(expected)} but the field is missing")
             if not isinstance(actual, (list, tuple)):
-                raise MatchError(f"{path}: expected an array, got {_type_of(actual)} {_show(actual)}")
+                raise MatchError(f"{path}: expected an array, got {bson_type(actual)} {_show(actual)}")
             if len(actual) != len(expected):
                 raise MatchError(f"{path}: expected {len(expected)} element(s), got {len(actual)}: "
                                  f"{_show(actual)}")
@@ -134,7 +133,7 @@ class Matcher:
             if expected == actual:
                 return
             raise MatchError(f"{path}: expected {expected!r}, got {actual!r}")
-        et, at = _type_of(expected), _type_of(actual)
+        et, at = bson_type(expected), bson_type(actual)
         if et != at:
             raise MatchError(f"{path}: expected {et} {_show(expected)}, got {at} {_show(actual)}")
         if isinstance(expected, (bytes, Binary)) or isinstance(actual, (bytes, Binary)):
@@ -168,7 +167,7 @@ class Matcher:
             allowed: set[str] = set()
             for name in names:
                 allowed.update(_NUMBER if name == "number" else (name,))
-            got = _type_of(actual)
+            got = bson_type(actual)
             if got not in allowed:
                 raise MatchError(f"{path}: expected type {names}, got {got} {_show(actual)}")
             return
@@ -213,7 +212,7 @@ class Matcher:
         if op == "$$matchAsDocument":
             if not isinstance(actual, str):
                 raise MatchError(f"{path}: $$matchAsDocument needs an Extended JSON string, got "
-                                 f"{_type_of(actual)} {_show(actual)}")
+                                 f"{bson_type(actual)} {_show(actual)}")
             try:
                 parsed = json_util.loads(actual)
             except Exception as exc:
