@@ -96,7 +96,6 @@ class Cluster:
         self.config: RoleProcess | None = None
         self.router: RoleProcess | None = None
         self.shards: list[RoleProcess] = []
-        self._next_shard = 0
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -178,8 +177,7 @@ class Cluster:
         return self
 
     def _start_shard(self) -> RoleProcess:
-        name = f"shard{self._next_shard}"
-        self._next_shard += 1
+        name = f"shard{len(self.shards)}"  # shards are only ever appended
         proc = self._proc("shard", ["--port", self._saved_port(name), "--host", self.host,
                                     "--shard-name", name,
                                     *self._dbpath(name), *self.shard_args], name)
