@@ -267,7 +267,7 @@ def install(node: Any) -> FailPoints:
     and ``configureFailPoint`` stays unknown (CommandNotFound, 59)."""
     fps = FailPoints(node)
     node.failpoints = fps
-    if not getattr(node, "test_commands", True):
+    if not node.test_commands:
         return fps
 
     async def configure_fail_point(req: Any) -> dict[str, Any]:
@@ -339,7 +339,7 @@ def install(node: Any) -> FailPoints:
                        max_time_ms: int | None) -> dict[str, Any]:
         cursor = cursors.get(cursor_id)  # CursorNotFound (43) first, as on the server
         same_ns = cursor.ns.split(".", 1)[-1] == collection or cursor.ns.endswith("$cmd.aggregate")
-        if same_ns and not getattr(cursor, "in_use", False):  # else the inner call's error
+        if same_ns and not cursor.in_use:  # else the inner call's error
             try:
                 fps.check_get_more(cursor, _current_request.get())
             except MongoError:
