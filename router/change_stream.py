@@ -205,6 +205,9 @@ class RouterChangeStream:
                 raise _fresh_error(failure)
             raise failure
         self.merger.set_initial_high_water_mark()
+        if EARLY_PROMISE_REQUESTS:
+            _promise_requests(router).streams.add(self)
+            router._cs_write_hook = on_shard_write
         self.merge = ChangeStreamMerge(self.merger, resume_token=token, known_shards=shards,
                                        start_after="startAfter" in spec)
 
@@ -311,23 +314,15 @@ class RouterChangeStream:
                 continue
             state.sent[addr] = t
             state.busy.add(addr)
-            loop.create_task(self._request_promise(self.pools[r.rid], addr, t),
+            loop.create_task(_request_promise(self.router, self.pools[r.rid], addr, t, self),
                              context=contextvars.Context())
         return again
 
-    async def _request_promise(self, pool: Any, addr: str, t: int) -> None:
-        state = _promise_requests(self.router)
-        try:
-            await gossip_command(self.router.clock, pool, "admin",
-                                 {PROMISE_REQUEST_COMMAND: ts_from_key(t)}, check=False,
-                                 timeout=10)
-        except Exception:  # latency only: a real failure shows up on the remote's getMore
-            pass
-        finally:
-            state.busy.discard(addr)
-            self.wake.set()  # look again: a newer event may want a newer promise
-            for st in state.deferred.pop(addr, ()):
-                st.wake.set()
+    def watches(self, ns: str) -> bool:
+        """Can a write to ``ns`` ("db.coll") produce an event for this stream?"""
+        if isinstance(self.target, str):
+            return ns == self.ns
+        return self.db == "admin" or ns.startswith(self.db + ".")
 
     async def _remote_getmore(self, r: Remote, blocked: bool = False) -> None:
         db, coll = _split_ns(r.ns)
@@ -400,6 +395,7 @@ class RouterChangeStream:
         if self.closed:
             return
         self.closed = True
+        _promise_requests(self.router).streams.discard(self)
         for r in list(self.merger.remotes):
             self._kill_remote(r)
         self.wake.set()
@@ -411,14 +407,81 @@ ACTIVE_REQUEST_DELAY_MS = 10  # see RouterChangeStream.request_promises
 class _PromiseRequests:
     """Router-wide record of ``_shardsimAdvanceClusterTime`` requests: per shard address the
     highest time asked for (``sent``), whether one is outstanding (``busy``) and the streams that
-    wanted a newer one meanwhile (``deferred``, woken when it completes)."""
+    wanted a newer one meanwhile (``deferred``, woken when it completes), the newest time the
+    write path wanted while one was outstanding (``want``, sent when it completes) and the
+    open streams (``streams``, weak)."""
 
-    __slots__ = ("sent", "busy", "deferred")
+    __slots__ = ("sent", "busy", "deferred", "want", "streams")
 
     def __init__(self) -> None:
+        import weakref
         self.sent: dict[str, int] = {}
         self.busy: set[str] = set()
         self.deferred: dict[str, set[Any]] = {}
+        self.want: dict[str, int] = {}
+        self.streams: Any = weakref.WeakSet()
+
+
+async def _request_promise(router: Any, pool: Any, addr: str, t: int, stream: Any = None) -> None:
+    """Send ``{_shardsimAdvanceClusterTime: T}`` to ``addr`` (one outstanding per address; a
+    newer T asked for meanwhile by the write path is sent when this one returns)."""
+    state = _promise_requests(router)
+    try:
+        await gossip_command(router.clock, pool, "admin",
+                             {PROMISE_REQUEST_COMMAND: ts_from_key(t)}, check=False,
+                             timeout=10)
+    except Exception:  # latency only: a real failure shows up on the remote's getMore
+        pass
+    finally:
+        state.busy.discard(addr)
+        if stream is not None:
+            stream.wake.set()  # look again: a newer event may want a newer promise
+        for st in state.deferred.pop(addr, ()):
+            st.wake.set()
+        want = state.want.pop(addr, None)
+        if want is not None and want > state.sent.get(addr, -1):
+            state.sent[addr] = want
+            state.busy.add(addr)
+            asyncio.get_running_loop().create_task(_request_promise(router, pool, addr, want),
+                                                   context=contextvars.Context())
+
+
+# Ask idle shards for promises from the write path (see on_shard_write).
+EARLY_PROMISE_REQUESTS = True
+
+
+def on_shard_write(router: Any, shard: str, ns: str, op_time: Any) -> None:
+    """The router got ``shard``'s reply to a write on ``ns`` (``op_time`` = its operationTime,
+    the write's oplog time T). For every open change stream that can see ``ns``, the other
+    remotes that have not promised past T are asked right away for a promise past T (one
+    outstanding request per shard address, newest T wins), so the idle shards' promises reach
+    the router about when the write's event does, instead of a round trip after it (latency
+    only; the merge rule still decides what is released). Called by ``router/writes.py``."""
+    if not isinstance(op_time, Timestamp):
+        return
+    state = _promise_requests(router)
+    if not state.streams:
+        return
+    t = ts_key(op_time)
+    for st in list(state.streams):
+        if st.closed or not st.watches(ns):
+            continue
+        for r in st.merger.remotes:
+            if r.name == shard or r.closed or not r.in_flight:
+                continue
+            addr = r.address
+            if not addr or state.sent.get(addr, -1) >= t:
+                continue
+            if r.promise is not None and (token_ts_key(r.promise[0]) or 0) > t:
+                continue
+            if addr in state.busy:
+                if state.want.get(addr, -1) < t:
+                    state.want[addr] = t
+                continue
+            state.sent[addr] = t
+            state.busy.add(addr)
+            asyncio.get_running_loop().create_task(
+                _request_promise(router, st.pools[r.rid], addr, t), context=contextvars.Context())
 
 
 def _promise_requests(router: Any) -> _PromiseRequests:

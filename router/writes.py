@@ -246,7 +246,11 @@ class WriteExecutor:
         errors: list[dict[str, Any]] = []
 
         async def one(shard: str) -> dict[str, Any]:
-            return await self.router.shard_command(shard, self.db, cmd)
+            reply = await self.router.shard_command(shard, self.db, cmd)
+            hook = getattr(self.router, "_cs_write_hook", None)
+            if hook is not None:  # change streams: ask idle shards for promises past this write
+                hook(self.router, shard, self.ns, reply.get("operationTime"))
+            return reply
 
         replies = await asyncio.gather(*(one(s) for s in run.shards), return_exceptions=True)
         for reply in replies:
