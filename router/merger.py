@@ -709,6 +709,10 @@ PREFETCH_EVENTS = 4096
 # Router-side stages above the ARM
 # ---------------------------------------------------------------------------------------------
 
+# Operation types :meth:`ChangeStreamMerge.take` leaves to :meth:`ChangeStreamMerge.next`.
+_GENERAL_OPS = frozenset({"invalidate", "kNewShardDetected"})
+
+
 @dataclass(slots=True)
 class NewShard:
     """Output of :meth:`ChangeStreamMerge.next`: open a cursor on ``shard`` with
@@ -745,6 +749,49 @@ class ChangeStreamMerge:
         self.last_key: Key | None = None
         self.invalidated = False
         self._stashed: Item | None = None
+
+    def take(self, limit: int, budget: int | None, count: int, used: int) -> tuple[list[Any], Any, int]:
+        """Fast path of :meth:`next` for a catch-up: pop ready plain events (shard events that
+        are not ``invalidate``/``kNewShardDetected``, in strictly increasing order, no resume
+        check pending) while fewer than ``limit`` are taken and the reply stays within
+        ``budget`` bytes. ``count``/``used`` — events/bytes already in the reply (each event
+        costs its size plus its array element header; ``budget`` None = payloads are not bytes,
+        no byte limit, as in the simulation). Returns (payloads, token of the last
+        one or None, new ``used``). Stops at the first event needing :meth:`next`'s general
+        handling, which then takes it; the HWM follows exactly as with :meth:`next`."""
+        out: list[Any] = []
+        m = self.merger
+        if self._stashed is not None or self._resume_key is not None or m.status is not None:
+            return out, None, used
+        q = m._queue
+        last_key = self.last_key
+        tok = None
+        hwm = m.hwm
+        hwm_tok = m.hwm_token
+        while len(out) < limit and (q or m._refill()):
+            item = q[0]
+            r = item.src
+            key = item.key
+            if r.is_config or item.op in _GENERAL_OPS or (last_key is not None and key <= last_key):
+                break
+            if budget is not None:
+                sz = len(item.payload) + len(str(count)) + 2
+                if count and used + sz > budget:
+                    break
+                used += sz
+            q.popleft()
+            r.queued -= 1
+            if r.closed and not r.buffer and not r.queued:
+                m.remotes.remove(r)
+            if r.eligible and (hwm is None or key > hwm):
+                hwm, hwm_tok = key, item.token
+            last_key = key
+            out.append(item.payload)
+            tok = item.token
+            count += 1
+        m.hwm, m.hwm_token = hwm, hwm_tok
+        self.last_key = last_key
+        return out, tok, used
 
     def push_back(self, item: Item) -> None:
         """Return ``item`` again from the next :meth:`next` (a batch was full, 16 MiB)."""
