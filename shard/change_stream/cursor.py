@@ -56,6 +56,8 @@ def encode_event(doc: dict[str, Any]) -> bytes:
     return _dict_to_bson(doc, False, DEFAULT_CODEC_OPTIONS, False)
 # An event may exceed the user limit a little with $sortKey/_id overhead (BSONObjMaxInternalSize).
 _INTERNAL_SLACK = 16 * 1024
+# At most this many events are produced per scan call ahead of the batch being filled.
+_SCAN_AHEAD = 512
 
 
 class RawEvent(RawBSONDocument):
@@ -315,8 +317,10 @@ class ChangeStreamCursor(Cursor):
                     self.closing_token = out.token
                     return
 
-    def _scan(self) -> None:
-        """Read oplog entries until some output is pending or the oplog end is reached.
+    def _scan(self, want: int = 1) -> None:
+        """Read oplog entries until ``want`` outputs are pending (or the stream closes) or the
+        oplog end is reached. ``fetch`` asks for up to a batch's worth at once (capped), so a
+        catch-up does not re-enter the batch loop once per event.
 
         Collection and database streams read through the oplog's namespace/database index
         (``Oplog.scoped_entries_from``): entries of other namespaces cannot match their filter,
@@ -343,7 +347,7 @@ class ChangeStreamCursor(Cursor):
             self.scan_key = key + 1
             if match(entry):
                 self._process_entry(entry)
-                if self.pending or self.closing:
+                if len(self.pending) >= want or self.closing:
                     self._scan_it = it
                     self._scan_it_key = self.scan_key
                     return
@@ -383,7 +387,7 @@ class ChangeStreamCursor(Cursor):
                 break
             if self.closing:
                 break
-            self._scan()
+            self._scan(min(limit - len(out), _SCAN_AHEAD))
             if self.pending or self.closing:
                 continue
             if out or first or self._can_promise_past_request():
