@@ -9,6 +9,7 @@ that connection only. uvloop is used when installed.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from itertools import count
@@ -176,6 +177,12 @@ def run_node(node: Node, host: str, port: int, *, ready_message: str | None = No
     async def main() -> None:
         server = Server(node, host, port)
         await server.start()
+        # Change-stream batches allocate many short-lived objects (events, tokens, items): with
+        # the default gen-0 threshold (700) a catch-up spends ~10 % of its CPU in the cyclic
+        # GC, full collections traversing every stored document. Collect less often, and keep
+        # the objects that exist at start (modules, tables) out of every collection.
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 10)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
