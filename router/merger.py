@@ -33,16 +33,14 @@ from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from shardsim import resume_token as rt
+from shardsim.clock import ts_from_key
 from shardsim.errors import MongoError
 
 Key = tuple  # (data_hex: str, has_type_bits: int, type_bits: bytes)
 
 CONFIG_SHARDS_NS = "config.shards"
 
-# KeyString suffix of a high-water-mark token after its 9 Timestamp bytes: v2 = version 2,
-# tokenType 0, txnOpIndex 0, fromInvalidate false, uuid null, end; v1 has no null uuid
-# (resume_token.cpp ResumeToken::ResumeToken; notes §2.2/§2.4).
-_HWM_SUFFIX = {2: "2B0429296E1404", 1: "2B0229296E04"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,29 +70,18 @@ def token_key(token: Any) -> Key:
 def hwm_data(ts_key_value: int, version: int = 2) -> str:
     """``_data`` of ``makeHighWaterMarkToken(ts, version)`` for a Timestamp given as the 64-bit
     integer ``(secs << 32) | inc`` (see :func:`shardsim.clock.ts_key`)."""
-    return f"82{ts_key_value:016X}{_HWM_SUFFIX[version]}"
+    return hwm_token(ts_key_value, version)["_data"]
 
 
-def hwm_token(ts_key_value: int, version: int = 2) -> dict[str, str]:
+def hwm_token(ts_key_value: int, version: int = 2) -> dict[str, Any]:
     """The high-water-mark resume token document ``{_data}`` for a Timestamp key."""
-    try:  # prefer the shared codec once it exists (same bytes)
-        from shardsim import resume_token as _rt  # type: ignore
-        from shardsim.clock import ts_from_key
-        make = getattr(_rt, "make_high_water_mark", None)
-        if make is not None:
-            tok = make(ts_from_key(ts_key_value))
-            if isinstance(tok, dict) and isinstance(tok.get("_data"), str):
-                return tok
-    except Exception:  # pragma: no cover - fall back to the local encoder
-        pass
-    return {"_data": hwm_data(ts_key_value, version)}
+    return rt.make_high_water_mark(ts_from_key(ts_key_value), version)
 
 
 def is_hwm_data(data: str) -> bool:
     """True when ``_data`` is a high-water-mark token (v1 or v2), i.e. ``isHighWaterMarkToken``."""
-    if len(data) == 32 and data.startswith("82") and data.endswith(_HWM_SUFFIX[2]):
-        return True
-    return len(data) == 30 and data.startswith("82") and data.endswith(_HWM_SUFFIX[1])
+    ts = token_ts_key(data)
+    return ts is not None and data in (hwm_data(ts, 2), hwm_data(ts, 1))
 
 
 def token_ts_key(data: str) -> int | None:
@@ -108,35 +95,12 @@ def token_ts_key(data: str) -> int | None:
 
 
 def is_invalidate_data(data: str) -> bool:
-    """Best-effort: does an event token have ``fromInvalidate: true``? (v1/v2 layout: after the
-    Timestamp, version, tokenType 128 and txnOpIndex comes the Bool ``6F``)."""
+    """Does the token ``_data`` decode with ``fromInvalidate: true``? False for anything that is
+    not a well-formed token (the shards reject those when the stream is opened)."""
     try:
-        from shardsim import resume_token as _rt  # type: ignore
-        dec = getattr(_rt, "decode", None)
-        if dec is not None:
-            d = dec({"_data": data})
-            v = d.get("fromInvalidate") if isinstance(d, dict) else getattr(d, "fromInvalidate", None)
-            if v is not None:
-                return bool(v)
-    except Exception:
-        pass
-    # Timestamp(18) + version "2B04"/"2B02" + tokenType "2C0100" + txnOpIndex (starts at 28).
-    rest = data[18:]
-    if not rest.startswith(("2B042C0100", "2B022C0100")):
+        return rt.decode({"_data": data}).fromInvalidate
+    except MongoError:
         return False
-    rest = rest[10:]
-    # txnOpIndex: "29" (zero) or 0x2B..0x32 prefix followed by k bytes.
-    if rest.startswith("29"):
-        rest = rest[2:]
-    else:
-        try:
-            k = int(rest[:2], 16) - 0x2A
-        except ValueError:
-            return False
-        if not 1 <= k <= 8:
-            return False
-        rest = rest[2 + 2 * k:]
-    return rest.startswith("6F")
 
 
 # ---------------------------------------------------------------------------------------------
