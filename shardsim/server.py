@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 from itertools import count
 from typing import Any
@@ -194,4 +195,18 @@ def run_node(node: Node, host: str, port: int, *, ready_message: str | None = No
         serve.cancel()
         await server.close()
 
-    runner(main())
+    prof_dir = os.environ.get("SHARDSIM_PROFILE")
+    if not prof_dir:
+        runner(main())
+        return
+    # Profiling aid for bench work: SHARDSIM_PROFILE=DIR writes DIR/<role>-<pid>.prof (cProfile)
+    # when the process stops (SIGTERM/SIGINT), e.g. for bench/ runs.
+    import cProfile
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        runner(main())
+    finally:
+        prof.disable()
+        role = type(node).__name__.replace("Node", "").lower() or "node"
+        prof.dump_stats(os.path.join(prof_dir, f"{role}-{os.getpid()}.prof"))
