@@ -38,8 +38,9 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from router.merger import (CONFIG_SHARDS_NS, ChangeStreamMerge, Item, Merger, NewShard, RawDoc,
+from router.merger import (CONFIG_SHARDS_NS, Block, ChangeStreamMerge, Item, Merger, NewShard,
                            Remote, item_from_raw_event, split_cursor, token_ts_key)
+from router.raw_events import element_headers
 from router.remote import gossip_command, track_operation_time
 from shardsim.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
@@ -544,7 +545,8 @@ class RouterChangeStreamCursor(Cursor):
         if not first:
             st.remote_await_ms = wait_ms if wait_ms > 0 else DEFAULT_AWAIT_MS
         deadline = time.monotonic() + wait_ms / 1000
-        out: list[Any] = []
+        parts: list[bytes] = []  # the reply's array elements, encoded (see Block.write)
+        n_out = 0
         size = 0
         exhausted = False
         invalidate_pbrt = None
@@ -552,11 +554,17 @@ class RouterChangeStreamCursor(Cursor):
         nudge = True
         last_token: Any = None
         command = "aggregate" if first else "getMore"
-        while len(out) < limit:
+        while n_out < limit:
             st.wake.clear()  # before looking: a reply arriving from now on wakes the wait below
-            payloads, tok, size = merge.take(limit - len(out), BATCH_BYTES_LIMIT, len(out), size)
-            if payloads:  # the plain events of a run, without the general path's per-event work
-                out.extend(map(RawDoc, payloads))
+            outputs, tok, size = merge.take(limit - n_out, BATCH_BYTES_LIMIT, n_out, size)
+            if outputs:  # the plain events of a run, without the general path's per-event work
+                for o in outputs:
+                    if type(o) is Block:
+                        n_out = o.write(parts, n_out)
+                    else:
+                        parts.append(element_headers(n_out, 1)[0])
+                        parts.append(o)
+                        n_out += 1
                 last_token = tok
                 continue
             try:
@@ -569,13 +577,15 @@ class RouterChangeStreamCursor(Cursor):
                 continue
             if isinstance(x, Item):
                 # element header (type, index key, NUL) counts too: the reply must stay legal BSON
-                if out and size + len(x.payload) + len(str(len(out))) + 2 > BATCH_BYTES_LIMIT:
+                if n_out and size + len(x.payload) + len(str(n_out)) + 2 > BATCH_BYTES_LIMIT:
                     merge.push_back(x)  # mongos stashes it for the next batch
                     stashed = True
                     break
-                out.append(RawDoc(x.payload))
+                size += len(x.payload) + len(str(n_out)) + 2
+                parts.append(element_headers(n_out, 1)[0])
+                parts.append(x.payload)
+                n_out += 1
                 last_token = x.token
-                size += len(x.payload) + len(str(len(out))) + 2
                 if merge.invalidated:
                     exhausted = True
                     break
@@ -586,7 +596,7 @@ class RouterChangeStreamCursor(Cursor):
                 invalidate_pbrt = inv.promise_token
                 exhausted = True
                 break
-            if out or first:
+            if n_out or first:
                 break
             st.schedule_getmores(nudge=nudge)
             recheck = st.request_promises()
@@ -610,9 +620,9 @@ class RouterChangeStreamCursor(Cursor):
             pbrt = _plain(last_token)  # the last returned event; the HWM already passed it
         else:
             pbrt = st.merger.high_water_mark()
-            if out and pbrt is None:
+            if n_out and pbrt is None:
                 pbrt = _plain(last_token)
-        return Batch(out, exhausted, pbrt)
+        return Batch([], exhausted, pbrt, raw_docs=b"".join(parts))
 
     async def close(self) -> None:
         self.stream.close()

@@ -37,7 +37,9 @@ from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key
 from shardsim.errors import MongoError
 
-Key = tuple  # (data_hex: str, has_type_bits: int, type_bits: bytes)
+
+from router.raw_events import (ID_MODIFIED_MSG, Block, Item, Key, RawDoc, _fmt,  # noqa: F401
+                               item_from_raw_event, split_cursor, strip_sort_key, token_key)
 
 CONFIG_SHARDS_NS = "config.shards"
 
@@ -46,26 +48,6 @@ CONFIG_SHARDS_NS = "config.shards"
 # ---------------------------------------------------------------------------------------------
 # Token helpers
 # ---------------------------------------------------------------------------------------------
-
-def token_key(token: Any) -> Key:
-    """The sort key of a resume token document (dict or RawBSONDocument ``{_data[, _typeBits]}``).
-
-    Raises MongoError 1 (InternalError) when ``_data`` is not a string, as the ARM cannot sort it.
-    """
-    try:
-        data = token["_data"]
-    except (KeyError, TypeError):
-        raise MongoError(1, f"Missing field '_data' in sort key {token!r}") from None
-    if not isinstance(data, str):
-        raise MongoError(1, "sort key field '_data' must be a string")
-    try:
-        tb = token["_typeBits"]
-    except KeyError:
-        return (data, 0, b"")
-    tb = bytes(tb)
-    # BSON BinData compares by length, then subtype, then bytes; the length prefix is enough here.
-    return (data, 1, len(tb).to_bytes(4, "big") + tb)
-
 
 def hwm_data(ts_key_value: int, version: int = 2) -> str:
     """``_data`` of ``makeHighWaterMarkToken(ts, version)`` for a Timestamp given as the 64-bit
@@ -101,270 +83,6 @@ def is_invalidate_data(data: str) -> bool:
         return rt.decode({"_data": data}).fromInvalidate
     except MongoError:
         return False
-
-
-# ---------------------------------------------------------------------------------------------
-# Raw event handling (byte surgery; no decode/re-encode of forwarded events)
-# ---------------------------------------------------------------------------------------------
-
-_SORTKEY_NAME = b"$sortKey\x00"
-_i32 = struct.Struct("<i")
-
-ID_MODIFIED_MSG = (
-    "Encountered an event whose _id field, which contains the resume token, was modified by the "
-    "pipeline. Modifying the _id field of an event makes it impossible to resume the stream from "
-    "that point. Only transformations that retain the unmodified _id field are allowed.")
-
-
-@dataclass(slots=True)
-class Item:
-    """One event waiting in a remote's buffer.
-
-    ``key`` — sort key (see :func:`token_key`); ``token`` — the resume token document (dict or
-    RawBSONDocument); ``payload`` — what is forwarded to the client (raw BSON bytes on the
-    router, anything in the simulation); ``op`` — ``operationType`` when known; ``meta`` —
-    extra info (config.shards events: ``shard`` name and ``cluster_time`` key); ``src`` — the
-    :class:`Remote` that returned it (set by :meth:`Merger.on_batch`).
-    """
-
-    key: Key
-    token: Any
-    payload: Any
-    op: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    src: Any = None
-
-
-class RawDoc:
-    """Raw BSON bytes the reply encoder copies as an embedded document (``bson`` encodes any
-    object whose ``_type_marker`` is 101 from its ``raw`` attribute, like a RawBSONDocument),
-    without RawBSONDocument's per-object validation: the router's client batches are lists of
-    these. ``raw`` — one complete BSON document (bytes)."""
-
-    __slots__ = ("raw",)
-    _type_marker = 101
-
-    def __init__(self, raw: bytes) -> None:  # noqa: D107 - see the class docstring
-        self.raw = raw
-
-    def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        import bson
-        return f"RawDoc({bson.decode(self.raw)!r})"
-
-
-def strip_sort_key(raw: bytes, id_raw: bytes | None) -> bytes | None:
-    """Remove the trailing ``$sortKey: [<_id>]`` element from an event's raw BSON bytes.
-
-    Shards put ``$sortKey`` as the LAST field (brief "Data contracts"). When ``id_raw`` (the raw
-    embedded document of the event's ``_id``) is given, the expected tail is built from it, so a
-    match also proves ``_id == $sortKey[0]``. Returns the new bytes (length prefix fixed) or
-    None when the tail does not match.
-    """
-    if id_raw is None:
-        return None
-    arr_len = 4 + 1 + 2 + len(id_raw) + 1  # int32 + type 0x03 + "0\0" + doc + terminator
-    tail = b"\x04" + _SORTKEY_NAME + _i32.pack(arr_len) + b"\x03" + b"0\x00" + id_raw + b"\x00" + b"\x00"
-    if not raw.endswith(tail):
-        return None
-    body = raw[: len(raw) - len(tail)] + b"\x00"
-    return _i32.pack(len(body)) + body[4:]
-
-
-_ID_HEAD = b"\x03_id\x00"
-_DATA_HEAD = b"\x02_data\x00"
-_TB_HEAD = b"\x05_typeBits\x00"
-_OP_HEAD = b"\x02operationType\x00"
-
-
-_TAIL_HEAD = b"\x04" + _SORTKEY_NAME
-_BINARY = None
-
-
-def _tail_head(id_len: int) -> bytes:
-    """``0x04 "$sortKey\\0" int32 0x03 "0\\0"``: the start of the ``$sortKey: [<_id>]`` element
-    of an event whose ``_id`` document is ``id_len`` bytes (cached per length)."""
-    h = _TAILS.get(id_len)
-    if h is None:
-        h = _TAILS[id_len] = _TAIL_HEAD + _i32.pack(id_len + 8) + b"\x030\x00"
-    return h
-
-
-_TAILS: dict[int, bytes] = {}
-
-
-def _fast_item(buf: bytes, s: int = 0, n: int | None = None) -> Item | None:
-    """Parse the common layout without inflating the event: ``_id: {_data[, _typeBits]}`` first,
-    ``operationType`` second, ``$sortKey: [<_id>]`` last. The event is ``buf[s:s + n]`` (the
-    whole of ``buf`` by default), so a shard reply's batch is parsed in place. The payload is
-    the event without ``$sortKey`` (bytes). None when the layout differs."""
-    global _BINARY
-    unpack = _i32.unpack_from
-    if n is None:
-        n = unpack(buf, s)[0]
-    ids = s + 9
-    if not buf.startswith(_ID_HEAD, s + 4) or not buf.startswith(_DATA_HEAD, ids + 4):
-        return None
-    id_len = unpack(buf, ids)[0]
-    id_end = ids + id_len
-    p = ids + 15 + unpack(buf, ids + 11)[0]
-    data = buf[ids + 15:p - 1].decode()
-    token: dict[str, Any] = {"_data": data}
-    if buf[p] != 0:
-        if not buf.startswith(_TB_HEAD, p):
-            return None
-        blen = unpack(buf, p + 11)[0]
-        tb = buf[p + 16:p + 16 + blen]
-        if buf[p + 16 + blen] != 0:
-            return None
-        if _BINARY is None:
-            from bson.binary import Binary as _B
-            _BINARY = _B
-        token["_typeBits"] = _BINARY(tb, buf[p + 15])
-        key: Key = (data, 1, len(tb).to_bytes(4, "big") + tb)
-    else:
-        key = (data, 0, b"")
-    # Expected tail: 0x04 "$sortKey\0" int32 (0x03 "0\0" <_id doc> 0x00) 0x00 — proves
-    # _id == $sortKey[0] byte for byte (see strip_sort_key).
-    e = s + n
-    t = e - id_len - 19
-    if (t <= id_end or buf[e - 1] != 0 or buf[e - 2] != 0
-            or not buf.startswith(_tail_head(id_len), t)
-            or not buf.startswith(buf[ids:id_end], t + 17)):
-        return None
-    stripped = _i32.pack(t - s + 1) + buf[s + 4:t] + b"\x00"
-    if buf.startswith(_OP_HEAD, id_end):
-        olen = unpack(buf, id_end + 15)[0]
-        return Item(key, token, stripped, buf[id_end + 19:id_end + 18 + olen].decode())
-    return Item(key, token, stripped)
-
-
-# Sizes of fixed-width BSON values by type byte (bsonspec.org).
-_FIXED = {1: 8, 7: 12, 8: 1, 9: 8, 10: 0, 6: 0, 16: 4, 17: 8, 18: 8, 19: 16, 127: 0, 255: 0}
-
-
-def split_cursor(raw: bytes, batch_field: str) -> tuple[dict[str, Any], list[Item]] | None:
-    """Split a shard reply's raw ``cursor`` subdocument into its other fields (decoded: ``id``,
-    ``ns``, ``postBatchResumeToken``, ...) and the :class:`Item` of every event of
-    ``batch_field`` (``firstBatch``/``nextBatch``), parsed in place from the reply's bytes
-    (no per-event RawBSONDocument, no decode). None when anything is unusual (an element type
-    not handled here, an event in another layout): the caller then takes the general path."""
-    import bson
-    from shardsim.node import CODEC
-    if not isinstance(raw, bytes):
-        raw = bytes(raw)  # a memoryview of the wire message: one copy per reply
-    end = _i32.unpack_from(raw, 0)[0] - 1
-    pos = 4
-    rest: list[bytes] = []
-    items: list[Item] = []
-    want = batch_field.encode()
-    unpack = _i32.unpack_from
-    while pos < end:
-        t = raw[pos]
-        k = raw.index(0, pos + 1)
-        v = k + 1
-        if t in (3, 4):
-            size = unpack(raw, v)[0]
-        elif t == 2:
-            size = 4 + unpack(raw, v)[0]
-        elif t == 5:
-            size = 5 + unpack(raw, v)[0]
-        else:
-            size = _FIXED.get(t, -1)
-            if size < 0:
-                return None
-        if t == 4 and raw[pos + 1:k] == want:
-            a, stop = v + 4, v + size - 1
-            fast = _fast_item
-            while a < stop:
-                if raw[a] != 3:
-                    return None
-                d = raw.index(0, a + 1) + 1
-                dl = unpack(raw, d)[0]
-                it = fast(raw, d, dl)
-                if it is None:
-                    return None
-                items.append(it)
-                a = d + dl
-        else:
-            rest.append(raw[pos:v + size])
-        pos = v + size
-    body = b"".join(rest)
-    meta = bson.decode(_i32.pack(len(body) + 5) + body + b"\x00", CODEC)
-    return meta, items
-
-
-def item_from_raw_event(event: Any, *, is_config: bool = False) -> Item:
-    """Build an :class:`Item` from a shard's event (a RawBSONDocument with ``$sortKey`` last).
-
-    Checks what mongos checks (``RouterStagePipeline::_validateAndConvertToBSON``): the event's
-    ``_id`` must equal its sort key, else ChangeStreamFatalError (280). A missing ``$sortKey``
-    is InternalError (1) "Missing field '$sortKey' in document" (ARM ``_addBatchToBuffer``).
-    Config-server events are decoded (they are few) to learn the added shard's name and time.
-    """
-    raw: bytes = event.raw
-    if not is_config:
-        fast = _fast_item(raw)
-        if fast is not None:
-            return fast
-    try:
-        id_val = event["_id"]
-    except KeyError:
-        id_val = None
-    id_raw = getattr(id_val, "raw", None)
-    stripped = strip_sort_key(raw, id_raw)
-    if stripped is None:
-        # Slow path: find out what is wrong (or handle an unusual field layout) by decoding.
-        import bson
-        from bson.raw_bson import RawBSONDocument
-        from shardsim.client import RAW_CODEC
-        try:
-            sort_key = event["$sortKey"]
-        except KeyError:
-            raise MongoError(1, "Missing field '$sortKey' in document") from None
-        if isinstance(sort_key, (list, tuple)) and len(sort_key) == 1:
-            sk_tok = sort_key[0]
-        else:
-            sk_tok = sort_key
-        sk_raw = getattr(sk_tok, "raw", None)
-        if id_raw is None or sk_raw is None or sk_raw != id_raw:
-            found = bson.decode(raw)
-            found.pop("$sortKey", None)
-            raise MongoError(280, f"{ID_MODIFIED_MSG} Expected: {{_id: {_fmt(sk_tok)}}} but found: "
-                                  f"{_fmt(found.get('_id')) if '_id' in found else '{}'}")
-        # _id is fine but $sortKey was not last: rebuild without it (rare; costs one decode).
-        doc = bson.decode(raw, RAW_CODEC)
-        stripped = bson.encode({k: doc[k] for k in doc if k != "$sortKey"})
-        stripped = RawBSONDocument(stripped).raw
-    op = None
-    try:
-        op = event["operationType"]
-    except KeyError:
-        pass
-    item = Item(token_key(id_val), id_val, stripped, op)
-    if is_config:
-        import bson
-        doc = bson.decode(stripped)
-        full = doc.get("fullDocument") or {}
-        ns = doc.get("ns") or {}
-        ct = doc.get("clusterTime")
-        item.meta = {"shard": full.get("_id") if isinstance(full, dict) else None,
-                     "host": full.get("host") if isinstance(full, dict) else None,
-                     "cluster_time": (ct.time << 32 | ct.inc) if ct is not None else None,
-                     "is_shard_insert": op == "insert" and ns.get("db") == "config"
-                     and ns.get("coll") == "shards"}
-    return item
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, dict) or hasattr(value, "raw"):
-        try:
-            items = value.items()
-        except Exception:
-            return str(value)
-        return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in items) + "}"  # Document::toString
-    if isinstance(value, str):
-        return f'"{value}"'
-    return str(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -496,15 +214,15 @@ class Merger:
                                              f"{items[0].key[0]} below its earlier "
                                              f"postBatchResumeToken {old_promise[0]}"))
             return
-        for it in items:
+        for it in items:  # Items, or a Block (its own events are in the shard's order)
             if remote.last_key is not None and it.key <= remote.last_key:
                 self._fail(remote, MongoError(1, f"events from {remote.name} out of order: "
                                                  f"{it.key[0]} after {remote.last_key[0]}"))
                 return
-            remote.last_key = it.key
+            remote.last_key = it.last
             it.src = remote
             remote.buffer.append(it)
-        if items and remote.promise is not None and items[-1].key > remote.promise:
+        if items and remote.promise is not None and items[-1].last > remote.promise:
             self._fail(remote, MongoError(1, f"postBatchResumeToken from {remote.name} is below "
                                              f"its last event"))
 
@@ -557,7 +275,7 @@ class Merger:
         while q:
             it = q.pop()
             it.src.buffer.appendleft(it)
-            it.src.queued -= 1
+            it.src.queued -= it.n
 
     def _refill(self) -> bool:
         """Move every event that is ready now (key ``<=`` the minimum promise over all
@@ -573,25 +291,30 @@ class Merger:
             bound = None
         else:
             bound = mp.promise
-        runs: list[list[Item]] = []
+        runs: list[list[Any]] = []
         for r in live:  # self.remotes is in remote id order
             buf = r.buffer
-            if bound is None or buf[-1].key <= bound:
+            if bound is None or buf[-1].last <= bound:
                 run = list(buf)
                 buf.clear()
             else:
                 run = []
                 while buf and buf[0].key <= bound:  # type: ignore[operator]
-                    run.append(buf.popleft())
+                    e = buf[0]
+                    if e.last <= bound:
+                        run.append(buf.popleft())
+                    else:  # a Block straddling the bound: release its head
+                        run.append(e.split(e.count_le(bound)))
+                        break
             if run:
-                r.queued += len(run)
+                r.queued += sum(e.n for e in run)
                 runs.append(run)
         if not runs:
             return False
         if len(runs) == 1:
             self._queue.extend(runs[0])
         else:
-            self._queue.extend(heapq.merge(*runs, key=_KEY))
+            self._queue.extend(_merge_runs(runs))
         return True
 
     def ready(self) -> bool:
@@ -606,9 +329,16 @@ class Merger:
         remote is eligible. Raises the pending remote error (MongoError)."""
         if self.status is not None:
             raise self.status
-        if not self._queue:
+        q = self._queue
+        if not q:
             assert self._refill(), "next_ready() called when not ready"
-        item = self._queue.popleft()
+        if type(q[0]) is Block:
+            blk = q[0]
+            item = blk.pop_item()
+            if not blk.n:
+                q.popleft()
+        else:
+            item = q.popleft()
         head: Remote = item.src
         head.queued -= 1
         if head.closed and not head.buffer and not head.queued:
@@ -642,7 +372,7 @@ class Merger:
         if self.status is not None:
             return []
         return [r for r in self.remotes
-                if (not r.buffer or (r.more and len(r.buffer) < PREFETCH_EVENTS))
+                if (not r.buffer or (r.more and sum(e.n for e in r.buffer) < PREFETCH_EVENTS))
                 and r.cursor_id != 0 and not r.in_flight and not r.closed]
 
     def blocking_remotes(self) -> tuple[Item | None, list[Remote]]:
@@ -655,7 +385,8 @@ class Merger:
         head = self._head()
         if head is None or self.ready():
             return None, []
-        item = head.buffer[0]
+        first = head.buffer[0]
+        item = first.item_at(first.lo) if type(first) is Block else first
         return item, [r for r in self.remotes
                       if not r.closed and not r.buffer and r.cursor_id != 0
                       and (r.promise is None or r.promise < item.key)]
@@ -665,6 +396,39 @@ class Merger:
 
 
 _KEY = attrgetter("key")
+
+
+def header_bytes(lo: int, hi: int) -> int:
+    """Bytes of the BSON array element headers (type byte, decimal index, NUL) of indexes
+    ``lo .. hi - 1``."""
+    total = 2 * (hi - lo)
+    low, high, digits = 0, 10, 1
+    while low < hi:
+        a, b = max(lo, low), min(hi, high)
+        if a < b:
+            total += digits * (b - a)
+        low, high, digits = high, high * 10, digits + 1
+    return total
+
+
+def _merge_runs(runs: list[list[Any]]) -> Iterable[Any]:
+    """Merge the ready runs of several remotes (each in key order; ties: lower remote id
+    first, the order of ``runs``). When their key ranges do not overlap (a backlog read shard
+    by shard) the runs are concatenated whole, Blocks intact; otherwise every Block is
+    unrolled into Items and the events are k-way merged."""
+    spans = sorted(((run[0].key, i, run[-1].last) for i, run in enumerate(runs)))
+    if all(spans[j][2] < spans[j + 1][0] for j in range(len(spans) - 1)):
+        return [e for _, i, _ in spans for e in runs[i]]
+    unrolled = []
+    for run in runs:
+        items: list[Item] = []
+        for e in run:
+            if type(e) is Block:
+                items.extend(e.item_at(i) for i in range(e.lo, e.hi))
+            else:
+                items.append(e)
+        unrolled.append(items)
+    return heapq.merge(*unrolled, key=_KEY)
 # A remote with a backlog is asked for its next batch while it holds fewer events than this.
 PREFETCH_EVENTS = 4096
 
@@ -720,8 +484,9 @@ class ChangeStreamMerge:
         check pending) while fewer than ``limit`` are taken and the reply stays within
         ``budget`` bytes. ``count``/``used`` — events/bytes already in the reply (each event
         costs its size plus its array element header; ``budget`` None = payloads are not bytes,
-        no byte limit, as in the simulation). Returns (payloads, token of the last
-        one or None, new ``used``). Stops at the first event needing :meth:`next`'s general
+        no byte limit, as in the simulation). Returns (outputs, token of the last event or
+        None, new ``used``): each output is one event's payload or a :class:`Block` of several
+        (see :meth:`Block.write`). Stops at the first event needing :meth:`next`'s general
         handling, which then takes it; the HWM follows exactly as with :meth:`next`."""
         out: list[Any] = []
         m = self.merger
@@ -729,32 +494,56 @@ class ChangeStreamMerge:
             return out, None, used
         q = m._queue
         last_key = self.last_key
-        tok = None
+        last: Any = None  # the last output (Item payload's item, or Block)
         hwm = m.hwm
-        hwm_tok = m.hwm_token
-        while len(out) < limit and (q or m._refill()):
-            item = q[0]
-            r = item.src
-            key = item.key
-            if r.is_config or item.op in _GENERAL_OPS or (last_key is not None and key <= last_key):
+        hwm_src: Any = None  # what set the HWM last here (its token is read once, at the end)
+        taken = 0
+        while taken < limit and (q or m._refill()):
+            e = q[0]
+            r = e.src
+            key = e.key
+            if last_key is not None and key <= last_key:
                 break
-            if budget is not None:
-                sz = len(item.payload) + len(str(count)) + 2
-                if count and used + sz > budget:
+            if type(e) is Block:
+                n = min(limit - taken, e.n)
+                if budget is not None:
+                    n = e.fit(n, count, used, budget)
+                    if n == 0:
+                        break
+                    used += e.payload_bytes(n) + header_bytes(count, count + n)
+                if n < e.n:
+                    e = e.split(n)
+                else:
+                    q.popleft()
+                key = e.last
+                out.append(e)
+            else:
+                if r.is_config or e.op in _GENERAL_OPS:
                     break
-                used += sz
-            q.popleft()
-            r.queued -= 1
+                n = 1
+                if budget is not None:
+                    sz = len(e.payload) + len(str(count)) + 2
+                    if count and used + sz > budget:
+                        break
+                    used += sz
+                q.popleft()
+                out.append(e.payload)
+            r.queued -= n
             if r.closed and not r.buffer and not r.queued:
                 m.remotes.remove(r)
             if r.eligible and (hwm is None or key > hwm):
-                hwm, hwm_tok = key, item.token
+                hwm, hwm_src = key, e
             last_key = key
-            out.append(item.payload)
-            tok = item.token
-            count += 1
-        m.hwm, m.hwm_token = hwm, hwm_tok
+            last = e
+            count += n
+            taken += n
+        if hwm_src is not None:
+            m.hwm = hwm
+            m.hwm_token = hwm_src.token_at(hwm_src.hi - 1) if type(hwm_src) is Block else hwm_src.token
         self.last_key = last_key
+        if last is None:
+            return out, None, used
+        tok = last.token_at(last.hi - 1) if type(last) is Block else last.token
         return out, tok, used
 
     def push_back(self, item: Item) -> None:

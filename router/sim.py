@@ -31,7 +31,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from router.merger import (ChangeStreamMerge, Item, Merger, NewShard, hwm_data, token_key)
+import bson
+
+from router.merger import (Block, ChangeStreamMerge, Item, Merger, NewShard, hwm_data, token_key)
+from router.raw_events import split_cursor
 from shardsim.errors import MongoError
 
 PROMISE_MODES = ("clock", "mongod", "unsafe-clock")
@@ -222,7 +225,8 @@ class Stream:
                 # the router's fast path for runs of plain events (ChangeStreamMerge.take)
                 got, _, _ = self.cs.take(sim.batch_limit - len(self.batch), None, len(self.batch), 0)
                 if got:
-                    self.batch.extend(got)
+                    for o in got:
+                        self.batch.extend(self._output(o))
                     if len(self.batch) >= sim.batch_limit:
                         self.finish()
                         return
@@ -248,7 +252,7 @@ class Stream:
                 sim.at(sim.now + sim.rng.randint(1, 30), opened)
                 return
             if isinstance(x, Item):
-                self.batch.append(x.payload)
+                self.batch.extend(self._output(x))
                 if len(self.batch) >= sim.batch_limit:
                     self.finish()
                     return
@@ -290,6 +294,28 @@ class Stream:
                 fn()
             sim.at(sim.now + sim.rng.randint(0, 20), arrive)
 
+    def _block(self, evs: list[SimEvent]) -> list[Any] | None:
+        """A shard batch as the router sees it: BSON events ``{_id, operationType, $sortKey}``
+        split by :func:`router.raw_events.split_cursor` (a Block for plain events)."""
+        if not evs:
+            return None
+        batch = []
+        for e in evs:
+            self.sim.event_by_data[e.token["_data"]] = e
+            batch.append({"_id": e.token, "operationType": e.op, "$sortKey": [e.token]})
+        split = split_cursor(bson.encode({"nextBatch": batch, "id": 1}), "nextBatch")
+        assert split is not None
+        return split[1]
+
+    def _output(self, x: Any) -> list[SimEvent]:
+        """The SimEvents of one output of the merge (a payload, an Item or a Block)."""
+        by_data = self.sim.event_by_data
+        if isinstance(x, Block):
+            return [by_data[x.key_at(i)[0]] for i in range(x.lo, x.hi)]
+        if isinstance(x, Item):
+            return [by_data[x.key[0]]] if isinstance(x.payload, bytes) else [x.payload]
+        return [by_data[bson.decode(x)["_id"]["_data"]]] if isinstance(x, bytes) else [x]
+
     def _remote_getmore(self, r: Any, max_await: int) -> None:
         sim = self.sim
         sh = sim.by_name[r.name]
@@ -310,7 +336,9 @@ class Stream:
             def arrive() -> None:
                 if r not in self.merger.remotes:
                     return
-                items = [Item(e.key, e.token, e, e.op, e.meta) for e in evs]
+                items = self._block(evs) if sim.use_blocks and not sh.is_config else None
+                if items is None:
+                    items = [Item(e.key, e.token, e, e.op, e.meta) for e in evs]
                 self.merger.on_batch(r, items, 1, pbrt)
                 self.drive()
             sim.at(sim.now + latency, arrive)
@@ -341,6 +369,10 @@ class Simulation:
         self.batch_limit = self.rng.choice([1, 2, 5, 101])
         # Half the seeds release through ChangeStreamMerge.take (no rng draw: scenarios unchanged).
         self.use_take = seed % 2 == 0
+        # Seeds 0-1, 4-5, ... hand shard batches of plain events to the merge as real BSON
+        # parsed into Blocks (router/raw_events.py), as the router does; the others as Items.
+        self.use_blocks = (seed // 2) % 2 == 0
+        self.event_by_data: dict[str, SimEvent] = {}
         self.noop_interval = noop_interval
         self.shards: list[SimShard] = []
         self.pending_shards: list[SimShard] = []

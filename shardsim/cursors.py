@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import bson
 from bson.int64 import Int64
 
 from shardsim.errors import MongoError
@@ -26,12 +27,53 @@ DEFAULT_CURSOR_TIMEOUT_MS = 600_000
 class Batch:
     """One batch of a cursor: ``docs`` (dicts or RawBSONDocument), ``exhausted`` (cursor id 0
     in the reply), ``post_batch_resume_token`` (``{_data[, _typeBits]}`` for change streams)
-    and ``extra`` cursor fields (e.g. ``invalidated``)."""
+    and ``extra`` cursor fields (e.g. ``invalidated``). ``raw_docs``, when not None, is the
+    batch already encoded as BSON array elements (``0x03 "0" 0x00 <doc> 0x03 "1" 0x00 ...``,
+    the router's forwarded events) and replaces ``docs``."""
 
     docs: list[Any]
     exhausted: bool
     post_batch_resume_token: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    raw_docs: bytes | None = None
+
+
+class RawBSON:
+    """Encoded BSON bytes that ``bson.encode`` embeds as a document as they are (it copies
+    the ``raw`` attribute of any object whose ``_type_marker`` is 101, like
+    RawBSONDocument, without validating them)."""
+
+    __slots__ = ("raw",)
+    _type_marker = 101
+
+    def __init__(self, raw: bytes) -> None:  # noqa: D107 - see the class docstring
+        self.raw = raw
+
+    def __getitem__(self, name: str) -> Any:
+        return bson.decode(self.raw)[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return bson.decode(self.raw).get(name, default)
+
+
+def _i32(n: int) -> bytes:
+    return n.to_bytes(4, "little", signed=True)
+
+
+def cursor_reply(reply: dict[str, Any], batch_field: str, batch: Batch) -> Any:
+    """The ``cursor`` subdocument: ``reply`` (field order kept) with ``batch_field`` set to the
+    batch. With ``batch.raw_docs`` the array is spliced in as bytes (a :class:`RawBSON`), so
+    forwarded events are copied, never decoded."""
+    if batch.raw_docs is None:
+        reply[batch_field] = batch.docs
+        return reply
+    reply[batch_field] = []
+    enc = bson.encode(reply)
+    marker = b"\x04" + batch_field.encode() + b"\x00\x05\x00\x00\x00\x00"
+    at = enc.index(marker) + len(marker) - 5  # the empty array's int32 length
+    elements = batch.raw_docs
+    body = b"".join((enc[4:at], _i32(len(elements) + 5), elements, b"\x00", enc[at + 5:]))
+    return RawBSON(_i32(len(body) + 4) + body)
 
 
 class Cursor:
@@ -144,13 +186,13 @@ class CursorManager:
             cid = self.register(cursor)
         else:
             await cursor.close()
-        reply: dict[str, Any] = {"firstBatch": batch.docs}
+        reply: dict[str, Any] = {"firstBatch": None}
         if batch.post_batch_resume_token is not None:
             reply["postBatchResumeToken"] = batch.post_batch_resume_token
         reply.update(batch.extra)
         reply["id"] = Int64(cid)
         reply["ns"] = cursor.ns
-        return reply
+        return cursor_reply(reply, "firstBatch", batch)
 
     async def get_more(self, cursor_id: int, collection: str, batch_size: int | None,
                        max_time_ms: int | None) -> dict[str, Any]:
@@ -181,11 +223,11 @@ class CursorManager:
             self._cursors.pop(cid, None)
             await cursor.close()
             cid = 0
-        reply: dict[str, Any] = {"id": Int64(cid), "ns": cursor.ns, "nextBatch": batch.docs}
+        reply: dict[str, Any] = {"id": Int64(cid), "ns": cursor.ns, "nextBatch": None}
         if batch.post_batch_resume_token is not None:
             reply["postBatchResumeToken"] = batch.post_batch_resume_token
         reply.update(batch.extra)
-        return reply
+        return cursor_reply(reply, "nextBatch", batch)
 
     async def kill(self, cursor_ids: list[int]) -> dict[str, list[Int64]]:
         """killCursors: the reply's four lists."""

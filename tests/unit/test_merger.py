@@ -284,7 +284,7 @@ def test_event_below_an_earlier_promise_fails_instead_of_reordering():
 
 @pytest.mark.parametrize("doc_id", [5, 5.5, "abc", {"a": 1}])
 def test_fast_event_parsing_matches_the_generic_path(doc_id):
-    from router.merger import _fast_item
+    from router.raw_events import _fast_item
     from shardsim import resume_token as rt
     tok = rt.event_token(Timestamp(1, 1), bytes(16), "update", {"_id": doc_id})
     ev = {"_id": tok, "operationType": "update", "clusterTime": Timestamp(1, 1),

@@ -1,0 +1,188 @@
+"""Shard batches as Blocks on the router (router/raw_events.py): a run of plain events kept as
+offsets into the reply's bytes must give exactly what the per-event path gives (payloads,
+keys, tokens), reject every layout the per-event path treats specially, and write the client's
+BSON array byte for byte as encoding the payloads would; the merge must order Blocks like
+Items (router/merger.py)."""
+
+from __future__ import annotations
+
+import random
+
+import bson
+import pytest
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
+
+from router.merger import ChangeStreamMerge, Item, Merger, header_bytes, hwm_data, token_key
+from router.raw_events import Block, _fast_item, element_headers, parse_block, split_cursor
+from shardsim import resume_token as rt
+from shardsim.cursors import Batch, cursor_reply
+
+U = bytes(range(16))
+
+
+def event(ts: int, doc_id, op: str = "insert", pad: int = 0) -> dict:
+    """A shard's event as the router receives it (``$sortKey`` last)."""
+    t = Timestamp(ts, 1)
+    tok = rt.event_token(t, U, op, {"_id": doc_id})
+    doc = {"_id": tok, "operationType": op, "clusterTime": t, "ns": {"db": "d", "coll": "c"},
+           "documentKey": {"_id": doc_id}}
+    if op == "insert":
+        doc["fullDocument"] = {"_id": doc_id, "pad": "x" * pad}
+    doc["$sortKey"] = [tok]
+    return doc
+
+
+def reply_cursor(events: list[dict], field: str = "nextBatch") -> bytes:
+    return bson.encode({field: events, "id": Int64(7), "ns": "d.c",
+                        "postBatchResumeToken": events[-1]["_id"] if events else {"_data": "82"}})
+
+
+def per_event(raw: bytes) -> list[Item]:
+    """The per-event path over the same reply (what a Block must be equivalent to)."""
+    arr = bson.decode(raw, bson.CodecOptions(document_class=bson.raw_bson.RawBSONDocument))
+    return [_fast_item(e.raw) for e in arr["nextBatch"]]
+
+
+IDS = [0, 1, 7, -3, 2 ** 40, 5.5, "abc", "", ObjectId("65f000000000000000000001"), {"a": 1},
+       Int64(9), True, None, [1, 2]]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_block_equals_the_per_event_path(seed):
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 11, 120, 1100])
+    evs = [event(100 + i, rng.choice(IDS), rng.choice(["insert", "update", "delete", "replace"]),
+                 rng.randint(0, 300)) for i in range(n)]
+    raw = reply_cursor(evs)
+    meta, items = split_cursor(raw, "nextBatch")
+    assert meta["id"] == 7 and meta["ns"] == "d.c"
+    assert len(items) == 1 and isinstance(items[0], Block)
+    blk = items[0]
+    ref = per_event(raw)
+    assert blk.n == n
+    for i, it in enumerate(ref):
+        assert blk.key_at(i) == it.key == token_key(evs[i]["_id"])
+        assert blk.token_at(i) == dict(it.token)
+        got = blk.item_at(i)
+        assert (got.payload, got.key, got.op) == (it.payload, it.key, it.op)
+    assert blk.key == ref[0].key and blk.last == ref[-1].key
+    # the client's array: element headers renumbered from any base, $sortKey cut
+    base = rng.randint(0, 20000)
+    parts: list[bytes] = []
+    assert blk.write(parts, base) == base + n
+    want = b"".join(b"\x03%d\x00" % (base + i) + it.payload for i, it in enumerate(ref))
+    assert b"".join(parts) == want
+    assert blk.payload_bytes(n) == sum(len(it.payload) for it in ref)
+
+
+def test_split_count_le_and_pop_keep_every_event_once():
+    evs = [event(100 + i, i) for i in range(50)]
+    blk = split_cursor(reply_cursor(evs), "nextBatch")[1][0]
+    bound = token_key(evs[19]["_id"])
+    assert blk.count_le(bound) == 20
+    assert blk.count_le(token_key({"_data": hwm_data((100 << 32) | 1)})) == 0
+    head = blk.split(20)
+    assert (head.n, blk.n) == (20, 30)
+    assert head.last == bound and blk.key == token_key(evs[20]["_id"])
+    it = blk.pop_item()
+    assert it.key == token_key(evs[20]["_id"]) and blk.key == token_key(evs[21]["_id"])
+
+
+@pytest.mark.parametrize("case", ["modified_id", "sortkey_not_last", "invalidate", "new_shard",
+                                  "missing_sortkey", "odd_array_keys"])
+def test_layouts_left_to_the_per_event_path(case):
+    evs = [event(100 + i, i) for i in range(5)]
+    if case == "modified_id":
+        evs[2]["_id"] = {"_data": "82FF"}  # a user stage changed _id: the per-event path raises 280
+    elif case == "sortkey_not_last":
+        sk = evs[3].pop("$sortKey")
+        evs[3] = {"$sortKey": sk, **evs[3]}
+    elif case == "invalidate":
+        tok = rt.event_token(Timestamp(200, 1), U, "invalidate", None, from_invalidate=True)
+        evs.append({"_id": tok, "operationType": "invalidate", "clusterTime": Timestamp(200, 1),
+                    "$sortKey": [tok]})
+    elif case == "new_shard":
+        evs[1]["operationType"] = "kNewShardDetected"
+    elif case == "missing_sortkey":
+        del evs[4]["$sortKey"]
+    raw = reply_cursor(evs)
+    if case == "odd_array_keys":
+        # array keys are skipped by length (as the per-event path ignores them): a key of
+        # another length must not shift the offsets into a wrong Block
+        raw = raw.replace(b"\x030\x00", b"\x0300\x00", 1)
+    arr_start = raw.index(b"\x04nextBatch\x00") + 11
+    size = int.from_bytes(raw[arr_start:arr_start + 4], "little")
+    assert parse_block(raw, arr_start + 4, arr_start + size - 1) is None
+
+
+def test_first_batch_and_empty_batch():
+    evs = [event(100 + i, i) for i in range(3)]
+    meta, items = split_cursor(reply_cursor(evs, "firstBatch"), "firstBatch")
+    assert len(items) == 1 and items[0].n == 3
+    meta, items = split_cursor(reply_cursor([]), "nextBatch")
+    assert items == [] and meta["id"] == 7
+
+
+def test_fit_respects_the_byte_budget():
+    evs = [event(100 + i, i, pad=1000) for i in range(100)]
+    blk = split_cursor(reply_cursor(evs), "nextBatch")[1][0]
+    sizes = [len(it.payload) + len(str(i)) + 2 for i, it in enumerate(per_event(reply_cursor(evs)))]
+    budget = sum(sizes[:37]) + 5
+    assert blk.fit(100, 0, 0, budget) == 37
+    assert blk.fit(100, 0, 0, 10 ** 9) == 100
+    assert blk.fit(100, 5, budget * 2, budget) == 0  # a batch already over budget takes none
+    assert blk.fit(100, 0, 0, 1) == 1  # ...but the first event of a batch always fits
+
+
+def test_header_bytes_and_element_headers():
+    for lo, hi in [(0, 0), (0, 1), (9, 11), (95, 1005), (99999, 100002)]:
+        assert header_bytes(lo, hi) == sum(len(str(i)) + 2 for i in range(lo, hi))
+    assert element_headers(98, 3) == [b"\x0398\x00", b"\x0399\x00", b"\x03100\x00"]
+
+
+def _merge_of(batches: list[list[dict]]):
+    m = Merger()
+    remotes = [m.add_remote(f"s{i}", "d.c", 1, [], {"_data": hwm_data(1 << 32)})
+               for i in range(len(batches))]
+    m.set_initial_high_water_mark()
+    for r, evs in zip(remotes, batches):
+        m.on_batch(r, split_cursor(reply_cursor(evs), "nextBatch")[1], 1, {"_data": hwm_data(10 ** 4 << 32)})
+    return m, ChangeStreamMerge(m)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_take_merges_blocks_in_key_order_and_moves_the_hwm(interleaved):
+    if interleaved:  # overlapping runs: unrolled and k-way merged
+        batches = [[event(100 + 3 * i + s, i) for i in range(40)] for s in range(3)]
+    else:  # a backlog shard by shard: whole blocks concatenated
+        batches = [[event(100 + 40 * s + i, i) for i in range(40)] for s in range(3)]
+    want = sorted((token_key(e["_id"]) for b in batches for e in b))
+    m, cs = _merge_of(batches)
+    got: list = []
+    while True:
+        out, tok, _ = cs.take(17, None, len(got), 0)
+        if not out:
+            break
+        for o in out:
+            if isinstance(o, Block):
+                got.extend(o.key_at(i) for i in range(o.lo, o.hi))
+            else:
+                got.append(token_key(bson.decode(o)["_id"]))
+        assert token_key(tok) == got[-1] == m.hwm
+    assert got == want
+
+
+def test_cursor_reply_splices_raw_elements_like_encoding_the_docs():
+    docs = [{"_id": i, "x": "y" * i} for i in range(12)]
+    elements = b"".join(b"\x03%d\x00" % i + bson.encode(d) for i, d in enumerate(docs))
+    pbrt = {"_data": "8200"}
+    for field, reply in (("nextBatch", {"id": Int64(5), "ns": "d.c", "nextBatch": None,
+                                        "postBatchResumeToken": pbrt}),
+                         ("firstBatch", {"firstBatch": None, "postBatchResumeToken": pbrt,
+                                         "id": Int64(0), "ns": "d.c"})):
+        raw = cursor_reply(dict(reply), field, Batch([], False, pbrt, raw_docs=elements))
+        plain = cursor_reply(dict(reply), field, Batch(docs, False, pbrt))
+        assert raw.raw == bson.encode(plain)
+        assert bson.encode({"cursor": raw, "ok": 1.0}) == bson.encode({"cursor": plain, "ok": 1.0})
