@@ -99,7 +99,7 @@ class Remote:
     ``status`` — the first error (MongoError) this remote reported; ``queued`` — how many of
     its events sit in the merger's release queue (taken from ``buffer``, proven ready);
     ``more`` — set by the owner when the remote's last batch was full (it has a backlog), so
-    it may be polled while its buffer still holds fewer than ``PREFETCH_EVENTS`` events.
+    it may be polled while its buffer still holds fewer than ``PREFETCH_BYTES`` bytes.
     """
 
     __slots__ = ("rid", "name", "ns", "is_config", "cursor_id", "buffer", "promise",
@@ -367,12 +367,12 @@ class Merger:
     def remotes_to_poll(self) -> list[Remote]:
         """``_scheduleGetMores``: remotes with an empty buffer, a live cursor and no request
         in flight. A remote holding events is polled only when its last batch was full
-        (``more``) and it holds fewer than ``PREFETCH_EVENTS`` (prefetch while its buffer
+        (``more``) and its buffer holds less than ``PREFETCH_BYTES`` (prefetch while its buffer
         drains; still at most one request in flight per remote cursor)."""
         if self.status is not None:
             return []
         return [r for r in self.remotes
-                if (not r.buffer or (r.more and sum(e.n for e in r.buffer) < PREFETCH_EVENTS))
+                if (not r.buffer or (r.more and sum(e.nbytes for e in r.buffer) < PREFETCH_BYTES))
                 and r.cursor_id != 0 and not r.in_flight and not r.closed]
 
     def blocking_remotes(self) -> tuple[Item | None, list[Remote]]:
@@ -429,8 +429,13 @@ def _merge_runs(runs: list[list[Any]]) -> Iterable[Any]:
                 items.append(e)
         unrolled.append(items)
     return heapq.merge(*unrolled, key=_KEY)
-# A remote with a backlog is asked for its next batch while it holds fewer events than this.
-PREFETCH_EVENTS = 4096
+
+
+# A remote with a backlog is asked for its next batch while its buffer holds less than this
+# (bytes; one maximum-size reply). Large enough that, when the merge releases one shard's
+# events while the others' wait for it (a backlog read), every shard keeps reading its backlog
+# at the same time instead of one shard at a time; bounded per remote.
+PREFETCH_BYTES = 16 * 1024 * 1024
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,6 +87,12 @@ class Item:
         """Number of events in this buffer entry (1; see :class:`Block`)."""
         return 1
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes this entry holds (its payload when it is bytes; 0 in the simulation)."""
+        p = self.payload
+        return len(p) if isinstance(p, (bytes, bytearray)) else 0
+
 
 class RawDoc:
     """Raw BSON bytes the reply encoder copies as an embedded document (``bson`` encodes any
@@ -300,6 +306,11 @@ class Block:
     def n(self) -> int:
         """Number of events left in the block."""
         return self.hi - self.lo
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the reply its events span (what holding them costs, roughly)."""
+        return self.cuts[self.hi - 1] - self.starts[self.lo]
 
     def _token_parts(self, i: int) -> tuple[str, bytes | None, int]:
         raw = self.raw
