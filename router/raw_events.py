@@ -407,6 +407,13 @@ class Block:
         return f"Block({self.n} events, {self.key[0]} .. {self.last[0]})"
 
 
+def _typebits_ok(raw: bytes, p: int, id_end: int) -> bool:
+    """Is ``raw[p:id_end]`` exactly ``_typeBits: BinData`` plus the _id document's NUL?"""
+    if not raw.startswith(_TB_HEAD, p):
+        return False
+    return p + 16 + _i32.unpack_from(raw, p + 11)[0] == id_end - 1 and raw[id_end - 1] == 0
+
+
 def parse_block(raw: bytes, a: int, stop: int) -> Block | None:
     """The events of a shard batch's array, ``raw[a:stop]`` (its elements), as one
     :class:`Block`; None when the batch is empty or any event needs the per-event path (a
@@ -434,7 +441,12 @@ def parse_block(raw: bytes, a: int, stop: int) -> Block | None:
         ids = [unpack(raw, d + 9)[0] for d in starts]
         cuts = [e - il - 19 for e, il in zip(ends, ids)]
         th = _tail_head
+        # Per event: _id is {_data: <ASCII string>[, _typeBits: BinData]} and nothing else (what
+        # Block.key_at and _fast_item read; the string's length says which), and $sortKey comes
+        # after it and holds the same document byte for byte, then the two terminators.
         if not all(raw.startswith(_ID_HEAD, d + 4) and raw.startswith(_DATA_HEAD, d + 13)
+                   and raw[d + 24:(z := d + 23 + unpack(raw, d + 20)[0])].isascii()
+                   and raw[z] == 0 and (il == z - d + 17 - 24 or _typebits_ok(raw, z + 1, d + 9 + il))
                    and t > d + 9 + il
                    and raw[t:e] == th(il) + raw[d + 9:d + 9 + il] + b"\x00\x00"
                    for d, e, il, t in zip(starts, ends, ids, cuts)):

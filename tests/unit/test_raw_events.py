@@ -91,7 +91,8 @@ def test_split_count_le_and_pop_keep_every_event_once():
 
 
 @pytest.mark.parametrize("case", ["modified_id", "sortkey_not_last", "invalidate", "new_shard",
-                                  "missing_sortkey", "odd_array_keys"])
+                                  "missing_sortkey", "odd_array_keys", "id_extra_field",
+                                  "non_ascii_token"])
 def test_layouts_left_to_the_per_event_path(case):
     evs = [event(100 + i, i) for i in range(5)]
     if case == "modified_id":
@@ -107,6 +108,14 @@ def test_layouts_left_to_the_per_event_path(case):
         evs[1]["operationType"] = "kNewShardDetected"
     elif case == "missing_sortkey":
         del evs[4]["$sortKey"]
+    elif case in ("id_extra_field", "non_ascii_token"):
+        tok = dict(evs[2]["_id"])
+        if case == "id_extra_field":
+            tok["x"] = 1  # even when $sortKey carries the same document
+        else:
+            tok["_data"] = tok["_data"][:-2] + "é"
+        evs[2]["_id"] = tok
+        evs[2]["$sortKey"] = [tok]
     raw = reply_cursor(evs)
     if case == "odd_array_keys":
         # array keys are skipped by length (as the per-event path ignores them): a key of
