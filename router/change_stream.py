@@ -355,7 +355,7 @@ class RouterChangeStream:
             if cid != 0 and cid != r.cursor_id:
                 raise MongoError(2, f"Expected cursorid {r.cursor_id} but received {cid}")
             self.idle[r.rid] = not items
-            r.more = len(items) >= REMOTE_BATCH_SIZE
+            r.more = sum(e.n for e in items) >= REMOTE_BATCH_SIZE  # Items, or one Block
             self.merger.on_batch(r, items, cid, _plain(cur.get("postBatchResumeToken")),
                                  invalidated=bool(cur.get("invalidated", False)))
             if items:

@@ -65,7 +65,7 @@ class FakeShardCursor(Cursor):
         deadline = time.monotonic() + (max_time_ms or 1000) / 1000
         while True:
             out = []
-            while self.pos < len(sh.events):
+            while self.pos < len(sh.events) and (not batch_size or len(out) < batch_size):
                 tok, doc = sh.events[self.pos]
                 self.pos += 1
                 if token_key(tok) < self.start_key:
@@ -663,3 +663,23 @@ def test_promise_request_ignored_still_bounded_by_await_and_order_kept(h):
     took, tok, ch = _watch_and_time_one_insert(h, await_ms=300)
     assert ch is not None and ch["_id"] == tok  # released only once every remote promised
     assert took < 2.0
+
+
+def test_router_prefetches_a_remote_backlog_while_the_client_reads(h):
+    # A full shard batch (REMOTE_BATCH_SIZE events) means a backlog: the router asks for the
+    # next one at once instead of when its buffer is empty, so the shards keep reading.
+    from router.change_stream import REMOTE_BATCH_SIZE
+    coll = h.client.db.coll
+    with coll.watch(max_await_time_ms=200, batch_size=10) as stream:
+        for i in range(2 * REMOTE_BATCH_SIZE + 100):
+            h.write(0, {"_id": i})
+        _gossip_all(h)
+        assert stream.next()["fullDocument"]["_id"] == 0
+        cur = h.do(lambda: next(c for c in h.shards[0].cursors.all()))
+        deadline = time.time() + 10
+        while cur.pos < len(h.shards[0].events) and time.time() < deadline:
+            time.sleep(0.05)
+        # the whole backlog left the shard although the client took only one small batch
+        assert cur.pos == len(h.shards[0].events)
+        got = [stream.next()["fullDocument"]["_id"] for _ in range(2 * REMOTE_BATCH_SIZE + 99)]
+        assert got == list(range(1, 2 * REMOTE_BATCH_SIZE + 100))
