@@ -34,7 +34,7 @@ from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key, ts_key
 from shardsim.cursors import BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, Batch, Cursor
 from shardsim.errors import MongoError
-from shard.change_stream import oplog_match
+from shard.change_stream import fast_crud, oplog_match
 from shard.change_stream.add_post_image import add_post_image
 from shard.change_stream.add_pre_image import add_pre_image
 from shard.change_stream.check_invalidate import CheckInvalidate
@@ -164,7 +164,9 @@ class ChangeStreamCursor(Cursor):
         self.oplog = node.oplog
         self.scan_key = start_key
         self.latest_scanned = start_key - 1
-        self.pending: collections.deque[tuple[Any, dict[str, Any], int]] = collections.deque()
+        # (event document, its token, its BSON size): the token is a dict, or the token's BSON
+        # bytes for events of the fast path (turned into a dict only for postBatchResumeToken).
+        self.pending: collections.deque[tuple[Any, Any, int]] = collections.deque()
         self.pbrt = initial_pbrt
         self.pbrt_ts_key = ts_key(rt.decode(initial_pbrt).clusterTime)
         self.match = oplog_match.build(spec)
@@ -187,6 +189,15 @@ class ChangeStreamCursor(Cursor):
         self._scan_it: Any = None  # the oplog iterator _scan left at _scan_it_key
         self._scan_it_key = 0
         self._waiters = promise_waiters(node)
+        # Fused fast path for plain CRUD entries (fast_crud), used once the stream is past its
+        # resume point: entries at or before the resume token's time may need its version.
+        self.fast: fast_crud.Emit | None = None
+        if fast_crud.eligible(spec):
+            self.fast = fast_crud.build(
+                spec, self.pending.append, RawEvent,
+                MAX_EVENT_BYTES + (_INTERNAL_SLACK if spec.needs_merge else 0))
+        rk = self.transform._resume_key
+        self._fast_min_key = rk[0] + 1 if rk is not None else 0
         # No truncation callback: _scan compares scan_key with oplog.truncated_through, so an
         # oplog at its size cap does not call every open cursor on each write.
         self.oplog.add_listener(self._on_append, **self._listen_scope())
@@ -342,19 +353,37 @@ class ChangeStreamCursor(Cursor):
             else:
                 it = ((ts_key(e["ts"]), e) for e in oplog.entries_from(self.scan_key))
         self._scan_it = None
+        pending = self.pending
+        fast = self._fast_emit()
+        fast_min = self._fast_min_key
         for key, entry in it:
             self.latest_scanned = key
             self.scan_key = key + 1
-            if match(entry):
-                self._process_entry(entry)
-                if len(self.pending) >= want or self.closing:
+            if fast is not None and key >= fast_min and fast(key, entry):
+                if len(pending) >= want:
                     self._scan_it = it
                     self._scan_it_key = self.scan_key
                     return
+                continue
+            if match(entry):
+                self._process_entry(entry)
+                if len(pending) >= want or self.closing:
+                    self._scan_it = it
+                    self._scan_it_key = self.scan_key
+                    return
+                if fast is None:
+                    fast = self._fast_emit()
         end = self.oplog.latest_key
         if end >= self.scan_key:  # the index skipped entries this stream cannot match
             self.latest_scanned = end
             self.scan_key = end + 1
+
+    def _fast_emit(self) -> fast_crud.Emit | None:
+        """The fast emitter when it may be used now: the stream is eligible and no resume
+        check is still pending (the general path decides up to and at the resume point)."""
+        if self.resume is not None and not self.resume.done:
+            return None
+        return self.fast
 
     # -- batches --------------------------------------------------------------------------------
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
@@ -406,7 +435,9 @@ class ChangeStreamCursor(Cursor):
             self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt)
 
-    def _set_pbrt(self, token: dict[str, Any]) -> None:
+    def _set_pbrt(self, token: Any) -> None:
+        if type(token) is bytes:
+            token = fast_crud.token_from_doc(token)
         self.pbrt = token
         # Every token starts with the clusterTime: 0x82 + 8 bytes (secs << 32 | inc).
         self.pbrt_ts_key = int(token["_data"][2:18], 16)

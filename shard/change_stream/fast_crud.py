@@ -1,0 +1,264 @@
+"""Fused fast path for plain CRUD events: oplog entry -> encoded event in one step.
+
+A catch-up read spends most of its time on insert/update/replace/delete entries of streams
+without per-event extras. For those the general pipeline (:class:`~.transform.Transform` ->
+:class:`~.transform.Event` -> ``_emit`` -> ``encode_event``) builds a dict per event and encodes
+it again. This module writes the same BSON directly from pieces:
+
+* cached per namespace (and collection UUID): the ``ns`` element, the ``operationType``
+  element and the resume token's constant hex middle per operation type
+  (:func:`shardsim.resume_token.event_mid_hex`);
+* per event: the ``_id`` token document (:func:`shardsim.resume_token.fast_event_token_hex`),
+  ``clusterTime`` packed from the scan key, ``wallTime`` (cached per ``datetime`` object: the
+  shard's ``wall_now`` hands out one object per millisecond), ``fullDocument`` /
+  ``documentKey`` / ``updateDescription`` encoded by bson's C encoder, and with ``needsMerge``
+  the trailing ``$sortKey: [<token>]``.
+
+The output is byte-identical to the general path (``tests/unit/test_change_stream_fast_crud.py``
+compares the two over many varied entries). Whatever the fast path does not cover it declines
+(returns False) and the general path handles the entry: other operations, transactions,
+``fromMigrate`` entries, namespaces the stream does not watch plainly (``system.views``), a
+documentKey or document that is not a plain ``dict``, an event over the size limit, any encoding
+error. Which streams may use it at all: :func:`eligible`; the cursor also keeps it off until the
+stream has passed its resume point (:class:`~.cursor.ChangeStreamCursor`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from typing import Any, Callable
+
+from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
+from bson.binary import Binary
+from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS
+
+from shardsim import resume_token as rt
+from shard.change_stream.oplog_match import ns_predicate
+from shard.change_stream.spec import StreamSpec
+from shard.change_stream.transform import update_description
+
+# Set False to send every entry through the general path (tests compare the two).
+ENABLED = True
+
+_i32 = struct.Struct("<i").pack
+_u64 = struct.Struct("<Q").pack
+# Encoding ignores document_class (it only matters for decoding), and these options make the C
+# encoder's per-call option conversion cheaper than DEFAULT_CODEC_OPTIONS (dict has no
+# _type_marker to look up); uuid representation and type registry are the defaults, as in
+# the general path's encode_event.
+_OPTS = DEFAULT_RAW_BSON_OPTIONS
+
+_ID_HEAD = b"\x03_id\x00"
+_TS_HEAD = b"\x11clusterTime\x00"
+_DATA_HEAD = b"\x02_data\x00"
+_TB_HEAD = b"\x05_typeBits\x00"
+_SK_HEAD = b"\x04$sortKey\x00"
+_OPS = ("insert", "update", "replace", "delete")
+
+Emit = Callable[[int, dict[str, Any]], bool]
+
+
+def eligible(spec: StreamSpec) -> bool:
+    """True when no event of ``spec`` needs per-event extras the fast path does not write: no
+    user stages (nor ``$changeStreamSplitLargeEvent``), ``fullDocument: "default"``,
+    ``fullDocumentBeforeChange: "off"``, no ``showExpandedEvents`` (collectionUUID),
+    ``showRawUpdateDescription`` or ``showCommitTimestamp``, version 2 tokens."""
+    return (ENABLED and not spec.user_stages and spec.full_document == "default"
+            and spec.full_document_before_change == "off" and not spec.show_expanded
+            and not spec.show_raw_update and not spec.show_commit_ts and spec.token_version == 2)
+
+
+def _element(name: str, value: Any) -> bytes:
+    """One BSON element ``name: value`` as the C encoder writes it inside a document."""
+    return _dict_to_bson({name: value}, False, _OPTS, False)[4:-1]
+
+
+def token_doc(data: str, tb: bytes | None) -> bytes:
+    """The BSON document ``{_data: data[, _typeBits: BinData(0, tb)]}`` (a token's ``_id``)."""
+    raw = data.encode()
+    body = _DATA_HEAD + _i32(len(raw) + 1) + raw + b"\x00"
+    if tb is not None:
+        body += _TB_HEAD + _i32(len(tb)) + b"\x00" + tb
+    return _i32(len(body) + 5) + body + b"\x00"
+
+
+def token_from_doc(tok: bytes) -> dict[str, Any]:
+    """Inverse of :func:`token_doc`: the token document ``{_data[, _typeBits]}`` (``_typeBits``
+    as ``Binary(.., 0)``, as the general path builds it)."""
+    n = int.from_bytes(tok[11:15], "little")  # after int32 + 0x02 "_data\0"
+    data = tok[15:14 + n].decode()
+    pos = 15 + n
+    if tok[pos] == 0:
+        return {"_data": data}
+    pos += len(_TB_HEAD)
+    m = int.from_bytes(tok[pos:pos + 4], "little")
+    return {"_data": data, "_typeBits": Binary(tok[pos + 5:pos + 5 + m], 0)}
+
+
+class RawDoc:
+    """An embedded document the C encoder copies from ``raw`` (``_type_marker`` 101)."""
+
+    __slots__ = ("raw",)
+    _type_marker = 101
+
+    def __init__(self, raw: bytes) -> None:  # noqa: D107 - see the class docstring
+        self.raw = raw
+
+
+class _Op:
+    """Pieces of one (namespace, collection UUID, operation type)."""
+
+    __slots__ = ("head", "mid", "int_fmt", "int_hdr", "const")
+
+    def __init__(self, op_type: str, uuid: bytes | None) -> None:
+        # operationType element, then the clusterTime element's type and name.
+        self.head = _element("operationType", op_type) + _TS_HEAD
+        self.mid = rt.event_mid_hex(uuid, op_type, 0)
+        # The token document of a documentKey {_id: positive int32}: header (by n, the bytes
+        # of v << 1), then the template of the _data characters, then _data's NUL and the
+        # document's terminator.
+        self.int_fmt = b"%b" + rt.int_id_token_template(self.mid) + b"\x00\x00"
+        base = len(self.mid) + 36
+        self.int_hdr = [b""] + [_i32(base + 2 * n + 17) + _DATA_HEAD + _i32(base + 2 * n + 1)
+                                for n in range(1, 6)]
+        # Bytes of everything but the token(s), the wallTime element, the encoded variable
+        # part (whose int32 header and terminator are dropped) and $sortKey: event length, _id
+        # element head, head, clusterTime value, the event's terminator.
+        self.const = 4 + len(_ID_HEAD) + len(self.head) + 8 - 5 + 1
+
+
+class _Ns:
+    """Cached pieces of one watched namespace (for the collection UUID last seen on it)."""
+
+    __slots__ = ("ui", "ns", "ops")
+
+    def __init__(self, db: str, coll: str) -> None:
+        self.ui: Any = _UNSET
+        self.ns = RawDoc(_dict_to_bson({"db": db, "coll": coll}, False, _OPTS, False))
+        self.ops: dict[str, _Op] = {}
+
+    def set_ui(self, ui: Any) -> None:
+        uuid = bytes(ui) if ui is not None else None
+        self.ui = ui
+        self.ops = {op: _Op(op, uuid) for op in _OPS}
+
+
+_UNSET = object()
+
+
+def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[bytes], Any],
+          limit: int) -> Emit:
+    """The fast emitter of a stream (``eligible(spec)`` must hold): ``emit(key, entry)`` for an
+    oplog entry whose ts key is ``key`` either appends ``(make_doc(raw), token, len(raw))`` with
+    ``append`` and returns True, or returns False (nothing appended; the general path must
+    handle the entry, including deciding whether it matches). ``token`` is the event's ``_id``
+    as BSON bytes (:func:`token_from_doc` gives the dict). ``limit`` is the largest event size
+    (bytes) it may emit; larger events go to the general path (error or split)."""
+    needs_merge = spec.needs_merge
+    ns_ok = ns_predicate(spec)
+    cache: dict[str, _Ns | None] = {}
+    wall_cache: list[Any] = [_UNSET, b""]
+    sk_heads: dict[int, bytes] = {}
+
+    def ns_pieces(ns: Any) -> _Ns | None:
+        if type(ns) is not str:
+            return None
+        db, _, coll = ns.partition(".")
+        info = _Ns(db, coll) if coll and coll != "system.views" and ns_ok(ns) else None
+        if len(cache) >= 1024:
+            cache.clear()
+        cache[ns] = info
+        return info
+
+    def wall_element(wall: Any) -> bytes:
+        elem = _element("wallTime", wall)
+        if type(wall) is datetime.datetime:  # equal datetimes encode alike (UTC milliseconds)
+            wall_cache[0] = wall
+            wall_cache[1] = elem
+        return elem
+
+    def sk_head(n: int) -> bytes:
+        h = sk_heads[n] = _SK_HEAD + _i32(n + 8) + b"\x030\x00"
+        return h
+
+    def emit(key: int, entry: dict[str, Any]) -> bool:
+        op = entry.get("op")
+        if op == "i":
+            o = entry.get("o")
+            if type(o) is not dict:
+                return False
+            op_type = "insert"
+            dk = entry.get("o2")
+            if dk is None:
+                dk = {"_id": o.get("_id")}
+            var: dict[str, Any] = {"fullDocument": o, "ns": None, "documentKey": dk}
+        elif op == "u":
+            o = entry.get("o")
+            if type(o) is not dict:
+                return False
+            diff = o.get("diff")
+            dk = entry.get("o2")
+            if o.get("$v") == 2 and isinstance(diff, dict):
+                op_type = "update"
+                var = {"ns": None, "documentKey": dk, "updateDescription": None}
+            else:
+                op_type = "replace"
+                var = {"fullDocument": o, "ns": None, "documentKey": dk}
+        elif op == "d":
+            dk = entry.get("o")
+            op_type = "delete"
+            var = {"ns": None, "documentKey": dk}
+        else:
+            return False
+        if type(dk) is not dict or "txnOpIndex" in entry or entry.get("fromMigrate"):
+            return False
+        pieces = cache.get(entry.get("ns"), _UNSET)
+        if pieces is _UNSET:
+            pieces = ns_pieces(entry.get("ns"))
+        if pieces is None:
+            return False
+        ui = entry.get("ui")
+        if ui is not pieces.ui:
+            pieces.set_ui(ui)
+        p = pieces.ops[op_type]
+        var["ns"] = pieces.ns
+        wall = entry.get("wall")
+        if type(wall) is datetime.datetime and wall == wall_cache[0]:
+            wall_b = wall_cache[1]
+        else:
+            wall_b = wall_element(wall)
+        try:
+            if op_type == "update":
+                var["updateDescription"] = update_description(diff, False)
+            enc = _dict_to_bson(var, False, _OPTS, False)
+            v = dk.get("_id") if len(dk) == 1 else None
+            if type(v) is int and 0 < v <= 0x7FFFFFFF:
+                v <<= 1
+                n = (v.bit_length() + 7) >> 3
+                tok = p.int_fmt % (p.int_hdr[n], key, 0x2A + n, n << 1, v)
+            else:
+                data, tb = rt.fast_event_token_hex(key, p.mid, dk)
+                tok = token_doc(data, tb)
+        except Exception:
+            return False  # the general path raises the real error (or encodes it its own way)
+        lt = len(tok)
+        if needs_merge:
+            size = p.const + len(wall_b) + len(enc) + 2 * lt + 18
+            if size > limit:
+                return False
+            sk = sk_heads.get(lt)
+            if sk is None:
+                sk = sk_head(lt)
+            raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b, enc[4:-1],
+                            sk, tok, b"\x00\x00"))
+        else:
+            size = p.const + len(wall_b) + len(enc) + lt
+            if size > limit:
+                return False
+            raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b, enc[4:-1],
+                            b"\x00"))
+        append((make_doc(raw), tok, size))
+        return True
+
+    return emit
