@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 from typing import Any
 
 from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
@@ -186,8 +187,7 @@ class ChangeStreamCursor(Cursor):
         self.history_lost = False
         self.promise_mode = str(node.options.get("promise_mode") or "clock")
         self._wake: asyncio.Event | None = None
-        self._scan_it: Any = None  # the oplog iterator _scan left at _scan_it_key
-        self._scan_it_key = 0
+        self._scope_kw = self._scan_scope()
         self._waiters = promise_waiters(node)
         # Fused fast path for plain CRUD entries (fast_crud), used once the stream is past its
         # resume point: entries at or before the resume token's time may need its version.
@@ -203,7 +203,7 @@ class ChangeStreamCursor(Cursor):
         self.oplog.add_listener(self._on_append, **self._listen_scope())
 
     def _scan_scope(self) -> dict[str, str]:
-        """The oplog index a scan may use (``Oplog.scoped_entries_from``): this stream's
+        """The oplog index a scan may use (``Oplog.scoped_batch``): this stream's
         namespace or database; a cluster-wide stream reads every entry."""
         spec = self.spec
         if spec.kind == "collection":
@@ -334,46 +334,54 @@ class ChangeStreamCursor(Cursor):
         catch-up does not re-enter the batch loop once per event.
 
         Collection and database streams read through the oplog's namespace/database index
-        (``Oplog.scoped_entries_from``): entries of other namespaces cannot match their filter,
-        so an idle stream's getMore costs nothing per unrelated write; reaching the end of the
-        index counts as having scanned to the newest entry. The live iterator is kept between
-        calls while it stands at ``scan_key``, so a catch-up costs one iterator, not one lookup
-        per event."""
+        (``Oplog.scoped_batch``): entries of other namespaces cannot match their filter, so an
+        idle stream's getMore costs nothing per unrelated write; reaching the end of the index
+        counts as having scanned to the newest entry. Entries come in slices of at least the
+        number of events still wanted (one index lookup per slice, not per event); plain CRUD
+        entries go through the fused fast path (:mod:`.fast_crud`) when the stream allows it."""
         if self.history_lost or getattr(self.oplog, "truncated_through", 0) >= self.scan_key:
             # Entries at or after our position were truncated since the last scan.
             self.history_lost = True
             raise MongoError(286, HISTORY_LOST_MSG)
+        oplog = self.oplog
+        batch = getattr(oplog, "scoped_batch", None)
+        scope = self._scope_kw
         match = self.match
-        it = self._scan_it
-        if it is None or self._scan_it_key != self.scan_key:
-            oplog = self.oplog
-            scoped = getattr(oplog, "scoped_entries_from", None)
-            if scoped is not None:
-                it = scoped(self.scan_key, **self._scan_scope())
-            else:
-                it = ((ts_key(e["ts"]), e) for e in oplog.entries_from(self.scan_key))
-        self._scan_it = None
         pending = self.pending
         fast = self._fast_emit()
         fast_min = self._fast_min_key
-        for key, entry in it:
-            self.latest_scanned = key
-            self.scan_key = key + 1
-            if fast is not None and key >= fast_min and fast(key, entry):
-                if len(pending) >= want:
-                    self._scan_it = it
-                    self._scan_it_key = self.scan_key
-                    return
-                continue
-            if match(entry):
-                self._process_entry(entry)
-                if len(pending) >= want or self.closing:
-                    self._scan_it = it
-                    self._scan_it_key = self.scan_key
-                    return
-                if fast is None:
-                    fast = self._fast_emit()
-        end = self.oplog.latest_key
+        while True:
+            need = want - len(pending)
+            chunk = need if need > 32 else 32
+            if batch is not None:
+                keys, entries = batch(self.scan_key, chunk, **scope)
+            else:
+                entries = list(itertools.islice(oplog.entries_from(self.scan_key), chunk))
+                keys = [ts_key(e["ts"]) for e in entries]
+            key = -1
+            for key, entry in zip(keys, entries):
+                if fast is not None and key >= fast_min and fast(key, entry):
+                    need -= 1
+                    if need <= 0:
+                        self.latest_scanned = key
+                        self.scan_key = key + 1
+                        return
+                    continue
+                if match(entry):
+                    self.latest_scanned = key
+                    self.scan_key = key + 1
+                    self._process_entry(entry)
+                    need = want - len(pending)
+                    if need <= 0 or self.closing:
+                        return
+                    if fast is None:
+                        fast = self._fast_emit()
+            if key >= 0:
+                self.latest_scanned = key
+                self.scan_key = key + 1
+            if len(keys) < chunk:
+                break
+        end = oplog.latest_key
         if end >= self.scan_key:  # the index skipped entries this stream cannot match
             self.latest_scanned = end
             self.scan_key = end + 1

@@ -131,17 +131,19 @@ class _Op:
 class _Ns:
     """Cached pieces of one watched namespace (for the collection UUID last seen on it)."""
 
-    __slots__ = ("ui", "ns", "ops")
+    __slots__ = ("ui", "ns", "i", "u", "r", "d")
 
     def __init__(self, db: str, coll: str) -> None:
         self.ui: Any = _UNSET
         self.ns = RawDoc(_dict_to_bson({"db": db, "coll": coll}, False, _OPTS, False))
-        self.ops: dict[str, _Op] = {}
 
     def set_ui(self, ui: Any) -> None:
         uuid = bytes(ui) if ui is not None else None
         self.ui = ui
-        self.ops = {op: _Op(op, uuid) for op in _OPS}
+        self.i = _Op("insert", uuid)
+        self.u = _Op("update", uuid)
+        self.r = _Op("replace", uuid)
+        self.d = _Op("delete", uuid)
 
 
 _UNSET = object()
@@ -158,8 +160,10 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
     needs_merge = spec.needs_merge
     ns_ok = ns_predicate(spec)
     cache: dict[str, _Ns | None] = {}
-    wall_cache: list[Any] = [_UNSET, b""]
     sk_heads: dict[int, bytes] = {}
+    dt = datetime.datetime
+    last_wall: Any = _UNSET
+    last_wall_b = b""
 
     def ns_pieces(ns: Any) -> _Ns | None:
         if type(ns) is not str:
@@ -172,10 +176,11 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
         return info
 
     def wall_element(wall: Any) -> bytes:
+        nonlocal last_wall, last_wall_b
         elem = _element("wallTime", wall)
-        if type(wall) is datetime.datetime:  # equal datetimes encode alike (UTC milliseconds)
-            wall_cache[0] = wall
-            wall_cache[1] = elem
+        if type(wall) is dt:  # equal datetimes encode alike (UTC milliseconds)
+            last_wall = wall
+            last_wall_b = elem
         return elem
 
     def sk_head(n: int) -> bytes:
@@ -183,55 +188,53 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
         return h
 
     def emit(key: int, entry: dict[str, Any]) -> bool:
-        op = entry.get("op")
-        if op == "i":
-            o = entry.get("o")
-            if type(o) is not dict:
-                return False
-            op_type = "insert"
-            dk = entry.get("o2")
-            if dk is None:
-                dk = {"_id": o.get("_id")}
-            var: dict[str, Any] = {"fullDocument": o, "ns": None, "documentKey": dk}
-        elif op == "u":
-            o = entry.get("o")
-            if type(o) is not dict:
-                return False
-            diff = o.get("diff")
-            dk = entry.get("o2")
-            if o.get("$v") == 2 and isinstance(diff, dict):
-                op_type = "update"
-                var = {"ns": None, "documentKey": dk, "updateDescription": None}
-            else:
-                op_type = "replace"
-                var = {"fullDocument": o, "ns": None, "documentKey": dk}
-        elif op == "d":
-            dk = entry.get("o")
-            op_type = "delete"
-            var = {"ns": None, "documentKey": dk}
-        else:
-            return False
-        if type(dk) is not dict or "txnOpIndex" in entry or entry.get("fromMigrate"):
-            return False
-        pieces = cache.get(entry.get("ns"), _UNSET)
-        if pieces is _UNSET:
-            pieces = ns_pieces(entry.get("ns"))
-        if pieces is None:
-            return False
-        ui = entry.get("ui")
-        if ui is not pieces.ui:
-            pieces.set_ui(ui)
-        p = pieces.ops[op_type]
-        var["ns"] = pieces.ns
-        wall = entry.get("wall")
-        if type(wall) is datetime.datetime and wall == wall_cache[0]:
-            wall_b = wall_cache[1]
-        else:
-            wall_b = wall_element(wall)
         try:
-            if op_type == "update":
-                var["updateDescription"] = update_description(diff, False)
-            enc = _dict_to_bson(var, False, _OPTS, False)
+            pieces = cache.get(entry["ns"], _UNSET)
+            if pieces is _UNSET:
+                pieces = ns_pieces(entry["ns"])
+            if pieces is None or "txnOpIndex" in entry or entry.get("fromMigrate"):
+                return False
+            if entry.get("ui") is not pieces.ui:
+                pieces.set_ui(entry.get("ui"))
+            op = entry["op"]
+            if op == "i":
+                o = entry["o"]
+                dk = entry.get("o2")
+                if dk is None:
+                    dk = {"_id": o.get("_id")}
+                if type(o) is not dict or type(dk) is not dict:
+                    return False
+                p = pieces.i
+                enc = _dict_to_bson({"fullDocument": o, "ns": pieces.ns, "documentKey": dk},
+                                    False, _OPTS, False)
+            elif op == "u":
+                o = entry["o"]
+                dk = entry.get("o2")
+                if type(o) is not dict or type(dk) is not dict:
+                    return False
+                diff = o.get("diff")
+                if o.get("$v") == 2 and isinstance(diff, dict):
+                    p = pieces.u
+                    enc = _dict_to_bson({"ns": pieces.ns, "documentKey": dk,
+                                         "updateDescription": update_description(diff, False)},
+                                        False, _OPTS, False)
+                else:
+                    p = pieces.r
+                    enc = _dict_to_bson({"fullDocument": o, "ns": pieces.ns, "documentKey": dk},
+                                        False, _OPTS, False)
+            elif op == "d":
+                dk = entry["o"]
+                if type(dk) is not dict:
+                    return False
+                p = pieces.d
+                enc = _dict_to_bson({"ns": pieces.ns, "documentKey": dk}, False, _OPTS, False)
+            else:
+                return False
+            wall = entry.get("wall")
+            if type(wall) is dt and wall == last_wall:
+                wall_b = last_wall_b
+            else:
+                wall_b = wall_element(wall)
             v = dk.get("_id") if len(dk) == 1 else None
             if type(v) is int and 0 < v <= 0x7FFFFFFF:
                 v <<= 1
@@ -241,7 +244,7 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                 data, tb = rt.fast_event_token_hex(key, p.mid, dk)
                 tok = token_doc(data, tb)
         except Exception:
-            return False  # the general path raises the real error (or encodes it its own way)
+            return False  # the general path decides (and raises the real error, if any)
         lt = len(tok)
         if needs_merge:
             size = p.const + len(wall_b) + len(enc) + 2 * lt + 18
