@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import operator
 from typing import Any
 
 from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
@@ -59,6 +60,22 @@ def encode_event(doc: dict[str, Any]) -> bytes:
 _INTERNAL_SLACK = 16 * 1024
 # At most this many events are produced per scan call ahead of the batch being filled.
 _SCAN_AHEAD = 512
+_DOC = operator.itemgetter(0)
+_SIZE = operator.itemgetter(2)
+
+
+def _index_header_bytes(a: int, b: int) -> int:
+    """Bytes of the array element headers (type byte, decimal index, NUL) of the indexes
+    ``a`` to ``b - 1`` of a BSON array (a reply batch)."""
+    total = 0
+    digits, low = 1, 0
+    while low < b:
+        high = low * 10 if low else 10
+        lo, hi = max(a, low), min(b, high)
+        if lo < hi:
+            total += (hi - lo) * (digits + 2)
+        digits, low = digits + 1, high
+    return total
 
 
 class RawEvent(RawBSONDocument):
@@ -408,6 +425,17 @@ class ChangeStreamCursor(Cursor):
         pending = self.pending
         while limit > 0:
             last = None
+            n = len(pending)
+            if n and len(out) + n <= limit:
+                # Everything pending fits the count: take it at once if it fits the bytes too
+                # (the usual catch-up case; the loop below decides otherwise, event by event).
+                k = len(out)
+                add = sum(map(_SIZE, pending)) + _index_header_bytes(k, k + n)
+                if size + add <= BATCH_BYTES_LIMIT:
+                    out.extend(map(_DOC, pending))
+                    last = pending[-1][1]
+                    pending.clear()
+                    size += add
             while pending and len(out) < limit:
                 doc, token, sz = pending[0]
                 sz += len(str(len(out))) + 2  # array element header: the reply must stay legal BSON

@@ -247,3 +247,29 @@ def test_token_doc_round_trip():
                                   if "_typeBits" in token else None)
         assert bson.encode(token) == tok and fast_crud.token_from_doc(tok) == token
         assert type(fast_crud.token_from_doc(tok).get("_typeBits", Binary(b""))) is Binary
+
+
+@pytest.mark.parametrize("limit_bytes", [1, 900, 5000, 20000])
+def test_batches_are_as_full_as_the_byte_limit_allows(monkeypatch, limit_bytes):
+    """``fetch`` (bulk or event by event) fills a batch while the array of events stays within
+    the byte limit, and always returns at least one event."""
+    from shard.change_stream import cursor as cursor_mod
+    monkeypatch.setattr(cursor_mod, "BATCH_BYTES_LIMIT", limit_bytes)
+    node = FakeNode()
+    node.write_noop({"msg": "initiating set"})
+    start = node.clock.now()
+    rng = random.Random(limit_bytes)
+    for i in range(300):
+        node.write("i", "d.c", {"_id": i, "p": "x" * rng.choice([0, 10, 100, 1000, 4000])},
+                   {"_id": i})
+    batches, _ = _drain(node, "d", "c", [{"$changeStream": {"startAtOperationTime": start}}],
+                        False, general=False, batch_sizes=(0, 5, 1000, 3, None, None))
+    raws = [r for b in batches for r in b[0]]
+    assert len(raws) == 300
+    arrays = [(bson.encode({"a": [RawEvent(r) for r in b[0]]}), b[0]) for b in batches if b[0]]
+    for n, (enc, docs) in enumerate(arrays):
+        array_bytes = len(enc) - 4 - 3 - 4 - 1 - 1  # the array's elements only
+        assert len(docs) == 1 or array_bytes <= limit_bytes
+        if n + 1 < len(arrays) and len(docs) not in (5, 3):  # a count limit did not end it
+            nxt = arrays[n + 1][1][0]
+            assert array_bytes + len(nxt) + len(str(len(docs))) + 2 > limit_bytes
