@@ -54,6 +54,10 @@ _TS_HEAD = b"\x11clusterTime\x00"
 _DATA_HEAD = b"\x02_data\x00"
 _TB_HEAD = b"\x05_typeBits\x00"
 _SK_HEAD = b"\x04$sortKey\x00"
+_DK_HEAD = b"\x03documentKey\x00"
+_DK_END = b"\x00"
+_END = b"\x00"
+_END2 = b"\x00\x00"
 _OPS = ("insert", "update", "replace", "delete")
 
 Emit = Callable[[int, dict[str, Any]], bool]
@@ -109,41 +113,45 @@ class RawDoc:
 class _Op:
     """Pieces of one (namespace, collection UUID, operation type)."""
 
-    __slots__ = ("head", "mid", "int_fmt", "int_hdr", "const")
+    __slots__ = ("head", "mid", "int_fmt", "int_hdr", "int_sk", "ns_dk_int", "fixed")
 
-    def __init__(self, op_type: str, uuid: bytes | None) -> None:
+    def __init__(self, op_type: str, uuid: bytes | None, ns_elem: bytes) -> None:
         # operationType element, then the clusterTime element's type and name.
         self.head = _element("operationType", op_type) + _TS_HEAD
         self.mid = rt.event_mid_hex(uuid, op_type, 0)
-        # The token document of a documentKey {_id: positive int32}: header (by n, the bytes
-        # of v << 1), then the template of the _data characters, then _data's NUL and the
-        # document's terminator.
+        # The token document of a documentKey {_id: v}, v a positive int32: header (by n, the
+        # bytes of v << 1), then the template of the _data characters, then _data's NUL and
+        # the document's terminator; and the $sortKey element's head for that token, after
+        # the documentKey's terminator.
         self.int_fmt = b"%b" + rt.int_id_token_template(self.mid) + b"\x00\x00"
         base = len(self.mid) + 36
         self.int_hdr = [b""] + [_i32(base + 2 * n + 17) + _DATA_HEAD + _i32(base + 2 * n + 1)
                                 for n in range(1, 6)]
-        # Bytes of everything but the token(s), the wallTime element, the encoded variable
-        # part (whose int32 header and terminator are dropped) and $sortKey: event length, _id
-        # element head, head, clusterTime value, the event's terminator.
-        self.const = 4 + len(_ID_HEAD) + len(self.head) + 8 - 5 + 1
+        self.int_sk = [b""] + [b"\x00" + _SK_HEAD + _i32(base + 2 * n + 17 + 8) + b"\x030\x00"
+                               for n in range(1, 6)]
+        # ns element, then documentKey {_id: int32} up to the int32 value.
+        self.ns_dk_int = ns_elem + _DK_HEAD + b"\x0e\x00\x00\x00\x10_id\x00"
+        # Event length, _id element head, head and the clusterTime value.
+        self.fixed = 4 + len(_ID_HEAD) + len(self.head) + 8
 
 
 class _Ns:
     """Cached pieces of one watched namespace (for the collection UUID last seen on it)."""
 
-    __slots__ = ("ui", "ns", "i", "u", "r", "d")
+    __slots__ = ("ui", "ns", "ns_elem", "i", "u", "r", "d")
 
     def __init__(self, db: str, coll: str) -> None:
         self.ui: Any = _UNSET
         self.ns = RawDoc(_dict_to_bson({"db": db, "coll": coll}, False, _OPTS, False))
+        self.ns_elem = _element("ns", self.ns)
 
     def set_ui(self, ui: Any) -> None:
         uuid = bytes(ui) if ui is not None else None
         self.ui = ui
-        self.i = _Op("insert", uuid)
-        self.u = _Op("update", uuid)
-        self.r = _Op("replace", uuid)
-        self.d = _Op("delete", uuid)
+        self.i = _Op("insert", uuid, self.ns_elem)
+        self.u = _Op("update", uuid, self.ns_elem)
+        self.r = _Op("replace", uuid, self.ns_elem)
+        self.d = _Op("delete", uuid, self.ns_elem)
 
 
 _UNSET = object()
@@ -197,6 +205,7 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
             if entry.get("ui") is not pieces.ui:
                 pieces.set_ui(entry.get("ui"))
             op = entry["op"]
+            ud = None
             if op == "i":
                 o = entry["o"]
                 dk = entry.get("o2")
@@ -205,8 +214,6 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                 if type(o) is not dict or type(dk) is not dict:
                     return False
                 p = pieces.i
-                enc = _dict_to_bson({"fullDocument": o, "ns": pieces.ns, "documentKey": dk},
-                                    False, _OPTS, False)
             elif op == "u":
                 o = entry["o"]
                 dk = entry.get("o2")
@@ -215,19 +222,16 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                 diff = o.get("diff")
                 if o.get("$v") == 2 and isinstance(diff, dict):
                     p = pieces.u
-                    enc = _dict_to_bson({"ns": pieces.ns, "documentKey": dk,
-                                         "updateDescription": update_description(diff, False)},
-                                        False, _OPTS, False)
+                    ud = update_description(diff, False)
+                    o = None
                 else:
                     p = pieces.r
-                    enc = _dict_to_bson({"fullDocument": o, "ns": pieces.ns, "documentKey": dk},
-                                        False, _OPTS, False)
             elif op == "d":
                 dk = entry["o"]
                 if type(dk) is not dict:
                     return False
                 p = pieces.d
-                enc = _dict_to_bson({"ns": pieces.ns, "documentKey": dk}, False, _OPTS, False)
+                o = None
             else:
                 return False
             wall = entry.get("wall")
@@ -237,30 +241,74 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                 wall_b = wall_element(wall)
             v = dk.get("_id") if len(dk) == 1 else None
             if type(v) is int and 0 < v <= 0x7FFFFFFF:
-                v <<= 1
-                n = (v.bit_length() + 7) >> 3
-                tok = p.int_fmt % (p.int_hdr[n], key, 0x2A + n, n << 1, v)
+                # documentKey {_id: positive int32}: token and documentKey written here, only
+                # fullDocument / updateDescription go through the C encoder.
+                s = v << 1
+                n = (s.bit_length() + 7) >> 3
+                tok = p.int_fmt % (p.int_hdr[n], key, 0x2A + n, n << 1, s)
+                lt = len(tok)
+                if o is not None:
+                    enc = _dict_to_bson({"fullDocument": o}, False, _OPTS, False)
+                    size = p.fixed + len(wall_b) + len(enc) + len(p.ns_dk_int) + lt + 1
+                    if needs_merge:
+                        size += lt + 18
+                        if size > limit:
+                            return False
+                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                        enc[4:-1], p.ns_dk_int, _i32(v), p.int_sk[n], tok,
+                                        _END2))
+                    else:
+                        if size > limit:
+                            return False
+                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                        enc[4:-1], p.ns_dk_int, _i32(v), _END2))
+                else:
+                    if ud is not None:
+                        enc = _dict_to_bson({"updateDescription": ud}, False, _OPTS, False)
+                        body = enc[4:-1]
+                    else:
+                        body = b""
+                    size = p.fixed + len(wall_b) + len(p.ns_dk_int) + len(body) + lt + 6
+                    if needs_merge:
+                        size += lt + 18
+                        if size > limit:
+                            return False
+                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                        p.ns_dk_int, _i32(v), _DK_END, body, p.int_sk[n][1:],
+                                        tok, _END2))
+                    else:
+                        if size > limit:
+                            return False
+                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                        p.ns_dk_int, _i32(v), _DK_END, body, _END))
             else:
+                if o is not None:
+                    var = {"fullDocument": o, "ns": pieces.ns, "documentKey": dk}
+                elif ud is not None:
+                    var = {"ns": pieces.ns, "documentKey": dk, "updateDescription": ud}
+                else:
+                    var = {"ns": pieces.ns, "documentKey": dk}
+                enc = _dict_to_bson(var, False, _OPTS, False)
                 data, tb = rt.fast_event_token_hex(key, p.mid, dk)
                 tok = token_doc(data, tb)
+                lt = len(tok)
+                size = p.fixed + len(wall_b) + len(enc) - 5 + lt + 1
+                if needs_merge:
+                    size += lt + 18
+                    if size > limit:
+                        return False
+                    sk = sk_heads.get(lt)
+                    if sk is None:
+                        sk = sk_head(lt)
+                    raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                    enc[4:-1], sk, tok, _END2))
+                else:
+                    if size > limit:
+                        return False
+                    raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                    enc[4:-1], _END))
         except Exception:
             return False  # the general path decides (and raises the real error, if any)
-        lt = len(tok)
-        if needs_merge:
-            size = p.const + len(wall_b) + len(enc) + 2 * lt + 18
-            if size > limit:
-                return False
-            sk = sk_heads.get(lt)
-            if sk is None:
-                sk = sk_head(lt)
-            raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b, enc[4:-1],
-                            sk, tok, b"\x00\x00"))
-        else:
-            size = p.const + len(wall_b) + len(enc) + lt
-            if size > limit:
-                return False
-            raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b, enc[4:-1],
-                            b"\x00"))
         append((make_doc(raw), tok, size))
         return True
 
