@@ -861,15 +861,15 @@ def fast_event_token_hex(key: int, mid: str, document_key: dict[str, Any]) -> tu
                                                                   else None)
 
 
-def int_id_token_template(mid: str) -> bytes:
-    """A ``bytes`` %-template of the ASCII ``_data`` of a v2 event token whose bytes up to the
-    documentKey's fields are ``mid`` (:func:`event_mid_hex`) and whose documentKey is
-    ``{_id: v}`` with ``v`` an int, ``0 < v <= 2**31 - 1`` (NumberInt, type bits all zero).
-    Fill with ``(key, 0x2A + n, 2 * n, v << 1)`` where ``key`` is the clusterTime's ts key and
-    ``n = ((v << 1).bit_length() + 7) >> 3`` (``_append_preshifted``: 0x2B + (n - 1), then
-    ``v << 1`` in n big-endian bytes). The result has ``2 * n + len(mid) + 36`` characters;
-    identical to :func:`fast_event_token_hex` for such keys."""
-    return ("82%%016X%s%s%%02X%%0*X000004" % (mid, _ID_FIELD_HEX)).encode()
+def int_id_token_template(mid: str, n: int) -> str:
+    """A %-template of the ``_data`` of a v2 event token whose bytes up to the documentKey's
+    fields are ``mid`` (:func:`event_mid_hex`) and whose documentKey is ``{_id: v}`` with ``v``
+    an int, ``0 < v <= 2**31 - 1`` (NumberInt, type bits all zero), for the ``v`` with
+    ``n = ((v << 1).bit_length() + 7) >> 3``: fill with ``(key, v << 1)`` where ``key`` is the
+    clusterTime's ts key (``_append_preshifted``: the byte 0x2B + (n - 1), then ``v << 1`` in
+    n big-endian bytes). The result has ``2 * n + len(mid) + 36`` characters; identical to
+    :func:`fast_event_token_hex` for such keys."""
+    return "82%%016X%s%s%02X%%0%dX000004" % (mid, _ID_FIELD_HEX, _POS_1B + n - 1, 2 * n)
 
 
 def fast_event_token(cluster_time: Timestamp, uuid: bytes | None, operation_type: str,

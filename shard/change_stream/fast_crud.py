@@ -113,45 +113,58 @@ class RawDoc:
 class _Op:
     """Pieces of one (namespace, collection UUID, operation type)."""
 
-    __slots__ = ("head", "mid", "int_fmt", "int_hdr", "int_sk", "ns_dk_int", "fixed")
+    __slots__ = ("head", "mid", "int_fmt", "int_sk", "ns_dk_int", "fixed", "int_fixed")
 
-    def __init__(self, op_type: str, uuid: bytes | None, ns_elem: bytes) -> None:
+    def __init__(self, op_type: str, uuid: bytes | None, ns_elem: bytes,
+                 needs_merge: bool) -> None:
         # operationType element, then the clusterTime element's type and name.
         self.head = _element("operationType", op_type) + _TS_HEAD
         self.mid = rt.event_mid_hex(uuid, op_type, 0)
-        # The token document of a documentKey {_id: v}, v a positive int32: header (by n, the
-        # bytes of v << 1), then the template of the _data characters, then _data's NUL and
-        # the document's terminator; and the $sortKey element's head for that token, after
-        # the documentKey's terminator.
-        self.int_fmt = b"%b" + rt.int_id_token_template(self.mid) + b"\x00\x00"
-        base = len(self.mid) + 36
-        self.int_hdr = [b""] + [_i32(base + 2 * n + 17) + _DATA_HEAD + _i32(base + 2 * n + 1)
-                                for n in range(1, 6)]
-        self.int_sk = [b""] + [b"\x00" + _SK_HEAD + _i32(base + 2 * n + 17 + 8) + b"\x030\x00"
-                               for n in range(1, 6)]
+        # The token document of a documentKey {_id: v}, v a positive int32, by n (the bytes of
+        # v << 1): a template filled with (key, v << 1) giving the document's header, the
+        # _data characters, _data's NUL and the document's terminator; and the $sortKey
+        # element's head for that token, after the documentKey's terminator.
+        self.int_fmt = [b""]
+        self.int_sk = [b""]
+        for n in range(1, 6):
+            chars = len(self.mid) + 36 + 2 * n
+            head = _i32(chars + 17) + _DATA_HEAD + _i32(chars + 1)
+            self.int_fmt.append(head.replace(b"%", b"%%")
+                                + rt.int_id_token_template(self.mid, n).encode() + b"\x00\x00")
+            self.int_sk.append(b"\x00" + _SK_HEAD + _i32(chars + 17 + 8) + b"\x030\x00")
         # ns element, then documentKey {_id: int32} up to the int32 value.
         self.ns_dk_int = ns_elem + _DK_HEAD + b"\x0e\x00\x00\x00\x10_id\x00"
         # Event length, _id element head, head and the clusterTime value.
         self.fixed = 4 + len(_ID_HEAD) + len(self.head) + 8
+        # ... and, for a documentKey {_id: positive int32} by n, the token(s), the ns and
+        # documentKey elements and the terminators: the event's size is this + the wallTime
+        # element + the encoded fullDocument / updateDescription document (5 bytes if none;
+        # its int32 header and terminator are not copied).
+        self.int_fixed = [0]
+        for n in range(1, 6):
+            lt = len(self.int_fmt[n] % (0, 0))
+            size = self.fixed + lt + len(self.ns_dk_int) + 4 + 2 - 5
+            self.int_fixed.append(size + (lt + 18 if needs_merge else 0))
 
 
 class _Ns:
     """Cached pieces of one watched namespace (for the collection UUID last seen on it)."""
 
-    __slots__ = ("ui", "ns", "ns_elem", "i", "u", "r", "d")
+    __slots__ = ("ui", "ns", "ns_elem", "needs_merge", "i", "u", "r", "d")
 
-    def __init__(self, db: str, coll: str) -> None:
+    def __init__(self, db: str, coll: str, needs_merge: bool) -> None:
         self.ui: Any = _UNSET
+        self.needs_merge = needs_merge
         self.ns = RawDoc(_dict_to_bson({"db": db, "coll": coll}, False, _OPTS, False))
         self.ns_elem = _element("ns", self.ns)
 
     def set_ui(self, ui: Any) -> None:
         uuid = bytes(ui) if ui is not None else None
         self.ui = ui
-        self.i = _Op("insert", uuid, self.ns_elem)
-        self.u = _Op("update", uuid, self.ns_elem)
-        self.r = _Op("replace", uuid, self.ns_elem)
-        self.d = _Op("delete", uuid, self.ns_elem)
+        self.i = _Op("insert", uuid, self.ns_elem, self.needs_merge)
+        self.u = _Op("update", uuid, self.ns_elem, self.needs_merge)
+        self.r = _Op("replace", uuid, self.ns_elem, self.needs_merge)
+        self.d = _Op("delete", uuid, self.ns_elem, self.needs_merge)
 
 
 _UNSET = object()
@@ -177,7 +190,7 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
         if type(ns) is not str:
             return None
         db, _, coll = ns.partition(".")
-        info = _Ns(db, coll) if coll and coll != "system.views" and ns_ok(ns) else None
+        info = _Ns(db, coll, needs_merge) if coll and coll != "system.views" and ns_ok(ns) else None
         if len(cache) >= 1024:
             cache.clear()
         cache[ns] = info
@@ -235,7 +248,7 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
             else:
                 return False
             wall = entry.get("wall")
-            if type(wall) is dt and wall == last_wall:
+            if wall is last_wall or (type(wall) is dt and wall == last_wall):
                 wall_b = last_wall_b
             else:
                 wall_b = wall_element(wall)
@@ -245,40 +258,32 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                 # fullDocument / updateDescription go through the C encoder.
                 s = v << 1
                 n = (s.bit_length() + 7) >> 3
-                tok = p.int_fmt % (p.int_hdr[n], key, 0x2A + n, n << 1, s)
-                lt = len(tok)
+                tok = p.int_fmt[n] % (key, s)
                 if o is not None:
                     enc = _dict_to_bson({"fullDocument": o}, False, _OPTS, False)
-                    size = p.fixed + len(wall_b) + len(enc) + len(p.ns_dk_int) + lt + 1
+                    size = p.int_fixed[n] + len(wall_b) + len(enc)
+                    if size > limit:
+                        return False
                     if needs_merge:
-                        size += lt + 18
-                        if size > limit:
-                            return False
                         raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
                                         enc[4:-1], p.ns_dk_int, _i32(v), p.int_sk[n], tok,
                                         _END2))
                     else:
-                        if size > limit:
-                            return False
                         raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
                                         enc[4:-1], p.ns_dk_int, _i32(v), _END2))
                 else:
                     if ud is not None:
-                        enc = _dict_to_bson({"updateDescription": ud}, False, _OPTS, False)
-                        body = enc[4:-1]
+                        body = _dict_to_bson({"updateDescription": ud}, False, _OPTS, False)[4:-1]
                     else:
                         body = b""
-                    size = p.fixed + len(wall_b) + len(p.ns_dk_int) + len(body) + lt + 6
+                    size = p.int_fixed[n] + len(wall_b) + len(body) + 5
+                    if size > limit:
+                        return False
                     if needs_merge:
-                        size += lt + 18
-                        if size > limit:
-                            return False
                         raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
                                         p.ns_dk_int, _i32(v), _DK_END, body, p.int_sk[n][1:],
                                         tok, _END2))
                     else:
-                        if size > limit:
-                            return False
                         raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
                                         p.ns_dk_int, _i32(v), _DK_END, body, _END))
             else:
