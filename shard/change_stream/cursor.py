@@ -208,7 +208,7 @@ class ChangeStreamCursor(Cursor):
         self._waiters = promise_waiters(node)
         # Fused fast path for plain CRUD entries (fast_crud), used once the stream is past its
         # resume point: entries at or before the resume token's time may need its version.
-        self.fast: fast_crud.Emit | None = None
+        self.fast: fast_crud.Run | None = None
         if fast_crud.eligible(spec):
             self.fast = fast_crud.build(
                 spec, self.pending.append, RawEvent,
@@ -365,7 +365,7 @@ class ChangeStreamCursor(Cursor):
         scope = self._scope_kw
         match = self.match
         pending = self.pending
-        fast = self._fast_emit()
+        fast = self._fast_run()
         fast_min = self._fast_min_key
         while True:
             need = want - len(pending)
@@ -375,27 +375,32 @@ class ChangeStreamCursor(Cursor):
             else:
                 entries = list(itertools.islice(oplog.entries_from(self.scan_key), chunk))
                 keys = [ts_key(e["ts"]) for e in entries]
-            key = -1
-            for key, entry in zip(keys, entries):
-                if fast is not None and key >= fast_min and fast(key, entry):
-                    need -= 1
-                    if need <= 0:
+            nk = len(keys)
+            i = 0
+            while i < nk:
+                if fast is not None and keys[i] >= fast_min:
+                    i, made = fast(keys, entries, i, nk, need)
+                    if made:
+                        key = keys[i - 1]
                         self.latest_scanned = key
                         self.scan_key = key + 1
-                        return
-                    continue
+                        need -= made
+                        if need <= 0:
+                            return
+                        if i >= nk:
+                            break
+                key = keys[i]
+                entry = entries[i]
+                i += 1
+                self.latest_scanned = key
+                self.scan_key = key + 1
                 if match(entry):
-                    self.latest_scanned = key
-                    self.scan_key = key + 1
                     self._process_entry(entry)
                     need = want - len(pending)
                     if need <= 0 or self.closing:
                         return
                     if fast is None:
-                        fast = self._fast_emit()
-            if key >= 0:
-                self.latest_scanned = key
-                self.scan_key = key + 1
+                        fast = self._fast_run()
             if len(keys) < chunk:
                 break
         end = oplog.latest_key
@@ -403,7 +408,7 @@ class ChangeStreamCursor(Cursor):
             self.latest_scanned = end
             self.scan_key = end + 1
 
-    def _fast_emit(self) -> fast_crud.Emit | None:
+    def _fast_run(self) -> fast_crud.Run | None:
         """The fast emitter when it may be used now: the stream is eligible and no resume
         check is still pending (the general path decides up to and at the resume point)."""
         if self.resume is not None and not self.resume.done:

@@ -1,22 +1,25 @@
-"""Fused fast path for plain CRUD events: oplog entry -> encoded event in one step.
+"""Fused fast path for plain CRUD events: oplog entries -> encoded events in one step.
 
 A catch-up read spends most of its time on insert/update/replace/delete entries of streams
 without per-event extras. For those the general pipeline (:class:`~.transform.Transform` ->
 :class:`~.transform.Event` -> ``_emit`` -> ``encode_event``) builds a dict per event and encodes
-it again. This module writes the same BSON directly from pieces:
+it again. This module writes the same BSON directly from pieces, for a run of entries at a
+time:
 
-* cached per namespace (and collection UUID): the ``ns`` element, the ``operationType``
-  element and the resume token's constant hex middle per operation type
-  (:func:`shardsim.resume_token.event_mid_hex`);
-* per event: the ``_id`` token document (:func:`shardsim.resume_token.fast_event_token_hex`),
-  ``clusterTime`` packed from the scan key, ``wallTime`` (cached per ``datetime`` object: the
-  shard's ``wall_now`` hands out one object per millisecond), ``fullDocument`` /
-  ``documentKey`` / ``updateDescription`` encoded by bson's C encoder, and with ``needsMerge``
-  the trailing ``$sortKey: [<token>]``.
+* cached per namespace (and collection UUID) and operation type: the ``ns`` element, the
+  ``operationType`` element and the resume token's constant hex middle
+  (:func:`shardsim.resume_token.event_mid_hex`), and for a documentKey ``{_id: <positive
+  int32>}`` a template of the whole token document per byte count of the id;
+* per event: the ``_id`` token document, ``clusterTime`` packed from the scan key,
+  ``wallTime`` (cached per equal ``datetime``: the shard's ``wall_now`` hands out one object
+  per millisecond), ``documentKey`` (written here for int32 ids), ``fullDocument`` /
+  ``updateDescription`` (and other documentKeys) encoded by bson's C encoder — one encoder call
+  for up to :data:`_RUN` events, which are then cut out of its output — and with
+  ``needsMerge`` the trailing ``$sortKey: [<token>]``.
 
 The output is byte-identical to the general path (``tests/unit/test_change_stream_fast_crud.py``
-compares the two over many varied entries). Whatever the fast path does not cover it declines
-(returns False) and the general path handles the entry: other operations, transactions,
+compares the two over many varied entries). Whatever the fast path does not cover it leaves to
+the general path (the run stops before that entry): other operations, transactions,
 ``fromMigrate`` entries, namespaces the stream does not watch plainly (``system.views``), a
 documentKey or document that is not a plain ``dict``, an event over the size limit, any encoding
 error. Which streams may use it at all: :func:`eligible`; the cursor also keeps it off until the
@@ -55,12 +58,19 @@ _DATA_HEAD = b"\x02_data\x00"
 _TB_HEAD = b"\x05_typeBits\x00"
 _SK_HEAD = b"\x04$sortKey\x00"
 _DK_HEAD = b"\x03documentKey\x00"
+_FD_HEAD = b"\x03fullDocument\x00"
+_UD_HEAD = b"\x03updateDescription\x00"
 _DK_END = b"\x00"
 _END = b"\x00"
 _END2 = b"\x00\x00"
-_OPS = ("insert", "update", "replace", "delete")
+_i32_at = struct.Struct("<i").unpack_from
+# Events whose documents share one C encoder call (bounds the transient buffer).
+_RUN = 64
+# Bytes before the first element of {"a": [...]}: length, array type byte, "a\0", array length.
+_ARRAY_START = 4 + 1 + 2 + 4
 
-Emit = Callable[[int, dict[str, Any]], bool]
+Run = Callable[[Any, Any, int, int, int], "tuple[int, int]"]
+_OPS = ("insert", "update", "replace", "delete")
 
 
 def eligible(spec: StreamSpec) -> bool:
@@ -113,7 +123,8 @@ class RawDoc:
 class _Op:
     """Pieces of one (namespace, collection UUID, operation type)."""
 
-    __slots__ = ("head", "mid", "int_fmt", "int_sk", "ns_dk_int", "fixed", "int_fixed")
+    __slots__ = ("head", "mid", "int_fmt", "int_sk", "int_sk_ud", "ns_dk_int", "fixed",
+                 "int_fixed")
 
     def __init__(self, op_type: str, uuid: bytes | None, ns_elem: bytes,
                  needs_merge: bool) -> None:
@@ -138,13 +149,14 @@ class _Op:
         self.fixed = 4 + len(_ID_HEAD) + len(self.head) + 8
         # ... and, for a documentKey {_id: positive int32} by n, the token(s), the ns and
         # documentKey elements and the terminators: the event's size is this + the wallTime
-        # element + the encoded fullDocument / updateDescription document (5 bytes if none;
-        # its int32 header and terminator are not copied).
+        # element + the fullDocument / updateDescription element, if any.
         self.int_fixed = [0]
+        self.int_sk_ud = [b""]
         for n in range(1, 6):
             lt = len(self.int_fmt[n] % (0, 0))
-            size = self.fixed + lt + len(self.ns_dk_int) + 4 + 2 - 5
+            size = self.fixed + lt + len(self.ns_dk_int) + 4 + 2
             self.int_fixed.append(size + (lt + 18 if needs_merge else 0))
+            self.int_sk_ud.append(self.int_sk[n][1:])
 
 
 class _Ns:
@@ -171,13 +183,17 @@ _UNSET = object()
 
 
 def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[bytes], Any],
-          limit: int) -> Emit:
-    """The fast emitter of a stream (``eligible(spec)`` must hold): ``emit(key, entry)`` for an
-    oplog entry whose ts key is ``key`` either appends ``(make_doc(raw), token, len(raw))`` with
-    ``append`` and returns True, or returns False (nothing appended; the general path must
-    handle the entry, including deciding whether it matches). ``token`` is the event's ``_id``
-    as BSON bytes (:func:`token_from_doc` gives the dict). ``limit`` is the largest event size
-    (bytes) it may emit; larger events go to the general path (error or split)."""
+          limit: int) -> Run:
+    """The fast path of a stream (``eligible(spec)`` must hold):
+    ``run(keys, entries, i, stop, need) -> (j, made)`` takes the oplog entries
+    ``entries[i:stop]`` (``keys`` their ts keys) in order while the fast path covers them, at
+    most ``need`` of them, appends their events ``(make_doc(raw), token, len(raw))`` with
+    ``append`` and returns the index ``j`` of the first entry it did not take and the number
+    of events made (``j - i``). ``entries[j]`` (if ``j < stop`` and fewer than ``need`` were
+    made) is one the general path must handle, including deciding whether it matches.
+    ``token`` is the event's ``_id`` as BSON bytes (:func:`token_from_doc` gives the dict).
+    ``limit`` is the largest event size (bytes) it may emit; larger events are left to the
+    general path (error or split)."""
     needs_merge = spec.needs_merge
     ns_ok = ns_predicate(spec)
     cache: dict[str, _Ns | None] = {}
@@ -208,113 +224,170 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
         h = sk_heads[n] = _SK_HEAD + _i32(n + 8) + b"\x030\x00"
         return h
 
-    def emit(key: int, entry: dict[str, Any]) -> bool:
+    def encode(docs: list[Any]) -> tuple[bytes, int]:
+        """``(BSON of {a: docs}, how many docs it holds)``: all of them, or those before the
+        first one the C encoder refuses."""
         try:
-            pieces = cache.get(entry["ns"], _UNSET)
-            if pieces is _UNSET:
-                pieces = ns_pieces(entry["ns"])
-            if pieces is None or "txnOpIndex" in entry or entry.get("fromMigrate"):
-                return False
-            if entry.get("ui") is not pieces.ui:
-                pieces.set_ui(entry.get("ui"))
-            op = entry["op"]
-            ud = None
-            if op == "i":
-                o = entry["o"]
-                dk = entry.get("o2")
-                if dk is None:
-                    dk = {"_id": o.get("_id")}
-                if type(o) is not dict or type(dk) is not dict:
-                    return False
-                p = pieces.i
-            elif op == "u":
-                o = entry["o"]
-                dk = entry.get("o2")
-                if type(o) is not dict or type(dk) is not dict:
-                    return False
-                diff = o.get("diff")
-                if o.get("$v") == 2 and isinstance(diff, dict):
-                    p = pieces.u
-                    ud = update_description(diff, False)
-                    o = None
-                else:
-                    p = pieces.r
-            elif op == "d":
-                dk = entry["o"]
-                if type(dk) is not dict:
-                    return False
-                p = pieces.d
-                o = None
+            return _dict_to_bson({"a": docs}, False, _OPTS, False), len(docs)
+        except Exception:
+            for k, doc in enumerate(docs):
+                try:
+                    _dict_to_bson(doc, False, _OPTS, False)
+                except Exception:
+                    return _dict_to_bson({"a": docs[:k]}, False, _OPTS, False), k
+            raise
+
+    def run(keys: Any, entries: Any, i: int, stop: int, need: int) -> tuple[int, int]:
+        start = i
+        while i < stop and need > 0:
+            # Pass 1: what each event is made of; its documents are collected for one encoder
+            # call. Stops at the first entry the fast path does not cover.
+            staged = []
+            docs = []
+            end = min(stop, i + (need if need < _RUN else _RUN))
+            j = i
+            while j < end:
+                entry = entries[j]
+                try:
+                    pieces = cache.get(entry["ns"], _UNSET)
+                    if pieces is _UNSET:
+                        pieces = ns_pieces(entry["ns"])
+                    if pieces is None or "txnOpIndex" in entry or entry.get("fromMigrate"):
+                        break
+                    if entry.get("ui") is not pieces.ui:
+                        pieces.set_ui(entry.get("ui"))
+                    op = entry["op"]
+                    doc = None
+                    if op == "i":
+                        doc = entry["o"]
+                        dk = entry.get("o2")
+                        if dk is None:
+                            dk = {"_id": doc.get("_id")}
+                        if type(doc) is not dict or type(dk) is not dict:
+                            break
+                        p = pieces.i
+                        kind = 0
+                    elif op == "u":
+                        doc = entry["o"]
+                        dk = entry.get("o2")
+                        if type(doc) is not dict or type(dk) is not dict:
+                            break
+                        diff = doc.get("diff")
+                        if doc.get("$v") == 2 and isinstance(diff, dict):
+                            p = pieces.u
+                            doc = update_description(diff, False)
+                            kind = 1
+                        else:
+                            p = pieces.r
+                            kind = 0
+                    elif op == "d":
+                        dk = entry["o"]
+                        if type(dk) is not dict:
+                            break
+                        p = pieces.d
+                        kind = 2
+                    else:
+                        break
+                    wall = entry.get("wall")
+                    if wall is last_wall or (type(wall) is dt and wall == last_wall):
+                        wall_b = last_wall_b
+                    else:
+                        wall_b = wall_element(wall)
+                    key = keys[j]
+                    v = dk.get("_id") if len(dk) == 1 else None
+                    if type(v) is int and 0 < v <= 0x7FFFFFFF:
+                        # documentKey {_id: positive int32}: token and documentKey written
+                        # here; only fullDocument / updateDescription go to the C encoder.
+                        sv = v << 1
+                        n = (sv.bit_length() + 7) >> 3
+                        tok = p.int_fmt[n] % (key, sv)
+                    else:
+                        # Other documentKeys: ns, documentKey and fullDocument /
+                        # updateDescription all go to the C encoder, as one document.
+                        if kind == 0:
+                            doc = {"fullDocument": doc, "ns": pieces.ns, "documentKey": dk}
+                        elif kind == 1:
+                            doc = {"ns": pieces.ns, "documentKey": dk, "updateDescription": doc}
+                        else:
+                            doc = {"ns": pieces.ns, "documentKey": dk}
+                        kind = 3
+                        data, tb = rt.fast_event_token_hex(key, p.mid, dk)
+                        tok = token_doc(data, tb)
+                        n = 0
+                except Exception:
+                    break  # the general path decides (and raises the real error, if any)
+                if doc is not None:
+                    docs.append(doc)
+                staged.append((key, p, kind, n, v, tok, wall_b))
+                j += 1
+            if not staged:
+                break
+            declined = j < end
+            # Pass 2: encode the documents at once, then write each event around its own.
+            if docs:
+                buf, ok = encode(docs)
             else:
-                return False
-            wall = entry.get("wall")
-            if wall is last_wall or (type(wall) is dt and wall == last_wall):
-                wall_b = last_wall_b
-            else:
-                wall_b = wall_element(wall)
-            v = dk.get("_id") if len(dk) == 1 else None
-            if type(v) is int and 0 < v <= 0x7FFFFFFF:
-                # documentKey {_id: positive int32}: token and documentKey written here, only
-                # fullDocument / updateDescription go through the C encoder.
-                s = v << 1
-                n = (s.bit_length() + 7) >> 3
-                tok = p.int_fmt[n] % (key, s)
-                if o is not None:
-                    enc = _dict_to_bson({"fullDocument": o}, False, _OPTS, False)
-                    size = p.int_fixed[n] + len(wall_b) + len(enc)
+                buf, ok = b"", 0
+            pos = _ARRAY_START
+            d = 0
+            for key, p, kind, n, v, tok, wall_b in staged:
+                if kind != 2:
+                    if d == ok:
+                        break  # its document cannot be encoded: the general path decides
+                    pos += 3 if d < 10 else (4 if d < 100 else len(str(d)) + 2)
+                    dlen = _i32_at(buf, pos)[0]
+                    doc_b = buf[pos:pos + dlen]
+                    pos += dlen
+                    d += 1
+                if kind == 0:
+                    size = p.int_fixed[n] + len(wall_b) + 14 + dlen
                     if size > limit:
-                        return False
+                        break
                     if needs_merge:
                         raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        enc[4:-1], p.ns_dk_int, _i32(v), p.int_sk[n], tok,
-                                        _END2))
-                    else:
-                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        enc[4:-1], p.ns_dk_int, _i32(v), _END2))
-                else:
-                    if ud is not None:
-                        body = _dict_to_bson({"updateDescription": ud}, False, _OPTS, False)[4:-1]
-                    else:
-                        body = b""
-                    size = p.int_fixed[n] + len(wall_b) + len(body) + 5
-                    if size > limit:
-                        return False
-                    if needs_merge:
-                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        p.ns_dk_int, _i32(v), _DK_END, body, p.int_sk[n][1:],
+                                        _FD_HEAD, doc_b, p.ns_dk_int, _i32(v), p.int_sk[n],
                                         tok, _END2))
                     else:
                         raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        p.ns_dk_int, _i32(v), _DK_END, body, _END))
-            else:
-                if o is not None:
-                    var = {"fullDocument": o, "ns": pieces.ns, "documentKey": dk}
-                elif ud is not None:
-                    var = {"ns": pieces.ns, "documentKey": dk, "updateDescription": ud}
+                                        _FD_HEAD, doc_b, p.ns_dk_int, _i32(v), _END2))
+                elif kind == 3:
+                    lt = len(tok)
+                    size = p.fixed + len(wall_b) + dlen - 5 + lt + 1
+                    if needs_merge:
+                        size += lt + 18
+                        if size > limit:
+                            break
+                        sk = sk_heads.get(lt)
+                        if sk is None:
+                            sk = sk_head(lt)
+                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                        doc_b[4:-1], sk, tok, _END2))
+                    else:
+                        if size > limit:
+                            break
+                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                        doc_b[4:-1], _END))
                 else:
-                    var = {"ns": pieces.ns, "documentKey": dk}
-                enc = _dict_to_bson(var, False, _OPTS, False)
-                data, tb = rt.fast_event_token_hex(key, p.mid, dk)
-                tok = token_doc(data, tb)
-                lt = len(tok)
-                size = p.fixed + len(wall_b) + len(enc) - 5 + lt + 1
-                if needs_merge:
-                    size += lt + 18
+                    if kind == 1:
+                        ud = _UD_HEAD + doc_b
+                        size = p.int_fixed[n] + len(wall_b) + 19 + dlen
+                    else:
+                        ud = b""
+                        size = p.int_fixed[n] + len(wall_b)
                     if size > limit:
-                        return False
-                    sk = sk_heads.get(lt)
-                    if sk is None:
-                        sk = sk_head(lt)
-                    raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                    enc[4:-1], sk, tok, _END2))
-                else:
-                    if size > limit:
-                        return False
-                    raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                    enc[4:-1], _END))
-        except Exception:
-            return False  # the general path decides (and raises the real error, if any)
-        append((make_doc(raw), tok, size))
-        return True
+                        break
+                    if needs_merge:
+                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                        p.ns_dk_int, _i32(v), _DK_END, ud, p.int_sk_ud[n],
+                                        tok, _END2))
+                    else:
+                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                        p.ns_dk_int, _i32(v), _DK_END, ud, _END))
+                append((make_doc(raw), tok, size))
+                i += 1
+                need -= 1
+            if i < j or declined:
+                break  # entries[i] is the general path's
+        return i, i - start
 
-    return emit
+    return run

@@ -141,10 +141,11 @@ def _drain(node, db, target, pipeline, needs_merge, general, batch_sizes=(0, 7, 
     elif cur.fast is not None:
         inner = cur.fast
 
-        def counting(key, entry):
-            ok = inner(key, entry)
-            used[0] += ok
-            return ok
+        def counting(keys, entries, i, stop, need):
+            j, made = inner(keys, entries, i, stop, need)
+            assert j - i == made <= need
+            used[0] += made
+            return j, made
         cur.fast = counting
 
     async def go():
@@ -229,15 +230,30 @@ def test_ineligible_streams_never_use_the_fast_path():
     assert fast_crud.eligible(spec_mod.parse("d", "c", [{"$changeStream": {}}], needs_merge=True))
 
 
-def test_oversized_events_are_left_to_the_general_path():
-    spec = spec_mod.parse("d", "c", [{"$changeStream": {}}])
+@pytest.mark.parametrize("needs_merge", [False, True])
+@pytest.mark.parametrize("_id", [1, "s"])
+def test_runs_stop_before_oversized_and_unencodable_events(_id, needs_merge):
+    """A run takes entries up to the first one it leaves to the general path: an event over
+    the size limit, a document the C encoder refuses, an entry of another kind."""
+    spec = spec_mod.parse("d", "c", [{"$changeStream": {}}], needs_merge=needs_merge)
     out = collections.deque()
-    emit = fast_crud.build(spec, out.append, RawEvent, 600)
-    entry = {"op": "i", "ns": "d.c", "ui": U1, "o": {"_id": 1, "p": "x" * 100}, "o2": {"_id": 1},
-             "ts": Timestamp(9, 1), "wall": WALL}
-    assert emit((9 << 32) | 1, entry) and len(out[0][0].raw) == out[0][2] < 600
-    entry["o"]["p"] = "x" * 400
-    assert not emit((9 << 32) | 2, entry) and len(out) == 1
+    run = fast_crud.build(spec, out.append, RawEvent, 1000)
+
+    def ins(i, pad, **extra):
+        return {"op": "i", "ns": "d.c", "ui": U1, "o": {"_id": _id, "p": pad, **extra},
+                "o2": {"_id": _id}, "ts": Timestamp(9, i), "wall": WALL}
+    entries = [ins(1, "x"), ins(2, "y"), ins(3, "x" * 2000), ins(4, "z"),
+               ins(5, "w", bad=object()), ins(6, "v"), {"op": "n", "ns": "d.c", "o": {},
+                                                         "ts": Timestamp(9, 7)}, ins(8, "u")]
+    keys = [(9 << 32) | e["ts"].inc for e in entries]
+    assert run(keys, entries, 0, len(entries), 100) == (2, 2)
+    assert run(keys, entries, 3, len(entries), 100) == (4, 1)
+    assert run(keys, entries, 5, len(entries), 100) == (6, 1)
+    assert run(keys, entries, 7, len(entries), 0) == (7, 0)
+    assert run(keys, entries, 7, 7, 5) == (7, 0)
+    assert run(keys, entries, 7, len(entries), 5) == (8, 1)
+    assert [bson.decode(d.raw)["fullDocument"]["p"] for d, _, _ in out] == list("xyzvu")
+    assert all(len(d.raw) == size < 1000 for d, _, size in out)
 
 
 def test_token_doc_round_trip():
