@@ -289,3 +289,17 @@ def test_batches_are_as_full_as_the_byte_limit_allows(monkeypatch, limit_bytes):
         if n + 1 < len(arrays) and len(docs) not in (5, 3):  # a count limit did not end it
             nxt = arrays[n + 1][1][0]
             assert array_bytes + len(nxt) + len(str(len(docs))) + 2 > limit_bytes
+
+
+def test_int_id_token_template_matches_generic_encoder():
+    rng = random.Random(5)
+    values = [1, 2, 63, 64, 127, 128, 255, 256, 2**15, 2**16 - 1, 2**16, 2**23, 2**24,
+              2**30, 2**31 - 1] + [rng.randint(1, 2**31 - 1) for _ in range(300)]
+    for v in values:
+        ts = Timestamp(rng.randint(0, 2**32 - 1), rng.randint(0, 2**32 - 1))
+        u = None if v % 5 == 0 else bytes(rng.randrange(256) for _ in range(16))
+        op = rng.choice(["insert", "update", "replace", "delete"])
+        n = ((v << 1).bit_length() + 7) >> 3
+        data = rt.int_id_token_template(rt.event_mid_hex(u, op), n) % (
+            (ts.time << 32) | ts.inc, v << 1)
+        assert {"_data": data} == rt.event_token(ts, u, op, {"_id": v})
