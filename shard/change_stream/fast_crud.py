@@ -226,7 +226,8 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
 
     def encode(docs: list[Any]) -> tuple[bytes, int]:
         """``(BSON of {a: docs}, how many docs it holds)``: all of them, or those before the
-        first one the C encoder refuses."""
+        first one the C encoder refuses (none if only the whole array fails: the general path
+        then takes the entries one by one)."""
         try:
             return _dict_to_bson({"a": docs}, False, _OPTS, False), len(docs)
         except Exception:
@@ -234,11 +235,18 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                 try:
                     _dict_to_bson(doc, False, _OPTS, False)
                 except Exception:
-                    return _dict_to_bson({"a": docs[:k]}, False, _OPTS, False), k
-            raise
+                    break
+            else:
+                return b"", 0
+            try:
+                return _dict_to_bson({"a": docs[:k]}, False, _OPTS, False), k
+            except Exception:
+                return b"", 0
 
     def run(keys: Any, entries: Any, i: int, stop: int, need: int) -> tuple[int, int]:
         start = i
+        last_ns: Any = _UNSET
+        last_pieces: _Ns | None = None
         while i < stop and need > 0:
             # Pass 1: what each event is made of; its documents are collected for one encoder
             # call. Stops at the first entry the fast path does not cover.
@@ -249,9 +257,15 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
             while j < end:
                 entry = entries[j]
                 try:
-                    pieces = cache.get(entry["ns"], _UNSET)
-                    if pieces is _UNSET:
-                        pieces = ns_pieces(entry["ns"])
+                    ns = entry["ns"]
+                    if ns is not last_ns:  # the shard's entries share their collection's ns
+                        pieces = cache.get(ns, _UNSET)
+                        if pieces is _UNSET:
+                            pieces = ns_pieces(ns)
+                        last_ns = ns
+                        last_pieces = pieces
+                    else:
+                        pieces = last_pieces
                     if pieces is None or "txnOpIndex" in entry or entry.get("fromMigrate"):
                         break
                     if entry.get("ui") is not pieces.ui:
