@@ -833,7 +833,8 @@ def event_mid_hex(uuid: bytes | None, operation_type: str, txn_op_index: int = 0
     return mid
 
 
-def fast_event_token_hex(key: int, mid: str, document_key: dict[str, Any]) -> tuple[str, bytes | None]:
+def fast_event_token_hex(key: int, mid: str,
+                         document_key: dict[str, Any]) -> tuple[str, bytes | None]:
     """``(_data, _typeBits bytes or None)`` of the v2 CRUD event token whose clusterTime is the
     ts key ``key`` (``secs << 32 | inc``), whose bytes up to the documentKey's fields are ``mid``
     (:func:`event_mid_hex`) and whose documentKey is ``document_key``. Byte-identical to

@@ -222,7 +222,8 @@ def test_ineligible_streams_never_use_the_fast_path():
     for opts, rest in [({"fullDocument": "updateLookup"}, []),
                        ({"fullDocumentBeforeChange": "whenAvailable"}, []),
                        ({"showExpandedEvents": True}, []), ({"showRawUpdateDescription": True}, []),
-                       ({"showCommitTimestamp": True}, []), ({"$_generateV2ResumeTokens": False}, []),
+                       ({"showCommitTimestamp": True}, []),
+                       ({"$_generateV2ResumeTokens": False}, []),
                        ({}, [{"$match": {"operationType": "insert"}}]),
                        ({}, [{"$changeStreamSplitLargeEvent": {}}])]:
         spec = spec_mod.parse("d", "c", [{"$changeStream": opts}, *rest])
