@@ -873,6 +873,15 @@ def int_id_token_template(mid: str, n: int) -> str:
     return "82%%016X%s%s%02X%%0%dX000004" % (mid, _ID_FIELD_HEX, _POS_1B + n - 1, 2 * n)
 
 
+def oid_id_token_template(mid: str) -> str:
+    """A %-template of the ``_data`` of a v2 event token whose bytes up to the documentKey's
+    fields are ``mid`` (:func:`event_mid_hex`) and whose documentKey is ``{_id: <ObjectId>}``:
+    fill with ``(key, hex)`` where ``key`` is the clusterTime's ts key and ``hex`` the id's 12
+    bytes in uppercase hex. The result has ``len(mid) + 60`` characters; identical to
+    :func:`fast_event_token_hex` for such keys."""
+    return "82%%016X%s%s%02X%%s000004" % (mid, _ID_OID_HEX, _OID)
+
+
 def fast_event_token(cluster_time: Timestamp, uuid: bytes | None, operation_type: str,
                      document_key: dict[str, Any], txn_op_index: int = 0) -> dict[str, Any]:
     """``event_token`` for the common v2 CRUD case (``{operationType, documentKey}``, not from

@@ -9,10 +9,10 @@ time:
 * cached per namespace (and collection UUID) and operation type: the ``ns`` element, the
   ``operationType`` element and the resume token's constant hex middle
   (:func:`shardsim.resume_token.event_mid_hex`), and for a documentKey ``{_id: <positive
-  int32>}`` a template of the whole token document per byte count of the id;
+  int32 | ObjectId>}`` a template of the whole token document (per byte count of an int id);
 * per event: the ``_id`` token document, ``clusterTime`` packed from the scan key,
   ``wallTime`` (cached per equal ``datetime``: the shard's ``wall_now`` hands out one object
-  per millisecond), ``documentKey`` (written here for int32 ids), ``fullDocument`` /
+  per millisecond), ``documentKey`` (written here for those ids), ``fullDocument`` /
   ``updateDescription`` (and other documentKeys) encoded by bson's C encoder — one encoder call
   for up to :data:`_RUN` events, which are then cut out of its output — and with
   ``needsMerge`` the trailing ``$sortKey: [<token>]``.
@@ -28,12 +28,14 @@ stream has passed its resume point (:class:`~.cursor.ChangeStreamCursor`).
 
 from __future__ import annotations
 
+import binascii
 import datetime
 import struct
 from typing import Any, Callable
 
 from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
 from bson.binary import Binary
+from bson.objectid import ObjectId
 from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS
 
 from shardsim import resume_token as rt
@@ -64,6 +66,8 @@ _DK_END = b"\x00"
 _END = b"\x00"
 _END2 = b"\x00\x00"
 _i32_at = struct.Struct("<i").unpack_from
+_hexlify = binascii.hexlify
+_UPPER = bytes.maketrans(b"abcdef", b"ABCDEF")
 # Events whose documents share one C encoder call (bounds the transient buffer).
 _RUN = 64
 # Bytes before the first element of {"a": [...]}: length, array type byte, "a\0", array length.
@@ -124,7 +128,7 @@ class _Op:
     """Pieces of one (namespace, collection UUID, operation type)."""
 
     __slots__ = ("head", "mid", "int_fmt", "int_sk", "int_sk_ud", "ns_dk_int", "fixed",
-                 "int_fixed")
+                 "int_fixed", "oid_fmt", "oid_sk", "oid_sk_ud", "ns_dk_oid", "oid_fixed")
 
     def __init__(self, op_type: str, uuid: bytes | None, ns_elem: bytes,
                  needs_merge: bool) -> None:
@@ -157,6 +161,18 @@ class _Op:
             size = self.fixed + lt + len(self.ns_dk_int) + 4 + 2
             self.int_fixed.append(size + (lt + 18 if needs_merge else 0))
             self.int_sk_ud.append(self.int_sk[n][1:])
+        # The same for a documentKey {_id: <ObjectId>}: the template is filled with (key, the
+        # id's bytes in uppercase hex).
+        chars = len(self.mid) + 60
+        head = _i32(chars + 17) + _DATA_HEAD + _i32(chars + 1)
+        self.oid_fmt = (head.replace(b"%", b"%%") + rt.oid_id_token_template(self.mid).encode()
+                        + b"\x00\x00")
+        self.oid_sk = b"\x00" + _SK_HEAD + _i32(chars + 17 + 8) + b"\x030\x00"
+        self.oid_sk_ud = self.oid_sk[1:]
+        self.ns_dk_oid = ns_elem + _DK_HEAD + b"\x16\x00\x00\x00\x07_id\x00"
+        lt = chars + 17
+        size = self.fixed + lt + len(self.ns_dk_oid) + 12 + 2
+        self.oid_fixed = size + (lt + 18 if needs_merge else 0)
 
 
 class _Ns:
@@ -315,6 +331,16 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                         sv = v << 1
                         n = (sv.bit_length() + 7) >> 3
                         tok = p.int_fmt[n] % (key, sv)
+                        ns_dk = p.ns_dk_int
+                        dkv = _i32(v)
+                        sk = p.int_sk[n] if kind == 0 else p.int_sk_ud[n]
+                        fixed = p.int_fixed[n]
+                    elif type(v) is ObjectId:
+                        dkv = v.binary
+                        tok = p.oid_fmt % (key, _hexlify(dkv).translate(_UPPER))
+                        ns_dk = p.ns_dk_oid
+                        sk = p.oid_sk if kind == 0 else p.oid_sk_ud
+                        fixed = p.oid_fixed
                     else:
                         # Other documentKeys: ns, documentKey and fullDocument /
                         # updateDescription all go to the C encoder, as one document.
@@ -327,12 +353,13 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                         kind = 3
                         data, tb = rt.fast_event_token_hex(key, p.mid, dk)
                         tok = token_doc(data, tb)
-                        n = 0
+                        ns_dk = dkv = sk = None
+                        fixed = 0
                 except Exception:
                     break  # the general path decides (and raises the real error, if any)
                 if doc is not None:
                     docs.append(doc)
-                staged.append((key, p, kind, n, v, tok, wall_b))
+                staged.append((key, p, kind, tok, wall_b, ns_dk, dkv, sk, fixed))
                 j += 1
             if not staged:
                 break
@@ -344,7 +371,7 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                 buf, ok = b"", 0
             pos = _ARRAY_START
             d = 0
-            for key, p, kind, n, v, tok, wall_b in staged:
+            for key, p, kind, tok, wall_b, ns_dk, dkv, sk, fixed in staged:
                 if kind != 2:
                     if d == ok:
                         break  # its document cannot be encoded: the general path decides
@@ -354,16 +381,15 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                     pos += dlen
                     d += 1
                 if kind == 0:
-                    size = p.int_fixed[n] + len(wall_b) + 14 + dlen
+                    size = fixed + len(wall_b) + 14 + dlen
                     if size > limit:
                         break
                     if needs_merge:
                         raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        _FD_HEAD, doc_b, p.ns_dk_int, _i32(v), p.int_sk[n],
-                                        tok, _END2))
+                                        _FD_HEAD, doc_b, ns_dk, dkv, sk, tok, _END2))
                     else:
                         raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        _FD_HEAD, doc_b, p.ns_dk_int, _i32(v), _END2))
+                                        _FD_HEAD, doc_b, ns_dk, dkv, _END2))
                 elif kind == 3:
                     lt = len(tok)
                     size = p.fixed + len(wall_b) + dlen - 5 + lt + 1
@@ -384,19 +410,18 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                 else:
                     if kind == 1:
                         ud = _UD_HEAD + doc_b
-                        size = p.int_fixed[n] + len(wall_b) + 19 + dlen
+                        size = fixed + len(wall_b) + 19 + dlen
                     else:
                         ud = b""
-                        size = p.int_fixed[n] + len(wall_b)
+                        size = fixed + len(wall_b)
                     if size > limit:
                         break
                     if needs_merge:
                         raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        p.ns_dk_int, _i32(v), _DK_END, ud, p.int_sk_ud[n],
-                                        tok, _END2))
+                                        ns_dk, dkv, _DK_END, ud, sk, tok, _END2))
                     else:
                         raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        p.ns_dk_int, _i32(v), _DK_END, ud, _END))
+                                        ns_dk, dkv, _DK_END, ud, _END))
                 append((make_doc(raw), tok, size))
                 i += 1
                 need -= 1

@@ -304,3 +304,15 @@ def test_int_id_token_template_matches_generic_encoder():
         data = rt.int_id_token_template(rt.event_mid_hex(u, op), n) % (
             (ts.time << 32) | ts.inc, v << 1)
         assert {"_data": data} == rt.event_token(ts, u, op, {"_id": v})
+
+
+def test_oid_id_token_template_matches_generic_encoder():
+    rng = random.Random(6)
+    for i in range(200):
+        oid = ObjectId(bytes(rng.randrange(256) for _ in range(12))) if i else ObjectId(bytes(12))
+        ts = Timestamp(rng.randint(0, 2**32 - 1), rng.randint(0, 2**32 - 1))
+        u = None if i % 5 == 0 else bytes(rng.randrange(256) for _ in range(16))
+        op = rng.choice(["insert", "update", "replace", "delete"])
+        data = rt.oid_id_token_template(rt.event_mid_hex(u, op)) % (
+            (ts.time << 32) | ts.inc, oid.binary.hex().upper())
+        assert {"_data": data} == rt.event_token(ts, u, op, {"_id": oid})
