@@ -23,6 +23,7 @@ import array
 import asyncio
 import bisect
 import datetime
+import operator
 import time
 from typing import Any, Callable, Iterator
 
@@ -256,6 +257,55 @@ class Oplog:
                 if idx < self._head:
                     continue  # truncated
                 yield self._keys[idx], self._entries[idx]
+
+    def scoped_batch(self, key: int, limit: int, *, ns: str | None = None,
+                     db: str | None = None) -> tuple[list[int] | tuple[int, ...],
+                                                     list[dict[str, Any]] | tuple[Any, ...]]:
+        """The first ``limit`` entries :meth:`scoped_entries_from` would yield from ``key`` with
+        the same ``ns``/``db`` scope, as ``(ts_keys, entries)``: two sequences of equal length
+        in ts order, shorter than ``limit`` only when the scope has no more entries (so a
+        reader that gets fewer has scanned to :attr:`latest_key`). A snapshot, not live: call
+        again from the last key + 1 for more. Per entry it costs a slice, not an iterator step
+        (the change-stream catch-up reads the oplog through it)."""
+        head = self._head
+        start = max(bisect.bisect_left(self._keys, key, head), head)
+        if ns is None and db is None:
+            return self._keys[start:start + limit], self._entries[start:start + limit]
+        base = self._base
+        pos = base + start
+        arr = (self._ns_pos if ns is not None else self._db_pos).get(ns if ns is not None else db)
+        cmds = self._cmd_pos
+        ic = bisect.bisect_left(cmds, pos)
+        nc = len(cmds)
+        ia = bisect.bisect_left(arr, pos) if arr is not None else 0
+        na = len(arr) if arr is not None else 0
+        if ic == nc or (na - ia >= limit and arr[ia + limit - 1] < cmds[ic]):  # type: ignore[index]
+            positions: Any = arr[ia:ia + limit] if arr is not None else ()
+        else:  # merge the runs of index positions with the command positions between them
+            positions = []
+            while len(positions) < limit:
+                c = cmds[ic] if ic < nc else -1
+                if ia < na:
+                    ja = min(na, ia + limit - len(positions))
+                    if c >= 0:
+                        ja = bisect.bisect_left(arr, c, ia, ja)  # type: ignore[arg-type]
+                    if ja > ia:
+                        positions.extend(arr[ia:ja])  # type: ignore[index]
+                        ia = ja
+                        continue
+                if c < 0:
+                    break
+                positions.append(c)
+                ic += 1
+        if not positions:
+            return [], []
+        if base:
+            positions = [p - base for p in positions]
+        if len(positions) == 1:
+            i = positions[0]
+            return [self._keys[i]], [self._entries[i]]
+        get = operator.itemgetter(*positions)
+        return get(self._keys), get(self._entries)
 
     def _enforce_retention(self) -> None:
         now = self._wall()

@@ -821,43 +821,82 @@ def _event_mid_hex(uuid: bytes | None, operation_type: str, txn_op_index: int) -
     return mid
 
 
-def fast_event_token(cluster_time: Timestamp, uuid: bytes | None, operation_type: str,
-                     document_key: dict[str, Any], txn_op_index: int = 0) -> dict[str, Any]:
-    """``event_token`` for the common v2 CRUD case (``{operationType, documentKey}``, not from
-    invalidate, no fragment), built directly; byte-identical to :func:`event_token`.
-
-    Hot path (one token per event): the bytes between clusterTime and the documentKey are cached
-    per (uuid, operationType, txnOpIndex), and a documentKey ``{_id: <int32 | ObjectId | str>}``
-    (type bits all zero) is written without the generic KeyString encoder."""
+def event_mid_hex(uuid: bytes | None, operation_type: str, txn_op_index: int = 0) -> str:
+    """The uppercase hex of a v2 event token between its clusterTime and its documentKey's
+    fields: version 2, tokenType 128, ``txn_op_index``, fromInvalidate false, the collection
+    ``uuid`` (16 bytes, BinData subtype 4) or null, and the eventIdentifier's
+    ``{operationType: <operation_type>, documentKey: {`` head. The same for every event of a
+    collection and operation type (cached); the prefix :func:`fast_event_token_hex` needs."""
     mid = _MID_HEX.get((uuid, operation_type, txn_op_index))
     if mid is None:
         mid = _event_mid_hex(uuid, operation_type, txn_op_index)
+    return mid
+
+
+def fast_event_token_hex(key: int, mid: str,
+                         document_key: dict[str, Any]) -> tuple[str, bytes | None]:
+    """``(_data, _typeBits bytes or None)`` of the v2 CRUD event token whose clusterTime is the
+    ts key ``key`` (``secs << 32 | inc``), whose bytes up to the documentKey's fields are ``mid``
+    (:func:`event_mid_hex`) and whose documentKey is ``document_key``. Byte-identical to
+    :func:`event_token`; a documentKey ``{_id: <int32 > 0 | ObjectId | str without NUL>}`` (type
+    bits all zero) is written without the generic KeyString encoder."""
     if len(document_key) == 1:
         v = document_key.get("_id", _MISSING_ID)
         tv = type(v)
         if tv is int and 0 < v <= _INT32_MAX:
             # Positive integer: 0x2B + (nbytes - 1) then (v << 1) big-endian (_append_preshifted).
             n = ((v << 1).bit_length() + 7) >> 3
-            return {"_data": "82%016X%s%s%02X%0*X000004" % (
-                (cluster_time.time << 32) | cluster_time.inc, mid, _ID_FIELD_HEX,
-                _POS_1B + n - 1, n << 1, v << 1)}
+            return "82%016X%s%s%02X%0*X000004" % (key, mid, _ID_FIELD_HEX, _POS_1B + n - 1,
+                                                   n << 1, v << 1), None
         if tv is ObjectId:
-            return {"_data": "82%016X%s%s%s%s000004" % (
-                (cluster_time.time << 32) | cluster_time.inc, mid, _ID_OID_HEX, "%02X" % _OID,
-                v.binary.hex().upper())}
+            return "82%016X%s%s%s%s000004" % (key, mid, _ID_OID_HEX, "%02X" % _OID,
+                                              v.binary.hex().upper()), None
         if tv is str and "\x00" not in v:
-            return {"_data": "82%016X%s%s%02X%s00000004" % (
-                (cluster_time.time << 32) | cluster_time.inc, mid, _ID_STR_HEX, _STRING,
-                v.encode("utf-8").hex().upper())}
+            return "82%016X%s%s%02X%s00000004" % (key, mid, _ID_STR_HEX, _STRING,
+                                                  v.encode("utf-8").hex().upper()), None
     tb = _TypeBits()
     tb.n = 7  # version, tokenType, txnOpIndex (NumberInt: 0 0 each) and operationType (string: 0)
     body = bytearray()
     _append_object_body(body, tb, document_key)
-    doc: dict[str, Any] = {"_data": "82%016X%s%s0004" % (
-        (cluster_time.time << 32) | cluster_time.inc, mid, body.hex().upper())}
-    if tb.nonzero:
-        doc["_typeBits"] = Binary(tb.serialize(), 0)  # type: ignore[arg-type]
-    return doc
+    return "82%016X%s%s0004" % (key, mid, body.hex().upper()), (tb.serialize() if tb.nonzero
+                                                                  else None)
+
+
+def int_id_token_template(mid: str, n: int) -> str:
+    """A %-template of the ``_data`` of a v2 event token whose bytes up to the documentKey's
+    fields are ``mid`` (:func:`event_mid_hex`) and whose documentKey is ``{_id: v}`` with ``v``
+    an int, ``0 < v <= 2**31 - 1`` (NumberInt, type bits all zero), for the ``v`` with
+    ``n = ((v << 1).bit_length() + 7) >> 3``: fill with ``(key, v << 1)`` where ``key`` is the
+    clusterTime's ts key (``_append_preshifted``: the byte 0x2B + (n - 1), then ``v << 1`` in
+    n big-endian bytes). The result has ``2 * n + len(mid) + 36`` characters; identical to
+    :func:`fast_event_token_hex` for such keys."""
+    return "82%%016X%s%s%02X%%0%dX000004" % (mid, _ID_FIELD_HEX, _POS_1B + n - 1, 2 * n)
+
+
+def oid_id_token_template(mid: str) -> str:
+    """A %-template of the ``_data`` of a v2 event token whose bytes up to the documentKey's
+    fields are ``mid`` (:func:`event_mid_hex`) and whose documentKey is ``{_id: <ObjectId>}``:
+    fill with ``(key, hex)`` where ``key`` is the clusterTime's ts key and ``hex`` the id's 12
+    bytes in uppercase hex. The result has ``len(mid) + 60`` characters; identical to
+    :func:`fast_event_token_hex` for such keys."""
+    return "82%%016X%s%s%02X%%s000004" % (mid, _ID_OID_HEX, _OID)
+
+
+def fast_event_token(cluster_time: Timestamp, uuid: bytes | None, operation_type: str,
+                     document_key: dict[str, Any], txn_op_index: int = 0) -> dict[str, Any]:
+    """``event_token`` for the common v2 CRUD case (``{operationType, documentKey}``, not from
+    invalidate, no fragment), built directly; byte-identical to :func:`event_token`.
+
+    Hot path (one token per event): the bytes between clusterTime and the documentKey are cached
+    per (uuid, operationType, txnOpIndex) (:func:`event_mid_hex`), and common documentKeys are
+    written without the generic KeyString encoder (:func:`fast_event_token_hex`)."""
+    mid = _MID_HEX.get((uuid, operation_type, txn_op_index))
+    if mid is None:
+        mid = _event_mid_hex(uuid, operation_type, txn_op_index)
+    data, tb = fast_event_token_hex((cluster_time.time << 32) | cluster_time.inc, mid, document_key)
+    if tb is None:
+        return {"_data": data}
+    return {"_data": data, "_typeBits": Binary(tb, 0)}
 
 
 _MISSING_ID = object()

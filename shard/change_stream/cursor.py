@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
+import operator
 from typing import Any
 
 from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
@@ -34,7 +36,7 @@ from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key, ts_key
 from shardsim.cursors import BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, Batch, Cursor
 from shardsim.errors import MongoError
-from shard.change_stream import oplog_match
+from shard.change_stream import fast_crud, oplog_match
 from shard.change_stream.add_post_image import add_post_image
 from shard.change_stream.add_pre_image import add_pre_image
 from shard.change_stream.check_invalidate import CheckInvalidate
@@ -58,6 +60,22 @@ def encode_event(doc: dict[str, Any]) -> bytes:
 _INTERNAL_SLACK = 16 * 1024
 # At most this many events are produced per scan call ahead of the batch being filled.
 _SCAN_AHEAD = 512
+_DOC = operator.itemgetter(0)
+_SIZE = operator.itemgetter(2)
+
+
+def _index_header_bytes(a: int, b: int) -> int:
+    """Bytes of the array element headers (type byte, decimal index, NUL) of the indexes
+    ``a`` to ``b - 1`` of a BSON array (a reply batch)."""
+    total = 0
+    digits, low = 1, 0
+    while low < b:
+        high = low * 10 if low else 10
+        lo, hi = max(a, low), min(b, high)
+        if lo < hi:
+            total += (hi - lo) * (digits + 2)
+        digits, low = digits + 1, high
+    return total
 
 
 class RawEvent(RawBSONDocument):
@@ -164,7 +182,9 @@ class ChangeStreamCursor(Cursor):
         self.oplog = node.oplog
         self.scan_key = start_key
         self.latest_scanned = start_key - 1
-        self.pending: collections.deque[tuple[Any, dict[str, Any], int]] = collections.deque()
+        # (event document, its token, its BSON size): the token is a dict, or the token's BSON
+        # bytes for events of the fast path (turned into a dict only for postBatchResumeToken).
+        self.pending: collections.deque[tuple[Any, Any, int]] = collections.deque()
         self.pbrt = initial_pbrt
         self.pbrt_ts_key = ts_key(rt.decode(initial_pbrt).clusterTime)
         self.match = oplog_match.build(spec)
@@ -184,15 +204,23 @@ class ChangeStreamCursor(Cursor):
         self.history_lost = False
         self.promise_mode = str(node.options.get("promise_mode") or "clock")
         self._wake: asyncio.Event | None = None
-        self._scan_it: Any = None  # the oplog iterator _scan left at _scan_it_key
-        self._scan_it_key = 0
+        self._scope_kw = self._scan_scope()
         self._waiters = promise_waiters(node)
+        # Fused fast path for plain CRUD entries (fast_crud), used once the stream is past its
+        # resume point: entries at or before the resume token's time may need its version.
+        self.fast: fast_crud.Run | None = None
+        if fast_crud.eligible(spec):
+            self.fast = fast_crud.build(
+                spec, self.pending.append, RawEvent,
+                MAX_EVENT_BYTES + (_INTERNAL_SLACK if spec.needs_merge else 0))
+        rk = self.transform._resume_key
+        self._fast_min_key = rk[0] + 1 if rk is not None else 0
         # No truncation callback: _scan compares scan_key with oplog.truncated_through, so an
         # oplog at its size cap does not call every open cursor on each write.
         self.oplog.add_listener(self._on_append, **self._listen_scope())
 
     def _scan_scope(self) -> dict[str, str]:
-        """The oplog index a scan may use (``Oplog.scoped_entries_from``): this stream's
+        """The oplog index a scan may use (``Oplog.scoped_batch``): this stream's
         namespace or database; a cluster-wide stream reads every entry."""
         spec = self.spec
         if spec.kind == "collection":
@@ -323,38 +351,69 @@ class ChangeStreamCursor(Cursor):
         catch-up does not re-enter the batch loop once per event.
 
         Collection and database streams read through the oplog's namespace/database index
-        (``Oplog.scoped_entries_from``): entries of other namespaces cannot match their filter,
-        so an idle stream's getMore costs nothing per unrelated write; reaching the end of the
-        index counts as having scanned to the newest entry. The live iterator is kept between
-        calls while it stands at ``scan_key``, so a catch-up costs one iterator, not one lookup
-        per event."""
+        (``Oplog.scoped_batch``): entries of other namespaces cannot match their filter, so an
+        idle stream's getMore costs nothing per unrelated write; reaching the end of the index
+        counts as having scanned to the newest entry. Entries come in slices of at least the
+        number of events still wanted (one index lookup per slice, not per event); plain CRUD
+        entries go through the fused fast path (:mod:`.fast_crud`) when the stream allows it."""
         if self.history_lost or getattr(self.oplog, "truncated_through", 0) >= self.scan_key:
             # Entries at or after our position were truncated since the last scan.
             self.history_lost = True
             raise MongoError(286, HISTORY_LOST_MSG)
+        oplog = self.oplog
+        batch = getattr(oplog, "scoped_batch", None)
+        scope = self._scope_kw
         match = self.match
-        it = self._scan_it
-        if it is None or self._scan_it_key != self.scan_key:
-            oplog = self.oplog
-            scoped = getattr(oplog, "scoped_entries_from", None)
-            if scoped is not None:
-                it = scoped(self.scan_key, **self._scan_scope())
+        pending = self.pending
+        fast = self._fast_run()
+        fast_min = self._fast_min_key
+        while True:
+            need = want - len(pending)
+            chunk = need if need > 32 else 32
+            if batch is not None:
+                keys, entries = batch(self.scan_key, chunk, **scope)
             else:
-                it = ((ts_key(e["ts"]), e) for e in oplog.entries_from(self.scan_key))
-        self._scan_it = None
-        for key, entry in it:
-            self.latest_scanned = key
-            self.scan_key = key + 1
-            if match(entry):
-                self._process_entry(entry)
-                if len(self.pending) >= want or self.closing:
-                    self._scan_it = it
-                    self._scan_it_key = self.scan_key
-                    return
-        end = self.oplog.latest_key
+                entries = list(itertools.islice(oplog.entries_from(self.scan_key), chunk))
+                keys = [ts_key(e["ts"]) for e in entries]
+            nk = len(keys)
+            i = 0
+            while i < nk:
+                if fast is not None and keys[i] >= fast_min:
+                    i, made = fast(keys, entries, i, nk, need)
+                    if made:
+                        key = keys[i - 1]
+                        self.latest_scanned = key
+                        self.scan_key = key + 1
+                        need -= made
+                        if need <= 0:
+                            return
+                        if i >= nk:
+                            break
+                key = keys[i]
+                entry = entries[i]
+                i += 1
+                self.latest_scanned = key
+                self.scan_key = key + 1
+                if match(entry):
+                    self._process_entry(entry)
+                    need = want - len(pending)
+                    if need <= 0 or self.closing:
+                        return
+                    if fast is None:
+                        fast = self._fast_run()
+            if len(keys) < chunk:
+                break
+        end = oplog.latest_key
         if end >= self.scan_key:  # the index skipped entries this stream cannot match
             self.latest_scanned = end
             self.scan_key = end + 1
+
+    def _fast_run(self) -> fast_crud.Run | None:
+        """The fast emitter when it may be used now: the stream is eligible and no resume
+        check is still pending (the general path decides up to and at the resume point)."""
+        if self.resume is not None and not self.resume.done:
+            return None
+        return self.fast
 
     # -- batches --------------------------------------------------------------------------------
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
@@ -371,6 +430,17 @@ class ChangeStreamCursor(Cursor):
         pending = self.pending
         while limit > 0:
             last = None
+            n = len(pending)
+            if n and len(out) + n <= limit:
+                # Everything pending fits the count: take it at once if it fits the bytes too
+                # (the usual catch-up case; the loop below decides otherwise, event by event).
+                k = len(out)
+                add = sum(map(_SIZE, pending)) + _index_header_bytes(k, k + n)
+                if size + add <= BATCH_BYTES_LIMIT:
+                    out.extend(map(_DOC, pending))
+                    last = pending[-1][1]
+                    pending.clear()
+                    size += add
             while pending and len(out) < limit:
                 doc, token, sz = pending[0]
                 sz += len(str(len(out))) + 2  # array element header: the reply must stay legal BSON
@@ -406,7 +476,9 @@ class ChangeStreamCursor(Cursor):
             self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt)
 
-    def _set_pbrt(self, token: dict[str, Any]) -> None:
+    def _set_pbrt(self, token: Any) -> None:
+        if type(token) is bytes:
+            token = fast_crud.token_from_doc(token)
         self.pbrt = token
         # Every token starts with the clusterTime: 0x82 + 8 bytes (secs << 32 | inc).
         self.pbrt_ts_key = int(token["_data"][2:18], 16)
