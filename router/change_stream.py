@@ -622,7 +622,7 @@ class RouterChangeStreamCursor(Cursor):
             pbrt = st.merger.high_water_mark()
             if n_out and pbrt is None:
                 pbrt = _plain(last_token)
-        return Batch([], exhausted, pbrt, raw_docs=b"".join(parts))
+        return Batch([], exhausted, pbrt, raw_docs=parts)
 
     async def close(self) -> None:
         self.stream.close()

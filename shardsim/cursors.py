@@ -21,6 +21,12 @@ from shardsim.errors import MongoError
 DEFAULT_BATCH_SIZE = 101
 BATCH_BYTES_LIMIT = 16 * 1024 * 1024  # a reply batch never exceeds 16 MiB (bytes)
 DEFAULT_CURSOR_TIMEOUT_MS = 600_000
+# A shard's change-stream cursor reply (``needsMerge``) carries ``{<this>: true}`` when every
+# event of its batch has the layout it builds for the router: ``_id: {_data: <ASCII hex>[,
+# _typeBits]}`` first (the token, unmodified: the shard raises ChangeStreamFatalError 280
+# otherwise), ``$sortKey: [<the same token>]`` last. shardsim's own field between its shards
+# and its router, not a MongoDB one (router/raw_events.py parse_block).
+SORT_KEY_LAYOUT_FIELD = "$_shardsimSortKeyLayout"
 
 
 @dataclass(slots=True)
@@ -29,13 +35,14 @@ class Batch:
     in the reply), ``post_batch_resume_token`` (``{_data[, _typeBits]}`` for change streams)
     and ``extra`` cursor fields (e.g. ``invalidated``). ``raw_docs``, when not None, is the
     batch already encoded as BSON array elements (``0x03 "0" 0x00 <doc> 0x03 "1" 0x00 ...``,
-    the router's forwarded events) and replaces ``docs``."""
+    the router's forwarded events), as bytes or a list of byte strings to concatenate, and
+    replaces ``docs``."""
 
     docs: list[Any]
     exhausted: bool
     post_batch_resume_token: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
-    raw_docs: bytes | None = None
+    raw_docs: bytes | list[bytes] | None = None
 
 
 class RawBSON:
@@ -56,14 +63,38 @@ class RawBSON:
         return bson.decode(self.raw).get(name, default)
 
 
+class RawBSONParts:
+    """An encoded BSON document kept as the pieces whose concatenation it is (``parts``,
+    ``size`` bytes in all), so a large reply is copied once, when the server frames the message
+    (``shardsim/server.py``), not once per layer. ``raw`` joins them (``bson.encode`` and
+    readers of the reply still work)."""
+
+    __slots__ = ("parts", "size")
+    _type_marker = 101
+
+    def __init__(self, parts: list[bytes], size: int) -> None:  # noqa: D107 - see the class docstring
+        self.parts = parts
+        self.size = size
+
+    @property
+    def raw(self) -> bytes:
+        return b"".join(self.parts)
+
+    def __getitem__(self, name: str) -> Any:
+        return bson.decode(self.raw)[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return bson.decode(self.raw).get(name, default)
+
+
 def _i32(n: int) -> bytes:
     return n.to_bytes(4, "little", signed=True)
 
 
 def cursor_reply(reply: dict[str, Any], batch_field: str, batch: Batch) -> Any:
     """The ``cursor`` subdocument: ``reply`` (field order kept) with ``batch_field`` set to the
-    batch. With ``batch.raw_docs`` the array is spliced in as bytes (a :class:`RawBSON`), so
-    forwarded events are copied, never decoded."""
+    batch. With ``batch.raw_docs`` the array is spliced in as bytes (a :class:`RawBSONParts`),
+    so forwarded events are copied, never decoded."""
     if batch.raw_docs is None:
         reply[batch_field] = batch.docs
         return reply
@@ -72,8 +103,11 @@ def cursor_reply(reply: dict[str, Any], batch_field: str, batch: Batch) -> Any:
     marker = b"\x04" + batch_field.encode() + b"\x00\x05\x00\x00\x00\x00"
     at = enc.index(marker) + len(marker) - 5  # the empty array's int32 length
     elements = batch.raw_docs
-    body = b"".join((enc[4:at], _i32(len(elements) + 5), elements, b"\x00", enc[at + 5:]))
-    return RawBSON(_i32(len(body) + 4) + body)
+    if isinstance(elements, (bytes, bytearray)):
+        elements = [elements]
+    n = sum(map(len, elements))
+    size = len(enc) + n
+    return RawBSONParts([_i32(size), enc[4:at], _i32(n + 5), *elements, b"\x00", enc[at + 5:]], size)
 
 
 class Cursor:

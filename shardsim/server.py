@@ -17,6 +17,7 @@ from itertools import count
 from typing import Any
 
 from shardsim import wire
+from shardsim.cursors import RawBSON, RawBSONParts
 from shardsim.commands import ConnectionInfo, Request
 from shardsim.errors import MongoError
 from shardsim.node import Node, decode, encode
@@ -145,7 +146,7 @@ class Server:
                 reply = await node.run_command(req)
             if msg.more_to_come:
                 return None
-            return wire.encode_op_msg(encode_reply(reply), response_to=msg.request_id)
+            return wire.encode_op_msg(encode_reply_parts(reply), response_to=msg.request_id)
         try:
             req = request_from_op_query(msg, conn)
         except MongoError as exc:
@@ -154,6 +155,25 @@ class Server:
         else:
             reply = await node.run_command(req)
         return wire.encode_op_reply(encode_reply(reply), response_to=msg.request_id)
+
+
+_CURSOR_PLACEHOLDER = RawBSON(b"\x05\x00\x00\x00\x00")
+_CURSOR_MARKER = b"\x03cursor\x00\x05\x00\x00\x00\x00"
+
+
+def encode_reply_parts(reply: dict[str, Any]) -> bytes | list[bytes]:
+    """Encode a reply; when its ``cursor`` is a :class:`RawBSONParts` (a batch of forwarded
+    events), the pieces of the body instead of bytes, so the batch is copied once, into the
+    framed message."""
+    cur = reply.get("cursor") if type(reply) is dict else None
+    if type(cur) is not RawBSONParts:
+        return encode_reply(reply)
+    body = encode_reply({**reply, "cursor": _CURSOR_PLACEHOLDER})
+    at = body.find(_CURSOR_MARKER)
+    if at < 0:  # an error reply replaced it: nothing to splice
+        return body
+    at += len(_CURSOR_MARKER) - 5
+    return [(len(body) - 5 + cur.size).to_bytes(4, "little"), body[4:at], *cur.parts, body[at + 5:]]
 
 
 def encode_reply(reply: dict[str, Any]) -> bytes:

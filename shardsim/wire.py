@@ -265,23 +265,32 @@ def next_request_id() -> int:
     return next(_request_ids) & 0x7FFFFFFF
 
 
-def encode_op_msg(body: bytes, *, response_to: int = 0, request_id: int | None = None,
-                  flags: int = 0, sequences: dict[str, list[bytes]] | None = None,
+def encode_op_msg(body: bytes | list[bytes], *, response_to: int = 0,
+                  request_id: int | None = None, flags: int = 0,
+                  sequences: dict[str, list[bytes]] | None = None,
                   checksum: bool = False) -> bytes:
-    """Build an OP_MSG from raw BSON ``body`` (and optional kind-1 ``sequences``)."""
-    parts: list[bytes] = []
+    """Build an OP_MSG from raw BSON ``body`` (bytes, or pieces to concatenate) and optional
+    kind-1 ``sequences``."""
+    # One join of all the pieces: a large reply body is copied once, not once per step.
+    parts: list[bytes] = [b"", b""]  # header and flags, filled in below
     if sequences:
         for name, docs in sequences.items():
             ident = name.encode() + b"\x00"
             size = 4 + len(ident) + sum(len(d) for d in docs)
-            parts.append(b"\x01" + _i32.pack(size) + ident + b"".join(docs))
-    parts.append(b"\x00" + body)
+            parts.append(b"\x01" + _i32.pack(size) + ident)
+            parts.extend(docs)
+    parts.append(b"\x00")
+    if isinstance(body, list):
+        parts.extend(body)
+    else:
+        parts.append(body)
     if checksum:
         flags |= FLAG_CHECKSUM_PRESENT
-    sections = b"".join(parts)
-    length = HEADER_SIZE + 4 + len(sections) + (4 if checksum else 0)
+    length = HEADER_SIZE + 4 + sum(map(len, parts)) + (4 if checksum else 0)
     rid = next_request_id() if request_id is None else request_id
-    msg = HEADER.pack(length, rid, response_to, OP_MSG) + _u32.pack(flags) + sections
+    parts[0] = HEADER.pack(length, rid, response_to, OP_MSG)
+    parts[1] = _u32.pack(flags)
+    msg = b"".join(parts)
     if checksum:
         msg += _u32.pack(_crc32c.crc32c(msg))
     return msg

@@ -34,7 +34,8 @@ from bson.timestamp import Timestamp
 
 from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key, ts_key
-from shardsim.cursors import BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, Batch, Cursor
+from shardsim.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, SORT_KEY_LAYOUT_FIELD,
+                              Batch, Cursor)
 from shardsim.errors import MongoError
 from shard.change_stream import fast_crud, oplog_match
 from shard.change_stream.add_post_image import add_post_image
@@ -50,6 +51,8 @@ from shard.change_stream.unwind_transaction import unwind
 from shard.change_stream.user_stages import check_id_unchanged, compile_stages
 
 DEFAULT_AWAIT_MS = 1000
+_ID_FIRST = b"\x03_id\x00"
+_LAYOUT_CHECKED = {SORT_KEY_LAYOUT_FIELD: True}
 
 
 def encode_event(doc: dict[str, Any]) -> bytes:
@@ -474,7 +477,12 @@ class ChangeStreamCursor(Cursor):
             # Entries up to latest_scanned are fully returned; the clock may be promised only
             # when the scan reached the end of the oplog.
             self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
-        return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt)
+        extra = {}
+        if out and self.spec.needs_merge and all(d.raw.startswith(_ID_FIRST, 4) for d in out):
+            # _id first (no transaction fields before it, no user stage moved it), $sortKey last
+            # (_emit / fast_crud append it): the router may skip re-checking every event.
+            extra = _LAYOUT_CHECKED
+        return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra)
 
     def _set_pbrt(self, token: Any) -> None:
         if type(token) is bytes:

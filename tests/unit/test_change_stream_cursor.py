@@ -217,3 +217,36 @@ def test_failed_first_batch_releases_the_oplog_listener():
         run(aggregate_change_stream(node, req))
     assert ei.value.code == 280
     assert node.oplog._listeners == [] and len(node.cursors) == 0
+
+
+def test_needs_merge_batch_vouches_for_its_sort_key_layout_only_when_true():
+    # shardsim/cursors.py SORT_KEY_LAYOUT_FIELD: set only when every event of the batch starts
+    # with _id (the router then skips re-checking each token's bytes); transaction events put
+    # txnNumber/lsid first and a user $replaceRoot may move _id, so their batches go unmarked.
+    from bson import Int64
+    from shardsim.cursors import SORT_KEY_LAYOUT_FIELD
+
+    node = FakeNode()
+    plain = cursor(node, needs_merge=True)
+    direct = cursor(node)
+    moved = cursor(node, rest=[{"$replaceRoot": {"newRoot": {"op": "$operationType", "_id": "$_id"}}}],
+                   needs_merge=True)
+
+    async def go():
+        for c in (plain, direct, moved):
+            await c.fetch(0, None, first=True)
+        node.write("i", "d.c", {"_id": 1}, {"_id": 1})
+        node.write("d", "d.c", {"_id": 1})
+        b = await plain.fetch(None, 10, first=False)
+        assert len(b.docs) == 2 and b.extra == {SORT_KEY_LAYOUT_FIELD: True}
+        assert (await direct.fetch(None, 10, first=False)).extra == {}
+        b = await moved.fetch(None, 10, first=False)
+        assert list(b.docs[0].keys())[:2] == ["op", "_id"] and b.extra == {}
+        node.write("c", "d.$cmd", {"applyOps": [{"op": "i", "ns": "d.c", "ui": U1, "o": {"_id": 2},
+                                                 "o2": {"_id": 2}}]},
+                   ui=None, lsid={"id": Binary(bytes(16), 4)}, txnNumber=Int64(1))
+        b = await plain.fetch(None, 10, first=False)
+        assert list(b.docs[0].keys())[0] == "txnNumber" and b.extra == {}
+        b = await plain.fetch(None, 10, first=False)  # nothing new: no events, no mark
+        assert b.docs == [] and b.extra == {}
+    run(go())

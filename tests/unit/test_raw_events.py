@@ -195,3 +195,44 @@ def test_cursor_reply_splices_raw_elements_like_encoding_the_docs():
         plain = cursor_reply(dict(reply), field, Batch(docs, False, pbrt))
         assert raw.raw == bson.encode(plain)
         assert bson.encode({"cursor": raw, "ok": 1.0}) == bson.encode({"cursor": plain, "ok": 1.0})
+
+
+def test_server_frames_a_spliced_cursor_reply_like_the_encoded_document():
+    from shardsim import wire
+    from shardsim.server import encode_reply_parts
+
+    docs = [{"_id": i, "pad": "z" * (i * 7)} for i in range(50)]
+    elements = [b"\x03%d\x00" % i + bson.encode(d) for i, d in enumerate(docs)]
+    inner = {"id": Int64(9), "ns": "d.c", "nextBatch": None, "postBatchResumeToken": {"_data": "82"}}
+    cur = cursor_reply(dict(inner), "nextBatch", Batch([], False, None, raw_docs=elements))
+    reply = {"cursor": cur, "ok": 1.0, "operationTime": Timestamp(5, 1)}
+    parts = encode_reply_parts(reply)
+    assert isinstance(parts, list)
+    want = bson.encode({"cursor": {**inner, "nextBatch": docs}, "ok": 1.0,
+                        "operationTime": Timestamp(5, 1)})
+    assert b"".join(parts) == want
+    msg = wire.encode_op_msg(parts, response_to=3, request_id=4)
+    assert msg == wire.encode_op_msg(want, response_to=3, request_id=4)
+    assert encode_reply_parts({"ok": 1.0}) == bson.encode({"ok": 1.0})
+
+
+def test_a_batch_the_shard_vouched_for_is_read_without_rechecking_each_token():
+    from shardsim.cursors import SORT_KEY_LAYOUT_FIELD
+    evs = [event(100 + i, IDS[i % len(IDS)], pad=i) for i in range(60)]
+    plain = bson.encode({"nextBatch": evs, "id": Int64(7), "ns": "d.c"})
+    vouched = bson.encode({"nextBatch": evs, "id": Int64(7), "ns": "d.c", SORT_KEY_LAYOUT_FIELD: True})
+    meta_a, (a,) = split_cursor(plain, "nextBatch")
+    meta_b, (b,) = split_cursor(vouched, "nextBatch")
+    assert meta_a == meta_b == {"id": 7, "ns": "d.c"}  # the mark is not a cursor field for anyone
+    pa, pb = [], []
+    a.write(pa, 0)
+    b.write(pb, 0)
+    assert b"".join(pa) == b"".join(pb)
+    assert [a.key_at(i) for i in range(60)] == [b.key_at(i) for i in range(60)]
+    # Even vouched for, a batch whose $sortKey is not where the lengths say takes the per-event
+    # path (which then reports what is wrong).
+    evs[5] = {k: v for k, v in evs[5].items() if k != "$sortKey"} | {"$sortKey": [evs[5]["_id"]], "z": 1}
+    broken = bson.encode({"nextBatch": evs, "id": Int64(7), "ns": "d.c", SORT_KEY_LAYOUT_FIELD: True})
+    arr = broken.index(b"\x04nextBatch\x00") + 11
+    size = int.from_bytes(broken[arr:arr + 4], "little")
+    assert parse_block(broken, arr + 4, arr + size - 1, checked=True) is None
