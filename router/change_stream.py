@@ -34,6 +34,7 @@ import logging
 import time
 from typing import Any
 
+import bson
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -42,9 +43,11 @@ from router.merger import (CONFIG_SHARDS_NS, Block, ChangeStreamMerge, Item, Mer
                            Remote, item_from_raw_event, split_cursor, token_ts_key)
 from router.raw_events import element_headers
 from router.remote import gossip_command, track_operation_time
+from shardsim.client import Connection
 from shardsim.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
 from shardsim.errors import MongoError, change_stream_labels
+from shardsim.node import CODEC, DUMMY_SIGNATURE
 
 try:  # the shard's stage parser validates router-side specs; importing it here (≈ 0.1 s from
     # source) keeps that one-off cost at process start instead of in the first watch().
@@ -276,8 +279,8 @@ class RouterChangeStream:
 
     def request_promises(self) -> float | None:
         """An event is buffered but held back only by other remotes' promises: ask those
-        remotes' shards, on a separate pooled connection, for a promise past the event's cluster
-        time T (``{_shardsimAdvanceClusterTime: T}`` with our ``$clusterTime`` >= T).
+        remotes' shards, on a connection kept for these requests, for a promise past the event's
+        cluster time T (``{_shardsimAdvanceClusterTime: T}`` with our ``$clusterTime`` >= T).
 
         A ``clock``-mode shard answers the getMore it is holding for us at once with
         HWM(>= T + 1); a ``mongod``-mode shard answers it when its next oplog entry (the
@@ -288,9 +291,11 @@ class RouterChangeStream:
         (an event is released only once every remote has promised past it). Not part of
         mongos' ARM.
 
+        The request goes out at once, without a reply (see :func:`_send_promise_request`).
         Cost control: the request is sticky on the shard (a getMore that starts waiting later
         still honours it), so the router sends at most one per shard address and newer T, and
-        one at a time per address, whatever the number of streams. A remote whose last reply
+        at most one per ``PROMISE_REQUEST_INTERVAL_MS`` per address (a newer T wanted sooner
+        goes out when that interval ends), whatever the number of streams. A remote whose last reply
         carried events is busy and will answer soon anyway: it is asked only once its getMore
         has been out for ``ACTIVE_REQUEST_DELAY_MS``. Returns the delay (s) after which this
         should be called again (a busy remote becomes eligible), or None.
@@ -304,7 +309,6 @@ class RouterChangeStream:
         state = _promise_requests(self.router)
         now = time.monotonic()
         again: float | None = None
-        loop = asyncio.get_running_loop()
         for r in remotes:
             if not r.in_flight or r.rid not in self.pools:
                 continue  # no getMore out on it: nothing to cut short
@@ -316,13 +320,7 @@ class RouterChangeStream:
             addr = r.address or str(r.rid)
             if state.sent.get(addr, -1) >= t:
                 continue  # asked already (by any stream): the shard keeps the request
-            if addr in state.busy:
-                state.deferred.setdefault(addr, set()).add(self)  # look again when it is back
-                continue
-            state.sent[addr] = t
-            state.busy.add(addr)
-            loop.create_task(_request_promise(self.router, self.pools[r.rid], addr, t, self),
-                             context=contextvars.Context())
+            _send_promise_request(self.router, self.pools[r.rid], addr, t, self)
         return again
 
     def watches(self, ns: str) -> bool:
@@ -411,46 +409,134 @@ class RouterChangeStream:
 ACTIVE_REQUEST_DELAY_MS = 10  # see RouterChangeStream.request_promises
 
 
-class _PromiseRequests:
-    """Router-wide record of ``_shardsimAdvanceClusterTime`` requests: per shard address the
-    highest time asked for (``sent``), whether one is outstanding (``busy``) and the streams that
-    wanted a newer one meanwhile (``deferred``, woken when it completes), the newest time the
-    write path wanted while one was outstanding (``want``, sent when it completes) and the
-    open streams (``streams``, weak)."""
+# Requests to one shard address are at least this far apart (ms): bounds their rate under a
+# write load (each write could otherwise send one per other shard); a newer time wanted sooner
+# is sent when the interval ends. About one router -> shard round trip, the bound the earlier
+# one-outstanding-request-per-address scheme gave.
+PROMISE_REQUEST_INTERVAL_MS = 1.0
 
-    __slots__ = ("sent", "busy", "deferred", "want", "streams")
+
+class _PromiseRequests:
+    """Router-wide record of ``_shardsimAdvanceClusterTime`` requests, per shard address: the
+    highest time asked for (``sent``), the connection they go out on (``channels``), the
+    monotonic time of the last one sent (``last``), addresses that cannot send right now
+    because their connection is being opened or the interval has not ended (``pending``,
+    handle of the scheduled send), the newest time wanted meanwhile (``want``) and the streams
+    to wake once it is sent (``deferred``); plus the open streams (``streams``, weak)."""
+
+    __slots__ = ("sent", "channels", "last", "pending", "want", "deferred", "streams")
 
     def __init__(self) -> None:
         import weakref
         self.sent: dict[str, int] = {}
-        self.busy: set[str] = set()
-        self.deferred: dict[str, set[Any]] = {}
+        self.channels: dict[str, Connection] = {}
+        self.last: dict[str, float] = {}
+        self.pending: dict[str, Any] = {}
         self.want: dict[str, int] = {}
+        self.deferred: dict[str, set[Any]] = {}
         self.streams: Any = weakref.WeakSet()
 
 
-async def _request_promise(router: Any, pool: Any, addr: str, t: int, stream: Any = None) -> None:
-    """Send ``{_shardsimAdvanceClusterTime: T}`` to ``addr`` (one outstanding per address; a
-    newer T asked for meanwhile by the write path is sent when this one returns)."""
+def _send_promise_request(router: Any, pool: Any, addr: str, t: int, stream: Any = None) -> None:
+    """Ask the shard at ``addr`` (reached through ``pool``'s host/port) for promises past the
+    time key ``t``: ``{_shardsimAdvanceClusterTime: Timestamp(t), $clusterTime}`` sent as an
+    OP_MSG with ``moreToCome`` on a connection kept for these requests, so the shard sends no
+    reply and the router reads none (what the router waits for is the getMore reply the request
+    cuts short). Sent at once when that connection is open and the last request to ``addr`` is
+    ``PROMISE_REQUEST_INTERVAL_MS`` old; otherwise ``t`` is remembered and sent (the newest
+    wanted) when the connection is open or the interval ends, and ``stream`` is woken then.
+    Nothing is sent when ``addr`` was already asked for ``t`` or later (requests are sticky on
+    the shard). Latency only: a lost request only means the remote answers at the end of its
+    await."""
     state = _promise_requests(router)
-    try:
-        await gossip_command(router.clock, pool, "admin",
-                             {PROMISE_REQUEST_COMMAND: ts_from_key(t)}, check=False,
-                             timeout=10)
-    except Exception:  # latency only: a real failure shows up on the remote's getMore
-        pass
-    finally:
-        state.busy.discard(addr)
+    if state.sent.get(addr, -1) >= t:
+        return
+    state.sent[addr] = t
+    _dispatch_promise_request(router, pool, addr, t, stream)
+
+
+def _dispatch_promise_request(router: Any, pool: Any, addr: str, t: int, stream: Any) -> None:
+    """Send the request for ``t`` to ``addr`` now, or remember it (see
+    :func:`_send_promise_request`)."""
+    state = _promise_requests(router)
+    if addr in state.pending:
+        if state.want.get(addr, -1) < t:
+            state.want[addr] = t
         if stream is not None:
-            stream.wake.set()  # look again: a newer event may want a newer promise
+            state.deferred.setdefault(addr, set()).add(stream)
+        return
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    wait = state.last.get(addr, -1e9) + PROMISE_REQUEST_INTERVAL_MS / 1000 - now
+    conn = state.channels.get(addr)
+    if wait <= 0 and conn is not None:
+        state.last[addr] = now
+        if conn.send_no_reply(_promise_request_body(router, t)):
+            return
+        del state.channels[addr]  # closed (e.g. the shard restarted): open a new one
+    state.want[addr] = t
+    if stream is not None:
+        state.deferred.setdefault(addr, set()).add(stream)
+    if wait > 0 and addr in state.channels:
+        state.pending[addr] = loop.call_later(wait, _send_wanted, router, pool, addr)
+    else:
+        state.pending[addr] = loop.create_task(_open_channel(router, pool, addr),
+                                               context=contextvars.Context())
+
+
+def _send_wanted(router: Any, pool: Any, addr: str) -> None:
+    """The interval (or connection opening) that held requests to ``addr`` back is over: send
+    the newest wanted time, wake the streams that waited for it."""
+    state = _promise_requests(router)
+    state.pending.pop(addr, None)
+    want = state.want.pop(addr, None)
+    if want is not None:
+        _dispatch_promise_request(router, pool, addr, want, None)
+    for st in state.deferred.pop(addr, ()):
+        st.wake.set()  # look again: a newer event may want a newer promise
+
+
+async def _open_channel(router: Any, pool: Any, addr: str) -> None:
+    """Open the promise-request connection to ``addr``, then send what was wanted meanwhile."""
+    state = _promise_requests(router)
+    conn = Connection(pool.host, pool.port)
+    try:
+        await conn.connect()
+    except MongoError:  # latency only: the remote's getMore reports a real failure
+        state.pending.pop(addr, None)
+        state.want.pop(addr, None)
         for st in state.deferred.pop(addr, ()):
             st.wake.set()
-        want = state.want.pop(addr, None)
-        if want is not None and want > state.sent.get(addr, -1):
-            state.sent[addr] = want
-            state.busy.add(addr)
-            asyncio.get_running_loop().create_task(_request_promise(router, pool, addr, want),
-                                                   context=contextvars.Context())
+        return
+    old = state.channels.pop(addr, None)
+    if old is not None:
+        old.close()
+    state.channels[addr] = conn
+    state.last.pop(addr, None)
+    _send_wanted(router, pool, addr)
+
+
+def _promise_request_body(router: Any, t: int) -> bytes:
+    """The raw BSON of a promise request for time key ``t``, gossiping the router's cluster
+    time (>= ``t``: the router has seen the write at ``t``)."""
+    body: dict[str, Any] = {PROMISE_REQUEST_COMMAND: ts_from_key(t), "$db": "admin"}
+    now = router.clock.now()
+    if now.time or now.inc:
+        body["$clusterTime"] = {"clusterTime": now, "signature": DUMMY_SIGNATURE}
+    return bson.encode(body, codec_options=CODEC)
+
+
+def close_promise_channels(router: Any) -> None:
+    """Close the router's promise-request connections (router shutdown)."""
+    state = getattr(router, "_cs_promise_requests", None)
+    if state is None:
+        return
+    for h in state.pending.values():
+        h.cancel()
+    state.pending.clear()
+    for conn in state.channels.values():
+        conn.close()
+    state.channels.clear()
 
 
 # Ask idle shards for promises from the write path (see on_shard_write).
@@ -460,8 +546,8 @@ EARLY_PROMISE_REQUESTS = True
 def on_shard_write(router: Any, shard: str, ns: str, op_time: Any) -> None:
     """The router got ``shard``'s reply to a write on ``ns`` (``op_time`` = its operationTime,
     the write's oplog time T). For every open change stream that can see ``ns``, the other
-    remotes that have not promised past T are asked right away for a promise past T (one
-    outstanding request per shard address, newest T wins), so the idle shards' promises reach
+    remotes that have not promised past T are asked right away for a promise past T
+    (:func:`_send_promise_request`: no reply, newest T wins), so the idle shards' promises reach
     the router about when the write's event does, instead of a round trip after it (latency
     only; the merge rule still decides what is released). Called by ``router/writes.py``."""
     if not isinstance(op_time, Timestamp):
@@ -481,14 +567,7 @@ def on_shard_write(router: Any, shard: str, ns: str, op_time: Any) -> None:
                 continue
             if r.promise is not None and (token_ts_key(r.promise[0]) or 0) > t:
                 continue
-            if addr in state.busy:
-                if state.want.get(addr, -1) < t:
-                    state.want[addr] = t
-                continue
-            state.sent[addr] = t
-            state.busy.add(addr)
-            asyncio.get_running_loop().create_task(
-                _request_promise(router, st.pools[r.rid], addr, t), context=contextvars.Context())
+            _send_promise_request(router, st.pools[r.rid], addr, t)
 
 
 def _promise_requests(router: Any) -> _PromiseRequests:

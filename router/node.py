@@ -188,6 +188,8 @@ class RouterNode(Node):
         if self._refresher is not None:
             self._refresher.cancel()
         await super().shutdown()
+        from router.change_stream import close_promise_channels
+        close_promise_channels(self)
         for _, pool in self._pools.values():
             pool.close()
         self.config_pool.close()

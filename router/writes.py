@@ -252,7 +252,16 @@ class WriteExecutor:
                 hook(self.router, shard, self.ns, reply.get("operationTime"))
             return reply
 
-        replies = await asyncio.gather(*(one(s) for s in run.shards), return_exceptions=True)
+        if len(run.shards) == 1:
+            # The common targeted write: awaited in this task (gather would wrap it in a Task,
+            # and the client's reply would wait a loop iteration behind whatever else is ready,
+            # e.g. the write's change event arriving from the shard).
+            try:
+                replies: list[Any] = [await one(run.shards[0])]
+            except Exception as exc:  # the same outcomes gather(return_exceptions=True) gives
+                replies = [exc]
+        else:
+            replies = await asyncio.gather(*(one(s) for s in run.shards), return_exceptions=True)
         for reply in replies:
             if isinstance(reply, MongoError):
                 if reply.code in (6, 7, 89, 9001) or len(run.idx) == 0:

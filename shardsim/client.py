@@ -47,20 +47,23 @@ class Connection:
                                 f"{exc or type(exc).__name__}") from None
 
     async def command_bytes(self, body: bytes, timeout: float | None = None) -> bytes:
-        """Send one OP_MSG with raw BSON ``body``; return the raw BSON reply body."""
+        """Send one OP_MSG with raw BSON ``body``; return the raw BSON reply body.
+        ``timeout`` (s) bounds the whole exchange (NetworkTimeout 89 and the connection is
+        closed when it passes)."""
         async with self._lock:
             if self._writer is None:
                 await self.connect()
             assert self._reader is not None and self._writer is not None
             msg = wire.encode_op_msg(body)
             try:
-                self._writer.write(msg)
-                await self._writer.drain()
-                raw_header = await asyncio.wait_for(self._reader.readexactly(wire.HEADER_SIZE), timeout)
-                header = wire.parse_header(raw_header)
-                payload = await asyncio.wait_for(
-                    self._reader.readexactly(header.length - wire.HEADER_SIZE), timeout)
-            except asyncio.TimeoutError:
+                if timeout is None:
+                    raw_header, header, payload = await self._exchange(msg)
+                else:
+                    # One timer for the exchange (asyncio.timeout), not a wait_for per read:
+                    # wait_for wraps each read in a new Task, two per command on the hot path.
+                    async with asyncio.timeout(timeout):
+                        raw_header, header, payload = await self._exchange(msg)
+            except TimeoutError:
                 self.close()
                 raise MongoError(89, f"operation exceeded time limit talking to {self.address}") from None
             except (OSError, asyncio.IncompleteReadError, wire.ProtocolError) as exc:
@@ -73,6 +76,34 @@ class Connection:
         if isinstance(parsed, wire.OpMsg):
             return parsed.body
         raise MongoError(17, "unexpected reply opcode")
+
+    async def _exchange(self, msg: bytes) -> tuple[bytes, wire.Header, bytes]:
+        """Write ``msg`` and read one reply: (raw header, parsed header, payload)."""
+        assert self._reader is not None and self._writer is not None
+        self._writer.write(msg)
+        await self._writer.drain()
+        raw_header = await self._reader.readexactly(wire.HEADER_SIZE)
+        header = wire.parse_header(raw_header)
+        payload = await self._reader.readexactly(header.length - wire.HEADER_SIZE)
+        return raw_header, header, payload
+
+    def send_no_reply(self, body: bytes) -> bool:
+        """Write one OP_MSG with raw BSON ``body`` and the ``moreToCome`` flag (the server
+        runs it and sends no reply), without waiting. Only for a connection used for nothing
+        else (a reply-less message on a connection shared with request/reply commands would be
+        fine on the wire, but this keeps the two uses apart). Returns False, and closes the
+        connection, when it is not connected or the peer has closed it (the caller then
+        reconnects with :meth:`connect`)."""
+        w = self._writer
+        if w is None or self.broken or w.is_closing() or self.peer_closed():
+            self.close()
+            return False
+        try:
+            w.write(wire.encode_op_msg(body, flags=wire.FLAG_MORE_TO_COME))
+        except (OSError, RuntimeError):
+            self.close()
+            return False
+        return True
 
     async def command(self, db: str, cmd: dict[str, Any], *, raw: bool = False,
                       check: bool = True, timeout: float | None = None) -> Any:

@@ -206,7 +206,7 @@ class ChangeStreamCursor(Cursor):
         self.closing_token: dict[str, Any] | None = None
         self.history_lost = False
         self.promise_mode = str(node.options.get("promise_mode") or "clock")
-        self._wake: asyncio.Event | None = None
+        self._wake: asyncio.Future[None] | None = None  # set while a getMore waits (_wait)
         self._scope_kw = self._scan_scope()
         self._waiters = promise_waiters(node)
         # Fused fast path for plain CRUD entries (fast_crud), used once the stream is past its
@@ -248,12 +248,12 @@ class ChangeStreamCursor(Cursor):
     # -- oplog notifications ------------------------------------------------------------------
     def _on_append(self, entry: dict[str, Any]) -> None:
         wake = self._wake
-        if wake is not None and not wake.is_set():
+        if wake is not None and not wake.done():
             if self.match(entry):
-                wake.set()
+                wake.set_result(None)
             elif self.promise_mode != "clock" and self._promise_requested() \
                     and ts_key(entry["ts"]) > self._waiters.key:
-                wake.set()  # mongod mode: this entry (e.g. a no-op) lets us promise past T
+                wake.set_result(None)  # mongod mode: this entry (e.g. a no-op) lets us promise past T
 
     def _promise_requested(self) -> bool:
         """A promise past some T was requested (``_shardsimAdvanceClusterTime``) and ours does
@@ -272,9 +272,9 @@ class ChangeStreamCursor(Cursor):
 
     def _on_promise_request(self) -> None:
         wake = self._wake
-        if wake is not None and not wake.is_set() and self._promise_requested():
+        if wake is not None and not wake.done() and self._promise_requested():
             if self.promise_mode == "clock" or self.oplog.latest_key > self._waiters.key:
-                wake.set()
+                wake.set_result(None)
 
     async def close(self) -> None:
         """Stop listening to the oplog (killCursors, exhaustion, failure, reaping)."""
@@ -506,14 +506,23 @@ class ChangeStreamCursor(Cursor):
         ``timeout_s``."""
         if self.oplog.latest_key >= self.scan_key:
             return  # something new arrived since the last scan
-        ev = asyncio.Event()
-        self._wake = ev
+        # A bare future and a timer: a wake resumes this getMore in the next loop iteration
+        # (wait_for on an Event would add a Task, and an iteration, per wait).
+        loop = asyncio.get_running_loop()
+        wake: asyncio.Future[None] = loop.create_future()
+        self._wake = wake
         waiters = self._waiters
         waiters.cursors.add(self)
+        timer = loop.call_later(timeout_s, _resolve, wake)
         try:
-            await asyncio.wait_for(ev.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
+            await wake
         finally:
+            timer.cancel()
             self._wake = None
             waiters.cursors.discard(self)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    """Timer callback of :meth:`ChangeStreamCursor._wait`: end the wait (await time over)."""
+    if not fut.done():
+        fut.set_result(None)

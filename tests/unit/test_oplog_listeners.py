@@ -68,6 +68,20 @@ class FakeNode:
         self.oplog.append(e)
 
 
+class _Wake:
+    """Stands in for the future a getMore parks on (``ChangeStreamCursor._wait``)."""
+
+    def __init__(self):
+        self._done = False
+
+    def done(self):
+        return self._done
+
+    def set_result(self, _value):
+        assert not self._done, "woken twice"
+        self._done = True
+
+
 def _waiting_cursor_with_counted_match(node, target, cs=None):
     """A cursor as if parked in a getMore (``_wake`` set), counting its filter's calls."""
     cur = open_cursor(node, "d", target, [{"$changeStream": cs or {}}])
@@ -78,7 +92,7 @@ def _waiting_cursor_with_counted_match(node, target, cs=None):
         calls.append(e["ns"])
         return inner(e)
     cur.match = counted
-    cur._wake = asyncio.Event()
+    cur._wake = _Wake()
     return cur, calls
 
 
@@ -91,10 +105,10 @@ def test_write_on_another_namespace_does_not_call_an_unrelated_cursor():
         node.write("i", "x.c", {"_id": i}, {"_id": i})
     assert coll_calls == []
     assert db_calls == ["d.other"]  # same database: the stream looks (and wakes, then stops looking)
-    assert not coll_cur._wake.is_set() and db_cur._wake.is_set()
+    assert not coll_cur._wake.done() and db_cur._wake.done()
     node.write("i", "d.c", {"_id": 1}, {"_id": 1})
-    assert coll_calls == ["d.c"] and coll_cur._wake.is_set()
-    coll_cur._wake = asyncio.Event()
+    assert coll_calls == ["d.c"] and coll_cur._wake.done()
+    coll_cur._wake = _Wake()
     node.write("c", "d.$cmd", {"drop": "c"})  # commands reach every cursor
     assert coll_calls == ["d.c", "d.$cmd"]
     asyncio.run(coll_cur.close())

@@ -1,0 +1,177 @@
+"""Where the insert-to-event latency of ``bench_promise_modes.py`` (``clock`` mode, two idle
+shards) goes: round trips after an idle gap vs back to back, and the insert-to-event latency
+split into its insert and getMore halves.
+
+One 3-shard cluster (``--promise-mode clock --noop-interval-ms 1000``); ``bench.lat`` is
+sharded on ``{k: 1}`` and every write lands on the shard owning ``k: 0``. Each probe runs
+``--samples`` times back to back (``b2b``) and with a random 0..``--gap-ms`` sleep before each
+sample (``idle``, the situation of ``bench_promise_modes.py``):
+
+- ``ping router`` / ``ping shard``: ``{ping: 1}`` through the router / directly to the written
+  shard (pymongo round trip, no work on the server);
+- ``insert shard``: ``insert_one`` directly on the shard (``bench.direct``, not watched);
+- ``insert router (unwatched)``: ``insert_one`` through the router on ``bench.other`` (same
+  shard, no change stream on it);
+- ``insert router (watched)``: ``insert_one`` on ``bench.lat`` through the router while a
+  watcher is open on it (the write path then also asks the idle shards for promises);
+- ``event: insert`` / ``event: getMore`` / ``event: total``: the insert-to-event sample of
+  ``bench_promise_modes.py`` split at the moment ``insert_one`` returns.
+
+Usage: ``python bench/bench_latency_breakdown.py [--samples N] [--gap-ms MS]``. Prints
+p50/p95/p99 per probe (ms) and the process CPU seconds the cluster used. Figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from typing import Callable
+
+import pymongo
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import machine  # noqa: E402  (also puts the project root on sys.path)
+from shardsim.launcher import Cluster  # noqa: E402
+
+
+def pct(s: list[float], p: float) -> float:
+    """The ``p`` percentile (nearest rank) of sorted ``s``."""
+    return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
+
+
+def line(name: str, xs: list[float]) -> str:
+    s = sorted(xs)
+    return (f"{name:34s} p50 {pct(s, 50) * 1000:6.2f}  p95 {pct(s, 95) * 1000:6.2f}  "
+            f"p99 {pct(s, 99) * 1000:6.2f}  max {s[-1] * 1000:6.2f} ms")
+
+
+def probe(fn: Callable[[int], None], n: int, gap_ms: float, rng: random.Random,
+          start: int) -> list[float]:
+    """Seconds per call of ``fn(i)`` for ``i`` in ``start..start+n``; sleeps a random
+    0..``gap_ms`` before each call (none when ``gap_ms`` is 0)."""
+    out = []
+    for i in range(start, start + n):
+        if gap_ms:
+            time.sleep(rng.random() * gap_ms / 1000)
+        t = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds ``pids`` have run so far, all threads (``/proc/PID/task/*/schedstat``:
+    nanosecond run time, unlike the tick-sampled ``stat``; 0 where unreadable)."""
+    total = 0
+    for pid in pids:
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=150)
+    ap.add_argument("--gap-ms", type=float, default=250.0)
+    ap.add_argument("--event-only", action="store_true", help="only the insert-to-event probe")
+    ap.add_argument("--idle-s", type=float, default=10.0,
+                    help="seconds of no writes to measure the background CPU")
+    a = ap.parse_args()
+    print(f"machine: {machine()}  load: {os.getloadavg()[0]:.2f}", flush=True)
+    rng = random.Random(7)
+    with Cluster(shards=3, shard_args=["--promise-mode", "clock", "--noop-interval-ms", "1000"]) as cluster:
+        client = pymongo.MongoClient(cluster.router_uri, serverSelectionTimeoutMS=10000)
+        try:
+            client.admin.command({"shardCollection": "bench.lat", "key": {"k": 1}})
+            client.admin.command({"shardCollection": "bench.other", "key": {"k": 1}})
+            lat, other = client.bench.lat, client.bench.other
+            lat.insert_one({"_id": -1, "k": 0})
+            other.insert_one({"_id": -1, "k": 0})
+            direct = None
+            for p in cluster.shards:  # the shard that owns k: 0 (it holds the document)
+                c = pymongo.MongoClient(f"mongodb://{p.address}/?directConnection=true")
+                if direct is None and c.bench.other.find_one({"_id": -1}) is not None:
+                    direct = c
+                else:
+                    c.close()
+            assert direct is not None
+            direct.admin.command("ping")
+            direct.bench.direct.insert_one({"_id": -1})
+            pids = [p.pid for p in cluster.processes if p.pid]
+            n, g = a.samples, a.gap_ms
+            cpu0 = cpu_seconds(pids)
+            probes: list[tuple[str, Callable[[int], None]]] = [
+                ("ping router", lambda i: client.admin.command("ping")),
+                ("ping shard", lambda i: direct.admin.command("ping")),
+                ("insert shard", lambda i: direct.bench.direct.insert_one({"_id": i})),
+                ("insert router (unwatched)", lambda i: other.insert_one({"_id": i, "k": 0})),
+            ]
+            nxt = 0
+            for name, fn in ([] if a.event_only else probes):
+                for label, gap in (("b2b", 0.0), ("idle", g)):
+                    xs = probe(fn, n, gap, rng, nxt)
+                    nxt += n
+                    print(line(f"{name} {label}", xs), flush=True)
+            with lat.watch(max_await_time_ms=1000) as stream:
+                stream.try_next()
+                for label, gap in (() if a.event_only else (("b2b", 0.0), ("idle", g))):
+                    xs = probe(lambda i: lat.insert_one({"_id": i, "k": 0}), n, gap, rng, nxt)
+                    nxt += n
+                    print(line(f"insert router (watched) {label}", xs), flush=True)
+                    got = 0
+                    while got < n:  # drain the events of those inserts
+                        if stream.try_next() is not None:
+                            got += 1
+                # Background CPU (no-op writer, catalog refresh, idle getMores) with the watcher
+                # open and no writes, to subtract from the per-sample figures.
+                idle0 = {p.name: cpu_seconds([p.pid]) for p in cluster.processes}
+                t_idle = time.perf_counter()
+                time.sleep(a.idle_s)
+                t_idle = time.perf_counter() - t_idle
+                idle_rate = {p.name: (cpu_seconds([p.pid]) - idle0[p.name]) / t_idle
+                             for p in cluster.processes}
+                ins, gm, tot = [], [], []
+                per_proc0 = {p.name: cpu_seconds([p.pid]) for p in cluster.processes}
+                t_run = time.perf_counter()
+                for i in range(nxt, nxt + n):
+                    time.sleep(rng.random() * g / 1000)
+                    t0 = time.perf_counter()
+                    lat.insert_one({"_id": i, "k": 0})
+                    t1 = time.perf_counter()
+                    change = None
+                    while change is None:
+                        change = stream.try_next()
+                    t2 = time.perf_counter()
+                    assert change["documentKey"]["_id"] == i
+                    ins.append(t1 - t0)
+                    gm.append(t2 - t1)
+                    tot.append(t2 - t0)
+                cpu1 = cpu_seconds(pids)
+                t_run = time.perf_counter() - t_run
+                per_proc = {p.name: (cpu_seconds([p.pid]) - per_proc0[p.name]
+                                     - idle_rate[p.name] * t_run) / n * 1e6
+                            for p in cluster.processes}
+                print(line("event: insert (idle)", ins))
+                print(line("event: getMore (idle)", gm))
+                print(line("event: total (idle)", tot))
+                print("CPU per insert-to-event sample, background subtracted (us): "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in per_proc.items()))
+                print("background CPU with the watcher open and no writes (ms/s): "
+                      + ", ".join(f"{k} {v * 1000:.1f}" for k, v in idle_rate.items()))
+                print(f"cluster CPU during the probes: {cpu1 - cpu0:.2f} s "
+                      f"(load now {os.getloadavg()[0]:.2f})")
+            direct.close()
+        finally:
+            client.close()
+
+
+if __name__ == "__main__":
+    main()
