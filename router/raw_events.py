@@ -401,7 +401,7 @@ class Block:
         (each: header, the document without ``$sortKey`` with its length fixed). Returns the
         index after the last one."""
         pack = _i32.pack
-        raw = self.raw
+        raw = memoryview(self.raw)  # slices below are views: the one copy is the final join
         lo, hi = self.lo, self.hi
         ext = parts.extend
         for h, s, t in zip(element_headers(base, hi - lo), self.starts[lo:hi], self.cuts[lo:hi]):
