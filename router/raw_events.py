@@ -452,14 +452,15 @@ def parse_block(raw: bytes, a: int, stop: int, *, checked: bool = False) -> Bloc
         ids = [unpack(raw, d + 9)[0] for d in starts]
         cuts = [e - il - 19 for e, il in zip(ends, ids)]
         th = _tail_head
+        # invalidate/kNewShardDetected: their operationType follows _id (as _fast_item reads it)
+        general = _GENERAL_OP_ELEMENTS
         if checked:
             for il in set(ids):
                 th(il)  # cache the $sortKey element heads looked up below
             tails = _TAILS
             if not all(t > d + 9 + il and raw.startswith(tails[il], t)
+                       and not raw.startswith(general, d + 9 + il)
                        for d, il, t in zip(starts, ids, cuts)):
-                return None
-            if any(raw.find(op, starts[0], stop) >= 0 for op in _GENERAL_OP_ELEMENTS):
                 return None
             return Block(raw, starts, cuts, 0, len(starts))
         # Per event: _id is {_data: <ASCII string>[, _typeBits: BinData]} and nothing else (what
@@ -470,9 +471,8 @@ def parse_block(raw: bytes, a: int, stop: int, *, checked: bool = False) -> Bloc
                    and raw[z] == 0 and (il == z - d + 17 - 24 or _typebits_ok(raw, z + 1, d + 9 + il))
                    and t > d + 9 + il
                    and raw[t:e] == th(il) + raw[d + 9:d + 9 + il] + b"\x00\x00"
+                   and not raw.startswith(general, d + 9 + il)
                    for d, e, il, t in zip(starts, ends, ids, cuts)):
-            return None
-        if any(raw.find(op, starts[0], stop) >= 0 for op in _GENERAL_OP_ELEMENTS):
             return None
         return Block(raw, starts, cuts, 0, len(starts))
     except (struct.error, IndexError, ValueError, MongoError):
