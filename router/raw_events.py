@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import bisect
 import struct
+from itertools import accumulate, repeat
+from operator import add, sub
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,7 +246,13 @@ def split_cursor(raw: bytes, batch_field: str) -> tuple[dict[str, Any], list[Any
         return meta, items
     a, stop = array
     if a < stop:
-        block = parse_block(raw, a, stop, checked=meta.pop(LAYOUT_CHECKED_FIELD, False) is True)
+        sizes = meta.pop(SIZES_FIELD, None)
+        checked = meta.pop(LAYOUT_CHECKED_FIELD, False) is True
+        block = None
+        if checked and isinstance(sizes, bytes):
+            block = block_from_sizes(raw, a, stop, sizes)
+        if block is None:
+            block = parse_block(raw, a, stop, checked=checked)
         if block is not None:
             return meta, [block]
     fast = _fast_item
@@ -266,6 +274,7 @@ def split_cursor(raw: bytes, batch_field: str) -> tuple[dict[str, Any], list[Any
 # ---------------------------------------------------------------------------------------------
 
 from shardsim.cursors import SORT_KEY_LAYOUT_FIELD as LAYOUT_CHECKED_FIELD  # noqa: E402
+from shardsim.cursors import SORT_KEY_SIZES_FIELD as SIZES_FIELD  # noqa: E402
 
 # Events :class:`Block` leaves to the per-event path (``ChangeStreamMerge.next`` handles them).
 _GENERAL_OP_ELEMENTS = tuple(b"\x02operationType\x00" + _i32.pack(len(op) + 1) + op.encode() + b"\x00"
@@ -417,6 +426,39 @@ def _typebits_ok(raw: bytes, p: int, id_end: int) -> bool:
     if not raw.startswith(_TB_HEAD, p):
         return False
     return p + 16 + _i32.unpack_from(raw, p + 11)[0] == id_end - 1 and raw[id_end - 1] == 0
+
+
+_HEADER_LENGTHS: list[int] = []  # 2 + len(str(i)): the array element header of index i
+
+
+def block_from_sizes(raw: bytes, a: int, stop: int, sizes: bytes) -> Block | None:
+    """A :class:`Block` from the event and ``_id`` sizes the shard sent with a batch it vouched
+    for (``SORT_KEY_SIZES_FIELD``): offsets by running sums computed in C, then checked
+    against the bytes (every document's and ``_id``'s length prefix, the array's end). None
+    when anything disagrees (the caller then parses the batch itself)."""
+    n, odd = divmod(len(sizes), 8)
+    if odd or not n:
+        return None
+    lens = struct.unpack_from(f"<{n}i", sizes, 0)
+    ids = struct.unpack_from(f"<{n}i", sizes, 4 * n)
+    hl = _HEADER_LENGTHS
+    if len(hl) < n:
+        hl.extend(2 + len(str(i)) for i in range(len(hl), n))
+    hl = hl[:n]
+    elems = list(accumulate(map(add, hl, lens), initial=a))  # where element i starts (+ end)
+    if elems[-1] != stop:
+        return None
+    starts = list(map(add, elems, hl))
+    unpack = _i32.unpack_from
+    try:
+        if ([unpack(raw, d)[0] for d in starts] != list(lens)
+                or [unpack(raw, d + 9)[0] for d in starts] != list(ids)):
+            return None
+    except struct.error:
+        return None
+    # $sortKey: 0x04 "$sortKey\0" int32 0x03 "0\0" <_id doc> 0x00, then the event's 0x00
+    cuts = list(map(sub, map(add, starts, lens), map(add, ids, repeat(19))))
+    return Block(raw, starts, cuts, 0, n)
 
 
 def parse_block(raw: bytes, a: int, stop: int, *, checked: bool = False) -> Block | None:

@@ -27,6 +27,10 @@ DEFAULT_CURSOR_TIMEOUT_MS = 600_000
 # otherwise), ``$sortKey: [<the same token>]`` last. shardsim's own field between its shards
 # and its router, not a MongoDB one (router/raw_events.py parse_block).
 SORT_KEY_LAYOUT_FIELD = "$_shardsimSortKeyLayout"
+# ...with, in this field, BinData of 2 x n little-endian int32: the n events' BSON sizes, then
+# the sizes of their ``_id`` documents, so the router finds every event and its ``$sortKey``
+# without walking the batch element by element.
+SORT_KEY_SIZES_FIELD = "$_shardsimEventSizes"
 
 
 @dataclass(slots=True)

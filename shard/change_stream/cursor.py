@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import struct
 import itertools
 import operator
 from typing import Any
 
 from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
+from bson.binary import Binary
 from bson.codec_options import DEFAULT_CODEC_OPTIONS
 from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS, RawBSONDocument
 from bson.timestamp import Timestamp
@@ -35,7 +37,7 @@ from bson.timestamp import Timestamp
 from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key, ts_key
 from shardsim.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, SORT_KEY_LAYOUT_FIELD,
-                              Batch, Cursor)
+                              SORT_KEY_SIZES_FIELD, Batch, Cursor)
 from shardsim.errors import MongoError
 from shard.change_stream import fast_crud, oplog_match
 from shard.change_stream.add_post_image import add_post_image
@@ -52,7 +54,6 @@ from shard.change_stream.user_stages import check_id_unchanged, compile_stages
 
 DEFAULT_AWAIT_MS = 1000
 _ID_FIRST = b"\x03_id\x00"
-_LAYOUT_CHECKED = {SORT_KEY_LAYOUT_FIELD: True}
 
 
 def encode_event(doc: dict[str, Any]) -> bytes:
@@ -477,11 +478,7 @@ class ChangeStreamCursor(Cursor):
             # Entries up to latest_scanned are fully returned; the clock may be promised only
             # when the scan reached the end of the oplog.
             self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
-        extra = {}
-        if out and self.spec.needs_merge and all(d.raw.startswith(_ID_FIRST, 4) for d in out):
-            # _id first (no transaction fields before it, no user stage moved it), $sortKey last
-            # (_emit / fast_crud append it): the router may skip re-checking every event.
-            extra = _LAYOUT_CHECKED
+        extra = _sort_key_layout(out) if out and self.spec.needs_merge else {}
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra)
 
     def _set_pbrt(self, token: Any) -> None:
@@ -520,6 +517,29 @@ class ChangeStreamCursor(Cursor):
             timer.cancel()
             self._wake = None
             waiters.cursors.discard(self)
+
+
+def _sort_key_layout(docs: list[Any]) -> dict[str, Any]:
+    """The cursor reply fields that vouch for a ``needsMerge`` batch's layout (see
+    ``shardsim/cursors.py`` SORT_KEY_LAYOUT_FIELD / SORT_KEY_SIZES_FIELD), or ``{}``: every
+    event starts with ``_id`` (no transaction fields before it, no user stage moved it; ``_emit``
+    and fast_crud put ``$sortKey`` last) and none is ``invalidate``/``kNewShardDetected``
+    (the router handles those one by one)."""
+    raws = [d.raw for d in docs]
+    if not all(r.startswith(_ID_FIRST, 4) for r in raws):
+        return {}
+    unpack = _I32.unpack_from
+    ids = [unpack(r, 9)[0] for r in raws]
+    if any(r.startswith(_GENERAL_OP_ELEMENTS, 9 + il) for r, il in zip(raws, ids)):
+        return {}
+    n = len(raws)
+    sizes = struct.pack(f"<{2 * n}i", *map(len, raws), *ids)
+    return {SORT_KEY_LAYOUT_FIELD: True, SORT_KEY_SIZES_FIELD: Binary(sizes, 0)}
+
+
+_I32 = struct.Struct("<i")
+_GENERAL_OP_ELEMENTS = tuple(b"\x02operationType\x00" + _I32.pack(len(op) + 1) + op.encode() + b"\x00"
+                             for op in ("invalidate", "kNewShardDetected"))
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -223,8 +223,10 @@ def test_needs_merge_batch_vouches_for_its_sort_key_layout_only_when_true():
     # shardsim/cursors.py SORT_KEY_LAYOUT_FIELD: set only when every event of the batch starts
     # with _id (the router then skips re-checking each token's bytes); transaction events put
     # txnNumber/lsid first and a user $replaceRoot may move _id, so their batches go unmarked.
+    import struct
+
     from bson import Int64
-    from shardsim.cursors import SORT_KEY_LAYOUT_FIELD
+    from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
 
     node = FakeNode()
     plain = cursor(node, needs_merge=True)
@@ -238,7 +240,9 @@ def test_needs_merge_batch_vouches_for_its_sort_key_layout_only_when_true():
         node.write("i", "d.c", {"_id": 1}, {"_id": 1})
         node.write("d", "d.c", {"_id": 1})
         b = await plain.fetch(None, 10, first=False)
-        assert len(b.docs) == 2 and b.extra == {SORT_KEY_LAYOUT_FIELD: True}
+        assert len(b.docs) == 2 and b.extra[SORT_KEY_LAYOUT_FIELD] is True
+        sizes = struct.unpack("<4i", b.extra[SORT_KEY_SIZES_FIELD])
+        assert sizes == (*(len(d.raw) for d in b.docs), *(len(d["_id"].raw) for d in b.docs))
         assert (await direct.fetch(None, 10, first=False)).extra == {}
         b = await moved.fetch(None, 10, first=False)
         assert list(b.docs[0].keys())[:2] == ["op", "_id"] and b.extra == {}
@@ -249,4 +253,7 @@ def test_needs_merge_batch_vouches_for_its_sort_key_layout_only_when_true():
         assert list(b.docs[0].keys())[0] == "txnNumber" and b.extra == {}
         b = await plain.fetch(None, 10, first=False)  # nothing new: no events, no mark
         assert b.docs == [] and b.extra == {}
+        node.write("c", "d.$cmd", {"drop": "c"})  # invalidate events go one by one: no mark
+        b = await plain.fetch(None, 10, first=False)
+        assert [d["operationType"] for d in b.docs] == ["drop", "invalidate"] and b.extra == {}
     run(go())

@@ -236,3 +236,34 @@ def test_a_batch_the_shard_vouched_for_is_read_without_rechecking_each_token():
     arr = broken.index(b"\x04nextBatch\x00") + 11
     size = int.from_bytes(broken[arr:arr + 4], "little")
     assert parse_block(broken, arr + 4, arr + size - 1, checked=True) is None
+
+
+def test_a_batch_with_the_shards_sizes_is_located_without_a_walk_and_checked_against_the_bytes():
+    import struct
+
+    from router.raw_events import block_from_sizes
+    from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
+    evs = [event(100 + i, IDS[i % len(IDS)], pad=i * 3) for i in range(130)]
+    docs = [bson.encode(e) for e in evs]
+    sizes = struct.pack(f"<{2 * len(docs)}i", *map(len, docs),
+                        *(len(bson.encode(e["_id"])) for e in evs))
+    raw = bson.encode({"nextBatch": evs, "id": Int64(7), "ns": "d.c", SORT_KEY_LAYOUT_FIELD: True,
+                       SORT_KEY_SIZES_FIELD: bson.Binary(sizes, 0)})
+    meta, (blk,) = split_cursor(raw, "nextBatch")
+    assert meta == {"id": 7, "ns": "d.c"}
+    walked = bson.encode({"nextBatch": evs, "id": Int64(7), "ns": "d.c"})  # same array offsets
+    ref = split_cursor(walked, "nextBatch")[1][0]  # found by walking the elements
+    assert (blk.starts, blk.cuts) == (ref.starts, ref.cuts)
+    pa, pb = [], []
+    blk.write(pa, 3)
+    ref.write(pb, 3)
+    assert b"".join(pa) == b"".join(pb)
+    arr = raw.index(b"\x04nextBatch\x00") + 11
+    a, stop = arr + 4, arr + int.from_bytes(raw[arr:arr + 4], "little") - 1
+    assert block_from_sizes(raw, a, stop, sizes) is not None
+    # sizes that disagree with the bytes are not used (two swapped, one short, truncated)
+    lens = list(struct.unpack(f"<{2 * len(docs)}i", sizes))
+    for bad in (lens[1:2] + lens[0:1] + lens[2:], [lens[0] - 1] + lens[1:]):
+        assert block_from_sizes(raw, a, stop, struct.pack(f"<{len(bad)}i", *bad)) is None
+    assert block_from_sizes(raw, a, stop, sizes[:-4]) is None
+    assert block_from_sizes(raw, a, stop, b"") is None
