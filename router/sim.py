@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,6 +36,7 @@ import bson
 
 from router.merger import (Block, ChangeStreamMerge, Item, Merger, NewShard, hwm_data, token_key)
 from router.raw_events import split_cursor
+from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
 from shardsim.errors import MongoError
 
 PROMISE_MODES = ("clock", "mongod", "unsafe-clock")
@@ -303,7 +305,15 @@ class Stream:
         for e in evs:
             self.sim.event_by_data[e.token["_data"]] = e
             batch.append({"_id": e.token, "operationType": e.op, "$sortKey": [e.token]})
-        split = split_cursor(bson.encode({"nextBatch": batch, "id": 1}), "nextBatch")
+        reply: dict[str, Any] = {"nextBatch": batch, "id": 1}
+        if self.sim.vouch and all(e.op not in ("invalidate", "kNewShardDetected") for e in evs):
+            # as a shard does (shard/change_stream/cursor.py _sort_key_layout)
+            encoded = [bson.encode(d) for d in batch]
+            reply[SORT_KEY_LAYOUT_FIELD] = True
+            reply[SORT_KEY_SIZES_FIELD] = bson.Binary(struct.pack(
+                f"<{2 * len(batch)}i", *map(len, encoded),
+                *(len(bson.encode(e.token)) for e in evs)), 0)
+        split = split_cursor(bson.encode(reply), "nextBatch")
         assert split is not None
         return split[1]
 
@@ -373,6 +383,8 @@ class Simulation:
         # parsed into Blocks (router/raw_events.py), as the router does; the others as Items.
         self.use_blocks = (seed // 2) % 2 == 0
         self.event_by_data: dict[str, SimEvent] = {}
+        # ...and half of those with the layout mark and sizes a shard vouches with.
+        self.vouch = (seed // 4) % 2 == 0
         self.noop_interval = noop_interval
         self.shards: list[SimShard] = []
         self.pending_shards: list[SimShard] = []
