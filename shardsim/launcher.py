@@ -25,7 +25,7 @@ import tempfile
 import time
 from typing import Any, Sequence
 
-from shardsim.procs import READY_RE, RoleProcess, port_in_use
+from shardsim.procs import READY_RE, OwnedPopen, RoleProcess, port_in_use
 
 
 class ClusterError(RuntimeError):
@@ -43,22 +43,27 @@ class FileRoleProcess(RoleProcess):
         if self.env:
             env.update(self.env)
         offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
-        with open(self.log_path, "a") as log, open(os.devnull) as devnull:
-            self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args],
-                                         stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True, text=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with open(self.log_path) as f:
-                f.seek(offset)
-                text = f.read()
-            m = READY_RE.search(text)
-            if m:
-                self.host, self.port = m.group(2), int(m.group(3))
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
+        try:
+            with open(self.log_path, "a") as log, open(os.devnull) as devnull:
+                OwnedPopen(self, [sys.executable, "-m", self.module, *self.args],
+                           stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
+                           env=env, start_new_session=True, text=True)
+            assert self.proc is not None
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                with open(self.log_path) as f:
+                    f.seek(offset)
+                    text = f.read()
+                m = READY_RE.search(text)
+                if m:
+                    self.host, self.port = m.group(2), int(m.group(3))
+                    return self
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()  # Ctrl-C (or any error) while starting: leave nothing behind
+            raise
         with open(self.log_path) as f:
             f.seek(offset)
             out = f.read()[-4000:]
@@ -159,15 +164,19 @@ class Cluster:
             if self.port and port_in_use(self.port, self.host):
                 raise ClusterError(f"port {self.port} is already in use on {self.host}: stop "
                                    f"whatever listens there or choose another --port")
-            self.config = self._start(self._proc(
+            # Every process is put on the cluster *before* it starts, so that stop() (on any
+            # exception, also a KeyboardInterrupt during the ready wait) reaches it.
+            self.config = self._proc(
                 "configsvr", ["--port", self._saved_port("configsvr"), "--host", self.host,
                               *self._dbpath("config")],
-                "configsvr"))
+                "configsvr")
+            self._start(self.config)
             for _ in range(self.num_shards):
                 self._start_shard()
-            self.router = self._start(self._proc(
+            self.router = self._proc(
                 "router", ["--port", str(self.port), "--host", self.host,
-                           "--configdb", self.config.address], "router"))
+                           "--configdb", self.config.address], "router")
+            self._start(self.router)
             for shard in self.shards:
                 self._add_shard(shard)
             self._save_ports()
@@ -221,7 +230,11 @@ class Cluster:
         return self._start(proc)
 
     def stop(self) -> None:
-        """Stop every process (router first, config server last); never raises."""
+        """Stop every process (router first, config server last); never raises an Exception.
+
+        Safe to call again at any time (stopped processes are skipped), so a caller interrupted
+        by KeyboardInterrupt during stop() can simply call it again.
+        """
         for proc in reversed(self.processes):
             try:
                 proc.stop()

@@ -2,7 +2,7 @@
 
 ``up`` starts a config server, N shards and a router (:class:`shardsim.launcher.Cluster`),
 prints the connection string and one status line per process, and stops everything on Ctrl-C
-(or SIGTERM). ``up --detach`` leaves the cluster running and writes ``cluster.json`` (pids,
+(or SIGTERM) at any moment, also during start-up (exit 130 then), with no child left behind. ``up --detach`` leaves the cluster running and writes ``cluster.json`` (pids,
 ports, log files) in the run directory; ``status`` and ``down`` read it from any shell.
 """
 
@@ -28,8 +28,96 @@ def _status_line(name: str, module: str, host: str | None, port: int | None, pid
     return f"  {name:<10} {role:<13} {host}:{port:<6} pid {pid or '-':<8} {state}"
 
 
+# Foreground ``up``: the first SIGINT/SIGTERM raises KeyboardInterrupt, which ends start-up or
+# the wait loop; every later one is ignored, so that the cleanup it starts cannot itself be cut
+# short and leave processes behind (the cleanup is bounded: SIGKILL after 5 s per process).
+_stopping = False
+
+
 def _interrupt(signum: int, frame: Any) -> None:
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
     raise KeyboardInterrupt
+
+
+def _direct_children() -> list[int]:
+    """Pids whose parent is this process, zombies included (Linux ``/proc``; empty elsewhere)."""
+    me, pids = os.getpid(), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if len(fields) > 1 and int(fields[1]) == me:
+            pids.append(int(entry))
+    return pids
+
+
+def _reap(pids: list[int]) -> list[int]:
+    """Reap whichever of ``pids`` have exited; returns those still running."""
+    left = []
+    for pid in pids:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere (subprocess's own bookkeeping)
+            continue
+        if not done:
+            left.append(pid)
+    return left
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # its own session (start_new_session) ...
+    except OSError:
+        try:
+            os.kill(pid, sig)  # ... or not yet (forked, before setsid/exec)
+        except OSError:
+            pass
+
+
+def _stop_stray_children(timeout: float = 5.0) -> None:
+    """Backstop after :meth:`Cluster.stop`: every child of ``up`` is a cluster process, so a
+    child still there is one the cluster lost track of (e.g. a Ctrl-C landed just as
+    ``Popen`` returned its pid). SIGTERM, SIGKILL after ``timeout`` s, and reap."""
+    pids = _reap(_direct_children())
+    for pid in pids:
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.02)
+        pids = _reap(pids)
+    for pid in pids:
+        _signal_group(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _stop_all(cluster: Cluster | None) -> None:
+    """Stop the cluster and any stray child; a KeyboardInterrupt that lands in here (only the
+    first signal raises) just restarts the idempotent cleanup."""
+    global _stopping
+    _stopping = True
+    while True:
+        try:
+            if cluster is not None:
+                cluster.stop()
+            _stop_stray_children()
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def _print_cluster(cluster: Cluster) -> None:
@@ -55,6 +143,7 @@ run_dir_option = click.option(
 @run_dir_option
 def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | None) -> None:
     """Start a local cluster: config server, SHARDS shards and a router on 127.0.0.1:PORT."""
+    global _stopping
     run_dir = run_dir or default_run_dir()
     if detach:
         state = read_state(run_dir)
@@ -63,29 +152,36 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
                 f"a detached cluster is already running ({state['router_uri']}); "
                 f"run 'shardsim down' first (state: {state_path(run_dir)})")
     base_dir = dbpath or (os.path.join(run_dir, "cluster") if detach else None)
-    cluster = Cluster(shards=shards, base_dir=base_dir, durable=dbpath is not None, port=port,
-                      detach=detach)
-    # SIGTERM behaves like Ctrl-C: stop everything.
+    # SIGTERM behaves like Ctrl-C: stop everything. Installed before the first child exists.
     if threading.current_thread() is threading.main_thread():
+        _stopping = False
         signal.signal(signal.SIGTERM, _interrupt)
         signal.signal(signal.SIGINT, _interrupt)  # also when started with SIGINT ignored
-    try:
-        cluster.start()
-    except ClusterError as exc:
-        raise click.ClickException(f"cluster did not start: {exc}") from None
-    except KeyboardInterrupt:
-        cluster.stop()
-        click.echo("interrupted; everything stopped", err=True)
-        sys.exit(130)
-    if detach:
-        write_state(run_dir, cluster.state())
-        _print_cluster(cluster)
-        click.echo(f"detached; state in {state_path(run_dir)} ('shardsim status', 'shardsim down')")
-        return
-    _print_cluster(cluster)
-    click.echo("press Ctrl-C to stop")
+    # One try/finally from before the first child to the very end: whatever ends `up` (Ctrl-C
+    # at any moment of start-up or later, a start failure, a process dying) stops everything.
+    # Only a detached cluster that started completely is left running.
+    cluster: Cluster | None = None
+    phase = "starting"  # -> "failed" | "running" | "detached"
     code = 0
     try:
+        cluster = Cluster(shards=shards, base_dir=base_dir, durable=dbpath is not None,
+                          port=port, detach=detach)
+        try:
+            cluster.start()
+        except ClusterError as exc:
+            phase = "failed"
+            raise click.ClickException(f"cluster did not start: {exc}") from None
+        if detach:
+            write_state(run_dir, cluster.state())
+            phase = "detached"
+            _stopping = True  # from here on Ctrl-C must not stop the detached cluster
+            _print_cluster(cluster)
+            click.echo(f"detached; state in {state_path(run_dir)} "
+                       f"('shardsim status', 'shardsim down')")
+            return
+        phase = "running"
+        _print_cluster(cluster)
+        click.echo("press Ctrl-C to stop")
         while True:
             time.sleep(0.5)
             dead = [p for p in cluster.processes if not p.alive()]
@@ -96,11 +192,17 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
                 code = 1
                 break
     except KeyboardInterrupt:
-        pass
+        if phase == "starting":
+            code = 130
     finally:
-        click.echo("stopping cluster ...", err=True)
-        cluster.stop()
-        click.echo("stopped", err=True)
+        if phase != "detached":
+            _stopping = True
+            if phase != "failed":
+                click.echo("stopping cluster ...", err=True)
+            _stop_all(cluster)
+            if phase != "failed":
+                click.echo("interrupted; everything stopped" if code == 130 else "stopped",
+                           err=True)
     sys.exit(code)
 
 

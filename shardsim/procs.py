@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Sequence
+from typing import Any, Sequence
 
 READY_RE = re.compile(r"shardsim (\w+) ready on ([\w.\-]+):(\d+)")
 
@@ -39,12 +39,32 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+class OwnedPopen(subprocess.Popen):
+    """A Popen that hands itself to ``owner.proc`` *before* it forks.
+
+    An exception raised inside ``Popen()`` after the fork (a KeyboardInterrupt from Ctrl-C lands
+    easily while the parent waits for the child's exec) would otherwise lose the only reference
+    to a running child, and nobody could stop it. With the object already on the owner,
+    :meth:`RoleProcess.stop` finds it: ``pid`` is None until the fork, then set.
+    """
+
+    def __init__(self, owner: "RoleProcess", *args: Any, **kwargs: Any) -> None:
+        # What stop()/poll()/__del__ read, valid before Popen.__init__ has run a line.
+        self.pid = None
+        self.returncode = None
+        self._child_created = False
+        self._waitpid_lock = threading.Lock()
+        owner.proc = self
+        super().__init__(*args, **kwargs)
+
+
 class RoleProcess:
     """One role as a child process: ``python -m <module> <args>``.
 
     ``start()`` waits (up to ``timeout`` s) for the ready line and raises RuntimeError with
-    the process's last output if it exits or times out first. ``stop()`` sends SIGTERM then
-    SIGKILL; ``kill()`` sends SIGKILL (for crash tests).
+    the process's last output if it exits or times out first; on that or on any other
+    exception while starting (KeyboardInterrupt) the process is stopped before it propagates.
+    ``stop()`` sends SIGTERM then SIGKILL; ``kill()`` sends SIGKILL (for crash tests).
     """
 
     def __init__(self, module: str, args: Sequence[str], *, name: str | None = None,
@@ -75,18 +95,23 @@ class RoleProcess:
         if self.env:
             env.update(self.env)
         self._ready.clear()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module, *self.args], stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-        self._reader = threading.Thread(target=self._pump, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._ready.wait(0.05):
-                return self
-            if self.proc.poll() is not None:
-                self._reader.join(1)
-                break
+        try:
+            OwnedPopen(self, [sys.executable, "-m", self.module, *self.args],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                       start_new_session=True)
+            assert self.proc is not None
+            self._reader = threading.Thread(target=self._pump, daemon=True)
+            self._reader.start()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self._ready.wait(0.05):
+                    return self
+                if self.proc.poll() is not None:
+                    self._reader.join(1)
+                    break
+        except BaseException:
+            self.stop()  # Ctrl-C (or any error) while starting: leave nothing behind
+            raise
         out = "\n".join(self.output)
         self.stop()
         raise RuntimeError(f"{self.name} did not start (exit {self.proc.returncode}):\n{out}")
@@ -108,28 +133,39 @@ class RoleProcess:
             if log:
                 log.close()
 
+    def _forked(self) -> bool:
+        """True once a child exists and has not been reaped (``proc.pid`` is None while
+        :class:`OwnedPopen` has not forked yet)."""
+        return (self.proc is not None and getattr(self.proc, "pid", None) is not None
+                and self.proc.poll() is None)
+
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self._forked()
+
+    def _signal(self, sig: int) -> None:
+        assert self.proc is not None and self.proc.pid is not None
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            # Forked but not yet in its own session (setsid runs just before exec).
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` s; always reaps."""
-        if self.proc is None or self.proc.poll() is not None:
+        if not self._forked():
             return
+        self._signal(signal.SIGTERM)
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            self.proc.wait(timeout)
+            self.proc.wait(timeout)  # type: ignore[union-attr]
         except subprocess.TimeoutExpired:
             self.kill()
 
     def kill(self) -> None:
         """SIGKILL the process group and reap it."""
-        if self.proc is None or self.proc.poll() is not None:
+        if not self._forked():
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(10)
+        self._signal(signal.SIGKILL)
+        self.proc.wait(10)  # type: ignore[union-attr]

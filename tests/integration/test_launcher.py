@@ -11,8 +11,10 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import pymongo
+import pymongo.errors
 import pytest
 
 from shardsim.launcher import Cluster, ClusterError, pid_is
@@ -22,16 +24,78 @@ pytestmark = pytest.mark.timeout(120)
 SHARDSIM = [sys.executable, "-m", "shardsim.cli"]
 
 
-def run_cli(*args: str, run_dir: str, timeout: float = 60) -> subprocess.CompletedProcess:
+# Every process of one `shardsim up` run inherits this variable; /proc/<pid>/environ finds them
+# all (also a child that a broken launcher left behind, reparented to init).
+MARK = "SHARDSIM_TEST_RUN"
+
+
+def run_processes(marker: str) -> dict[int, list[str]]:
+    """pid -> argv of every live (non-zombie) process of the run tagged ``marker``."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0") if a]
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"{MARK}={marker}".encode() in env and state != "Z":
+            found[int(entry)] = argv
+    return found
+
+
+def role_of(argv: list[str]) -> str | None:
+    """``configsvr``/``shard``/``router`` for a role process's argv (after its exec)."""
+    if "-m" in argv and argv.index("-m") + 1 < len(argv):
+        module = argv[argv.index("-m") + 1]
+        return module if module in ("configsvr", "shard", "router") else None
+    return None
+
+
+def kill_run(marker: str) -> None:
+    """SIGKILL whatever of the run is left (so a failing test leaves nothing running)."""
+    for pid in run_processes(marker):
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+                break
+            except OSError:
+                pass
+
+
+def assert_run_gone(marker: str, launcher: subprocess.Popen) -> None:
+    """After the launcher exited, no process of its run may be alive. The launcher waits for
+    (reaps) every child before it exits, so this checks at once: no grace period, in which an
+    orphan that has not printed its ready line yet would die of EPIPE and hide the leak."""
+    assert launcher.poll() is not None
+    assert run_processes(marker) == {}
+
+
+def start_up(marker: str, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, **{MARK: marker})
+    return subprocess.Popen([*SHARDSIM, "up", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def run_cli(*args: str, run_dir: str, timeout: float = 60,
+            marker: str = "") -> subprocess.CompletedProcess:
+    env = dict(os.environ, **{MARK: marker}) if marker else None
     return subprocess.run([*SHARDSIM, *args, "--run-dir", run_dir], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 def test_up_detach_status_down(tmp_path) -> None:
     run_dir = str(tmp_path / "run")
-    up = run_cli("up", "--detach", "--shards", "2", "--port", "0", run_dir=run_dir)
+    marker = uuid.uuid4().hex
     state = None
     try:
+        up = run_cli("up", "--detach", "--shards", "2", "--port", "0", run_dir=run_dir,
+                     marker=marker)
         assert up.returncode == 0, up.stderr + up.stdout
         uri = re.search(r"mongodb://[\d.]+:\d+/", up.stdout).group(0)
         state = json.load(open(os.path.join(run_dir, "cluster.json")))
@@ -46,7 +110,10 @@ def test_up_detach_status_down(tmp_path) -> None:
         assert again.returncode != 0 and "already running" in again.stderr
     finally:
         down = run_cli("down", run_dir=run_dir)
+        leftovers = run_processes(marker)
+        kill_run(marker)
     assert down.returncode == 0, down.stderr
+    assert leftovers == {}
     assert not os.path.exists(os.path.join(run_dir, "cluster.json"))
     for p in state["processes"]:
         assert not pid_is(p["pid"], p["module"])
@@ -55,13 +122,12 @@ def test_up_detach_status_down(tmp_path) -> None:
 
 
 def test_foreground_up_stops_everything_on_sigint(tmp_path) -> None:
-    proc = subprocess.Popen([*SHARDSIM, "up", "--shards", "1", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    marker = uuid.uuid4().hex
+    proc = start_up(marker, "--shards", "1", "--port", "0")
     pids: list[tuple[int, str]] = []
     try:
         lines = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while True:  # bounded by the test timeout; EOF if the launcher dies
             line = proc.stdout.readline()
             if not line:
                 break
@@ -74,15 +140,72 @@ def test_foreground_up_stops_everything_on_sigint(tmp_path) -> None:
                 break
         assert len(pids) == 3, "".join(lines)
         assert all(pid_is(pid, module) for pid, module in pids)
+        assert {pid for pid, _ in pids} <= set(run_processes(marker))
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-        assert "stopped" in out
+        out, _ = proc.communicate(timeout=60)
+        assert "stopped" in out and "Aborted!" not in out, out
+        assert proc.returncode == 0, out
+        for pid, module in pids:
+            assert not pid_is(pid, module)
+        assert_run_gone(marker, proc)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    for pid, module in pids:
-        assert not pid_is(pid, module)
+        kill_run(marker)
+
+
+def _wait_for_role(marker: str, launcher: subprocess.Popen, role: str) -> None:
+    while launcher.poll() is None:  # bounded by the test timeout
+        if any(role_of(argv) == role for argv in run_processes(marker).values()):
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"launcher exited before {role} started: {launcher.stdout.read()}")
+
+
+def _wait_for_first_shard(launcher: subprocess.Popen, port: int) -> None:
+    """Until the router lists shard0: the launcher is then adding shard1 (or just finished)."""
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True,
+                             serverSelectionTimeoutMS=200, connectTimeoutMS=200) as client:
+        while launcher.poll() is None:  # bounded by the test timeout
+            try:
+                if client.admin.command("listShards")["shards"]:
+                    return
+            except pymongo.errors.PyMongoError:
+                pass
+            time.sleep(0.002)
+    raise AssertionError(f"launcher exited before addShard: {launcher.stdout.read()}")
+
+
+@pytest.mark.parametrize("moment", ["configsvr", "shard", "router", "addShard"])
+def test_sigint_during_start_up_leaves_nothing_running(moment) -> None:
+    """Ctrl-C while `up` is still starting: at the moment the config server, the shard or the
+    router process exists but is not ready yet, or when the router listens (addShard runs).
+    Wherever the signal lands, every child is stopped, `up` says so and click never prints
+    "Aborted!" (that is a KeyboardInterrupt escaping the cleanup)."""
+    marker = uuid.uuid4().hex
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = start_up(marker, "--shards", "2", "--port", str(port))
+    try:
+        if moment == "addShard":
+            _wait_for_first_shard(proc, port)
+        else:
+            _wait_for_role(marker, proc, moment)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert "Aborted!" not in out and "Traceback" not in out, out
+        if proc.returncode == 130:  # stopped during start-up
+            assert "interrupted; everything stopped" in out, out
+        else:  # the signal came after start-up had finished (a loaded machine)
+            assert proc.returncode == 0 and "stopped" in out, out
+        assert_run_gone(marker, proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        kill_run(marker)
 
 
 def test_port_clash_is_reported_and_nothing_runs(tmp_path) -> None:
