@@ -62,7 +62,7 @@ REMOTE_AWAIT_CAP_MS = 1000  # ARM::setAwaitDataTimeout cap when merging more tha
 SHORT_AWAIT_MS = 20  # remote await of a one-off poll for a newer promise (ms)
 # batchSize of the router's getMores to shards: a backlog then comes in slices, so shards build
 # the next slice while the router merges this one and the client reads the previous one.
-REMOTE_BATCH_SIZE = 2000
+REMOTE_BATCH_SIZE = 5000
 # Internal shard command asking for a promise past a cluster time (shard/change_stream/cursor.py).
 PROMISE_REQUEST_COMMAND = "_shardsimAdvanceClusterTime"
 # Aggregate fields the router does not pass on to shards (it sets its own cursor/needsMerge).
