@@ -23,6 +23,9 @@ from operator import add, sub
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardsim.cursors import ONE_BY_ONE_OP_ELEMENTS
+from shardsim.cursors import SORT_KEY_LAYOUT_FIELD as LAYOUT_CHECKED_FIELD
+from shardsim.cursors import SORT_KEY_SIZES_FIELD as SIZES_FIELD
 from shardsim.errors import MongoError
 
 Key = tuple  # (data_hex: str, has_type_bits: int, type_bits: bytes)
@@ -273,12 +276,6 @@ def split_cursor(raw: bytes, batch_field: str) -> tuple[dict[str, Any], list[Any
 # Blocks: a shard batch's run of plain events, kept as offsets into the reply's bytes
 # ---------------------------------------------------------------------------------------------
 
-from shardsim.cursors import SORT_KEY_LAYOUT_FIELD as LAYOUT_CHECKED_FIELD  # noqa: E402
-from shardsim.cursors import SORT_KEY_SIZES_FIELD as SIZES_FIELD  # noqa: E402
-
-# Events :class:`Block` leaves to the per-event path (``ChangeStreamMerge.next`` handles them).
-_GENERAL_OP_ELEMENTS = tuple(b"\x02operationType\x00" + _i32.pack(len(op) + 1) + op.encode() + b"\x00"
-                             for op in ("invalidate", "kNewShardDetected"))
 _HEADERS: list[bytes] = []  # b"\x03<i>\x00": the array element header of index i
 
 
@@ -495,7 +492,7 @@ def parse_block(raw: bytes, a: int, stop: int, *, checked: bool = False) -> Bloc
         cuts = [e - il - 19 for e, il in zip(ends, ids)]
         th = _tail_head
         # invalidate/kNewShardDetected: their operationType follows _id (as _fast_item reads it)
-        general = _GENERAL_OP_ELEMENTS
+        general = ONE_BY_ONE_OP_ELEMENTS
         if checked:
             for il in set(ids):
                 th(il)  # cache the $sortKey element heads looked up below

@@ -31,6 +31,10 @@ SORT_KEY_LAYOUT_FIELD = "$_shardsimSortKeyLayout"
 # the sizes of their ``_id`` documents, so the router finds every event and its ``$sortKey``
 # without walking the batch element by element.
 SORT_KEY_SIZES_FIELD = "$_shardsimEventSizes"
+# The operationType elements (as they follow ``_id``) of the events the router's merge handles one
+# by one (``invalidate``, ``kNewShardDetected``): a batch holding one is not vouched for.
+ONE_BY_ONE_OP_ELEMENTS = tuple(b"\x02operationType\x00" + (len(op) + 1).to_bytes(4, "little")
+                               + op.encode() + b"\x00" for op in ("invalidate", "kNewShardDetected"))
 
 
 @dataclass(slots=True)

@@ -36,8 +36,8 @@ from bson.timestamp import Timestamp
 
 from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key, ts_key
-from shardsim.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, SORT_KEY_LAYOUT_FIELD,
-                              SORT_KEY_SIZES_FIELD, Batch, Cursor)
+from shardsim.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, ONE_BY_ONE_OP_ELEMENTS,
+                              SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD, Batch, Cursor)
 from shardsim.errors import MongoError
 from shard.change_stream import fast_crud, oplog_match
 from shard.change_stream.add_post_image import add_post_image
@@ -530,7 +530,7 @@ def _sort_key_layout(docs: list[Any]) -> dict[str, Any]:
         return {}
     unpack = _I32.unpack_from
     ids = [unpack(r, 9)[0] for r in raws]
-    if any(r.startswith(_GENERAL_OP_ELEMENTS, 9 + il) for r, il in zip(raws, ids)):
+    if any(r.startswith(ONE_BY_ONE_OP_ELEMENTS, 9 + il) for r, il in zip(raws, ids)):
         return {}
     n = len(raws)
     sizes = struct.pack(f"<{2 * n}i", *map(len, raws), *ids)
@@ -538,8 +538,6 @@ def _sort_key_layout(docs: list[Any]) -> dict[str, Any]:
 
 
 _I32 = struct.Struct("<i")
-_GENERAL_OP_ELEMENTS = tuple(b"\x02operationType\x00" + _I32.pack(len(op) + 1) + op.encode() + b"\x00"
-                             for op in ("invalidate", "kNewShardDetected"))
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
