@@ -38,7 +38,7 @@ from shardsim.clock import ts_from_key
 from shardsim.errors import MongoError
 
 
-from router.raw_events import (ID_MODIFIED_MSG, Block, Item, Key, RawDoc, _fmt,  # noqa: F401
+from router.raw_events import (ID_MODIFIED_MSG, Block, Item, Key, _fmt,  # noqa: F401
                                item_from_raw_event, split_cursor, strip_sort_key, token_key)
 
 CONFIG_SHARDS_NS = "config.shards"

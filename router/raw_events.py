@@ -99,23 +99,6 @@ class Item:
         return len(p) if isinstance(p, (bytes, bytearray)) else 0
 
 
-class RawDoc:
-    """Raw BSON bytes the reply encoder copies as an embedded document (``bson`` encodes any
-    object whose ``_type_marker`` is 101 from its ``raw`` attribute, like a RawBSONDocument),
-    without RawBSONDocument's per-object validation: the router's client batches are lists of
-    these. ``raw`` — one complete BSON document (bytes)."""
-
-    __slots__ = ("raw",)
-    _type_marker = 101
-
-    def __init__(self, raw: bytes) -> None:  # noqa: D107 - see the class docstring
-        self.raw = raw
-
-    def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        import bson
-        return f"RawDoc({bson.decode(self.raw)!r})"
-
-
 def strip_sort_key(raw: bytes, id_raw: bytes | None) -> bytes | None:
     """Remove the trailing ``$sortKey: [<_id>]`` element from an event's raw BSON bytes.
 

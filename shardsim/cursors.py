@@ -53,24 +53,6 @@ class Batch:
     raw_docs: bytes | list[bytes] | None = None
 
 
-class RawBSON:
-    """Encoded BSON bytes that ``bson.encode`` embeds as a document as they are (it copies
-    the ``raw`` attribute of any object whose ``_type_marker`` is 101, like
-    RawBSONDocument, without validating them)."""
-
-    __slots__ = ("raw",)
-    _type_marker = 101
-
-    def __init__(self, raw: bytes) -> None:  # noqa: D107 - see the class docstring
-        self.raw = raw
-
-    def __getitem__(self, name: str) -> Any:
-        return bson.decode(self.raw)[name]
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return bson.decode(self.raw).get(name, default)
-
-
 class RawBSONParts:
     """An encoded BSON document kept as the pieces whose concatenation it is (``parts``,
     ``size`` bytes in all), so a large reply is copied once, when the server frames the message

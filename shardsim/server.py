@@ -16,9 +16,11 @@ import signal
 from itertools import count
 from typing import Any
 
+from bson.raw_bson import RawBSONDocument
+
 from shardsim import wire
-from shardsim.cursors import RawBSON, RawBSONParts
 from shardsim.commands import ConnectionInfo, Request
+from shardsim.cursors import RawBSONParts
 from shardsim.errors import MongoError
 from shardsim.node import Node, decode, encode
 
@@ -157,7 +159,7 @@ class Server:
         return wire.encode_op_reply(encode_reply(reply), response_to=msg.request_id)
 
 
-_CURSOR_PLACEHOLDER = RawBSON(b"\x05\x00\x00\x00\x00")
+_CURSOR_PLACEHOLDER = RawBSONDocument(b"\x05\x00\x00\x00\x00")
 _CURSOR_MARKER = b"\x03cursor\x00\x05\x00\x00\x00\x00"
 
 
