@@ -414,8 +414,9 @@ _HEADER_LENGTHS: list[int] = []  # 2 + len(str(i)): the array element header of 
 def block_from_sizes(raw: bytes, a: int, stop: int, sizes: bytes) -> Block | None:
     """A :class:`Block` from the event and ``_id`` sizes the shard sent with a batch it vouched
     for (``SORT_KEY_SIZES_FIELD``): offsets by running sums computed in C, then checked
-    against the bytes (every document's and ``_id``'s length prefix, the array's end). None
-    when anything disagrees (the caller then parses the batch itself)."""
+    against the bytes (every document's and ``_id``'s length prefix, each ``$sortKey``
+    element's head where those lengths put it, the array's end). None when anything disagrees
+    (the caller then parses the batch itself)."""
     n, odd = divmod(len(sizes), 8)
     if odd or not n:
         return None
@@ -429,16 +430,20 @@ def block_from_sizes(raw: bytes, a: int, stop: int, sizes: bytes) -> Block | Non
     if elems[-1] != stop:
         return None
     starts = list(map(add, elems, hl))
-    unpack = _i32.unpack_from
-    try:
-        if ([unpack(raw, d)[0] for d in starts] != list(lens)
-                or [unpack(raw, d + 9)[0] for d in starts] != list(ids)):
-            return None
-    except struct.error:
-        return None
     # $sortKey: 0x04 "$sortKey\0" int32 0x03 "0\0" <_id doc> 0x00, then the event's 0x00
     cuts = list(map(sub, map(add, starts, lens), map(add, ids, repeat(19))))
-    return Block(raw, starts, cuts, 0, n)
+    unpack = _i32.unpack_from
+    for il in set(ids):
+        _tail_head(il)  # cache the $sortKey element heads looked up below
+    tails = _TAILS
+    try:
+        if ([unpack(raw, d)[0] for d in starts] != list(lens)
+                or [unpack(raw, d + 9)[0] for d in starts] != list(ids)
+                or not all(map(raw.startswith, map(tails.__getitem__, ids), cuts))):
+            return None
+        return Block(raw, starts, cuts, 0, n)
+    except (struct.error, MongoError):
+        return None
 
 
 def parse_block(raw: bytes, a: int, stop: int, *, checked: bool = False) -> Block | None:

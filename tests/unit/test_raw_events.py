@@ -267,3 +267,6 @@ def test_a_batch_with_the_shards_sizes_is_located_without_a_walk_and_checked_aga
         assert block_from_sizes(raw, a, stop, struct.pack(f"<{len(bad)}i", *bad)) is None
     assert block_from_sizes(raw, a, stop, sizes[:-4]) is None
     assert block_from_sizes(raw, a, stop, b"") is None
+    # consistent sizes, but the last element of one event is not $sortKey
+    renamed = raw.replace(b"\x04$sortKey\x00", b"\x04$sortKez\x00", 1)
+    assert block_from_sizes(renamed, a, stop, sizes) is None
