@@ -35,6 +35,7 @@ from typing import Any, Iterable
 
 from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key
+from shardsim.cursors import array_header_bytes
 from shardsim.errors import MongoError
 
 
@@ -398,19 +399,6 @@ class Merger:
 _KEY = attrgetter("key")
 
 
-def header_bytes(lo: int, hi: int) -> int:
-    """Bytes of the BSON array element headers (type byte, decimal index, NUL) of indexes
-    ``lo .. hi - 1``."""
-    total = 2 * (hi - lo)
-    low, high, digits = 0, 10, 1
-    while low < hi:
-        a, b = max(lo, low), min(hi, high)
-        if a < b:
-            total += digits * (b - a)
-        low, high, digits = high, high * 10, digits + 1
-    return total
-
-
 def _merge_runs(runs: list[list[Any]]) -> Iterable[Any]:
     """Merge the ready runs of several remotes (each in key order; ties: lower remote id
     first, the order of ``runs``). When their key ranges do not overlap (a backlog read shard
@@ -515,7 +503,7 @@ class ChangeStreamMerge:
                     n = e.fit(n, count, used, budget)
                     if n == 0:
                         break
-                    used += e.payload_bytes(n) + header_bytes(count, count + n)
+                    used += e.payload_bytes(n) + array_header_bytes(count, count + n)
                 if n < e.n:
                     e = e.split(n)
                 else:

@@ -53,6 +53,19 @@ class Batch:
     raw_docs: bytes | list[bytes] | None = None
 
 
+def array_header_bytes(lo: int, hi: int) -> int:
+    """Bytes of the BSON array element headers (type byte, decimal index, NUL) of indexes
+    ``lo .. hi - 1``: what a reply batch's elements cost beyond their documents."""
+    total = 2 * (hi - lo)
+    low, high, digits = 0, 10, 1
+    while low < hi:
+        a, b = max(lo, low), min(hi, high)
+        if a < b:
+            total += digits * (b - a)
+        low, high, digits = high, high * 10, digits + 1
+    return total
+
+
 class RawBSONParts:
     """An encoded BSON document kept as the pieces whose concatenation it is (``parts``,
     ``size`` bytes in all), so a large reply is copied once, when the server frames the message

@@ -37,7 +37,8 @@ from bson.timestamp import Timestamp
 from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key, ts_key
 from shardsim.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, ONE_BY_ONE_OP_ELEMENTS,
-                              SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD, Batch, Cursor)
+                              SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD, Batch, Cursor,
+                              array_header_bytes)
 from shardsim.errors import MongoError
 from shard.change_stream import fast_crud, oplog_match
 from shard.change_stream.add_post_image import add_post_image
@@ -66,20 +67,6 @@ _INTERNAL_SLACK = 16 * 1024
 _SCAN_AHEAD = 512
 _DOC = operator.itemgetter(0)
 _SIZE = operator.itemgetter(2)
-
-
-def _index_header_bytes(a: int, b: int) -> int:
-    """Bytes of the array element headers (type byte, decimal index, NUL) of the indexes
-    ``a`` to ``b - 1`` of a BSON array (a reply batch)."""
-    total = 0
-    digits, low = 1, 0
-    while low < b:
-        high = low * 10 if low else 10
-        lo, hi = max(a, low), min(b, high)
-        if lo < hi:
-            total += (hi - lo) * (digits + 2)
-        digits, low = digits + 1, high
-    return total
 
 
 class RawEvent(RawBSONDocument):
@@ -439,7 +426,7 @@ class ChangeStreamCursor(Cursor):
                 # Everything pending fits the count: take it at once if it fits the bytes too
                 # (the usual catch-up case; the loop below decides otherwise, event by event).
                 k = len(out)
-                add = sum(map(_SIZE, pending)) + _index_header_bytes(k, k + n)
+                add = sum(map(_SIZE, pending)) + array_header_bytes(k, k + n)
                 if size + add <= BATCH_BYTES_LIMIT:
                     out.extend(map(_DOC, pending))
                     last = pending[-1][1]

@@ -14,10 +14,10 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from router.merger import ChangeStreamMerge, Item, Merger, header_bytes, hwm_data, token_key
+from router.merger import ChangeStreamMerge, Item, Merger, hwm_data, token_key
 from router.raw_events import Block, _fast_item, element_headers, parse_block, split_cursor
 from shardsim import resume_token as rt
-from shardsim.cursors import Batch, cursor_reply
+from shardsim.cursors import Batch, array_header_bytes, cursor_reply
 
 U = bytes(range(16))
 
@@ -147,7 +147,7 @@ def test_fit_respects_the_byte_budget():
 
 def test_header_bytes_and_element_headers():
     for lo, hi in [(0, 0), (0, 1), (9, 11), (95, 1005), (99999, 100002)]:
-        assert header_bytes(lo, hi) == sum(len(str(i)) + 2 for i in range(lo, hi))
+        assert array_header_bytes(lo, hi) == sum(len(str(i)) + 2 for i in range(lo, hi))
     assert element_headers(98, 3) == [b"\x0398\x00", b"\x0399\x00", b"\x03100\x00"]
 
 
