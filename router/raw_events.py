@@ -237,8 +237,8 @@ def split_cursor(raw: bytes, batch_field: str) -> tuple[dict[str, Any], list[Any
         block = None
         if checked and isinstance(sizes, bytes):
             block = block_from_sizes(raw, a, stop, sizes)
-        if block is None:
-            block = parse_block(raw, a, stop, checked=checked)
+        if block is None:  # not vouched for, or the sizes disagree with the bytes: check it all
+            block = parse_block(raw, a, stop)
         if block is not None:
             return meta, [block]
     fast = _fast_item
@@ -338,7 +338,7 @@ class Block:
     def item_at(self, i: int) -> Item:
         """Event ``i`` as an :class:`Item` (for the per-event path)."""
         it = _fast_item(self.raw, self.starts[i])
-        assert it is not None  # parse_block checked the layout
+        assert it is not None  # parse_block checked the layout, or the shard vouched for it
         it.src = self.src
         return it
 
@@ -446,19 +446,14 @@ def block_from_sizes(raw: bytes, a: int, stop: int, sizes: bytes) -> Block | Non
         return None
 
 
-def parse_block(raw: bytes, a: int, stop: int, *, checked: bool = False) -> Block | None:
+def parse_block(raw: bytes, a: int, stop: int) -> Block | None:
     """The events of a shard batch's array, ``raw[a:stop]`` (its elements), as one
     :class:`Block`; None when the batch is empty or any event needs the per-event path (a
     layout other than the shards' own: ``_id`` token first, ``$sortKey: [<_id>]`` last, equal
     byte for byte — the ``_id`` modification check of ``_validateAndConvertToBSON``; or an
     ``invalidate``/``kNewShardDetected`` event, or array element names not as long as
-    0, 1, 2...: names are skipped, not read, as the per-event path ignores them).
-
-    ``checked`` — the shard vouched for that layout (:data:`LAYOUT_CHECKED_FIELD`): only the
-    document boundaries and each ``$sortKey`` element's position and size are verified, not
-    the ``_id`` token bytes (the shard built them, and raised ChangeStreamFatalError 280 itself
-    if a user stage modified ``_id``), which cuts the router's per-event cost by more than
-    half."""
+    0, 1, 2...: names are skipped, not read, as the per-event path ignores them). A batch the
+    shard vouched for goes through :func:`block_from_sizes` instead."""
     unpack = _i32.unpack_from
     starts: list[int] = []
     ends: list[int] = []
@@ -481,15 +476,6 @@ def parse_block(raw: bytes, a: int, stop: int, *, checked: bool = False) -> Bloc
         th = _tail_head
         # invalidate/kNewShardDetected: their operationType follows _id (as _fast_item reads it)
         general = ONE_BY_ONE_OP_ELEMENTS
-        if checked:
-            for il in set(ids):
-                th(il)  # cache the $sortKey element heads looked up below
-            tails = _TAILS
-            if not all(t > d + 9 + il and raw.startswith(tails[il], t)
-                       and not raw.startswith(general, d + 9 + il)
-                       for d, il, t in zip(starts, ids, cuts)):
-                return None
-            return Block(raw, starts, cuts, 0, len(starts))
         # Per event: _id is {_data: <ASCII string>[, _typeBits: BinData]} and nothing else (what
         # Block.key_at and _fast_item read; the string's length says which), and $sortKey comes
         # after it and holds the same document byte for byte, then the two terminators.

@@ -216,7 +216,7 @@ def test_server_frames_a_spliced_cursor_reply_like_the_encoded_document():
     assert encode_reply_parts({"ok": 1.0}) == bson.encode({"ok": 1.0})
 
 
-def test_a_batch_the_shard_vouched_for_is_read_without_rechecking_each_token():
+def test_a_mark_without_sizes_is_not_trusted_the_batch_is_checked_in_full():
     from shardsim.cursors import SORT_KEY_LAYOUT_FIELD
     evs = [event(100 + i, IDS[i % len(IDS)], pad=i) for i in range(60)]
     plain = bson.encode({"nextBatch": evs, "id": Int64(7), "ns": "d.c"})
@@ -229,13 +229,14 @@ def test_a_batch_the_shard_vouched_for_is_read_without_rechecking_each_token():
     b.write(pb, 0)
     assert b"".join(pa) == b"".join(pb)
     assert [a.key_at(i) for i in range(60)] == [b.key_at(i) for i in range(60)]
-    # Even vouched for, a batch whose $sortKey is not where the lengths say takes the per-event
-    # path (which then reports what is wrong).
+    # A marked batch whose $sortKey is not last is still refused as a Block, and as Items
+    # (the caller then takes the general path, which reports what is wrong).
     evs[5] = {k: v for k, v in evs[5].items() if k != "$sortKey"} | {"$sortKey": [evs[5]["_id"]], "z": 1}
     broken = bson.encode({"nextBatch": evs, "id": Int64(7), "ns": "d.c", SORT_KEY_LAYOUT_FIELD: True})
     arr = broken.index(b"\x04nextBatch\x00") + 11
     size = int.from_bytes(broken[arr:arr + 4], "little")
-    assert parse_block(broken, arr + 4, arr + size - 1, checked=True) is None
+    assert parse_block(broken, arr + 4, arr + size - 1) is None
+    assert split_cursor(broken, "nextBatch") is None
 
 
 def test_a_batch_with_the_shards_sizes_is_located_without_a_walk_and_checked_against_the_bytes():
