@@ -532,11 +532,11 @@ class ChangeStreamMerge:
             taken += n
         if hwm_src is not None:
             m.hwm = hwm
-            m.hwm_token = hwm_src.token_at(hwm_src.hi - 1) if type(hwm_src) is Block else hwm_src.token
+            m.hwm_token = hwm_src.last_token
         self.last_key = last_key
         if last is None:
             return out, None, used
-        tok = last.token_at(last.hi - 1) if type(last) is Block else last.token
+        tok = last.last_token
         return out, tok, used
 
     def push_back(self, item: Item) -> None:

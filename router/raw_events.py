@@ -93,6 +93,11 @@ class Item:
         return 1
 
     @property
+    def last_token(self) -> Any:
+        """The resume token of the last event of this buffer entry (its own)."""
+        return self.token
+
+    @property
     def nbytes(self) -> int:
         """Bytes this entry holds (its payload when it is bytes; 0 in the simulation)."""
         p = self.payload
@@ -300,6 +305,11 @@ class Block:
     def n(self) -> int:
         """Number of events left in the block."""
         return self.hi - self.lo
+
+    @property
+    def last_token(self) -> dict[str, Any]:
+        """The resume token of its last event."""
+        return self.token_at(self.hi - 1)
 
     @property
     def nbytes(self) -> int:
