@@ -57,8 +57,12 @@ def role_of(argv: list[str]) -> str | None:
     return None
 
 
-def kill_run(marker: str) -> None:
-    """SIGKILL whatever of the run is left (so a failing test leaves nothing running)."""
+def kill_run(marker: str, launcher: subprocess.Popen | None = None) -> None:
+    """SIGKILL whatever of the run is left, the launcher first when given (so a failing test
+    leaves nothing running)."""
+    if launcher is not None and launcher.poll() is None:
+        launcher.kill()
+        launcher.wait()
     for pid in run_processes(marker):
         for kill in (os.killpg, os.kill):
             try:
@@ -149,10 +153,7 @@ def test_foreground_up_stops_everything_on_sigint(tmp_path) -> None:
             assert not pid_is(pid, module)
         assert_run_gone(marker, proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        kill_run(marker)
+        kill_run(marker, proc)
 
 
 def _wait_for_role(marker: str, launcher: subprocess.Popen, role: str) -> None:
@@ -202,10 +203,7 @@ def test_sigint_during_start_up_leaves_nothing_running(moment) -> None:
             assert proc.returncode == 0 and "stopped" in out, out
         assert_run_gone(marker, proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        kill_run(marker)
+        kill_run(marker, proc)
 
 
 def test_port_clash_is_reported_and_nothing_runs(tmp_path) -> None:
