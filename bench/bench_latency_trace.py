@@ -4,9 +4,8 @@ samples, relative to the moment the client calls ``insert_one``.
 
 Every role process is started with a ``sitecustomize`` (on ``PYTHONPATH``, written to a temporary
 directory; the project's code is not changed) that wraps ``Server._respond`` (``in``/``out``:
-a request parsed / its reply about to be written; a ``moreToCome`` request has an ``out`` but no
-reply), ``Connection._exchange`` (``->``/``<-``: a command sent to another process / its reply
-read) and ``Connection.send_no_reply`` (``->1way``), recording ``time.monotonic_ns()`` (the same
+a request parsed / its reply about to be written) and ``Connection._exchange`` (``->``/``<-``: a
+command sent to another process / its reply read; ``Connection.write_request`` is a ``->`` too), recording ``time.monotonic_ns()`` (the same
 clock in every process) in memory; each process writes its records when it exits. The bench
 records the client's own marks (``CLIENT insert done`` / ``CLIENT event``). A label seen twice
 in one sample gets ``#2``; labels seen in fewer than half the samples are not shown.
@@ -67,7 +66,8 @@ if _DIR:
     _exchange = _client.Connection._exchange
 
     async def _traced_exchange(self, msg):
-        _REC.append((_ns(), "->", self.port, _name(msg, 26)))
+        if msg is not None:  # None: written earlier by write_request
+            _REC.append((_ns(), "->", self.port, _name(msg, 26)))
         try:
             return await _exchange(self, msg)
         finally:
@@ -75,13 +75,13 @@ if _DIR:
 
     _client.Connection._exchange = _traced_exchange
 
-    _send_no_reply = _client.Connection.send_no_reply
+    _write_request = _client.Connection.write_request
 
-    def _traced_send_no_reply(self, body):
-        _REC.append((_ns(), "->1way", self.port, _name(body, 5)))
-        return _send_no_reply(self, body)
+    def _traced_write_request(self, body):
+        _REC.append((_ns(), "->", self.port, _name(body, 5)))
+        return _write_request(self, body)
 
-    _client.Connection.send_no_reply = _traced_send_no_reply
+    _client.Connection.write_request = _traced_write_request
 
     def _dump():
         with open(os.path.join(_DIR, f"{os.getpid()}.jsonl"), "w") as f:

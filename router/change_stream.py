@@ -282,8 +282,10 @@ class RouterChangeStream:
         remotes' shards, on a connection kept for these requests, for a promise past the event's
         cluster time T (``{_shardsimAdvanceClusterTime: T}`` with our ``$clusterTime`` >= T).
 
-        A ``clock``-mode shard answers the getMore it is holding for us at once with
-        HWM(>= T + 1); a ``mongod``-mode shard answers it when its next oplog entry (the
+        A ``clock``-mode shard answers the request with HWM(>= T + 1) for each cursor whose
+        getMore is waiting with nothing to return, and that getMore keeps waiting (a cursor
+        with events to return, or not waiting, ends its getMore at once instead); a
+        ``mongod``-mode shard answers the waiting getMore when its next oplog entry (the
         periodic no-op) passes T, as its promise is still only its newest oplog time. Without
         this the event would wait until every idle remote's await period (up to 1 s) ends,
         because a getMore already waiting on an idle shard is not woken by a write elsewhere.
@@ -291,11 +293,10 @@ class RouterChangeStream:
         (an event is released only once every remote has promised past it). Not part of
         mongos' ARM.
 
-        The request goes out at once, without a reply (see :func:`_send_promise_request`).
-        Cost control: the request is sticky on the shard (a getMore that starts waiting later
-        still honours it), so the router sends at most one per shard address and newer T, and
-        at most one per ``PROMISE_REQUEST_INTERVAL_MS`` per address (a newer T wanted sooner
-        goes out when that interval ends), whatever the number of streams. A remote whose last reply
+        See :func:`_send_promise_request`. Cost control: the request is sticky on the shard (a
+        getMore that starts waiting later still honours it), so the router sends at most one
+        per shard address and newer T, and has at most one out per address (a newer T wanted
+        meanwhile goes out when its reply is in), whatever the number of streams. A remote whose last reply
         carried events is busy and will answer soon anyway: it is asked only once its getMore
         has been out for ``ACTIVE_REQUEST_DELAY_MS``. Returns the delay (s) after which this
         should be called again (a busy remote becomes eligible), or None.
@@ -409,28 +410,23 @@ class RouterChangeStream:
 ACTIVE_REQUEST_DELAY_MS = 10  # see RouterChangeStream.request_promises
 
 
-# Requests to one shard address are at least this far apart (ms): bounds their rate under a
-# write load (each write could otherwise send one per other shard); a newer time wanted sooner
-# is sent when the interval ends. About one router -> shard round trip, the bound the earlier
-# one-outstanding-request-per-address scheme gave.
-PROMISE_REQUEST_INTERVAL_MS = 1.0
+# How long the router waits for a promise reply (s); a shard that does not answer only costs
+# latency (its getMore still ends with its await period).
+PROMISE_REPLY_TIMEOUT_S = 30.0
 
 
 class _PromiseRequests:
     """Router-wide record of ``_shardsimAdvanceClusterTime`` requests, per shard address: the
-    highest time asked for (``sent``), the connection they go out on (``channels``), the
-    monotonic time of the last one sent (``last``), addresses that cannot send right now
-    because their connection is being opened or the interval has not ended (``pending``,
-    handle of the scheduled send), the newest time wanted meanwhile (``want``) and the streams
-    to wake once it is sent (``deferred``); plus the open streams (``streams``, weak)."""
+    highest time asked for (``sent``), the connection they go out on (``channels``), the request
+    out now (``pending``, its task), the newest time wanted meanwhile (``want``) and the streams
+    to wake once that is sent (``deferred``); plus the open streams (``streams``, weak)."""
 
-    __slots__ = ("sent", "channels", "last", "pending", "want", "deferred", "streams")
+    __slots__ = ("sent", "channels", "pending", "want", "deferred", "streams")
 
     def __init__(self) -> None:
         import weakref
         self.sent: dict[str, int] = {}
         self.channels: dict[str, Connection] = {}
-        self.last: dict[str, float] = {}
         self.pending: dict[str, Any] = {}
         self.want: dict[str, int] = {}
         self.deferred: dict[str, set[Any]] = {}
@@ -439,15 +435,14 @@ class _PromiseRequests:
 
 def _send_promise_request(router: Any, pool: Any, addr: str, t: int, stream: Any = None) -> None:
     """Ask the shard at ``addr`` (reached through ``pool``'s host/port) for promises past the
-    time key ``t``: ``{_shardsimAdvanceClusterTime: Timestamp(t), $clusterTime}`` sent as an
-    OP_MSG with ``moreToCome`` on a connection kept for these requests, so the shard sends no
-    reply and the router reads none (what the router waits for is the getMore reply the request
-    cuts short). Sent at once when that connection is open and the last request to ``addr`` is
-    ``PROMISE_REQUEST_INTERVAL_MS`` old; otherwise ``t`` is remembered and sent (the newest
-    wanted) when the connection is open or the interval ends, and ``stream`` is woken then.
-    Nothing is sent when ``addr`` was already asked for ``t`` or later (requests are sticky on
-    the shard). Latency only: a lost request only means the remote answers at the end of its
-    await."""
+    time key ``t``: ``{_shardsimAdvanceClusterTime: Timestamp(t), promises: true,
+    $clusterTime}`` on a connection kept for these requests. Its reply lists the promises of
+    the shard's cursors whose getMores keep waiting (``shard/change_stream/cursor.py``
+    ``register``); they are applied to the streams' remotes by :func:`_apply_promises`. Sent at
+    once unless a request to ``addr`` is out: then ``t`` is remembered and sent (the newest
+    wanted) when its reply is in, and ``stream`` is woken then. Nothing is sent when ``addr``
+    was already asked for ``t`` or later (requests are sticky on the shard). Latency only: a
+    lost request only means the remote answers at the end of its await."""
     state = _promise_requests(router)
     if state.sent.get(addr, -1) >= t:
         return
@@ -465,61 +460,84 @@ def _dispatch_promise_request(router: Any, pool: Any, addr: str, t: int, stream:
         if stream is not None:
             state.deferred.setdefault(addr, set()).add(stream)
         return
-    loop = asyncio.get_running_loop()
-    now = loop.time()
-    wait = state.last.get(addr, -1e9) + PROMISE_REQUEST_INTERVAL_MS / 1000 - now
+    # Written now when the channel is open (the request should reach the shard while the
+    # write's event travels to the router); its reply is read by a task.
     conn = state.channels.get(addr)
-    if wait <= 0 and conn is not None:
-        state.last[addr] = now
-        if conn.send_no_reply(_promise_request_body(router, t)):
-            return
-        del state.channels[addr]  # closed (e.g. the shard restarted): open a new one
-    state.want[addr] = t
-    if stream is not None:
-        state.deferred.setdefault(addr, set()).add(stream)
-    if wait > 0 and addr in state.channels:
-        state.pending[addr] = loop.call_later(wait, _send_wanted, router, pool, addr)
-    else:
-        state.pending[addr] = loop.create_task(_open_channel(router, pool, addr),
-                                               context=contextvars.Context())
+    if conn is not None and not conn.write_request(_promise_request_body(router, t)):
+        conn = None
+    state.pending[addr] = asyncio.get_running_loop().create_task(
+        _promise_exchange(router, pool, addr, t, conn), context=contextvars.Context())
 
 
-def _send_wanted(router: Any, pool: Any, addr: str) -> None:
-    """The interval (or connection opening) that held requests to ``addr`` back is over: send
-    the newest wanted time, wake the streams that waited for it."""
+async def _promise_exchange(router: Any, pool: Any, addr: str, t: int,
+                            sent_on: Connection | None) -> None:
+    """Read the reply to the promise request already written on ``sent_on``, or (None) open
+    ``addr``'s kept connection first and send it; apply the reply, then send the newest time
+    wanted meanwhile. A network error drops the connection and what was wanted (latency only:
+    the getMores report real failures)."""
     state = _promise_requests(router)
-    state.pending.pop(addr, None)
-    want = state.want.pop(addr, None)
-    if want is not None:
-        _dispatch_promise_request(router, pool, addr, want, None)
-    for st in state.deferred.pop(addr, ()):
-        st.wake.set()  # look again: a newer event may want a newer promise
-
-
-async def _open_channel(router: Any, pool: Any, addr: str) -> None:
-    """Open the promise-request connection to ``addr``, then send what was wanted meanwhile."""
-    state = _promise_requests(router)
-    conn = Connection(pool.host, pool.port)
+    ok = False
     try:
-        await conn.connect()
-    except MongoError:  # latency only: the remote's getMore reports a real failure
+        conn = sent_on
+        if conn is None:
+            old = state.channels.pop(addr, None)
+            if old is not None:
+                old.close()
+            conn = state.channels[addr] = Connection(pool.host, pool.port)
+            await conn.connect()
+            if not conn.write_request(_promise_request_body(router, t)):
+                raise MongoError(9001, f"connection to {addr} closed")
+        reply = await conn.read_reply(PROMISE_REPLY_TIMEOUT_S)
+        _apply_promises(router, addr, bson.decode(reply, codec_options=CODEC))
+        ok = True
+    except MongoError:
+        old = state.channels.pop(addr, None)
+        if old is not None:
+            old.close()
+    except Exception:  # a malformed reply must not leave the address stuck as pending
+        log.exception("promise request to %s failed", addr)
+    finally:
         state.pending.pop(addr, None)
-        state.want.pop(addr, None)
+        want = state.want.pop(addr, None)
+        if ok and want is not None:
+            _dispatch_promise_request(router, pool, addr, want, None)
         for st in state.deferred.pop(addr, ()):
-            st.wake.set()
+            st.wake.set()  # look again: a newer event may want a newer promise
+
+
+def _apply_promises(router: Any, addr: str, reply: dict[str, Any]) -> None:
+    """Apply a promise reply from ``addr`` (``{promises: [{id, batches,
+    postBatchResumeToken}]}``): each to the remote of an open stream whose cursor on ``addr``
+    has that id (:meth:`router.merger.Merger.on_promise`), waking the stream when its promise
+    moved. Advances the router's cluster time from the reply's ``$clusterTime``."""
+    ct = reply.get("$clusterTime")
+    if isinstance(ct, dict) and isinstance(ct.get("clusterTime"), Timestamp):
+        router.clock.advance(ct["clusterTime"])
+    promises = reply.get("promises")
+    if not promises:
         return
-    old = state.channels.pop(addr, None)
-    if old is not None:
-        old.close()
-    state.channels[addr] = conn
-    state.last.pop(addr, None)
-    _send_wanted(router, pool, addr)
+    by_id = {int(p["id"]): p for p in promises if isinstance(p, dict) and "id" in p}
+    for st in list(_promise_requests(router).streams):
+        if st.closed:
+            continue
+        for r in st.merger.remotes:
+            p = by_id.get(r.cursor_id) if r.address == addr else None
+            if p is None:
+                continue
+            try:
+                moved = st.merger.on_promise(r, int(p.get("batches", 1 << 62)),
+                                             p["postBatchResumeToken"])
+            except (KeyError, TypeError, ValueError, MongoError):
+                continue  # not a usable promise: the remote's getMore still answers
+            if moved:
+                st.wake.set()
 
 
 def _promise_request_body(router: Any, t: int) -> bytes:
     """The raw BSON of a promise request for time key ``t``, gossiping the router's cluster
     time (>= ``t``: the router has seen the write at ``t``)."""
-    body: dict[str, Any] = {PROMISE_REQUEST_COMMAND: ts_from_key(t), "$db": "admin"}
+    body: dict[str, Any] = {PROMISE_REQUEST_COMMAND: ts_from_key(t), "promises": True,
+                            "$db": "admin"}
     now = router.clock.now()
     if now.time or now.inc:
         body["$clusterTime"] = {"clusterTime": now, "signature": DUMMY_SIGNATURE}
@@ -531,8 +549,8 @@ def close_promise_channels(router: Any) -> None:
     state = getattr(router, "_cs_promise_requests", None)
     if state is None:
         return
-    for h in state.pending.values():
-        h.cancel()
+    for task in state.pending.values():
+        task.cancel()
     state.pending.clear()
     for conn in state.channels.values():
         conn.close()

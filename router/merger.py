@@ -100,12 +100,14 @@ class Remote:
     ``status`` — the first error (MongoError) this remote reported; ``queued`` — how many of
     its events sit in the merger's release queue (taken from ``buffer``, proven ready);
     ``more`` — set by the owner when the remote's last batch was full (it has a backlog), so
-    it may be polled while its buffer still holds fewer than ``PREFETCH_BYTES`` bytes.
+    it may be polled while its buffer still holds fewer than ``PREFETCH_BYTES`` bytes;
+    ``batches`` — replies processed (establish batch included), what an out-of-band promise
+    is checked against (:meth:`Merger.on_promise`).
     """
 
     __slots__ = ("rid", "name", "ns", "is_config", "cursor_id", "buffer", "promise",
                  "promise_token", "eligible", "invalidated", "in_flight", "status", "closed",
-                 "last_key", "address", "queued", "more")
+                 "last_key", "address", "queued", "more", "batches")
 
     def __init__(self, rid: int, name: str, ns: str, is_config: bool) -> None:
         self.rid = rid
@@ -125,6 +127,7 @@ class Remote:
         self.address = ""
         self.queued = 0
         self.more = False
+        self.batches = 0
 
     @property
     def exhausted(self) -> bool:
@@ -197,6 +200,7 @@ class Merger:
         InternalError (1) recorded as the remote's status (the ARM's invariant).
         """
         remote.in_flight = False
+        remote.batches += 1
         remote.cursor_id = int(cursor_id)
         remote.invalidated = invalidated
         old_promise = remote.promise
@@ -226,6 +230,24 @@ class Merger:
         if items and remote.promise is not None and items[-1].last > remote.promise:
             self._fail(remote, MongoError(1, f"postBatchResumeToken from {remote.name} is below "
                                              f"its last event"))
+
+    def on_promise(self, remote: Remote, batches: int, pbrt: Any) -> bool:
+        """An out-of-band promise (shardsim's promise reply, ``shard/change_stream/cursor.py``
+        ``register``): the remote will return no event at or below ``pbrt`` after its first
+        ``batches`` replies. Applied like an empty batch's postBatchResumeToken once that many
+        replies were processed here; ignored when fewer were (its events may still be on the
+        way), when it is not newer than the remote's promise (a later reply already carried
+        it), or when the remote failed or closed. Returns True when the promise moved."""
+        if remote.closed or remote.status is not None or remote.batches < batches:
+            return False
+        key = token_key(pbrt)
+        if remote.promise is not None and key <= remote.promise:
+            return False
+        if remote.last_key is not None and key < remote.last_key:
+            return False  # below an event it already returned: not a promise of this cursor
+        remote.eligible = self._check_eligibility(key, remote, False)
+        remote.promise, remote.promise_token = key, pbrt
+        return True
 
     def on_error(self, remote: Remote, exc: MongoError) -> None:
         """A getMore (or establish) on ``remote`` failed: the first error wins (§1.10)."""

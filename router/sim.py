@@ -155,6 +155,7 @@ class ShardCursor:
         self.scanned = 0
         self.last_key: tuple | None = None
         self.pbrt_key: tuple | None = self.start_key
+        self.batches = 1  # replies sent, the establish batch included (a promise reply's cover)
 
 
 class Stream:
@@ -293,6 +294,19 @@ class Stream:
                 if sh.mode == "mongod" and not any(ts > t for ts, _ in sh.oplog
                                                    if ts <= sh.visible_upto()):
                     return
+                cur = self.cursors[sh.name]
+                if sim.promise_replies and sh.mode != "mongod" and not sh.has_data(cur):
+                    # The promise reply (shard/change_stream/cursor.py register): the promise
+                    # comes back on its own connection, the getMore keeps waiting.
+                    evs, pbrt = sh.answer(cur, 1)
+                    assert not evs and pbrt is not None
+                    r, k = self.remote_of[sh.name], cur.batches
+
+                    def promised() -> None:
+                        if r in self.merger.remotes and self.merger.on_promise(r, k, pbrt):
+                            self.drive()
+                    sim.at(sim.now + sim.rng.randint(0, 20), promised)
+                    return
                 fn()
             sim.at(sim.now + sim.rng.randint(0, 20), arrive)
 
@@ -342,6 +356,7 @@ class Stream:
                 return  # already answered early (a promise request)
             del self.pending_answer[sh.name]
             evs, pbrt = sh.answer(cur, sim.rng.randint(1, 8))
+            cur.batches += 1
 
             def arrive() -> None:
                 if r not in self.merger.remotes:
@@ -385,6 +400,9 @@ class Simulation:
         self.event_by_data: dict[str, SimEvent] = {}
         # ...and half of those with the layout mark and sizes a shard vouches with.
         self.vouch = (seed // 4) % 2 == 0
+        # Half the seeds answer promise requests as a clock-mode shard does when asked for a
+        # reply: the promise on its own, the waiting getMore left waiting (Merger.on_promise).
+        self.promise_replies = (seed // 8) % 2 == 0
         self.noop_interval = noop_interval
         self.shards: list[SimShard] = []
         self.pending_shards: list[SimShard] = []

@@ -53,23 +53,50 @@ class Connection:
         async with self._lock:
             if self._writer is None:
                 await self.connect()
-            assert self._reader is not None and self._writer is not None
-            msg = wire.encode_op_msg(body)
-            try:
-                if timeout is None:
+            return await self._round_trip(wire.encode_op_msg(body), timeout)
+
+    def write_request(self, body: bytes) -> bool:
+        """Write one OP_MSG request with raw BSON ``body`` now, without waiting; its reply is
+        read with :meth:`read_reply`. Only for a connection its owner uses one request at a
+        time (no lock is taken). Returns False, and closes the connection, when it is not
+        connected or the peer has closed it."""
+        w = self._writer
+        if w is None or self.broken or w.is_closing() or self.peer_closed():
+            self.close()
+            return False
+        try:
+            w.write(wire.encode_op_msg(body))
+        except (OSError, RuntimeError):
+            self.close()
+            return False
+        return True
+
+    async def read_reply(self, timeout: float | None = None) -> bytes:
+        """The raw BSON reply body to the request :meth:`write_request` wrote; errors as
+        :meth:`command_bytes`."""
+        return await self._round_trip(None, timeout)
+
+    async def _round_trip(self, msg: bytes | None, timeout: float | None) -> bytes:
+        """Write ``msg`` (unless None) and read one reply's body, mapping failures to
+        NetworkTimeout (89) / SocketException (9001) and closing the connection."""
+        if self._reader is None or self._writer is None:
+            self.broken = True
+            raise MongoError(9001, f"not connected to {self.address}")
+        try:
+            if timeout is None:
+                raw_header, header, payload = await self._exchange(msg)
+            else:
+                # One timer for the exchange (asyncio.timeout), not a wait_for per read:
+                # wait_for wraps each read in a new Task, two per command on the hot path.
+                async with asyncio.timeout(timeout):
                     raw_header, header, payload = await self._exchange(msg)
-                else:
-                    # One timer for the exchange (asyncio.timeout), not a wait_for per read:
-                    # wait_for wraps each read in a new Task, two per command on the hot path.
-                    async with asyncio.timeout(timeout):
-                        raw_header, header, payload = await self._exchange(msg)
-            except TimeoutError:
-                self.close()
-                raise MongoError(89, f"operation exceeded time limit talking to {self.address}") from None
-            except (OSError, asyncio.IncompleteReadError, wire.ProtocolError) as exc:
-                self.close()
-                raise MongoError(9001, f"network error while contacting {self.address} :: caused by :: "
-                                       f"{type(exc).__name__}: {exc}") from None
+        except TimeoutError:
+            self.close()
+            raise MongoError(89, f"operation exceeded time limit talking to {self.address}") from None
+        except (OSError, asyncio.IncompleteReadError, wire.ProtocolError) as exc:
+            self.close()
+            raise MongoError(9001, f"network error while contacting {self.address} :: caused by :: "
+                                   f"{type(exc).__name__}: {exc}") from None
         parsed = wire.parse_message(header, payload, raw_header)
         if isinstance(parsed, wire.BadMessage):
             raise parsed.error
@@ -77,33 +104,17 @@ class Connection:
             return parsed.body
         raise MongoError(17, "unexpected reply opcode")
 
-    async def _exchange(self, msg: bytes) -> tuple[bytes, wire.Header, bytes]:
-        """Write ``msg`` and read one reply: (raw header, parsed header, payload)."""
+    async def _exchange(self, msg: bytes | None) -> tuple[bytes, wire.Header, bytes]:
+        """Write ``msg`` (unless None: already written) and read one reply: (raw header, parsed
+        header, payload)."""
         assert self._reader is not None and self._writer is not None
-        self._writer.write(msg)
-        await self._writer.drain()
+        if msg is not None:
+            self._writer.write(msg)
+            await self._writer.drain()
         raw_header = await self._reader.readexactly(wire.HEADER_SIZE)
         header = wire.parse_header(raw_header)
         payload = await self._reader.readexactly(header.length - wire.HEADER_SIZE)
         return raw_header, header, payload
-
-    def send_no_reply(self, body: bytes) -> bool:
-        """Write one OP_MSG with raw BSON ``body`` and the ``moreToCome`` flag (the server
-        runs it and sends no reply), without waiting. Only for a connection used for nothing
-        else (a reply-less message on a connection shared with request/reply commands would be
-        fine on the wire, but this keeps the two uses apart). Returns False, and closes the
-        connection, when it is not connected or the peer has closed it (the caller then
-        reconnects with :meth:`connect`)."""
-        w = self._writer
-        if w is None or self.broken or w.is_closing() or self.peer_closed():
-            self.close()
-            return False
-        try:
-            w.write(wire.encode_op_msg(body, flags=wire.FLAG_MORE_TO_COME))
-        except (OSError, RuntimeError):
-            self.close()
-            return False
-        return True
 
     async def command(self, db: str, cmd: dict[str, Any], *, raw: bool = False,
                       check: bool = True, timeout: float | None = None) -> Any:

@@ -30,6 +30,7 @@ from typing import Any
 
 from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
 from bson.binary import Binary
+from bson.int64 import Int64
 from bson.codec_options import DEFAULT_CODEC_OPTIONS
 from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS, RawBSONDocument
 from bson.timestamp import Timestamp
@@ -117,12 +118,19 @@ class PromiseWaiters:
         self.key = 0
         self.cursors: set[ChangeStreamCursor] = set()
 
-    def request(self, key: int) -> None:
-        """Someone wants promises past ``key``: wake the waiting cursors that can give one."""
+    def request(self, key: int, reply_promises: bool = False) -> list[dict[str, Any]]:
+        """Someone wants promises past ``key``: each waiting cursor that can give one either
+        ends its getMore (the reply carries the promise), or, with ``reply_promises`` in
+        ``clock`` mode, keeps waiting and hands its promise back here (see
+        :meth:`ChangeStreamCursor._on_promise_request`). Returns those promises."""
         if key > self.key:
             self.key = key
+        out: list[dict[str, Any]] = []
         for cur in list(self.cursors):
-            cur._on_promise_request()
+            p = cur._on_promise_request(reply_promises)
+            if p is not None:
+                out.append(p)
+        return out
 
 
 def promise_waiters(node: Any) -> PromiseWaiters:
@@ -143,6 +151,16 @@ def register(node: Any) -> None:
     instead of sitting out its await time (the reply is still a real shard's: promise = newest
     oplog time). Not a MongoDB command; the router sends it (shardsim's addition, for latency
     only). Errors: TypeMismatch (14) when T is not a Timestamp. Reply ``{ok: 1}``.
+
+    With ``promises: true`` a ``clock``-mode cursor whose getMore is waiting with nothing to
+    return does not end that getMore: the reply lists its promise instead, ``promises: [{id:
+    cursor id (Int64), batches: replies this cursor has sent so far (Int64),
+    postBatchResumeToken: HWM}]``. The promise covers the cursor's replies up to ``batches``:
+    every event at or below it was in one of them, and later replies (the waiting getMore's
+    included) carry only events above it and a postBatchResumeToken at or above it. The router
+    applies it once it has read that many replies (``router/change_stream.py``); the idle
+    getMore keeps waiting, so a promise costs one request and one reply instead of a getMore
+    reply and a new getMore.
     """
     waiters = promise_waiters(node)
 
@@ -152,8 +170,9 @@ def register(node: Any) -> None:
             raise MongoError(14, f"BSON field '{NUDGE_COMMAND}' is the wrong type, expected type "
                                  "'timestamp'")
         node.clock.advance(ts)
-        waiters.request(ts_key(ts))
-        return {}
+        want = req.body.get("promises") is True
+        promises = waiters.request(ts_key(ts), want)
+        return {"promises": promises} if want else {}
 
     node.commands.register(NUDGE_COMMAND, advance)
 
@@ -195,6 +214,7 @@ class ChangeStreamCursor(Cursor):
         self.history_lost = False
         self.promise_mode = str(node.options.get("promise_mode") or "clock")
         self._wake: asyncio.Future[None] | None = None  # set while a getMore waits (_wait)
+        self.batches = 0  # replies sent (first batch included): what a promise reply covers
         self._scope_kw = self._scan_scope()
         self._waiters = promise_waiters(node)
         # Fused fast path for plain CRUD entries (fast_crud), used once the stream is past its
@@ -258,11 +278,37 @@ class ChangeStreamCursor(Cursor):
             return True
         return self.latest_scanned > self._waiters.key
 
-    def _on_promise_request(self) -> None:
+    def _on_promise_request(self, reply_promise: bool = False) -> dict[str, Any] | None:
+        """A promise past the requested time is wanted (:meth:`PromiseWaiters.request`). If
+        this cursor's getMore is waiting and could end with such a promise: with
+        ``reply_promise`` in ``clock`` mode, return ``{id, batches, postBatchResumeToken}`` and
+        let the getMore wait on (see :func:`register`); otherwise end the wait (in ``mongod``
+        mode only once an entry after the requested time exists)."""
         wake = self._wake
-        if wake is not None and not wake.done() and self._promise_requested():
-            if self.promise_mode == "clock" or self.oplog.latest_key > self._waiters.key:
+        if wake is None or wake.done() or not self._promise_requested():
+            return None
+        if self.promise_mode != "clock":
+            if self.oplog.latest_key > self._waiters.key:
                 wake.set_result(None)
+            return None
+        if not reply_promise:
+            wake.set_result(None)
+            return None
+        # What the woken getMore would do (fetch): scan, and promise only with nothing to return.
+        try:
+            self._scan(1)
+        except MongoError:
+            wake.set_result(None)  # the getMore reports it
+            return None
+        if self.pending or self.closing:
+            wake.set_result(None)
+            return None
+        self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
+        if self._promise_requested():
+            wake.set_result(None)
+            return None
+        return {"id": Int64(self.id), "batches": Int64(self.batches),
+                "postBatchResumeToken": self.pbrt}
 
     async def close(self) -> None:
         """Stop listening to the oplog (killCursors, exhaustion, failure, reaping)."""
@@ -466,6 +512,7 @@ class ChangeStreamCursor(Cursor):
             # when the scan reached the end of the oplog.
             self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
         extra = _sort_key_layout(out) if out and self.spec.needs_merge else {}
+        self.batches += 1
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra)
 
     def _set_pbrt(self, token: Any) -> None:

@@ -217,3 +217,82 @@ def test_promise_request_mongod_mode_waits_for_an_oplog_entry_past_it():
     assert out["pbrt2_ts"] > out["t2"] and out["sticky_s"] < 1.4
     assert out["next_wait_s"] >= 0.25
     assert out["bad"] == (0.0, 14)
+
+
+async def _promise_reply_scenario(mode: str) -> dict:
+    """``{_shardsimAdvanceClusterTime: T, promises: true}`` (shard/change_stream/cursor.py
+    ``register``): the router's form of the request, answered with the waiting cursors'
+    promises while their getMores keep waiting."""
+    node = ShardNode(shard_name="pq0", options={"noop_interval_ms": 400, "promise_mode": mode})
+    server = Server(node, "127.0.0.1", 0)
+    await server.start()
+    pool = Pool("127.0.0.1", server.port)
+    out: dict = {}
+    loop = asyncio.get_running_loop()
+
+    def ahead(n: int) -> Timestamp:
+        now = node.clock.now()
+        return Timestamp(now.time, now.inc + n)
+
+    try:
+        await pool.command("pq", {"insert": "c", "documents": [{"_id": 0}]})
+        r = await pool.command("pq", {"aggregate": "c", "pipeline": [{"$changeStream": {}}],
+                                      "cursor": {"batchSize": 0}, "needsMerge": True,
+                                      "fromRouter": True})
+        cid = r["cursor"]["id"]
+
+        async def get_more(max_ms: int) -> dict:
+            g = await pool.command("pq", {"getMore": Int64(cid), "collection": "c",
+                                          "maxTimeMS": max_ms})
+            return g["cursor"]
+
+        await get_more(1)  # the cursor has now sent 2 replies (first batch + this one)
+        gm = loop.create_task(get_more(1500))
+        await asyncio.sleep(0.1)
+        t = ahead(7)
+        reply = await pool.command("admin", {"_shardsimAdvanceClusterTime": t, "promises": True})
+        out["promises"] = reply["promises"]
+        out["t"] = ts_key(t)
+        out["cid"] = cid
+        await asyncio.sleep(0.1)
+        out["still_waiting"] = not gm.done()
+        # A write ends the waiting getMore: its event sorts after the promise just given.
+        await pool.command("pq", {"insert": "c", "documents": [{"_id": 1}]})
+        cur = await gm
+        out["events"] = [e["_id"]["_data"] for e in cur["nextBatch"]]
+        out["pbrt"] = cur["postBatchResumeToken"]["_data"]
+        # No getMore waiting: nothing to promise in the reply, but the request is sticky.
+        t2 = ahead(3)
+        reply2 = await pool.command("admin", {"_shardsimAdvanceClusterTime": t2, "promises": True})
+        out["promises2"] = reply2["promises"]
+        t0 = loop.time()
+        cur2 = await get_more(1500)
+        out["sticky_s"] = loop.time() - t0
+        out["pbrt2_ts"] = int(cur2["postBatchResumeToken"]["_data"][2:18], 16)
+        out["t2"] = ts_key(t2)
+    finally:
+        pool.close()
+        await server.close()
+    return out
+
+
+def test_promise_reply_clock_mode_promises_and_leaves_the_getmore_waiting():
+    out = asyncio.run(_promise_reply_scenario("clock"))
+    [p] = out["promises"]
+    assert p["id"] == out["cid"] and p["batches"] == 2
+    promised = p["postBatchResumeToken"]["_data"]
+    assert int(promised[2:18], 16) > out["t"]  # HWM(> T): passes an event at T
+    assert out["still_waiting"] is True
+    assert len(out["events"]) == 1 and out["events"][0] > promised  # resume-token order
+    assert out["pbrt"] >= out["events"][0]
+    assert out["promises2"] == []
+    assert out["sticky_s"] < 0.3 and out["pbrt2_ts"] > out["t2"]
+
+
+def test_promise_reply_mongod_mode_has_no_promises():
+    # mongod mode can promise only its newest oplog time: the getMore still ends at the next
+    # entry past T (the periodic no-op), as with the one-way form.
+    out = asyncio.run(_promise_reply_scenario("mongod"))
+    assert out["promises"] == []
+    assert int(out["pbrt"][2:18], 16) > out["t"]
+    assert out["sticky_s"] < 1.4 and out["pbrt2_ts"] > out["t2"]

@@ -685,11 +685,10 @@ def test_router_prefetches_a_remote_backlog_while_the_client_reads(h):
         assert got == list(range(1, 2 * REMOTE_BATCH_SIZE + 100))
 
 
-def test_promise_requests_are_one_way_coalesced_and_survive_a_closed_channel(h):
-    """router/change_stream.py ``_send_promise_request``: requests go out as ``moreToCome``
-    OP_MSGs on one kept connection per shard (the shard runs them and sends nothing back), at
-    most one per ``PROMISE_REQUEST_INTERVAL_MS`` per shard with the newest time wanted sent when
-    the interval ends, and a channel the shard closed is replaced by a new connection."""
+def test_promise_requests_one_at_a_time_coalesced_and_survive_a_closed_channel(h):
+    """router/change_stream.py ``_send_promise_request``: requests go out on one kept connection
+    per shard, one at a time; what is wanted while one is out is coalesced into the newest time,
+    sent when its reply is in; a channel the shard closed is replaced by a new connection."""
     from router import change_stream as cs
 
     sh = h.shards[1]
@@ -699,24 +698,23 @@ def test_promise_requests_are_one_way_coalesced_and_survive_a_closed_channel(h):
     async def burst(keys):
         for k in keys:
             cs._send_promise_request(h.router, pool, addr, k)
-        await asyncio.sleep(0.2)  # connect + interval + the shard running them
+        await asyncio.sleep(0.2)  # connect + the shard answering them
 
     base = ts_key(Timestamp(2_000_000_000, 1))
     h.call(burst, [base, base + 1, base + 2, base + 3])
     got = h.do(lambda: [ts_key(t) for t in sh.requests])
-    # The first waits for the connection, then only the newest wanted time goes out.
-    assert got == [base + 3], got
+    # The first goes out at once; of the rest, only the newest wanted once its reply is in.
+    assert got == [base, base + 3], got
     state = cs._promise_requests(h.router)
     conn = state.channels[addr]
-    assert conn._writer is not None and conn._reader is not None
-    assert conn._reader._buffer == b""  # nothing came back: no reply to a moreToCome request
+    assert state.pending == {} and state.want == {}
 
     h.call(burst, [base + 4, base + 5, base + 6])
     got = h.do(lambda: [ts_key(t) for t in sh.requests])
-    assert got == [base + 3, base + 4, base + 6], got  # one now, the newest at the interval end
+    assert got == [base, base + 3, base + 4, base + 6], got
 
     h.call(burst, [base + 5])  # not newer than what was asked: nothing sent
-    assert h.do(lambda: len(sh.requests)) == 3
+    assert h.do(lambda: len(sh.requests)) == 4
 
     # The shard closes the channel (e.g. it restarted): the next request opens a new one.
     async def close_server_side():
@@ -733,29 +731,3 @@ def test_promise_requests_are_one_way_coalesced_and_survive_a_closed_channel(h):
     assert state.channels == {}
 
 
-def test_send_no_reply_keeps_the_connection_usable():
-    """shardsim/client.py ``Connection.send_no_reply``: the server runs a ``moreToCome``
-    command without replying, and request/reply commands on the same connection still pair up."""
-    from shardsim.client import Connection
-
-    async def run():
-        node = FakeShard("s", 0)
-        srv = Server(node, "127.0.0.1", 0)
-        await srv.start()
-        conn = Connection("127.0.0.1", srv.port)
-        await conn.connect()
-        try:
-            ts = Timestamp(2_000_000_000, 5)
-            assert conn.send_no_reply(bson.encode({"_shardsimAdvanceClusterTime": ts, "$db": "admin"}))
-            reply = await conn.command("admin", {"ping": 1})
-            assert reply["ok"] == 1.0
-            assert node.requests == [ts]
-            assert node.clock.now_key() >= ts_key(ts)
-            await srv.close()
-            await asyncio.sleep(0.05)
-            assert conn.send_no_reply(bson.encode({"ping": 1, "$db": "admin"})) is False
-        finally:
-            conn.close()
-            await srv.close()
-
-    asyncio.run(run())
