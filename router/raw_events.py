@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import bisect
 import struct
-from itertools import accumulate, repeat
-from operator import add, sub
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from shardsim.cursors import ONE_BY_ONE_OP_ELEMENTS
 from shardsim.cursors import SORT_KEY_LAYOUT_FIELD as LAYOUT_CHECKED_FIELD
@@ -418,42 +418,54 @@ def _typebits_ok(raw: bytes, p: int, id_end: int) -> bool:
     return p + 16 + _i32.unpack_from(raw, p + 11)[0] == id_end - 1 and raw[id_end - 1] == 0
 
 
-_HEADER_LENGTHS: list[int] = []  # 2 + len(str(i)): the array element header of index i
+_HEADER_LENGTHS = np.zeros(0, dtype=np.int64)  # 2 + len(str(i)): array element header of index i
+_TAIL_LEN = len(_TAIL_HEAD) + 7  # the $sortKey element's head (see _tail_head)
+_I4 = np.arange(4, dtype=np.int64)
+_TAIL_RANGE = np.arange(_TAIL_LEN, dtype=np.int64)
+
+
+def _header_lengths(n: int) -> np.ndarray:
+    global _HEADER_LENGTHS
+    if len(_HEADER_LENGTHS) < n:
+        _HEADER_LENGTHS = np.array([2 + len(str(i)) for i in range(max(n, 2 * len(_HEADER_LENGTHS)))],
+                                   dtype=np.int64)
+    return _HEADER_LENGTHS[:n]
 
 
 def block_from_sizes(raw: bytes, a: int, stop: int, sizes: bytes) -> Block | None:
     """A :class:`Block` from the event and ``_id`` sizes the shard sent with a batch it vouched
-    for (``SORT_KEY_SIZES_FIELD``): offsets by running sums computed in C, then checked
-    against the bytes (every document's and ``_id``'s length prefix, each ``$sortKey``
-    element's head where those lengths put it, the array's end). None when anything disagrees
-    (the caller then parses the batch itself)."""
+    for (``SORT_KEY_SIZES_FIELD``): offsets by running sums, then checked against the bytes
+    (every document's and ``_id``'s length prefix, each ``$sortKey`` element's head where those
+    lengths put it, the array's end), all as whole-array numpy operations (no Python step per
+    event). None when anything disagrees (the caller then parses the batch itself)."""
     n, odd = divmod(len(sizes), 8)
-    if odd or not n:
+    if odd or not n or stop > len(raw):
         return None
-    lens = struct.unpack_from(f"<{n}i", sizes, 0)
-    ids = struct.unpack_from(f"<{n}i", sizes, 4 * n)
-    hl = _HEADER_LENGTHS
-    if len(hl) < n:
-        hl.extend(2 + len(str(i)) for i in range(len(hl), n))
-    hl = hl[:n]
-    elems = list(accumulate(map(add, hl, lens), initial=a))  # where element i starts (+ end)
-    if elems[-1] != stop:
+    v = np.frombuffer(sizes, dtype="<i4").astype(np.int64)
+    lens, ids = v[:n], v[n:]
+    # An event is at least: length, "_id" element head, the _id document, the $sortKey element
+    # (its head, the _id again, two NULs) and its own NUL; so every offset below stays inside
+    # raw[a:stop] once the running sum ends at stop.
+    if int(ids.min()) < 5 or bool((lens < 2 * ids + 28).any()):
         return None
-    starts = list(map(add, elems, hl))
-    # $sortKey: 0x04 "$sortKey\0" int32 0x03 "0\0" <_id doc> 0x00, then the event's 0x00
-    cuts = list(map(sub, map(add, starts, lens), map(add, ids, repeat(19))))
-    unpack = _i32.unpack_from
-    for il in set(ids):
-        _tail_head(il)  # cache the $sortKey element heads looked up below
-    tails = _TAILS
-    try:
-        if ([unpack(raw, d)[0] for d in starts] != list(lens)
-                or [unpack(raw, d + 9)[0] for d in starts] != list(ids)
-                or not all(map(raw.startswith, map(tails.__getitem__, ids), cuts))):
+    ends = np.cumsum(_header_lengths(n) + lens)
+    ends += a
+    if int(ends[-1]) != stop:
+        return None
+    starts = ends - lens
+    cuts = ends - ids - 19
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    if not (np.array_equal(buf[starts[:, None] + _I4].view("<i4").ravel(), lens)
+            and np.array_equal(buf[starts[:, None] + (_I4 + 9)].view("<i4").ravel(), ids)):
+        return None
+    heads = buf[cuts[:, None] + _TAIL_RANGE]  # (n, _TAIL_LEN)
+    lengths = np.unique(ids)  # usually one: every _id token of a batch has the same length
+    for il in lengths.tolist():
+        want = np.frombuffer(_tail_head(il), dtype=np.uint8)
+        rows = heads if len(lengths) == 1 else heads[ids == il]
+        if not (rows == want).all():
             return None
-        return Block(raw, starts, cuts, 0, n)
-    except (struct.error, MongoError):
-        return None
+    return Block(raw, starts.tolist(), cuts.tolist(), 0, n)
 
 
 def parse_block(raw: bytes, a: int, stop: int) -> Block | None:

@@ -268,6 +268,13 @@ def test_a_batch_with_the_shards_sizes_is_located_without_a_walk_and_checked_aga
         assert block_from_sizes(raw, a, stop, struct.pack(f"<{len(bad)}i", *bad)) is None
     assert block_from_sizes(raw, a, stop, sizes[:-4]) is None
     assert block_from_sizes(raw, a, stop, b"") is None
+    # sizes that would put an offset outside the array (negative, or an _id as big as the
+    # event) are refused before any byte is read
+    n = len(docs)
+    for bad in ([-lens[0]] + lens[1:], lens[:n] + [lens[0]] + lens[n + 1:],
+                lens[:n] + [-3] + lens[n + 1:]):
+        assert block_from_sizes(raw, a, stop, struct.pack(f"<{len(bad)}i", *bad)) is None
+    assert block_from_sizes(raw, a, len(raw) + 1, sizes) is None
     # consistent sizes, but the last element of one event is not $sortKey
     renamed = raw.replace(b"\x04$sortKey\x00", b"\x04$sortKez\x00", 1)
     assert block_from_sizes(renamed, a, stop, sizes) is None
