@@ -26,8 +26,11 @@ import collections
 import struct
 import itertools
 import operator
+from itertools import chain, repeat
+from operator import add
 from typing import Any
 
+import numpy as np
 from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
 from bson.binary import Binary
 from bson.int64 import Int64
@@ -67,6 +70,7 @@ _INTERNAL_SLACK = 16 * 1024
 # At most this many events are produced per scan call ahead of the batch being filled.
 _SCAN_AHEAD = 512
 _DOC = operator.itemgetter(0)
+_TOKEN = operator.itemgetter(1)
 _SIZE = operator.itemgetter(2)
 
 
@@ -460,6 +464,7 @@ class ChangeStreamCursor(Cursor):
         else:
             limit = batch_size
         out: list[Any] = []
+        taken: list[Any] = []  # out's (event, token, size) entries, for _sort_key_layout
         size = 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000.0
@@ -475,6 +480,7 @@ class ChangeStreamCursor(Cursor):
                 add = sum(map(_SIZE, pending)) + array_header_bytes(k, k + n)
                 if size + add <= BATCH_BYTES_LIMIT:
                     out.extend(map(_DOC, pending))
+                    taken.extend(pending)
                     last = pending[-1][1]
                     pending.clear()
                     size += add
@@ -484,7 +490,7 @@ class ChangeStreamCursor(Cursor):
                 if out and size + sz > BATCH_BYTES_LIMIT:
                     full = True
                     break
-                pending.popleft()
+                taken.append(pending.popleft())
                 out.append(doc)
                 size += sz
                 last = token
@@ -511,7 +517,7 @@ class ChangeStreamCursor(Cursor):
             # Entries up to latest_scanned are fully returned; the clock may be promised only
             # when the scan reached the end of the oplog.
             self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
-        extra = _sort_key_layout(out) if out and self.spec.needs_merge else {}
+        extra = _sort_key_layout(taken) if out and self.spec.needs_merge else {}
         self.batches += 1
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra)
 
@@ -553,25 +559,37 @@ class ChangeStreamCursor(Cursor):
             waiters.cursors.discard(self)
 
 
-def _sort_key_layout(docs: list[Any]) -> dict[str, Any]:
+def _sort_key_layout(taken: list[Any]) -> dict[str, Any]:
     """The cursor reply fields that vouch for a ``needsMerge`` batch's layout (see
     ``shardsim/cursors.py`` SORT_KEY_LAYOUT_FIELD / SORT_KEY_SIZES_FIELD), or ``{}``: every
     event starts with ``_id`` (no transaction fields before it, no user stage moved it; ``_emit``
     and fast_crud put ``$sortKey`` last) and none is ``invalidate``/``kNewShardDetected``
-    (the router handles those one by one)."""
-    raws = [d.raw for d in docs]
-    if not all(r.startswith(_ID_FIRST, 4) for r in raws):
-        return {}
-    unpack = _I32.unpack_from
-    ids = [unpack(r, 9)[0] for r in raws]
-    if any(r.startswith(ONE_BY_ONE_OP_ELEMENTS, 9 + il) for r, il in zip(raws, ids)):
-        return {}
-    n = len(raws)
-    sizes = struct.pack(f"<{2 * n}i", *map(len, raws), *ids)
-    return {SORT_KEY_LAYOUT_FIELD: True, SORT_KEY_SIZES_FIELD: Binary(sizes, 0)}
+    (the router handles those one by one). ``taken``: the batch's pending entries (event,
+    token, size). Events of the fast path (:mod:`.fast_crud`; their token is the ``_id``
+    document's bytes) have that layout by construction, so a batch of only those is vouched
+    for from the sizes it already knows; others are checked byte by byte."""
+    n = len(taken)
+    toks = list(map(_TOKEN, taken))
+    if set(map(type, toks)) == {bytes}:
+        lens = np.fromiter(map(_SIZE, taken), dtype="<i4", count=n)
+        ids = np.fromiter(map(len, toks), dtype="<i4", count=n)
+    else:
+        # (map over C callables, not generator steps: a batch can hold thousands of events)
+        raws = list(map(_RAW, map(_DOC, taken)))
+        if not all(map(bytes.startswith, raws, repeat(_ID_FIRST), repeat(4))):
+            return {}
+        id_lens = list(chain.from_iterable(map(_I32.unpack_from, raws, repeat(9))))
+        if any(map(bytes.startswith, raws, repeat(ONE_BY_ONE_OP_ELEMENTS),
+                   map(add, id_lens, repeat(9)))):
+            return {}
+        lens = np.fromiter(map(len, raws), dtype="<i4", count=n)
+        ids = np.array(id_lens, dtype="<i4")
+    return {SORT_KEY_LAYOUT_FIELD: True,
+            SORT_KEY_SIZES_FIELD: Binary(lens.tobytes() + ids.tobytes(), 0)}
 
 
 _I32 = struct.Struct("<i")
+_RAW = operator.attrgetter("raw")
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
