@@ -432,15 +432,23 @@ def _header_lengths(n: int) -> np.ndarray:
     return _HEADER_LENGTHS[:n]
 
 
+# Below this many events a vouched batch is checked event by event: numpy's fixed cost per call
+# (~45 us for the whole check) is more than the per-event Python steps (~0.5 us each).
+NUMPY_MIN_EVENTS = 100
+
+
 def block_from_sizes(raw: bytes, a: int, stop: int, sizes: bytes) -> Block | None:
     """A :class:`Block` from the event and ``_id`` sizes the shard sent with a batch it vouched
     for (``SORT_KEY_SIZES_FIELD``): offsets by running sums, then checked against the bytes
     (every document's and ``_id``'s length prefix, each ``$sortKey`` element's head where those
-    lengths put it, the array's end), all as whole-array numpy operations (no Python step per
-    event). None when anything disagrees (the caller then parses the batch itself)."""
+    lengths put it, the array's end): for a batch of ``NUMPY_MIN_EVENTS`` or more as
+    whole-array numpy operations, for a smaller one (a live stream's usual batch) event by
+    event. None when anything disagrees (the caller then parses the batch itself)."""
     n, odd = divmod(len(sizes), 8)
     if odd or not n or stop > len(raw):
         return None
+    if n < NUMPY_MIN_EVENTS:
+        return _small_block_from_sizes(raw, a, stop, sizes, n)
     v = np.frombuffer(sizes, dtype="<i4").astype(np.int64)
     lens, ids = v[:n], v[n:]
     # An event is at least: length, "_id" element head, the _id document, the $sortKey element
@@ -466,6 +474,34 @@ def block_from_sizes(raw: bytes, a: int, stop: int, sizes: bytes) -> Block | Non
         if not (rows == want).all():
             return None
     return Block(raw, starts.tolist(), cuts.tolist(), 0, n)
+
+
+def _small_block_from_sizes(raw: bytes, a: int, stop: int, sizes: bytes, n: int) -> Block | None:
+    """:func:`block_from_sizes` for a few events: the same checks, one Python step each."""
+    v = struct.unpack_from(f"<{2 * n}i", sizes, 0)
+    lens, ids = v[:n], v[n:]
+    if min(ids) < 5 or any(ln < 2 * il + 28 for ln, il in zip(lens, ids)):
+        return None
+    hl = _header_lengths(n).tolist()
+    starts: list[int] = []
+    cuts: list[int] = []
+    pos = a
+    unpack = _i32.unpack_from
+    try:
+        for h, ln, il in zip(hl, lens, ids):
+            s = pos + h
+            pos = s + ln
+            cut = pos - il - 19
+            if (pos > stop or unpack(raw, s)[0] != ln or unpack(raw, s + 9)[0] != il
+                    or not raw.startswith(_tail_head(il), cut)):
+                return None
+            starts.append(s)
+            cuts.append(cut)
+    except struct.error:
+        return None
+    if pos != stop:
+        return None
+    return Block(raw, starts, cuts, 0, n)
 
 
 def parse_block(raw: bytes, a: int, stop: int) -> Block | None:

@@ -30,7 +30,6 @@ from itertools import chain, repeat
 from operator import add
 from typing import Any
 
-import numpy as np
 from bson import _dict_to_bson  # C-accelerated encoder; top_level=False keeps field order
 from bson.binary import Binary
 from bson.int64 import Int64
@@ -571,8 +570,7 @@ def _sort_key_layout(taken: list[Any]) -> dict[str, Any]:
     n = len(taken)
     toks = list(map(_TOKEN, taken))
     if set(map(type, toks)) == {bytes}:
-        lens = np.fromiter(map(_SIZE, taken), dtype="<i4", count=n)
-        ids = np.fromiter(map(len, toks), dtype="<i4", count=n)
+        sizes = struct.pack(f"<{2 * n}i", *map(_SIZE, taken), *map(len, toks))
     else:
         # (map over C callables, not generator steps: a batch can hold thousands of events)
         raws = list(map(_RAW, map(_DOC, taken)))
@@ -582,10 +580,8 @@ def _sort_key_layout(taken: list[Any]) -> dict[str, Any]:
         if any(map(bytes.startswith, raws, repeat(ONE_BY_ONE_OP_ELEMENTS),
                    map(add, id_lens, repeat(9)))):
             return {}
-        lens = np.fromiter(map(len, raws), dtype="<i4", count=n)
-        ids = np.array(id_lens, dtype="<i4")
-    return {SORT_KEY_LAYOUT_FIELD: True,
-            SORT_KEY_SIZES_FIELD: Binary(lens.tobytes() + ids.tobytes(), 0)}
+        sizes = struct.pack(f"<{2 * n}i", *map(len, raws), *id_lens)
+    return {SORT_KEY_LAYOUT_FIELD: True, SORT_KEY_SIZES_FIELD: Binary(sizes, 0)}
 
 
 _I32 = struct.Struct("<i")

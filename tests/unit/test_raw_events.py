@@ -239,12 +239,14 @@ def test_a_mark_without_sizes_is_not_trusted_the_batch_is_checked_in_full():
     assert split_cursor(broken, "nextBatch") is None
 
 
-def test_a_batch_with_the_shards_sizes_is_located_without_a_walk_and_checked_against_the_bytes():
+@pytest.mark.parametrize("count", [130, 12])  # the numpy check, and the one for small batches
+def test_a_batch_with_the_shards_sizes_is_located_without_a_walk_and_checked_against_the_bytes(count):
     import struct
 
-    from router.raw_events import block_from_sizes
+    from router.raw_events import NUMPY_MIN_EVENTS, block_from_sizes
     from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
-    evs = [event(100 + i, IDS[i % len(IDS)], pad=i * 3) for i in range(130)]
+    assert (count >= NUMPY_MIN_EVENTS) == (count == 130)
+    evs = [event(100 + i, IDS[i % len(IDS)], pad=i * 3) for i in range(count)]
     docs = [bson.encode(e) for e in evs]
     sizes = struct.pack(f"<{2 * len(docs)}i", *map(len, docs),
                         *(len(bson.encode(e["_id"])) for e in evs))
