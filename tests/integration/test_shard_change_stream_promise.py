@@ -13,6 +13,7 @@ every postBatchResumeToken it returned before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import uuid
 
@@ -138,38 +139,56 @@ def _sig() -> dict:
     return {"hash": b"\0" * 20, "keyId": Int64(0)}
 
 
-async def _request_scenario(mode: str) -> dict:
-    """A change-stream getMore waiting on an idle shard, and the router's promise request."""
-    node = ShardNode(shard_name="pr0", options={"noop_interval_ms": 400, "promise_mode": mode})
+@contextlib.asynccontextmanager
+async def _idle_stream(db: str, mode: str):
+    """A shard in promise ``mode`` (no-op every 400 ms) with one document in ``<db>.c`` and a
+    ``needsMerge`` change-stream cursor on it, as the router opens one. Yields (node, pool,
+    cursor id, get_more) where ``await get_more(max_ms)`` is (seconds, cursor reply)."""
+    node = ShardNode(shard_name=f"{db}0", options={"noop_interval_ms": 400, "promise_mode": mode})
     server = Server(node, "127.0.0.1", 0)
     await server.start()
     pool = Pool("127.0.0.1", server.port)
-    out: dict = {}
     loop = asyncio.get_running_loop()
     try:
-        await pool.command("pr", {"insert": "c", "documents": [{"_id": 0}]})
-        r = await pool.command("pr", {"aggregate": "c", "pipeline": [{"$changeStream": {}}],
-                                      "cursor": {"batchSize": 0}, "needsMerge": True,
-                                      "fromRouter": True})
+        await pool.command(db, {"insert": "c", "documents": [{"_id": 0}]})
+        r = await pool.command(db, {"aggregate": "c", "pipeline": [{"$changeStream": {}}],
+                                    "cursor": {"batchSize": 0}, "needsMerge": True,
+                                    "fromRouter": True})
         cid = r["cursor"]["id"]
 
         async def get_more(max_ms: int) -> tuple[float, dict]:
             t0 = loop.time()
-            g = await pool.command("pr", {"getMore": Int64(cid), "collection": "c",
-                                          "maxTimeMS": max_ms})
+            g = await pool.command(db, {"getMore": Int64(cid), "collection": "c",
+                                        "maxTimeMS": max_ms})
             return loop.time() - t0, g["cursor"]
 
+        yield node, pool, cid, get_more
+    finally:
+        pool.close()
+        await server.close()
+
+
+def _ahead(node: ShardNode, n: int) -> Timestamp:
+    """A time ``n`` ticks past the shard's cluster time (another shard's event)."""
+    now = node.clock.now()
+    return Timestamp(now.time, now.inc + n)
+
+
+async def _request_scenario(mode: str) -> dict:
+    """A change-stream getMore waiting on an idle shard, and the router's promise request."""
+    out: dict = {}
+    loop = asyncio.get_running_loop()
+    async with _idle_stream("pr", mode) as (node, pool, cid, get_more):
         await get_more(1)  # settle the promise
         # Gossip alone (a ping carrying a newer $clusterTime) does not cut a getMore short.
         gm = loop.create_task(get_more(1500))
         await asyncio.sleep(0.1)
-        ahead = Timestamp(node.clock.now().time, node.clock.now().inc + 5)
-        await pool.command("admin", {"ping": 1, "$clusterTime": {"clusterTime": ahead,
+        await pool.command("admin", {"ping": 1, "$clusterTime": {"clusterTime": _ahead(node, 5),
                                                                  "signature": _sig()}})
         await asyncio.sleep(0.1)
         out["ping_woke"] = gm.done()
         # The promise request does: T = a time past the shard's clock (another shard's event).
-        t = Timestamp(node.clock.now().time, node.clock.now().inc + 7)
+        t = _ahead(node, 7)
         t_req = loop.time()
         await pool.command("admin", {"_shardsimAdvanceClusterTime": t})
         elapsed, cur = await gm
@@ -179,7 +198,7 @@ async def _request_scenario(mode: str) -> dict:
         out["pbrt_ts"] = int(cur["postBatchResumeToken"]["_data"][2:18], 16)
         out["t"] = ts_key(t)
         # Sticky: a request that arrives before the getMore still applies to it.
-        t2 = Timestamp(node.clock.now().time, node.clock.now().inc + 3)
+        t2 = _ahead(node, 3)
         await pool.command("admin", {"_shardsimAdvanceClusterTime": t2})
         elapsed2, cur2 = await get_more(1500)
         out["sticky_s"] = elapsed2
@@ -190,9 +209,6 @@ async def _request_scenario(mode: str) -> dict:
         out["next_wait_s"] = elapsed3
         bad = await pool.command("admin", {"_shardsimAdvanceClusterTime": 1}, check=False)
         out["bad"] = (bad["ok"], bad.get("code"))
-    finally:
-        pool.close()
-        await server.close()
     return out
 
 
@@ -223,33 +239,13 @@ async def _promise_reply_scenario(mode: str) -> dict:
     """``{_shardsimAdvanceClusterTime: T, promises: true}`` (shard/change_stream/cursor.py
     ``register``): the router's form of the request, answered with the waiting cursors'
     promises while their getMores keep waiting."""
-    node = ShardNode(shard_name="pq0", options={"noop_interval_ms": 400, "promise_mode": mode})
-    server = Server(node, "127.0.0.1", 0)
-    await server.start()
-    pool = Pool("127.0.0.1", server.port)
     out: dict = {}
     loop = asyncio.get_running_loop()
-
-    def ahead(n: int) -> Timestamp:
-        now = node.clock.now()
-        return Timestamp(now.time, now.inc + n)
-
-    try:
-        await pool.command("pq", {"insert": "c", "documents": [{"_id": 0}]})
-        r = await pool.command("pq", {"aggregate": "c", "pipeline": [{"$changeStream": {}}],
-                                      "cursor": {"batchSize": 0}, "needsMerge": True,
-                                      "fromRouter": True})
-        cid = r["cursor"]["id"]
-
-        async def get_more(max_ms: int) -> dict:
-            g = await pool.command("pq", {"getMore": Int64(cid), "collection": "c",
-                                          "maxTimeMS": max_ms})
-            return g["cursor"]
-
+    async with _idle_stream("pq", mode) as (node, pool, cid, get_more):
         await get_more(1)  # the cursor has now sent 2 replies (first batch + this one)
         gm = loop.create_task(get_more(1500))
         await asyncio.sleep(0.1)
-        t = ahead(7)
+        t = _ahead(node, 7)
         reply = await pool.command("admin", {"_shardsimAdvanceClusterTime": t, "promises": True})
         out["promises"] = reply["promises"]
         out["t"] = ts_key(t)
@@ -258,21 +254,16 @@ async def _promise_reply_scenario(mode: str) -> dict:
         out["still_waiting"] = not gm.done()
         # A write ends the waiting getMore: its event sorts after the promise just given.
         await pool.command("pq", {"insert": "c", "documents": [{"_id": 1}]})
-        cur = await gm
+        _, cur = await gm
         out["events"] = [e["_id"]["_data"] for e in cur["nextBatch"]]
         out["pbrt"] = cur["postBatchResumeToken"]["_data"]
         # No getMore waiting: nothing to promise in the reply, but the request is sticky.
-        t2 = ahead(3)
+        t2 = _ahead(node, 3)
         reply2 = await pool.command("admin", {"_shardsimAdvanceClusterTime": t2, "promises": True})
         out["promises2"] = reply2["promises"]
-        t0 = loop.time()
-        cur2 = await get_more(1500)
-        out["sticky_s"] = loop.time() - t0
+        out["sticky_s"], cur2 = await get_more(1500)
         out["pbrt2_ts"] = int(cur2["postBatchResumeToken"]["_data"][2:18], 16)
         out["t2"] = ts_key(t2)
-    finally:
-        pool.close()
-        await server.close()
     return out
 
 
