@@ -80,3 +80,10 @@ def direct_client(host: str) -> MongoClient:
 
 def ratio(x: float, base: float) -> str:
     return f"{x / base:.2f}x" if base else "n/a"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (s), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -17,16 +17,9 @@ import time
 import bson
 from pymongo import MongoClient
 
-from _common import (DB, cluster_time, direct_client, insert_backlog, machine, ratio,
+from _common import (DB, cluster_time, cpu_seconds, direct_client, insert_backlog, machine, ratio,
                      read_events, spread_collection, spread_ids)
 from shardsim.launcher import Cluster
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (s), from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

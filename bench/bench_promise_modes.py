@@ -13,7 +13,8 @@ them (``_shardsimAdvanceClusterTime``) for a promise past the event's cluster ti
 next periodic no-op (bounded by the no-op interval, as on a real cluster).
 
 Usage: ``python bench/bench_promise_modes.py [--clock-samples N] [--mongod-samples N]
-[--noop-ms MS]``. Prints p50/p95/p99/max latency per mode and the ratio mongod/clock of the
+[--noop-ms MS]``. Prints p50/p95/p99/max latency per mode (and, for ``clock``, each process's CPU
+per sample) and the ratio mongod/clock of the
 medians. No assertion: figures only.
 """
 
@@ -30,14 +31,16 @@ import pymongo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import machine  # noqa: E402  (also puts the project root on sys.path)
+from _common import cpu_seconds, machine  # noqa: E402  (also puts the project root on sys.path)
 from shardsim.launcher import Cluster  # noqa: E402
 
 
-def measure(mode: str, samples: int, noop_ms: int, max_gap_ms: float, seed: int = 7) -> list[float]:
+def measure(mode: str, samples: int, noop_ms: int, max_gap_ms: float, seed: int = 7,
+            cpu: dict[str, float] | None = None) -> list[float]:
     """Latencies in seconds for ``samples`` single inserts with two idle shards; before each
     insert the bench sleeps a random 0..``max_gap_ms`` so inserts hit every phase of the idle
-    shards' await and no-op cycles."""
+    shards' await and no-op cycles. ``cpu``, when given, receives each role process's CPU
+    seconds over the samples (``client``: this process), idle time between samples included."""
     rng = random.Random(seed)
     args = ["--promise-mode", mode, "--noop-interval-ms", str(noop_ms)]
     with Cluster(shards=3, shard_args=args) as cluster:
@@ -47,8 +50,11 @@ def measure(mode: str, samples: int, noop_ms: int, max_gap_ms: float, seed: int 
             coll = client.bench.lat
             coll.insert_one({"_id": -1, "k": 0})
             out: list[float] = []
+            pids = {p.name: p.proc.pid for p in cluster.processes}
             with coll.watch(max_await_time_ms=1000) as stream:
                 stream.try_next()
+                before = {k: cpu_seconds(p) for k, p in pids.items()}
+                c0 = time.process_time()
                 for i in range(samples):
                     time.sleep(rng.random() * max_gap_ms / 1000)
                     t0 = time.perf_counter()
@@ -58,6 +64,9 @@ def measure(mode: str, samples: int, noop_ms: int, max_gap_ms: float, seed: int 
                         change = stream.try_next()
                     out.append(time.perf_counter() - t0)
                     assert change["documentKey"]["_id"] == i
+                if cpu is not None:
+                    cpu.update({k: cpu_seconds(p) - before[k] for k, p in pids.items()})
+                    cpu["client"] = time.process_time() - c0
             return out
         finally:
             client.close()
@@ -85,9 +94,13 @@ def main() -> None:
     plan = {"clock": (a.clock_samples, a.noop_ms / 4), "mongod": (a.mongod_samples, a.noop_ms)}
     for mode, (n, gap) in plan.items():
         t0 = time.perf_counter()
-        results[mode] = measure(mode, n, a.noop_ms, gap)
+        cpu: dict[str, float] = {}
+        results[mode] = measure(mode, n, a.noop_ms, gap, cpu=cpu)
         print(f"{mode:7s} insert-to-event latency, 2 idle shards, noop {a.noop_ms} ms, {n} samples "
               f"({time.perf_counter() - t0:.0f} s): {summary(results[mode])}", flush=True)
+        if mode == "clock":
+            print("        CPU ms per sample (idle gaps included): " + ", ".join(
+                f"{k} {v / n * 1000:.2f}" for k, v in sorted(cpu.items())), flush=True)
     ratio = statistics.median(results["mongod"]) / max(1e-9, statistics.median(results["clock"]))
     print(f"p50 latency ratio mongod/clock: {ratio:.1f}x")
 
