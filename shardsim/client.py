@@ -9,7 +9,6 @@ change events as raw bytes (never decoding what it only passes on). Network fail
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 import bson
@@ -21,24 +20,6 @@ from shardsim.errors import MongoError
 from shardsim.node import CODEC, decode
 
 RAW_CODEC = CodecOptions(document_class=RawBSONDocument)
-
-# The directory where a local cluster's processes also listen on Unix domain sockets, named as
-# mongod names its own (``mongodb-<port>.sock``); set by the launcher for its child processes.
-UNIX_SOCKET_DIR_ENV = "SHARDSIM_UNIX_SOCKET_DIR"
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-_SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the terminating NUL
-
-
-def unix_socket_path(host: str, port: int) -> str | None:
-    """The Unix domain socket of the cluster member at ``host:port`` when it runs on this
-    machine under a launcher that set ``SHARDSIM_UNIX_SOCKET_DIR`` (its processes listen there
-    too, see :class:`shardsim.server.Server`), else None. Cluster members talk over it instead
-    of loopback TCP: a message costs about a third of the CPU, and the bytes are the same."""
-    d = os.environ.get(UNIX_SOCKET_DIR_ENV)
-    if not d or host not in _LOOPBACK or not port:
-        return None
-    path = os.path.join(d, f"mongodb-{port}.sock")
-    return path if len(path.encode()) <= _SUN_PATH_MAX else None
 
 
 class Connection:
@@ -57,16 +38,6 @@ class Connection:
         return f"{self.host}:{self.port}"
 
     async def connect(self, timeout: float = 5.0) -> None:
-        """Open the connection: over the member's Unix domain socket when it has one
-        (:func:`unix_socket_path`), else TCP. Raises HostUnreachable (6) when neither works."""
-        path = unix_socket_path(self.host, self.port)
-        if path is not None and os.path.exists(path):
-            try:
-                self._reader, self._writer = await asyncio.wait_for(
-                    asyncio.open_unix_connection(path, limit=2 ** 20), timeout)
-                return
-            except (OSError, asyncio.TimeoutError):
-                pass  # e.g. a socket file left by a killed process: TCP decides
         try:
             self._reader, self._writer = await asyncio.wait_for(
                 asyncio.open_connection(self.host, self.port, limit=2 ** 20), timeout)

@@ -25,7 +25,6 @@ import tempfile
 import time
 from typing import Any, Sequence
 
-from shardsim.client import UNIX_SOCKET_DIR_ENV
 from shardsim.procs import READY_RE, OwnedPopen, RoleProcess, port_in_use
 
 
@@ -117,9 +116,7 @@ class Cluster:
     def _proc(self, module: str, args: list[str], name: str) -> RoleProcess:
         log_path = os.path.join(self.base_dir, f"{name}.log")
         cls = FileRoleProcess if self.detach else RoleProcess
-        # The members also listen on Unix domain sockets in base_dir, and talk over them.
-        return cls(module, args, name=name, log_path=log_path,
-                   env={UNIX_SOCKET_DIR_ENV: self.base_dir})
+        return cls(module, args, name=name, log_path=log_path)
 
     def _dbpath(self, name: str) -> list[str]:
         if not self.durable:

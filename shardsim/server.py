@@ -19,7 +19,6 @@ from typing import Any
 from bson.raw_bson import RawBSONDocument
 
 from shardsim import wire
-from shardsim.client import unix_socket_path
 from shardsim.commands import ConnectionInfo, Request
 from shardsim.cursors import RawBSONParts
 from shardsim.errors import MongoError
@@ -65,21 +64,13 @@ def request_from_op_query(msg: wire.OpQuery, conn: ConnectionInfo) -> Request:
 
 
 class Server:
-    """Serve ``node`` on ``host:port`` (port 0 picks a free one; ``node.port`` is then set).
-
-    Under a local launcher (``SHARDSIM_UNIX_SOCKET_DIR`` set, see
-    :func:`shardsim.client.unix_socket_path`) it also listens on
-    ``<dir>/mongodb-<port>.sock``, as mongod does on ``/tmp/mongodb-<port>.sock``; the other
-    cluster members connect there. A stale file of that name is replaced; the file is removed
-    on :meth:`close`."""
+    """Serve ``node`` on ``host:port`` (port 0 picks a free one; ``node.port`` is then set)."""
 
     def __init__(self, node: Node, host: str = "127.0.0.1", port: int = 0) -> None:
         self.node = node
         self.host = host
         self.port = port
         self._server: asyncio.base_events.Server | None = None
-        self._unix_server: asyncio.base_events.Server | None = None
-        self.unix_path: str | None = None
         self._conns: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
@@ -87,28 +78,11 @@ class Server:
                                                   limit=2 ** 20, reuse_address=True)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
-        path = unix_socket_path(self.host, self.port)
-        if path is not None:
-            try:
-                if os.path.exists(path):
-                    os.unlink(path)  # left by a process on this port that was killed
-                self._unix_server = await asyncio.start_unix_server(self._handle, path,
-                                                                    limit=2 ** 20)
-                self.unix_path = path
-            except OSError as exc:  # the members then talk over TCP
-                log.warning("not listening on %s: %s", path, exc)
         self.node.host = self.host
         self.node.port = self.port
         await self.node.startup()
 
     async def close(self) -> None:
-        if self._unix_server is not None:
-            self._unix_server.close()
-            self._unix_server = None
-            try:
-                os.unlink(self.unix_path or "")
-            except OSError:
-                pass
         if self._server is not None:
             self._server.close()
         for w in list(self._conns):
@@ -122,9 +96,7 @@ class Server:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        # (a Unix-socket peer has no address tuple)
-        conn = ConnectionInfo(id=next(_conn_ids),
-                              peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "")
+        conn = ConnectionInfo(id=next(_conn_ids), peer=f"{peer[0]}:{peer[1]}" if peer else "")
         self._conns.add(writer)
         try:
             while True:
