@@ -82,8 +82,31 @@ def ratio(x: float, base: float) -> str:
     return f"{x / base:.2f}x" if base else "n/a"
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (s), from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds ``pids`` have run so far, all threads (``/proc/PID/task/*/schedstat``:
+    nanosecond run time, unlike the tick-sampled ``stat``; 0 where unreadable)."""
+    total = 0
+    for pid in pids:
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
+def insert_then_event(coll: Any, stream: Any, i: int,
+                      clock: Any = time.perf_counter) -> tuple[Any, Any, Any]:
+    """One latency sample: insert ``{_id: i, k: 0}`` into ``coll`` (the latency benches' shard
+    key ``k``: always the same chunk, so the same shard) and read ``stream`` until its event.
+    Returns ``clock()`` before the insert, after it, and when the event arrived."""
+    t0 = clock()
+    coll.insert_one({"_id": i, "k": 0})
+    t1 = clock()
+    change = None
+    while change is None:
+        change = stream.try_next()
+    t2 = clock()
+    assert change["documentKey"]["_id"] == i
+    return t0, t1, t2

@@ -40,11 +40,11 @@ def main() -> None:
                 **{s.name: s.proc.pid for s in cluster.shards}}
         rates = []
         for i in range(args.reads):
-            before = {k: cpu_seconds(p) for k, p in pids.items()}
+            before = {k: cpu_seconds([p]) for k, p in pids.items()}
             c0 = time.process_time()
             got_r, t_r = read_events(client[DB], len(ids), start_at_operation_time=start)
             client_cpu = time.process_time() - c0
-            cpu = {k: cpu_seconds(p) - before[k] for k, p in pids.items()}
+            cpu = {k: cpu_seconds([p]) - before[k] for k, p in pids.items()}
             rates.append(got_r / t_r)
             per_ev = 1e6 / max(got_r, 1)
             print(f"router read {i + 1}: {got_r:,} events in {t_r:.2f} s = {got_r / t_r:,.0f} ev/s; "

@@ -34,7 +34,7 @@ import pymongo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import machine  # noqa: E402  (also puts the project root on sys.path)
+from _common import cpu_seconds, insert_then_event, machine  # noqa: E402  (also puts the project root on sys.path)
 from shardsim.launcher import Cluster  # noqa: E402
 
 
@@ -61,20 +61,6 @@ def probe(fn: Callable[[int], None], n: int, gap_ms: float, rng: random.Random,
         fn(i)
         out.append(time.perf_counter() - t)
     return out
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """CPU seconds ``pids`` have run so far, all threads (``/proc/PID/task/*/schedstat``:
-    nanosecond run time, unlike the tick-sampled ``stat``; 0 where unreadable)."""
-    total = 0
-    for pid in pids:
-        try:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / 1e9
 
 
 def main() -> None:
@@ -143,14 +129,7 @@ def main() -> None:
                 t_run = time.perf_counter()
                 for i in range(nxt, nxt + n):
                     time.sleep(rng.random() * g / 1000)
-                    t0 = time.perf_counter()
-                    lat.insert_one({"_id": i, "k": 0})
-                    t1 = time.perf_counter()
-                    change = None
-                    while change is None:
-                        change = stream.try_next()
-                    t2 = time.perf_counter()
-                    assert change["documentKey"]["_id"] == i
+                    t0, t1, t2 = insert_then_event(lat, stream, i)
                     ins.append(t1 - t0)
                     gm.append(t2 - t1)
                     tot.append(t2 - t0)

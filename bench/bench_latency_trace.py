@@ -34,7 +34,7 @@ import pymongo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import machine  # noqa: E402  (also puts the project root on sys.path)
+from _common import insert_then_event, machine  # noqa: E402  (also puts the project root on sys.path)
 from shardsim.launcher import Cluster  # noqa: E402
 
 SITECUSTOMIZE = r'''
@@ -118,13 +118,7 @@ def run(samples: int, gap_ms: float, show: int) -> None:
                     stream.try_next()
                     for i in range(samples):
                         time.sleep(rng.random() * gap_ms / 1000)
-                        t0 = time.monotonic_ns()
-                        coll.insert_one({"_id": i, "k": 0})
-                        t1 = time.monotonic_ns()
-                        change = None
-                        while change is None:
-                            change = stream.try_next()
-                        marks.append((t0, t1, time.monotonic_ns()))
+                        marks.append(insert_then_event(coll, stream, i, time.monotonic_ns))
             finally:
                 client.close()
         records = []

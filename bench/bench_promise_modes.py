@@ -31,7 +31,7 @@ import pymongo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import cpu_seconds, machine  # noqa: E402  (also puts the project root on sys.path)
+from _common import cpu_seconds, insert_then_event, machine  # noqa: E402  (also puts the project root on sys.path)
 from shardsim.launcher import Cluster  # noqa: E402
 
 
@@ -53,19 +53,14 @@ def measure(mode: str, samples: int, noop_ms: int, max_gap_ms: float, seed: int 
             pids = {p.name: p.proc.pid for p in cluster.processes}
             with coll.watch(max_await_time_ms=1000) as stream:
                 stream.try_next()
-                before = {k: cpu_seconds(p) for k, p in pids.items()}
+                before = {k: cpu_seconds([p]) for k, p in pids.items()}
                 c0 = time.process_time()
                 for i in range(samples):
                     time.sleep(rng.random() * max_gap_ms / 1000)
-                    t0 = time.perf_counter()
-                    coll.insert_one({"_id": i, "k": 0})  # same chunk: the same shard every time
-                    change = None
-                    while change is None:
-                        change = stream.try_next()
-                    out.append(time.perf_counter() - t0)
-                    assert change["documentKey"]["_id"] == i
+                    t0, _, t2 = insert_then_event(coll, stream, i)
+                    out.append(t2 - t0)
                 if cpu is not None:
-                    cpu.update({k: cpu_seconds(p) - before[k] for k, p in pids.items()})
+                    cpu.update({k: cpu_seconds([p]) - before[k] for k, p in pids.items()})
                     cpu["client"] = time.process_time() - c0
             return out
         finally:
