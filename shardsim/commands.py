@@ -21,6 +21,8 @@ from bson.int64 import Int64
 from shardsim.errors import MongoError
 
 Handler = Callable[["Request"], Awaitable[dict[str, Any]]]
+# A module-level command handler: ``async def insert(node, req) -> dict`` (node: the role's Node).
+NodeHandler = Callable[[Any, "Request"], Awaitable[dict[str, Any]]]
 
 # Fields every command may carry (mongod's generic arguments); handlers must not reject them.
 GENERIC_FIELDS = frozenset({
@@ -65,6 +67,36 @@ class Request:
         return self.body.get(key, default)
 
 
+class CommandFamily:
+    """One command family's handlers (one module, e.g. ``router/commands/crud.py``).
+
+    A module declares ``commands = CommandFamily("crud")`` and decorates its module-level
+    handlers ``@commands.handler("insert")`` / ``@commands.handler("findAndModify",
+    "findandmodify")``; a node installs the family with :meth:`CommandTable.install`, which binds
+    each handler to the node. Handlers stay plain functions, so a test can call
+    ``await crud.insert(node, request)`` directly.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.entries: list[tuple[str, NodeHandler, tuple[str, ...]]] = []
+
+    def handler(self, name: str, *aliases: str) -> Callable[[NodeHandler], NodeHandler]:
+        """Decorator: register ``fn`` under ``name`` (and ``aliases``); returns ``fn`` unchanged."""
+        def deco(fn: NodeHandler) -> NodeHandler:
+            self.entries.append((name, fn, aliases))
+            return fn
+        return deco
+
+    def add(self, name: str, fn: NodeHandler, *aliases: str) -> None:
+        """Register an existing handler under another command name (``commitTransaction`` and
+        ``abortTransaction`` sharing one function, say)."""
+        self.entries.append((name, fn, aliases))
+
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.entries]
+
+
 class CommandTable:
     """Name -> handler, with aliases. Look-up is exact first, then case-insensitive (the
     server accepts ``ismaster``/``buildinfo`` aliases; drivers send them lower-case)."""
@@ -79,6 +111,14 @@ class CommandTable:
             self._handlers[n] = handler
             self._lower[n.lower()] = n
             self._canonical[n] = name
+
+    def install(self, node: Any, *families: CommandFamily) -> None:
+        """Bind every handler of ``families`` to ``node`` and register it (a later family
+        overrides an earlier one's command of the same name: role families after the common
+        one)."""
+        for family in families:
+            for name, fn, aliases in family.entries:
+                self.register(name, _bind(fn, node), *aliases)
 
     def command(self, name: str, *aliases: str) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`register`."""
@@ -105,6 +145,14 @@ class CommandTable:
 
     def names(self) -> list[str]:
         return sorted(set(self._canonical.values()))
+
+
+def _bind(fn: NodeHandler, node: Any) -> Handler:
+    async def handler(req: Request) -> dict[str, Any]:
+        return await fn(node, req)
+    handler.__name__ = handler.__qualname__ = fn.__name__
+    handler.__wrapped__ = fn  # type: ignore[attr-defined]
+    return handler
 
 
 def check_type(req: Request, field_name: str, types: type | tuple[type, ...], type_name: str,
