@@ -14,7 +14,7 @@ Every catalog change is a normal write to those collections (run through the nod
 table), so it is in the config server's oplog. The router forwards the sharding commands here
 under the server's internal names (``_configsvrAddShard``, ``_configsvrShardCollection``, ...;
 ``src/mongo/db/s/config/configsvr_*_command.cpp``); one lock serialises them like the DDL
-coordinators do. Shards are reached with :func:`router.remote.gossip_command`.
+coordinators do. Shards are reached with :func:`shardsim.gossip.gossip_command`.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from bson import Binary, MaxKey, MinKey, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from router.remote import gossip_command
-from router.shard_key import (Chunk, ChunkMap, KeyPattern, SortKey, compare_keys,
+from shardsim.gossip import gossip_command
+from shardsim.shard_key import (Chunk, ChunkMap, KeyPattern, SortKey, compare_keys,
                               hashed_split_points)
-from shard.ddl import view_error
+from shardsim.errors import view_error
 from shard.node import ShardNode
 from shardsim.client import Pool, parse_address, remote_error
 from shardsim.commands import ConnectionInfo, Request

@@ -15,8 +15,8 @@ from typing import Any
 
 from bson import Binary
 
-from router.remote import gossip_command
-from router.shard_key import Chunk, ChunkMap, KeyPattern
+from shardsim.gossip import gossip_command
+from shardsim.shard_key import Chunk, ChunkMap, KeyPattern
 from shardsim.client import Pool, parse_address
 from shardsim.clock import HybridLogicalClock
 

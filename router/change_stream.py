@@ -39,10 +39,10 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from router.merger import (CONFIG_SHARDS_NS, Block, ChangeStreamMerge, Item, Merger, NewShard,
-                           Remote, item_from_raw_event, split_cursor, token_ts_key)
+from router.merger import CONFIG_SHARDS_NS, Block, ChangeStreamMerge, Item, Merger, NewShard, Remote, item_from_raw_event, split_cursor
+from shardsim.resume_token import token_ts_key
 from router.raw_events import element_headers
-from router.remote import gossip_command, track_operation_time
+from shardsim.gossip import gossip_command, track_operation_time
 from shardsim.client import Connection
 from shardsim.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
@@ -51,7 +51,7 @@ from shardsim.node import CODEC, DUMMY_SIGNATURE
 
 try:  # the shard's stage parser validates router-side specs; importing it here (≈ 0.1 s from
     # source) keeps that one-off cost at process start instead of in the first watch().
-    from shard.change_stream import spec as _shard_spec  # noqa: F401
+    from shardsim import change_stream_spec as _shard_spec  # noqa: F401
 except ImportError:  # pragma: no cover - the shard package is part of the project
     pass
 
@@ -104,7 +104,7 @@ async def aggregate_change_stream(router: Any, req: Any) -> dict[str, Any]:
     db = req.db
     spec_doc = pipeline[0].get("$changeStream") if isinstance(pipeline[0], dict) else None
     try:  # validate exactly like a shard would (same parser) before touching any shard
-        from shard.change_stream import spec as _spec
+        from shardsim import change_stream_spec as _spec
         _spec.parse(db, target, pipeline)
     except ImportError:  # pragma: no cover - the shard package is part of the project
         if not isinstance(spec_doc, dict):

@@ -11,7 +11,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from router.node import BIG_BATCH, forwardable
-from router.shard_key import compare
+from shardsim.shard_key import compare
 from router import change_stream, writes
 from shardsim.client import remote_error
 from shardsim.commands import Request, check_type
@@ -198,7 +198,7 @@ def register(router: "RouterNode") -> None:
         results = await asyncio.gather(*(r.drain(s, db, body, session=sess) for s in shards))
         docs = [d for _, part in results for d in part]
         if sort:
-            from shard.query import sort_docs  # deferred: loads mongomock, rarely needed
+            from shardsim.query import sort_docs  # deferred: loads mongomock, rarely needed
             docs = sort_docs(docs, sort)
         docs = docs[skip:]
         if limit is not None:
@@ -248,7 +248,7 @@ def register(router: "RouterNode") -> None:
         replies = await asyncio.gather(*(r.shard_command(s, db, body) for s in shards))
         if len(replies) == 1:
             return {"values": replies[0]["values"]}
-        from shard.storage import id_key
+        from shardsim.values import id_key
         seen: dict[Any, Any] = {}
         for rep in replies:
             for v in rep["values"]:
@@ -304,7 +304,7 @@ def register(router: "RouterNode") -> None:
         results = await asyncio.gather(*(r.drain(s, db, body, session=sess) for s in shards))
         docs = [d for _, part in results for d in part]
         if split < len(pipeline):
-            from shard.query import run_pipeline
+            from shardsim.query import run_pipeline
             docs = run_pipeline(docs, pipeline[split:], None)
         return await r.cursor_reply(ns, docs, req, batch_size)
 
@@ -342,7 +342,7 @@ def register(router: "RouterNode") -> None:
         if name == "count":
             return {"n": len(docs)}
         if name == "distinct":
-            from shard.query import distinct_values
+            from shardsim.query import distinct_values
             return {"values": sorted(distinct_values(docs, check_type(req, "key", str, "string")),
                                      key=functools.cmp_to_key(compare))}
         ns = f"{db}.{view_coll}"

@@ -39,8 +39,10 @@ from shardsim.cursors import array_header_bytes
 from shardsim.errors import MongoError
 
 
-from router.raw_events import (ID_MODIFIED_MSG, Block, Item, Key, _fmt,  # noqa: F401
-                               item_from_raw_event, split_cursor, strip_sort_key, token_key)
+from router.raw_events import (ID_MODIFIED_MSG, Block, Item, Key, _fmt,  # noqa: F401 - re-exported
+                               item_from_raw_event, split_cursor, strip_sort_key)
+from shardsim.resume_token import (hwm_data, hwm_token, is_hwm_data,  # noqa: F401 - re-exported
+                                   is_invalidate_data, token_key, token_ts_key)
 
 CONFIG_SHARDS_NS = "config.shards"
 
@@ -49,42 +51,6 @@ CONFIG_SHARDS_NS = "config.shards"
 # ---------------------------------------------------------------------------------------------
 # Token helpers
 # ---------------------------------------------------------------------------------------------
-
-def hwm_data(ts_key_value: int, version: int = 2) -> str:
-    """``_data`` of ``makeHighWaterMarkToken(ts, version)`` for a Timestamp given as the 64-bit
-    integer ``(secs << 32) | inc`` (see :func:`shardsim.clock.ts_key`)."""
-    return hwm_token(ts_key_value, version)["_data"]
-
-
-def hwm_token(ts_key_value: int, version: int = 2) -> dict[str, Any]:
-    """The high-water-mark resume token document ``{_data}`` for a Timestamp key."""
-    return rt.make_high_water_mark(ts_from_key(ts_key_value), version)
-
-
-def is_hwm_data(data: str) -> bool:
-    """True when ``_data`` is a high-water-mark token (v1 or v2), i.e. ``isHighWaterMarkToken``."""
-    ts = token_ts_key(data)
-    return ts is not None and data in (hwm_data(ts, 2), hwm_data(ts, 1))
-
-
-def token_ts_key(data: str) -> int | None:
-    """The clusterTime (as a 64-bit key) encoded at the front of a KeyString token, or None."""
-    if len(data) >= 18 and data[:2] in ("82", "82".lower()):
-        try:
-            return int(data[2:18], 16)
-        except ValueError:
-            return None
-    return None
-
-
-def is_invalidate_data(data: str) -> bool:
-    """Does the token ``_data`` decode with ``fromInvalidate: true``? False for anything that is
-    not a well-formed token (the shards reject those when the stream is opened)."""
-    try:
-        return rt.decode({"_data": data}).fromInvalidate
-    except MongoError:
-        return False
-
 
 # ---------------------------------------------------------------------------------------------
 # The AsyncResultsMerger core

@@ -11,7 +11,7 @@
   ``fromMigrate: true``).
 * Cluster time: every shard command carries the router's ``$clusterTime``; replies advance
   the router's clock and the reply ``operationTime`` is the newest ``operationTime`` of the
-  shard replies consumed (:mod:`router.remote`, notes §7.4).
+  shard replies consumed (:mod:`shardsim.gossip`, notes §7.4).
 * Change streams are built by :mod:`router.change_stream` (``aggregate_change_stream``).
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 from bson.int64 import Int64
 
 from router.catalog import CatalogCache
-from router.remote import OPERATION_TIME, gossip_command
+from shardsim.gossip import OPERATION_TIME, gossip_command
 from shardsim.client import Pool, parse_address
 from shardsim.commands import Request
 from shardsim.cursors import ListCursor

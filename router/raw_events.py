@@ -27,28 +27,9 @@ from shardsim.cursors import ONE_BY_ONE_OP_ELEMENTS
 from shardsim.cursors import SORT_KEY_LAYOUT_FIELD as LAYOUT_CHECKED_FIELD
 from shardsim.cursors import SORT_KEY_SIZES_FIELD as SIZES_FIELD
 from shardsim.errors import MongoError
+from shardsim.resume_token import token_key
 
-Key = tuple  # (data_hex: str, has_type_bits: int, type_bits: bytes)
-
-
-def token_key(token: Any) -> Key:
-    """The sort key of a resume token document (dict or RawBSONDocument ``{_data[, _typeBits]}``).
-
-    Raises MongoError 1 (InternalError) when ``_data`` is not a string, as the ARM cannot sort it.
-    """
-    try:
-        data = token["_data"]
-    except (KeyError, TypeError):
-        raise MongoError(1, f"Missing field '_data' in sort key {token!r}") from None
-    if not isinstance(data, str):
-        raise MongoError(1, "sort key field '_data' must be a string")
-    try:
-        tb = token["_typeBits"]
-    except KeyError:
-        return (data, 0, b"")
-    tb = bytes(tb)
-    # BSON BinData compares by length, then subtype, then bytes; the length prefix is enough here.
-    return (data, 1, len(tb).to_bytes(4, "big") + tb)
+from shardsim.resume_token import SortKey as Key  # (data_hex, has_type_bits, type_bits)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -203,7 +203,7 @@ class WriteExecutor:
         insert the updated document on the new one. Requires a retryable write, like mongos
         ("Must run update to shard key field in a multi-statement transaction or with
         retryWrites: true", IllegalOperation 20)."""
-        from shard.query import apply_update
+        from shardsim.update import apply_update
         i, op, shard = run.idx[0], run.ops[0], run.shards[0]
         info = self.router.catalog.collection(self.ns)
         plain = Run(run.shards, run.idx, run.ops)

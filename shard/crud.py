@@ -21,9 +21,10 @@ from shardsim.clock import ts_key
 from shardsim.commands import GENERIC_FIELDS, Request, check_type
 from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
-from shard import query as q
+from shardsim import query as q
+from shardsim import update as update_lang
 from shard.change_stream import aggregate_change_stream
-from shard.ddl import view_error
+from shardsim.errors import view_error
 from shard.node import ShardNode, WriteContext
 from shard.storage import Collection, id_key
 
@@ -256,25 +257,25 @@ def register(node: ShardNode) -> None:
         upsert = stmt.get("upsert", False)
         if not isinstance(multi, bool) or not isinstance(upsert, bool):
             raise MongoError(14, "BSON field 'update.updates.multi' is the wrong type, expected type 'bool'")
-        kind = q.validate_update(upd)
+        kind = update_lang.validate_update(upd)
         if multi and kind == "replacement" and upd:
             raise MongoError(9, "multi update is not supported for replacement-style update")
         array_filters = stmt.get("arrayFilters")
-        q.parse_array_filters(array_filters)
+        update_lang.parse_array_filters(array_filters)
         matched = modified = 0
         for key, doc in q.select(coll, filt):
-            concrete = q.expand_positional(doc, upd, filt, array_filters)
-            new = q.apply_update(doc, concrete, filt)
+            concrete = update_lang.expand_positional(doc, upd, filt, array_filters)
+            new = update_lang.apply_update(doc, concrete, filt)
             matched += 1
-            if not q.is_noop(doc, new, concrete):
+            if not update_lang.is_noop(doc, new, concrete):
                 apply_replace(coll, key, doc, new, concrete, ctx)
                 modified += 1
             if not multi:
                 break
         if matched == 0 and upsert:
-            seed = q.upsert_seed(filt) if kind != "replacement" else \
-                ({"_id": q.upsert_seed(filt)["_id"]} if "_id" in q.upsert_seed(filt) else {})
-            new = q.apply_update(seed, upd, filt, is_insert=True)
+            seed = update_lang.upsert_seed(filt) if kind != "replacement" else \
+                ({"_id": update_lang.upsert_seed(filt)["_id"]} if "_id" in update_lang.upsert_seed(filt) else {})
+            new = update_lang.apply_update(seed, upd, filt, is_insert=True)
             if "_id" not in new:
                 new = {"_id": ObjectId(), **new}
             if coll is None:
@@ -294,7 +295,7 @@ def register(node: ShardNode) -> None:
         coll.replace(key, new)
         if ctx.txn is None:
             storage.note_doc(coll, key, new)
-        node.log_op("u", coll, q.update_diff(doc, new, upd), coll.document_key(doc), ctx=ctx,
+        node.log_op("u", coll, update_lang.update_diff(doc, new, upd), coll.document_key(doc), ctx=ctx,
                     pre_image=doc)
 
     async def update(req: Request) -> dict[str, Any]:
@@ -422,7 +423,7 @@ def register(node: ShardNode) -> None:
             raise MongoError(9, "Cannot specify both new=true and remove=true; 'remove' always "
                                 "returns the deleted document")
         if upd is not None:
-            q.validate_update(upd)
+            update_lang.validate_update(upd)
         _check_writable(req, name)
         if storage.view_def(req.db, name) is not None:
             raise view_error(f"{req.db}.{name}")
@@ -448,9 +449,9 @@ def register(node: ShardNode) -> None:
                     leo = {"n": 1}
             elif candidates:
                 key, doc = candidates[0]
-                concrete = q.expand_positional(doc, upd, filt, body.get("arrayFilters"))
-                new = q.apply_update(doc, concrete, filt)
-                if not q.is_noop(doc, new, concrete):
+                concrete = update_lang.expand_positional(doc, upd, filt, body.get("arrayFilters"))
+                new = update_lang.apply_update(doc, concrete, filt)
+                if not update_lang.is_noop(doc, new, concrete):
                     apply_replace(coll, key, doc, new, concrete, ctx)
                 value = new if new_opt else doc
                 leo = {"n": 1, "updatedExisting": True}

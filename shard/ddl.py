@@ -16,8 +16,8 @@ from bson.int64 import Int64
 from shardsim.commands import GENERIC_FIELDS as _GENERIC
 from shardsim.commands import Request, bson_type_name, check_type
 from shardsim.cursors import ListCursor
-from shardsim.errors import MongoError
-from shard import query as q
+from shardsim.errors import MongoError, view_error
+from shardsim import query as q
 from shard.node import ID_INDEX_SPEC, ShardNode, WriteContext
 from shard.storage import VIEWS_COLL, Collection, validate_collection_name, validate_db_name
 
@@ -38,11 +38,6 @@ COLLMOD_OPTIONS = frozenset({
 
 def _ns_missing(ns: str) -> MongoError:
     return MongoError(26, f"ns does not exist: {ns}")
-
-
-def view_error(ns: str) -> MongoError:
-    """CommandNotSupportedOnView (166) as ``AutoGetCollection`` raises it for a view."""
-    return MongoError(166, f"Namespace {ns} is a view, not a collection")
 
 
 # Options a view accepts besides viewOn/pipeline (create_collection.cpp refuses the others).

@@ -33,7 +33,7 @@ from shard import noop_writer
 from shard.change_stream import cursor as cs_cursor
 from shard.durable import DurableStore
 from shard.oplog import Oplog, PreImages
-from shard.query import select
+from shardsim.query import select
 from shard.sessions import Sessions
 from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
                            validate_db_name)

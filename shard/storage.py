@@ -16,19 +16,15 @@ Durable shards pass a ``journal`` list: every mutation appends a record that
 
 from __future__ import annotations
 
-import datetime
-import decimal
 import itertools
 import re
 import uuid as uuid_mod
 from typing import Any, Iterator
 
-import bson
-from bson import Binary, Decimal128, ObjectId
-from bson.int64 import Int64
-from bson.timestamp import Timestamp
+from bson import Binary
 
 from shardsim.errors import MongoError
+from shardsim.values import format_value, get_path, id_key
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 
@@ -37,86 +33,6 @@ VIEWS_COLL = "system.views"
 
 # Namespaces a client cannot write (mongod: "cannot write to '<ns>'" InvalidNamespace).
 _BAD_COLL_CHARS = re.compile(r"[\x00$]")
-
-
-def id_key(value: Any) -> Any:
-    """A hashable key with mongod's equality for an ``_id`` or index value.
-
-    Numbers compare by value across int/long/double (``1 == 1.0``); booleans, strings,
-    ObjectIds and dates are distinct types; anything else (documents, arrays, binaries) is
-    compared by its BSON bytes.
-    """
-    t = type(value)
-    if t is ObjectId or t is str:
-        return value
-    if t is int or t is Int64:
-        return ("n", int(value))
-    if t is float:
-        return ("n", int(value)) if value.is_integer() else ("n", value)
-    if t is bool:
-        return ("b", value)
-    if value is None:
-        return ("null",)
-    if t is datetime.datetime:
-        return ("d", value)
-    if t is Decimal128:
-        # Canonical numeric form, so equal numbers of different types give equal keys with
-        # equal reprs (the durable store keys rows by repr).
-        d = value.to_decimal()
-        if d.is_finite() and d == d.to_integral_value():
-            return ("n", int(d))
-        f = float(d)
-        return ("n", f) if decimal.Decimal(f) == d else ("n", d.normalize())
-    return ("x", bson.encode({"": value}))
-
-
-def get_path(doc: Any, path: str) -> tuple[bool, Any]:
-    """``(found, value)`` for a dotted ``path`` (numeric parts index arrays)."""
-    cur = doc
-    for part in path.split("."):
-        if isinstance(cur, dict):
-            if part not in cur:
-                return False, None
-            cur = cur[part]
-        elif isinstance(cur, list) and part.isdigit():
-            i = int(part)
-            if i >= len(cur):
-                return False, None
-            cur = cur[i]
-        else:
-            return False, None
-    return True, cur
-
-
-def format_value(v: Any) -> str:
-    """A value the way the server's ``BSONObj::toString`` prints it in error messages."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, str):
-        return '"' + v + '"'
-    if isinstance(v, float):
-        return repr(v) if v != int(v) or abs(v) >= 1e16 else f"{v:.1f}"
-    if isinstance(v, int):
-        return str(int(v))
-    if isinstance(v, ObjectId):
-        return f"ObjectId('{v}')"
-    if isinstance(v, dict):
-        if not v:
-            return "{}"
-        return "{ " + ", ".join(f"{k}: {format_value(x)}" for k, x in v.items()) + " }"
-    if isinstance(v, list):
-        if not v:
-            return "[]"
-        return "[ " + ", ".join(format_value(x) for x in v) + " ]"
-    if isinstance(v, datetime.datetime):
-        return f"new Date({int(v.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000)})"
-    if isinstance(v, Timestamp):
-        return f"Timestamp({v.time}, {v.inc})"
-    if isinstance(v, Binary):
-        return f"BinData({v.subtype}, {v.hex().upper()})"
-    return str(v)
 
 
 def new_uuid() -> bytes:
@@ -170,7 +86,7 @@ class Index:
         if self.sparse and not any_found:
             return []
         if self.partial is not None:
-            from shard.query import matches
+            from shardsim.query import matches
             if not matches(self.partial, doc):
                 return []
         out = []

@@ -192,3 +192,8 @@ def change_stream_labels(code: int, *, is_change_stream: bool, command: str) -> 
     if code in NON_RESUMABLE_CHANGE_STREAM_CODES:
         return ["NonResumableChangeStreamError"]
     return []
+
+
+def view_error(ns: str) -> MongoError:
+    """CommandNotSupportedOnView (166) as ``AutoGetCollection`` raises it for a view."""
+    return MongoError(166, f"Namespace {ns} is a view, not a collection")

@@ -31,6 +31,7 @@ from bson import Binary, Int64, ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from shardsim.clock import ts_from_key
 from shardsim.errors import MongoError
 from shardsim.keystring import (CTYPE_FALSE, CTYPE_NULLISH, CTYPE_NUMERIC, CTYPE_OBJECT, CTYPE_OID,
                                 CTYPE_POS_1B, CTYPE_STRING, KeyStringError, TypeBits,
@@ -282,9 +283,63 @@ def is_high_water_mark(data: ResumeTokenData) -> bool:
     return data == make_high_water_mark_data(data.clusterTime, data.version)
 
 
-def token_key(token: Mapping[str, Any]) -> str:
-    """The sort key of a token document: its ``_data`` string (uppercase hex sorts like bytes)."""
-    return token["_data"]
+SortKey = tuple  # (data_hex: str, has_type_bits: 0|1, type_bits: bytes): see token_key
+
+
+def token_key(token: Any) -> SortKey:
+    """The sort key of a resume token document (dict or RawBSONDocument ``{_data[, _typeBits]}``).
+
+    Raises MongoError 1 (InternalError) when ``_data`` is not a string, as the ARM cannot sort it.
+    """
+    try:
+        data = token["_data"]
+    except (KeyError, TypeError):
+        raise MongoError(1, f"Missing field '_data' in sort key {token!r}") from None
+    if not isinstance(data, str):
+        raise MongoError(1, "sort key field '_data' must be a string")
+    try:
+        tb = token["_typeBits"]
+    except KeyError:
+        return (data, 0, b"")
+    tb = bytes(tb)
+    # BSON BinData compares by length, then subtype, then bytes; the length prefix is enough here.
+    return (data, 1, len(tb).to_bytes(4, "big") + tb)
+
+
+def hwm_data(ts_key_value: int, version: int = 2) -> str:
+    """``_data`` of ``makeHighWaterMarkToken(ts, version)`` for a Timestamp given as the 64-bit
+    integer ``(secs << 32) | inc`` (see :func:`shardsim.clock.ts_key`)."""
+    return hwm_token(ts_key_value, version)["_data"]
+
+
+def hwm_token(ts_key_value: int, version: int = 2) -> dict[str, Any]:
+    """The high-water-mark resume token document ``{_data}`` for a Timestamp key."""
+    return make_high_water_mark(ts_from_key(ts_key_value), version)
+
+
+def is_hwm_data(data: str) -> bool:
+    """True when ``_data`` is a high-water-mark token (v1 or v2), i.e. ``isHighWaterMarkToken``."""
+    ts = token_ts_key(data)
+    return ts is not None and data in (hwm_data(ts, 2), hwm_data(ts, 1))
+
+
+def token_ts_key(data: str) -> int | None:
+    """The clusterTime (as a 64-bit key) encoded at the front of a KeyString token, or None."""
+    if len(data) >= 18 and data[:2] in ("82", "82".lower()):
+        try:
+            return int(data[2:18], 16)
+        except ValueError:
+            return None
+    return None
+
+
+def is_invalidate_data(data: str) -> bool:
+    """Does the token ``_data`` decode with ``fromInvalidate: true``? False for anything that is
+    not a well-formed token (the shards reject those when the stream is opened)."""
+    try:
+        return decode({"_data": data}).fromInvalidate
+    except MongoError:
+        return False
 
 
 _HEX_RE = re.compile(r"^(?:[0-9A-Fa-f]{2})*$")

@@ -18,7 +18,7 @@ from bson.int64 import Int64
 from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key, ts_key
 from shardsim.errors import MongoError
-from shard.change_stream import spec as spec_mod
+from shardsim import change_stream_spec as spec_mod
 from shard.change_stream.check_resumability import assert_history_available
 from shard.change_stream.cursor import ChangeStreamCursor
 
@@ -75,7 +75,7 @@ async def aggregate_change_stream(node: Any, req: Any) -> dict[str, Any]:
     ``req`` is a :class:`shardsim.commands.Request` (``db``, ``body`` with ``aggregate``,
     ``pipeline``, ``cursor``, optional ``needsMerge``). Returns the reply body
     ``{"cursor": {firstBatch, postBatchResumeToken, id, ns}}``. Raises MongoError with mongod's
-    codes for invalid specifications (see :mod:`shard.change_stream.spec`), history loss (286),
+    codes for invalid specifications (see :mod:`shardsim.change_stream_spec`), history loss (286),
     missing required images (47).
     """
     body = req.body

@@ -12,7 +12,7 @@ that invalidate again and keeps running (it is swallowed by the resume check ins
 from __future__ import annotations
 
 from shardsim import resume_token as rt
-from shard.change_stream.spec import StreamSpec
+from shardsim.change_stream_spec import StreamSpec
 from shard.change_stream.transform import Event
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from shardsim import resume_token as rt
 from shardsim.clock import ts_key
 from shardsim.errors import MongoError
-from shard.change_stream.spec import StreamSpec
+from shardsim.change_stream_spec import StreamSpec
 from shard.change_stream.transform import Event
 
 CHECK_NEXT, FOUND, SURPASSED = 0, 1, 2

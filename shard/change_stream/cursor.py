@@ -50,7 +50,7 @@ from shard.change_stream.check_invalidate import CheckInvalidate
 from shard.change_stream.check_resumability import HISTORY_LOST_MSG, CheckResumability
 from shard.change_stream.check_topology_change import bypasses_user_stages
 from shard.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
-from shard.change_stream.spec import StreamSpec
+from shardsim.change_stream_spec import StreamSpec
 from shard.change_stream.split_large_event import MAX_EVENT_BYTES, split_event, too_large
 from shard.change_stream.transform import Event, Transform
 from shard.change_stream.unwind_transaction import unwind

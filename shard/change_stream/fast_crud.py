@@ -40,7 +40,7 @@ from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS
 
 from shardsim import resume_token as rt
 from shard.change_stream.oplog_match import ns_predicate
-from shard.change_stream.spec import StreamSpec
+from shardsim.change_stream_spec import StreamSpec
 from shard.change_stream.transform import update_description
 
 # Set False to send every entry through the general path (tests compare the two).

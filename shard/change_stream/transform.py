@@ -25,7 +25,7 @@ from bson.timestamp import Timestamp
 
 from shardsim import resume_token as rt
 from shardsim.clock import ts_key
-from shard.change_stream.spec import StreamSpec
+from shardsim.change_stream_spec import StreamSpec
 
 CLASSIC_OPS = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase",
                          "invalidate"})

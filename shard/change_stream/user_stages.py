@@ -19,7 +19,7 @@ from mongomock.aggregate import _Parser  # expression evaluator
 
 from shardsim.commands import bson_type_name
 from shardsim.errors import MongoError
-from shard import query as q
+from shardsim import query as q
 
 StageFn = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
@@ -472,7 +472,7 @@ def evaluate(expr: Any, root: dict[str, Any]) -> Any:
     except NotImplementedError as exc:
         raise MongoError(238, str(exc).split(".")[0]) from None
     except Exception as exc:
-        raise q._translate(exc) from None
+        raise q.translate_error(exc) from None
 
 
 def _check_operand(value: Any) -> None:

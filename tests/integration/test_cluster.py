@@ -12,7 +12,7 @@ import pytest
 from bson import MaxKey, MinKey
 from pymongo.errors import BulkWriteError, OperationFailure
 
-from router.shard_key import ChunkMap, Chunk, KeyPattern
+from shardsim.shard_key import ChunkMap, Chunk, KeyPattern
 from shardsim.client import Connection
 from shardsim.launcher import Cluster
 

@@ -46,7 +46,7 @@ def test_killed_shard_fails_fast_with_retryable_error_and_recovers(cluster_facto
 
 
 def _owner(client: pymongo.MongoClient, ns: str, doc: dict) -> str:
-    from router.shard_key import Chunk, ChunkMap, KeyPattern
+    from shardsim.shard_key import Chunk, ChunkMap, KeyPattern
     entry = client.config.collections.find_one({"_id": ns})
     pattern = KeyPattern(entry["key"])
     cmap = ChunkMap(pattern, [Chunk(pattern.bound_to_key(c["min"]), pattern.bound_to_key(c["max"]),

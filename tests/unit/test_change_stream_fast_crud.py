@@ -18,7 +18,7 @@ from bson.tz_util import FixedOffset, utc
 
 from shardsim import resume_token as rt
 from shard.change_stream import fast_crud, open_cursor
-from shard.change_stream import spec as spec_mod
+from shardsim import change_stream_spec as spec_mod
 from shard.change_stream.cursor import RawEvent
 
 from test_change_stream_cursor import FakeNode

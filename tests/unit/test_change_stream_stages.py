@@ -11,7 +11,8 @@ from bson import Binary, Int64, Timestamp
 
 from shardsim import resume_token as rt
 from shardsim.errors import MongoError
-from shard.change_stream import oplog_match, spec as spec_mod
+from shard.change_stream import oplog_match
+from shardsim import change_stream_spec as spec_mod
 from shard.change_stream.add_post_image import apply_diff
 from shard.change_stream.check_invalidate import CheckInvalidate
 from shard.change_stream.check_resumability import (CheckResumability, assert_history_available)

@@ -9,8 +9,8 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from router.merger import (ChangeStreamMerge, Item, Merger, NewShard, hwm_data, hwm_token,
-                           is_hwm_data, item_from_raw_event, strip_sort_key, token_key)
+from router.merger import ChangeStreamMerge, Item, Merger, NewShard, item_from_raw_event, strip_sort_key
+from shardsim.resume_token import hwm_data, hwm_token, is_hwm_data, token_key
 from shardsim.errors import MongoError
 
 
@@ -256,7 +256,7 @@ def test_config_event_metadata():
 
 
 def test_token_helpers_agree_with_the_shared_codec():
-    from router.merger import is_invalidate_data, token_ts_key
+    from shardsim.resume_token import is_invalidate_data, token_ts_key
     from shardsim import resume_token as rt
     ts = Timestamp(1234, 5)
     inv = rt.event_token(ts, bytes(16), "invalidate", None, from_invalidate=True)

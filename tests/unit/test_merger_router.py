@@ -22,7 +22,7 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
-from router.merger import hwm_token, token_key
+from shardsim.resume_token import hwm_token, token_key
 from shardsim import resume_token as rt
 from shardsim.client import Pool
 from shardsim.clock import ts_key

@@ -14,7 +14,8 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from router.merger import ChangeStreamMerge, Item, Merger, hwm_data, token_key
+from router.merger import ChangeStreamMerge, Item, Merger
+from shardsim.resume_token import hwm_data, token_key
 from router.raw_events import Block, _fast_item, element_headers, parse_block, split_cursor
 from shardsim import resume_token as rt
 from shardsim.cursors import Batch, array_header_bytes, cursor_reply

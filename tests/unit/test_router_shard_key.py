@@ -8,7 +8,7 @@ import pytest
 from bson import Binary, MaxKey, MinKey, ObjectId
 from bson.int64 import Int64
 
-from router.shard_key import (Chunk, ChunkMap, KeyPattern, compare, hash64,
+from shardsim.shard_key import (Chunk, ChunkMap, KeyPattern, compare, hash64,
                               hashed_split_points)
 from shardsim.errors import MongoError
 

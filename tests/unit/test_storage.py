@@ -12,7 +12,8 @@ from bson.timestamp import Timestamp
 from shardsim.clock import ts_key
 from shardsim.errors import MongoError
 from shard.oplog import Oplog, PreImages
-from shard.storage import Collection, id_key
+from shard.storage import Collection
+from shardsim.values import id_key
 
 
 def entry(secs: int, inc: int, **extra) -> dict:
