@@ -44,6 +44,8 @@ _FIELD = {"insert": "documents", "update": "updates", "delete": "deletes"}
 # Batch options forwarded with every child batch.
 _BATCH_OPTS = ("bypassDocumentValidation", "writeConcern", "let", "comment", "maxTimeMS",
                "lsid", "txnNumber", "autocommit", "startTransaction", "readConcern")
+# One targeted statement: (client index, shards, broadcast).
+Target = tuple[int, list[str], bool]
 
 
 @dataclass
@@ -261,16 +263,11 @@ class WriteExecutor:
                 totals["writeConcernError"] = reply["writeConcernError"]
         return totals, errors
 
-    async def execute(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Target and run every statement; returns the reply body ``{n, [nModified],
-        [upserted], [writeErrors], [writeConcernError]}`` with the client's statement indexes.
-
-        ``record`` (retryable writes, see :class:`router.retryable_writes.RetryCache`) names
-        statements already applied by an earlier attempt: they are skipped and their totals
-        reused. Raises TypeMismatch (14) / IDLFailedToParse (40414) for a bad statement list,
-        InvalidNamespace (73), network errors (6, 7, 89, 9001) and ShardNotFound (70) as
-        such; a transaction spanning shards raises 263 (:mod:`router.transactions`). Other
-        failures become ``writeErrors``."""
+    def statements(self) -> list[Any]:
+        """The command's statements (``documents``/``updates``/``deletes``); a document without
+        ``_id`` gets an ObjectId here, before targeting, so an ``_id`` shard key can place it
+        (mongos does the same). Raises TypeMismatch (14) / IDLFailedToParse (40414) for a bad
+        list, InvalidNamespace (73)."""
         ops = self.req.get(_FIELD[self.kind])
         if not isinstance(ops, list):
             check_type(self.req, _FIELD[self.kind], list, "array", required=True)
@@ -284,12 +281,16 @@ class WriteExecutor:
                     d = {"_id": ObjectId(), **d}
                 fixed.append(d)
             ops = fixed
-        # Target every statement (untargetable statements become write errors).
-        runs: list[Run] = []
+        return ops
+
+    async def _target_all(self, ops: list[Any], done: set[int], complete: bool
+                          ) -> tuple[list[Target | None], list[dict[str, Any]]]:
+        """Target every statement not yet applied: ``(targets, errors)`` with one ``(index,
+        shards, broadcast)`` per targeted statement and None for one that could not be
+        targeted (its write error is in ``errors``; an ordered batch stops there). Network
+        errors and ShardNotFound (70) are raised."""
         errors: list[dict[str, Any]] = []
-        targets: list[tuple[int, list[str], bool] | None] = []
-        done: set[int] = record["done"] if record is not None else set()
-        complete = record is not None and record.get("complete", False)
+        targets: list[Target | None] = []
         for i, op in enumerate(ops):
             if complete or i in done:
                 continue
@@ -304,6 +305,13 @@ class WriteExecutor:
                 targets.append(None)
                 if self.ordered:
                     break
+        return targets, errors
+
+    def _group(self, ops: list[Any], targets: list[Target | None]) -> list[Run]:
+        """The child batches: for an ordered batch, consecutive statements for the same shard
+        (up to the first untargetable one); for an unordered batch, one per shard. Broadcasts
+        and updates that may move a document (:meth:`touches_key`) each run alone."""
+        runs: list[Run] = []
         if self.ordered:
             for t in targets:
                 if t is None:
@@ -329,6 +337,24 @@ class WriteExecutor:
                     run.idx.append(i)
                     run.ops.append(ops[i])
             runs.extend(by_shard.values())
+        return runs
+
+    async def execute(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Target and run every statement; returns the reply body ``{n, [nModified],
+        [upserted], [writeErrors], [writeConcernError]}`` with the client's statement indexes.
+
+        ``record`` (retryable writes, see :class:`router.retryable_writes.RetryCache`) names
+        statements already applied by an earlier attempt: they are skipped and their totals
+        reused. Raises TypeMismatch (14) / IDLFailedToParse (40414) for a bad statement list,
+        InvalidNamespace (73), network errors (6, 7, 89, 9001) and ShardNotFound (70) as
+        such; a transaction spanning shards raises 263 (:mod:`router.transactions`). Other
+        failures become ``writeErrors``."""
+        ops = self.statements()
+        done: set[int] = record["done"] if record is not None else set()
+        complete = record is not None and record.get("complete", False)
+        # Untargetable statements become write errors.
+        targets, errors = await self._target_all(ops, done, complete)
+        runs = self._group(ops, targets)
         if self.in_txn:
             used = {s for r in runs for s in r.shards}
             self.router.transactions.participant(self.req, used)
