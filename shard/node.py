@@ -111,6 +111,8 @@ class ShardNode(Node):
         }
 
     def parameters(self) -> dict[str, Any]:
+        """getParameter values: the common ones plus shardName, oplogSizeMB, oplogMinRetentionHours,
+        transactionLifetimeLimitSeconds, periodicNoopIntervalSecs."""
         params = super().parameters()
         params.update({
             "shardName": self.shard_name,
@@ -122,6 +124,8 @@ class ShardNode(Node):
         return params
 
     def set_parameter(self, name: str, value: Any) -> None:
+        """setParameter: oplogSizeMB and oplogMinRetentionHours (truncating at once),
+        transactionLifetimeLimitSeconds; others as :meth:`Node.set_parameter`."""
         if name == "oplogSizeMB":
             self.oplog.max_bytes = int(value) * 1024 * 1024
             self.oplog.truncate()
@@ -134,6 +138,7 @@ class ShardNode(Node):
             super().set_parameter(name, value)
 
     def parsed_options(self) -> dict[str, Any]:
+        """getCmdLineOpts ``parsed``: clusterRole shardsvr, replSet, dbPath."""
         out: dict[str, Any] = {"sharding": {"clusterRole": "shardsvr"},
                                "replication": {"replSet": self.shard_name}}
         if self.options.get("dbpath"):
@@ -141,6 +146,7 @@ class ShardNode(Node):
         return out
 
     def server_status(self) -> dict[str, Any]:
+        """serverStatus with the ``repl``, ``oplog`` and ``storageEngine`` sections."""
         st = super().server_status()
         first, last = self.oplog.first_ts(), self.oplog.last_ts()
         st["repl"] = {"setName": self.shard_name, "isWritablePrimary": True, "secondary": False,
@@ -255,6 +261,7 @@ class ShardNode(Node):
         return entry["ts"]
 
     def put_pre_image(self, uuid: bytes, ts: Timestamp, index: int, doc: dict[str, Any]) -> None:
+        """Store a pre-image (``config.system.preimages``) and journal it."""
         self.pre_images.put(uuid, ts, index, doc)
         if self.storage.journal is not None:
             self.storage.journal.append(("preimage", uuid, ts, index, doc))
@@ -325,11 +332,13 @@ class ShardNode(Node):
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def startup(self) -> None:
+        """Start the periodic no-op writer and the transaction reaper."""
         await super().startup()
         noop_writer.start(self)  # periodic no-ops (change streams)
         self.sessions.start_reaper()  # abort transactions past transactionLifetimeLimitSeconds
 
     async def shutdown(self) -> None:
+        """Close cursors, then flush and close the durable store."""
         await super().shutdown()
         if self.durable is not None:
             self.flush()

@@ -205,6 +205,7 @@ class TxnView:
                         raise coll._dup_error(idx, kv)
 
     def insert(self, doc: dict[str, Any]) -> Any:
+        """Insert into the overlay; DuplicateKey (11000) against committed and own documents."""
         self._check_unique(doc)
         k = id_key(doc["_id"])
         self._remember(k)
@@ -212,6 +213,7 @@ class TxnView:
         return k
 
     def replace(self, key: Any, new: dict[str, Any]) -> dict[str, Any]:
+        """Replace in the overlay; returns the document it replaces (11000 as insert)."""
         old = self.docs[key]
         self._check_unique(new, own_key=key)
         self._remember(key)
@@ -219,6 +221,7 @@ class TxnView:
         return old
 
     def delete(self, key: Any) -> dict[str, Any]:
+        """Delete in the overlay; returns the deleted document."""
         old = self.docs[key]
         self._remember(key)
         self.overlay[key] = None
@@ -287,6 +290,7 @@ class Sessions:
         return [s.lsid for s in list(self._sessions.values())]
 
     def get(self, lsid: Any) -> Session | None:
+        """The session of ``lsid`` (created on first use), or None without a valid ``lsid.id``."""
         sid = _session_id(lsid)
         if sid is None:
             return None

@@ -71,6 +71,7 @@ class Node:
     # -- identity -------------------------------------------------------------------------
     @property
     def address(self) -> str:
+        """``host:port`` as hello and serverStatus report it."""
         return f"{self.host}:{self.port}"
 
     def hello(self, req: Request) -> dict[str, Any]:
@@ -113,6 +114,7 @@ class Node:
 
     # -- dispatch -------------------------------------------------------------------------
     def gossip_in(self, req: Request) -> None:
+        """Advance the clock to a request's ``$clusterTime`` (never backwards)."""
         ct = req.body.get("$clusterTime")
         if isinstance(ct, dict) and isinstance(ct.get("clusterTime"), Timestamp):
             self.clock.advance(ct["clusterTime"])
@@ -148,10 +150,12 @@ class Node:
         }
 
     def set_parameter(self, name: str, value: Any) -> None:
+        """Apply one setParameter value (``cursorTimeoutMillis`` here); roles extend."""
         if name == "cursorTimeoutMillis":
             self.cursors.timeout_ms = int(value)
 
     def parsed_options(self) -> dict[str, Any]:
+        """The role's part of getCmdLineOpts ``parsed``; roles extend."""
         return {}
 
     def server_status(self) -> dict[str, Any]:
@@ -165,6 +169,7 @@ class Node:
         }
 
     def process_name(self) -> str:
+        """serverStatus ``process`` (``mongos`` for the router)."""
         return "mongod"
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -173,4 +178,5 @@ class Node:
         self.cursors.start_reaper()
 
     async def shutdown(self) -> None:
+        """Kill every open cursor."""
         await self.cursors.kill_all()

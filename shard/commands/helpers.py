@@ -184,6 +184,7 @@ class Database:
         self.db = db
 
     def get_collection(self, name: str) -> "_LookupColl":
+        """The collection ``name`` of this database, for a lookup."""
         return _LookupColl(self.node.storage.get(self.db, name))
 
 
@@ -192,4 +193,5 @@ class _LookupColl:
         self.coll = coll
 
     def find(self, filt: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Copies of the documents matching ``filt``."""
         return [q.deep_copy(d) for _, d in q.select(self.coll, filt or {})]

@@ -63,6 +63,7 @@ class OplogCursor(Cursor):
         self.scanned = False
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        """The next batch of matching entries (see the class docstring); 136 when truncated."""
         if not first and self.tailable and self.scanned and \
                 self.node.oplog.truncated_through >= self.pos:
             # The entries after our position were truncated away (capped collection semantics).

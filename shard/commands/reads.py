@@ -221,9 +221,11 @@ class _EmptyFirst(Cursor):
         self.no_timeout = inner.no_timeout
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        """Nothing on the first fetch, then the wrapped cursor's batches."""
         if first:
             return Batch([], exhausted=False)
         return await self.inner.fetch(batch_size, max_time_ms, first=False)
 
     async def close(self) -> None:
+        """Close the wrapped cursor."""
         await self.inner.close()
