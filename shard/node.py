@@ -111,8 +111,8 @@ class ShardNode(Node):
         }
 
     def parameters(self) -> dict[str, Any]:
-        """getParameter values: the common ones plus shardName, oplogSizeMB, oplogMinRetentionHours,
-        transactionLifetimeLimitSeconds, periodicNoopIntervalSecs."""
+        """getParameter values: the common ones plus shardName, oplogSizeMB,
+        oplogMinRetentionHours, transactionLifetimeLimitSeconds, periodicNoopIntervalSecs."""
         params = super().parameters()
         params.update({
             "shardName": self.shard_name,

@@ -3,8 +3,9 @@ commands every mongod/mongos answers the same way (ping, buildInfo, getMore, kil
 
 The common commands are module-level handlers in :mod:`shardsim.node_commands`, installed
 first; a role subclasses :class:`Node`, overrides :meth:`hello` (and the parameter/status hooks)
-and installs its own command families on ``self.commands`` after them. Replies get ``ok``, ``$clusterTime`` and ``operationTime`` here
-(``appendRequiredFieldsToResponse`` in the server's service entry points).
+and installs its own command families on ``self.commands`` after them. Replies get ``ok``,
+``$clusterTime`` and ``operationTime`` here (``appendRequiredFieldsToResponse`` in the server's
+service entry points).
 """
 
 from __future__ import annotations
