@@ -5,11 +5,14 @@ Prints ``shardsim configsvr ready on HOST:PORT`` once listening (see :mod:`shard
 
 from __future__ import annotations
 
+from typing import Any
+
 import logging
 
 import click
 
 from shardsim.procs import ready_line
+from shardsim.auth.cli import apply as apply_security, security_options
 from shardsim.server import run_node
 
 
@@ -22,15 +25,19 @@ from shardsim.server import run_node
               help="Period of the no-op oplog writer (ms).")
 @click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
+@security_options
 def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, no_test_commands: bool,
-         log_level: str) -> None:
+         log_level: str,
+         **security: Any) -> None:
     """Run the shardsim config server (a mongod --configsvr look-alike holding the catalog)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from configsvr.node import ConfigServerNode
+    sec_options, tls = apply_security("configsvr", **security)
     node = ConfigServerNode(host=host, port=port, test_commands=not no_test_commands,
-                            options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms})
-    run_node(node, host, port, ready_message=ready_line("configsvr"))
+                            options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms,
+                                     **sec_options})
+    run_node(node, host, port, ready_message=ready_line("configsvr"), tls=tls)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ from shardsim.shard_key import (Chunk, ChunkMap, KeyPattern, SortKey, compare_ke
                               hashed_split_points)
 from shardsim.errors import view_error
 from shard.node import ShardNode
+from shardsim.auth.session import SYSTEM_USER, AuthSession
+from configsvr import keys as cluster_keys
 from shardsim.client import Pool, parse_address, remote_error
 from shardsim.commands import ConnectionInfo, Request
 from shardsim.errors import MongoError
@@ -42,7 +44,7 @@ from shardsim.errors import MongoError
 log = logging.getLogger("shardsim.configsvr")
 
 CONFIG_SHARD_NAME = "config"
-_INTERNAL_CONN = ConnectionInfo(id=0, peer="internal")
+_INTERNAL_CONN = ConnectionInfo(id=0, peer="internal", auth=AuthSession(users=[SYSTEM_USER]))
 _UNSHARDABLE_DBS = ("admin", "local", "config")
 
 
@@ -71,6 +73,17 @@ class ConfigServerNode(ShardNode):
         self._ddl_lock = asyncio.Lock()
         self._pools: dict[str, Pool] = {}
         self._register_catalog_commands()
+
+    async def startup(self) -> None:
+        """As a shard; with authentication on, also make and hand out the HMAC keys
+        (:mod:`configsvr.keys`)."""
+        await super().startup()
+        await cluster_keys.start(self)
+
+    async def shutdown(self) -> None:
+        """Stop handing out keys, then as a shard."""
+        cluster_keys.stop(self)
+        await super().shutdown()
 
     # -- local catalog access (through our own command table, so writes hit the oplog) ----
     async def local(self, name: str, db: str, body: dict[str, Any]) -> dict[str, Any]:

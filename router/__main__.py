@@ -5,11 +5,14 @@ Prints ``shardsim router ready on HOST:PORT`` once listening (see :mod:`shardsim
 
 from __future__ import annotations
 
+from typing import Any
+
 import logging
 
 import click
 
 from shardsim.procs import ready_line
+from shardsim.auth.cli import apply as apply_security, security_options
 from shardsim.server import run_node
 
 
@@ -19,14 +22,17 @@ from shardsim.server import run_node
 @click.option("--configdb", required=True, help="The config server, HOST:PORT.")
 @click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
-def main(port: int, host: str, configdb: str, no_test_commands: bool, log_level: str) -> None:
+@security_options
+def main(port: int, host: str, configdb: str, no_test_commands: bool, log_level: str,
+         **security: Any) -> None:
     """Run a shardsim router (a mongos look-alike)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from router.node import RouterNode
+    sec_options, tls = apply_security("router", **security)
     node = RouterNode(configdb=configdb, host=host, port=port, test_commands=not no_test_commands,
-                      options={"configdb": configdb})
-    run_node(node, host, port, ready_message=ready_line("router"))
+                      options={"configdb": configdb, **sec_options})
+    run_node(node, host, port, ready_message=ready_line("router"), tls=tls)
 
 
 if __name__ == "__main__":

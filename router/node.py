@@ -23,6 +23,7 @@ from typing import Any
 
 from bson.int64 import Int64
 
+from router import security as router_security
 from router.catalog import CatalogCache
 from router.commands import FAMILIES
 from router.forwarding import BIG_BATCH
@@ -74,6 +75,7 @@ class RouterNode(Node):
         self.retryable_writes = RetryCache()
         self.write_gates: dict[str, NamespaceGate] = {}
         self.commands.install(self, *FAMILIES)
+        router_security.install(self)  # users, roles and HMAC keys from the config server
         failpoints.install(self)
 
     # -- identity -------------------------------------------------------------------------
@@ -187,6 +189,7 @@ class RouterNode(Node):
             await self.catalog.refresh()
         except MongoError as exc:
             log.warning("config server not reachable yet: %s", exc.errmsg)
+        await router_security.refresh_keys(self)
         self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
 
     async def _refresh_loop(self) -> None:
@@ -194,6 +197,7 @@ class RouterNode(Node):
             await asyncio.sleep(REFRESH_INTERVAL_S)
             try:
                 await self.catalog.refresh()
+                await router_security.refresh_keys(self)
             except MongoError as exc:
                 log.debug("catalog refresh failed: %s", exc.errmsg)
             except Exception:  # keep refreshing whatever happened

@@ -5,12 +5,15 @@ Prints ``shardsim shard ready on HOST:PORT`` once listening (see :mod:`shardsim.
 
 from __future__ import annotations
 
+from typing import Any
+
 import logging
 import sys
 
 import click
 
 from shardsim.procs import ready_line
+from shardsim.auth.cli import apply as apply_security, security_options
 from shardsim.server import run_node
 
 
@@ -33,9 +36,11 @@ from shardsim.server import run_node
               help="SQLite synchronous mode (normal survives process crashes; full also OS crashes).")
 @click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
+@security_options
 def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interval_ms: int,
          promise_mode: str, oplog_size_mb: float, oplog_min_retention_hours: float,
-         oplog_max_age_s: float | None, sync: str, no_test_commands: bool, log_level: str) -> None:
+         oplog_max_age_s: float | None, sync: str, no_test_commands: bool, log_level: str,
+         **security: Any) -> None:
     """Run a shardsim shard (a mongod --shardsvr look-alike)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -45,13 +50,15 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
         "oplog_size_mb": oplog_size_mb, "oplog_min_retention_hours": oplog_min_retention_hours,
         "oplog_max_age_s": oplog_max_age_s, "sync": sync,
     }
+    sec_options, tls = apply_security("shard", **security)
+    options.update(sec_options)
     try:
         node = ShardNode(shard_name=shard_name, host=host, port=port,
                          test_commands=not no_test_commands, options=options)
     except RuntimeError as exc:  # e.g. DBPathInUse: exit like mongod does (code 100)
         click.echo(f"shardsim shard: {exc}", err=True)
         sys.exit(100)
-    run_node(node, host, port, ready_message=ready_line("shard"))
+    run_node(node, host, port, ready_message=ready_line("shard"), tls=tls)
 
 
 if __name__ == "__main__":

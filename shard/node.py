@@ -33,7 +33,9 @@ from shardsim.node import Node
 from shard import noop_writer
 from shard import commands as shard_commands
 from shard.change_stream import cursor as cs_cursor
+from shard.auth_store import LocalUserStore
 from shard.durable import DurableStore
+from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
 from shardsim.query import select
 from shard.sessions import Sessions
@@ -88,7 +90,9 @@ class ShardNode(Node):
             self.durable = DurableStore(dbpath, sync=self.options.get("sync") or "normal")
             self.storage.journal = []
             self.durable.load(self)
-        self.commands.install(self, *shard_commands.FAMILIES)  # after the common family
+        self.commands.install(self, *shard_commands.FAMILIES,  # after the common family
+                              user_commands.commands)
+        self.security.store = LocalUserStore(self)  # shard-local admin.system.users/roles
         cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
         failpoints.install(self)  # configureFailPoint, with test commands only
 

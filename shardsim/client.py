@@ -22,6 +22,26 @@ from shardsim.node import CODEC, decode
 RAW_CODEC = CodecOptions(document_class=RawBSONDocument)
 
 
+class InternalSecurity:
+    """How this process's outgoing member connections are secured (one setting per process,
+    from ``--keyFile`` and the TLS options; :func:`configure`): ``key`` (None = no internal
+    authentication) makes every new connection authenticate as ``__system@local`` with
+    SCRAM-SHA-256 (mongod's keyFile internal authentication); ``ssl`` (an
+    :class:`ssl.SSLContext` or None) wraps it in TLS."""
+
+    key: str | None = None
+    ssl: Any = None
+
+
+INTERNAL = InternalSecurity()
+
+
+def configure(*, key: str | None = None, ssl_context: Any = None) -> None:
+    """Set this process's :data:`INTERNAL` security (called once by a role's ``__main__``)."""
+    INTERNAL.key = key
+    INTERNAL.ssl = ssl_context
+
+
 class Connection:
     """One connection to ``host:port``; commands run one at a time."""
 
@@ -40,11 +60,40 @@ class Connection:
     async def connect(self, timeout: float = 5.0) -> None:
         try:
             self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=2 ** 20), timeout)
+                asyncio.open_connection(self.host, self.port, limit=2 ** 20,
+                                        ssl=INTERNAL.ssl), timeout)
         except (OSError, asyncio.TimeoutError) as exc:
             self.broken = True
             raise MongoError(6, f"Couldn't connect to server {self.address} :: caused by :: "
                                 f"{exc or type(exc).__name__}") from None
+        if INTERNAL.key is not None:
+            await self._authenticate(INTERNAL.key, timeout)
+
+    async def _authenticate(self, key: str, timeout: float) -> None:
+        """SCRAM-SHA-256 as ``__system@local`` (keyFile internal authentication); the
+        connection is closed and AuthenticationFailed (18) raised when the peer refuses."""
+        from shardsim.auth.scram import SCRAM_SHA_256, ClientConversation, ScramFailed
+        conv = ClientConversation(SCRAM_SHA_256, "__system", key)
+
+        async def step(body: dict[str, Any]) -> dict[str, Any]:
+            body["$db"] = "local"
+            raw = await self._round_trip(
+                wire.encode_op_msg(bson.encode(body, codec_options=CODEC)), timeout)
+            reply = decode(raw)
+            if not reply.get("ok"):
+                self.close()
+                raise remote_error(reply)
+            return reply
+
+        first = await step({"saslStart": 1, "mechanism": SCRAM_SHA_256, "payload": conv.first(),
+                            "options": {"skipEmptyExchange": True}})
+        final = await step({"saslContinue": 1, "conversationId": first["conversationId"],
+                            "payload": conv.final(bytes(first["payload"]))})
+        try:
+            conv.verify(bytes(final["payload"]))
+        except ScramFailed:
+            self.close()
+            raise MongoError(18, "Authentication failed.") from None
 
     async def command_bytes(self, body: bytes, timeout: float | None = None) -> bytes:
         """Send one OP_MSG with raw BSON ``body``; return the raw BSON reply body.

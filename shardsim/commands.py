@@ -37,13 +37,16 @@ GENERIC_FIELDS = frozenset({
 
 @dataclass(slots=True)
 class ConnectionInfo:
-    """Per-connection state: an id (``connectionId`` in hello), the peer address, and the
-    client metadata's ``application.name`` (used by failCommand's ``appName``)."""
+    """Per-connection state: an id (``connectionId`` in hello), the peer address, the
+    client metadata's ``application.name`` (used by failCommand's ``appName``) and the
+    authentication state (``auth``: a :class:`shardsim.auth.session.AuthSession`, None until
+    the connection authenticates)."""
 
     id: int
     peer: str = ""
     app_name: str | None = None
     closed: bool = False
+    auth: Any = None
 
 
 @dataclass(slots=True)

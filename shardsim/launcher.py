@@ -78,7 +78,11 @@ class Cluster:
     for logs and data (a temporary one, removed on stop, when None); ``durable`` — give every
     process ``--dbpath``; ``port`` — the router's port (0 = a free one); ``shard_args`` — extra
     arguments for every ``python -m shard``; ``detach`` — processes write to log files in
-    ``base_dir`` and survive the launcher (see ``shardsim up --detach``).
+    ``base_dir`` and survive the launcher (see ``shardsim up --detach``); ``auth`` — ``(user,
+    password)``: every process gets ``--keyFile`` (a key generated into ``base_dir``) and the
+    first user, ``user`` with ``root`` on ``admin``, is created through the localhost exception;
+    ``tls`` — ``{"cert": PEM path, "ca": PEM path}``: every process runs ``--tlsMode
+    requireTLS`` (``tls_mode`` to choose another mode) with that certificate and CA.
 
     Attributes after :meth:`start`: ``router_uri`` (``mongodb://127.0.0.1:P/``), ``router``,
     ``config``, ``shards`` (RoleProcess list; ``.name`` is the shard name).
@@ -87,7 +91,9 @@ class Cluster:
 
     def __init__(self, shards: int = 3, base_dir: str | None = None, durable: bool = False,
                  port: int = 0, shard_args: Sequence[str] = (), *, host: str = "127.0.0.1",
-                 detach: bool = False, start_timeout: float = 30.0) -> None:
+                 detach: bool = False, start_timeout: float = 30.0,
+                 auth: tuple[str, str] | None = None, tls: dict[str, str] | None = None,
+                 tls_mode: str = "requireTLS") -> None:
         self.num_shards = shards
         self._own_dir = base_dir is None
         self.base_dir = base_dir or tempfile.mkdtemp(prefix="shardsim-")
@@ -101,6 +107,54 @@ class Cluster:
         self.config: RoleProcess | None = None
         self.router: RoleProcess | None = None
         self.shards: list[RoleProcess] = []
+        self.auth = auth
+        self.tls = tls
+        self.tls_mode = tls_mode
+
+    # -- security ---------------------------------------------------------------------------
+    @property
+    def key_file(self) -> str:
+        """The cluster's key file (made on first use, mode 0600 as mongod requires)."""
+        path = os.path.join(self.base_dir, "keyfile")
+        if not os.path.exists(path):
+            import base64
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(base64.b64encode(os.urandom(756)).decode() + "\n")
+        return path
+
+    def _security_args(self) -> list[str]:
+        args: list[str] = []
+        if self.auth is not None:
+            args += ["--keyFile", self.key_file]
+        if self.tls is not None:
+            args += ["--tlsMode", self.tls_mode, "--tlsCertificateKeyFile", self.tls["cert"],
+                     "--tlsCAFile", self.tls["ca"]]
+        return args
+
+    def client_options(self) -> dict[str, Any]:
+        """pymongo.MongoClient keyword arguments for this cluster (credentials, TLS)."""
+        kw: dict[str, Any] = {}
+        if self.auth is not None:
+            kw.update(username=self.auth[0], password=self.auth[1], authSource="admin")
+        if self.tls is not None:
+            kw.update(tls=True, tlsCAFile=self.tls["ca"], tlsAllowInvalidHostnames=True)
+        return kw
+
+    def _create_root_user(self) -> None:
+        """The first user, through the localhost exception (no credentials yet)."""
+        import pymongo
+        assert self.auth is not None
+        kw = self.client_options()
+        for k in ("username", "password", "authSource"):
+            kw.pop(k, None)
+        client: pymongo.MongoClient = pymongo.MongoClient(
+            self.router_uri, serverSelectionTimeoutMS=30000, directConnection=True, **kw)
+        try:
+            client.admin.command("createUser", self.auth[0], pwd=self.auth[1],
+                                 roles=[{"role": "root", "db": "admin"}])
+        finally:
+            client.close()
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -168,15 +222,18 @@ class Cluster:
             # exception, also a KeyboardInterrupt during the ready wait) reaches it.
             self.config = self._proc(
                 "configsvr", ["--port", self._saved_port("configsvr"), "--host", self.host,
-                              *self._dbpath("config")],
+                              *self._dbpath("config"), *self._security_args()],
                 "configsvr")
             self._start(self.config)
             for _ in range(self.num_shards):
                 self._start_shard()
             self.router = self._proc(
                 "router", ["--port", str(self.port), "--host", self.host,
-                           "--configdb", self.config.address], "router")
+                           "--configdb", self.config.address, *self._security_args()],
+                "router")
             self._start(self.router)
+            if self.auth is not None and not self._has_users():
+                self._create_root_user()
             for shard in self.shards:
                 self._add_shard(shard)
             self._save_ports()
@@ -189,7 +246,8 @@ class Cluster:
         name = f"shard{len(self.shards)}"  # shards are only ever appended
         proc = self._proc("shard", ["--port", self._saved_port(name), "--host", self.host,
                                     "--shard-name", name,
-                                    *self._dbpath(name), *self.shard_args], name)
+                                    *self._dbpath(name), *self.shard_args,
+                                    *self._security_args()], name)
         self.shards.append(proc)
         return self._start(proc)
 
@@ -197,11 +255,24 @@ class Cluster:
         """Run an admin command on the router with pymongo."""
         import pymongo
         client: pymongo.MongoClient = pymongo.MongoClient(
-            self.router_uri, serverSelectionTimeoutMS=timeout_ms, directConnection=True)
+            self.router_uri, serverSelectionTimeoutMS=timeout_ms, directConnection=True,
+            **self.client_options())
         try:
             return client.admin.command(cmd)
         finally:
             client.close()
+
+    def _has_users(self) -> bool:
+        """True when the (durable) cluster already has its users: the root user logs in."""
+        import pymongo.errors
+        if not self.durable:
+            return False
+        try:
+            self.admin_command({"ping": 1, "$readPreference": {"mode": "primary"}}, 10000)
+            self.admin_command({"connectionStatus": 1}, 10000)
+            return True
+        except pymongo.errors.OperationFailure:
+            return False
 
     def _add_shard(self, shard: RoleProcess) -> None:
         import pymongo.errors

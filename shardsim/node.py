@@ -23,6 +23,8 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from shardsim import node_commands
+from shardsim.auth import commands as auth_commands
+from shardsim.auth.security import Security
 from shardsim.clock import HybridLogicalClock
 from shardsim.commands import CommandTable, Request
 from shardsim.cursors import CursorManager
@@ -67,7 +69,10 @@ class Node:
         self.commands = CommandTable()
         self.started = time.time()
         self.started_mono = time.monotonic()
-        self.commands.install(self, node_commands.commands)  # roles install theirs after
+        self.commands.install(self, node_commands.commands, auth_commands.commands)
+        # roles install theirs after; --auth / --keyFile (key: the key file's content)
+        self.security = Security(self, enabled=bool(self.options.get("auth")),
+                                 key=self.options.get("key"))
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -85,7 +90,9 @@ class Node:
         now = self.clock.now()
         if now.time == 0 and now.inc == 0:
             now = self.clock.advance_to_wall()
-        reply["$clusterTime"] = {"clusterTime": now, "signature": DUMMY_SIGNATURE}
+        security = self.security
+        sig = security.sign(now, DUMMY_SIGNATURE) if security.enabled else DUMMY_SIGNATURE
+        reply["$clusterTime"] = {"clusterTime": now, "signature": sig}
         op_time = reply.pop("__operationTime", None)
         reply["operationTime"] = op_time if op_time is not None else now
 
@@ -115,9 +122,13 @@ class Node:
 
     # -- dispatch -------------------------------------------------------------------------
     def gossip_in(self, req: Request) -> None:
-        """Advance the clock to a request's ``$clusterTime`` (never backwards)."""
+        """Advance the clock to a request's ``$clusterTime`` (never backwards). With
+        authentication on, the time's signature is checked first
+        (:meth:`shardsim.auth.security.Security.check_cluster_time`: 210/211)."""
         ct = req.body.get("$clusterTime")
         if isinstance(ct, dict) and isinstance(ct.get("clusterTime"), Timestamp):
+            if self.security.enabled:
+                self.security.check_cluster_time(req, ct)
             self.clock.advance(ct["clusterTime"])
 
     async def run_command(self, req: Request) -> dict[str, Any]:
@@ -125,6 +136,8 @@ class Node:
         try:
             self.gossip_in(req)
             handler = self.commands.lookup(req.name)
+            if self.security.enabled:
+                await self.security.authorize(req)
             mt = req.body.get("maxTimeMS")
             if mt is not None and (isinstance(mt, bool) or not isinstance(mt, (int, float)) or mt < 0):
                 raise MongoError(2, f"{mt} value for maxTimeMS is out of range [0, 2147483647]")

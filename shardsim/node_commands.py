@@ -68,6 +68,9 @@ async def hello(node: Node, req: Request) -> dict[str, Any]:
     })
     if req.body.get("helloOk"):
         reply["helloOk"] = True
+    if "speculativeAuthenticate" in req.body or "saslSupportedMechs" in req.body:
+        from shardsim.auth.commands import hello_fields
+        reply.update(await hello_fields(node, req))
     return reply
 
 
@@ -157,12 +160,6 @@ async def start_session(node: Node, req: Request) -> dict[str, Any]:
 async def whatsmyuri(node: Node, req: Request) -> dict[str, Any]:
     """``whatsmyuri``: the peer address of the connection."""
     return {"you": req.conn.peer}
-
-
-@commands.handler("connectionStatus")
-async def connection_status(node: Node, req: Request) -> dict[str, Any]:
-    """``connectionStatus``: no authentication, so no users or roles."""
-    return {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}}
 
 
 @commands.handler("hostInfo")

@@ -64,18 +64,31 @@ def request_from_op_query(msg: wire.OpQuery, conn: ConnectionInfo) -> Request:
 
 
 class Server:
-    """Serve ``node`` on ``host:port`` (port 0 picks a free one; ``node.port`` is then set)."""
+    """Serve ``node`` on ``host:port`` (port 0 picks a free one; ``node.port`` is then set).
 
-    def __init__(self, node: Node, host: str = "127.0.0.1", port: int = 0) -> None:
+    ``tls`` (:class:`shardsim.auth.tls.TlsSettings` or None): ``requireTLS`` serves TLS only
+    (a plain client's bytes fail the handshake and the connection closes); ``allowTLS`` /
+    ``preferTLS`` serve both on the one port, upgrading a connection whose first byte is a TLS
+    handshake record, as mongod does."""
+
+    def __init__(self, node: Node, host: str = "127.0.0.1", port: int = 0,
+                 tls: Any = None) -> None:
         self.node = node
         self.host = host
         self.port = port
+        self.tls = tls
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port,
-                                                  limit=2 ** 20, reuse_address=True)
+        tls = self.tls
+        if tls is not None and tls.mode != "requireTLS":
+            self._server = await asyncio.start_server(self._sniff, self.host, self.port,
+                                                      limit=2 ** 20, reuse_address=True)
+        else:
+            self._server = await asyncio.start_server(
+                self._handle, self.host, self.port, limit=2 ** 20, reuse_address=True,
+                ssl=tls.context if tls is not None else None)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         self.node.host = self.host
@@ -93,6 +106,34 @@ class Server:
         assert self._server is not None
         async with self._server:
             await self._server.serve_forever()
+
+    async def _sniff(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """allowTLS/preferTLS: peek at the first byte (still in the reader's buffer) and
+        upgrade the connection to TLS when it starts a TLS handshake."""
+        try:
+            first = await reader.read(1)
+        except (ConnectionError, OSError):
+            writer.close()
+            return
+        if not first:
+            writer.close()
+            return
+        if first[0] != 0x16:
+            await self._handle(_Prefixed(reader, first), writer)
+            return
+        # A TLS client: feed the buffered ClientHello back through a memory-BIO TLS layer.
+        await self._handle_tls(reader, writer, first)
+
+    async def _handle_tls(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          first: bytes) -> None:
+        from shardsim.auth.tls_bio import TlsStream
+        stream = TlsStream(self.tls.context, reader, writer, first)
+        try:
+            await stream.handshake()
+        except Exception:
+            writer.close()
+            return
+        await self._handle(stream.reader(), stream)  # type: ignore[arg-type]
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -159,6 +200,22 @@ class Server:
         return wire.encode_op_reply(encode_reply(reply), response_to=msg.request_id)
 
 
+class _Prefixed:
+    """A StreamReader with bytes already read put back in front (:meth:`Server._sniff`)."""
+
+    def __init__(self, reader: asyncio.StreamReader, head: bytes) -> None:
+        self._reader = reader
+        self._head = head
+
+    async def readexactly(self, n: int) -> bytes:
+        if not self._head:
+            return await self._reader.readexactly(n)
+        head, self._head = self._head[:n], self._head[n:]
+        if len(head) == n:
+            return head
+        return head + await self._reader.readexactly(n - len(head))
+
+
 _CURSOR_PLACEHOLDER = RawBSONDocument(b"\x05\x00\x00\x00\x00")
 _CURSOR_MARKER = b"\x03cursor\x00\x05\x00\x00\x00\x00"
 
@@ -188,9 +245,11 @@ def encode_reply(reply: dict[str, Any]) -> bytes:
         return encode(err)
 
 
-def run_node(node: Node, host: str, port: int, *, ready_message: str | None = None) -> None:
+def run_node(node: Node, host: str, port: int, *, ready_message: str | None = None,
+             tls: Any = None) -> None:
     """Run ``node`` until SIGINT/SIGTERM (uvloop when installed). Prints ``ready_message``
-    (formatted with ``port``) once listening, so launchers can wait for it."""
+    (formatted with ``port``) once listening, so launchers can wait for it. ``tls``: see
+    :class:`Server`."""
     try:
         import uvloop  # noqa: F401
         runner = uvloop.run
@@ -198,7 +257,7 @@ def run_node(node: Node, host: str, port: int, *, ready_message: str | None = No
         runner = asyncio.run
 
     async def main() -> None:
-        server = Server(node, host, port)
+        server = Server(node, host, port, tls)
         await server.start()
         # Change-stream batches allocate many short-lived objects (events, tokens, items): with
         # the default gen-0 threshold (700) a catch-up spends ~10 % of its CPU in the cyclic

@@ -14,6 +14,7 @@ module            commands
 ``sharding``      addShard, listShards, removeShard, enableSharding, shardCollection, split,
                   moveChunk, movePrimary, flushRouterConfig, balancerStatus/Start/Stop
 ``transactions``  commitTransaction, abortTransaction (state: :mod:`router.transactions`)
+``users``         createUser, usersInfo, ... forwarded to the config server (user cache)
 ``admin``         isdbgrid, dbStats, collStats, dataSize, validate; the passthrough of the
                   ``config``/``admin`` databases to the config server
 ================  ===========================================================================
@@ -26,9 +27,9 @@ also call ``await crud.insert(node, request)`` directly.
 
 from __future__ import annotations
 
-from router.commands import admin, crud, ddl, reads, sharding, transactions
+from router.commands import admin, crud, ddl, reads, sharding, transactions, users
 
 FAMILIES = (transactions.commands, crud.commands, reads.commands, ddl.commands, admin.commands,
-            sharding.commands)
+            sharding.commands, users.commands)
 
-__all__ = ["FAMILIES", "admin", "crud", "ddl", "reads", "sharding", "transactions"]
+__all__ = ["FAMILIES", "admin", "crud", "ddl", "reads", "sharding", "transactions", "users"]
