@@ -13,7 +13,8 @@ Shapes used here:
 
 * a *pattern* is a tuple: ``("exact", db, coll)``, ``("db", db)``, ``("coll", coll)``,
   ``("anyNormal",)``, ``("cluster",)``, ``("any",)``;
-* a *target* (what a command needs) is ``("ns", db, coll)``, ``("db", db)`` or ``("cluster",)``;
+* a *target* (what a command needs) is ``("ns", db, coll)``, ``("db", db)``, ``("anyNormal",)``
+  (a whole-cluster change stream) or ``("cluster",)``;
 * privileges are ``dict[pattern, set[action]]``; the action ``"*"`` stands for every action
   (``__system``).
 """
@@ -218,6 +219,8 @@ def search_list(target: tuple) -> tuple[Pattern, ...]:
     kind = target[0]
     if kind == "cluster":
         return (("cluster",), ("any",))
+    if kind == "anyNormal":
+        return (("anyNormal",), ("any",))
     if kind == "db":
         db = target[1]
         if db in ("local", "config"):

@@ -1,0 +1,216 @@
+"""Security against real processes: SCRAM-SHA-256/SHA-1 through the router and straight to a
+shard, Unauthorized (13) for what a ``read`` user may not do (change streams included), signed
+cluster time (a forged or unsigned future ``$clusterTime`` moves no clock), TLS-only clusters.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Iterator
+
+import pymongo
+import pytest
+from bson import Binary, Int64, Timestamp
+from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
+
+from shardsim.launcher import Cluster
+
+ROOT = ("root", "rootpw")
+
+
+@pytest.fixture(scope="module")
+def auth_cluster() -> Iterator[Cluster]:
+    c = Cluster(shards=2, auth=ROOT)
+    c.start()
+    try:
+        root = pymongo.MongoClient(c.router_uri, **c.client_options())
+        root.admin.command("enableSharding", "sec")
+        root.admin.command("shardCollection", "sec.orders", key={"_id": "hashed"})
+        root.sec.orders.insert_many([{"_id": i} for i in range(10)])
+        root.other.things.insert_one({"_id": 1})
+        root.sec.command("createUser", "reader", pwd="readpw", roles=["read"])
+        root.admin.command("createUser", "anyreader", pwd="anypw", roles=["readAnyDatabase"])
+        root.close()
+        yield c
+    finally:
+        c.stop()
+
+
+def _client(c: Cluster, user: str, pwd: str, source: str, mech: str | None = None,
+            **kw) -> pymongo.MongoClient:
+    if mech:
+        kw["authMechanism"] = mech
+    return pymongo.MongoClient(c.router_uri, username=user, password=pwd, authSource=source,
+                               serverSelectionTimeoutMS=10000, **kw)
+
+
+@pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-1", None])
+def test_scram_through_router(auth_cluster: Cluster, mech: str | None) -> None:
+    with _client(auth_cluster, "reader", "readpw", "sec", mech) as cl:
+        status = cl.sec.command("connectionStatus", showPrivileges=True)["authInfo"]
+        assert status["authenticatedUsers"] == [{"user": "reader", "db": "sec"}]
+        assert status["authenticatedUserRoles"] == [{"role": "read", "db": "sec"}]
+        privs = {(p["resource"]["db"], p["resource"]["collection"]): p["actions"]
+                 for p in status["authenticatedUserPrivileges"]}
+        assert "changeStream" in privs[("sec", "")] and "insert" not in privs[("sec", "")]
+        assert sorted(d["_id"] for d in cl.sec.orders.find()) == list(range(10))
+
+
+def test_wrong_password_and_unknown_user_give_18(auth_cluster: Cluster) -> None:
+    for user, pwd in (("reader", "nope"), ("nobody", "x")):
+        with _client(auth_cluster, user, pwd, "sec") as cl:
+            with pytest.raises(OperationFailure) as info:
+                cl.sec.command("ping")
+            assert info.value.code == 18
+            assert info.value.details["errmsg"] == "Authentication failed."
+
+
+def test_unauthenticated_client(auth_cluster: Cluster) -> None:
+    with pymongo.MongoClient(auth_cluster.router_uri) as cl:
+        assert cl.admin.command("ping")["ok"] == 1.0  # requiresAuth() == false
+        assert cl.admin.command("connectionStatus")["authInfo"]["authenticatedUsers"] == []
+        with pytest.raises(OperationFailure) as info:
+            cl.sec.orders.find_one()
+        assert info.value.code == 13
+        assert info.value.details["errmsg"] == "Command find requires authentication"
+        with pytest.raises(OperationFailure) as info:  # no localhost exception once users exist
+            cl.admin.command("createUser", "sneaky", pwd="x", roles=["root"])
+        assert info.value.code == 13
+
+
+def test_read_user_privileges_and_change_streams(auth_cluster: Cluster) -> None:
+    with _client(auth_cluster, "reader", "readpw", "sec") as cl:
+        with cl.sec.orders.watch(full_document="updateLookup") as cs:
+            assert cs.try_next() is None
+        with cl.sec.watch() as cs:  # a whole-database stream of the user's database
+            assert cs.try_next() is None
+        denied = [
+            lambda: cl.other.things.find_one(),
+            lambda: cl.other.things.watch().close(),
+            lambda: cl.other.watch().close(),
+            lambda: cl.watch().close(),  # the whole cluster needs any normal resource
+            lambda: cl.sec.orders.insert_one({"_id": 100}),
+            lambda: cl.sec.orders.delete_many({}),
+            lambda: cl.sec.orders.update_one({"_id": 1}, {"$set": {"x": 1}}),
+            lambda: cl.other.things.insert_one({"_id": 2}),
+            lambda: cl.admin.command("listShards"),
+            lambda: cl.admin.command("addShard", "127.0.0.1:1"),
+            lambda: cl.sec.command("createUser", "x", pwd="y", roles=[]),
+        ]
+        for op in denied:
+            with pytest.raises(OperationFailure) as info:
+                op()
+            assert info.value.code == 13
+            assert info.value.details["errmsg"].startswith("not authorized on ")
+    with _client(auth_cluster, "anyreader", "anypw", "admin") as cl:
+        with cl.watch() as cs:  # readAnyDatabase: changeStream + find on any normal resource
+            assert cs.try_next() is None
+        with pytest.raises(OperationFailure) as info:
+            cl.sec.orders.insert_one({"_id": 101})
+        assert info.value.code == 13
+
+
+def test_user_management(auth_cluster: Cluster) -> None:
+    with pymongo.MongoClient(auth_cluster.router_uri, **auth_cluster.client_options()) as root:
+        root.sec.command("createRole", "ordersWriter",
+                         privileges=[{"resource": {"db": "sec", "collection": "orders"},
+                                      "actions": ["insert"]}], roles=[])
+        root.sec.command("createUser", "writer", pwd="wpw", roles=["read"])
+        with pytest.raises(OperationFailure) as info:
+            root.sec.command("createUser", "writer", pwd="wpw", roles=["read"])
+        assert info.value.code == 51003
+        with _client(auth_cluster, "writer", "wpw", "sec") as w:
+            with pytest.raises(OperationFailure):
+                w.sec.orders.insert_one({"_id": 200})
+            root.sec.command("grantRolesToUser", "writer", roles=["ordersWriter"])
+            w.sec.orders.insert_one({"_id": 200})  # the router dropped its user cache
+            info_ = root.sec.command("usersInfo", "writer", showPrivileges=True)["users"][0]
+            assert {"role": "ordersWriter", "db": "sec"} in info_["roles"]
+            assert info_["mechanisms"] == ["SCRAM-SHA-1", "SCRAM-SHA-256"]
+            # a user may look at itself without viewUser
+            assert w.sec.command("usersInfo", "writer")["users"][0]["user"] == "writer"
+            root.sec.command("revokeRolesFromUser", "writer", roles=["ordersWriter"])
+            with pytest.raises(OperationFailure):
+                w.sec.orders.insert_one({"_id": 201})
+        roles = root.sec.command("rolesInfo", "ordersWriter", showPrivileges=True)["roles"]
+        assert roles[0]["privileges"][0]["actions"] == ["insert"]
+        root.sec.command("dropUser", "writer")
+        with pytest.raises(OperationFailure) as info:
+            root.sec.command("dropUser", "writer")
+        assert info.value.code == 11
+
+
+def _raw_command(c: Cluster, cmd: dict, user=("reader", "readpw", "sec")) -> dict:
+    """Run ``cmd`` as-is (pymongo would replace our $clusterTime with its own)."""
+    import socket
+    import bson
+    from shardsim import wire
+    from shardsim.auth.scram import SCRAM_SHA_256, ClientConversation
+    host, port = c.router.host, c.router.port
+    s = socket.create_connection((host, port))
+
+    def run(body):
+        s.sendall(wire.encode_op_msg(bson.encode(body)))
+        header = s.recv(16, socket.MSG_WAITALL)
+        length = int.from_bytes(header[:4], "little")
+        payload = s.recv(length - 16, socket.MSG_WAITALL)
+        return bson.decode(payload[5:])
+
+    try:
+        conv = ClientConversation(SCRAM_SHA_256, user[0], user[1])
+        first = run({"saslStart": 1, "mechanism": SCRAM_SHA_256, "payload": conv.first(),
+                     "options": {"skipEmptyExchange": True}, "$db": user[2]})
+        run({"saslContinue": 1, "conversationId": 1,
+             "payload": conv.final(bytes(first["payload"])), "$db": user[2]})
+        return run(cmd)
+    finally:
+        s.close()
+
+
+def test_forged_cluster_time_moves_no_clock(auth_cluster: Cluster) -> None:
+    future = Timestamp(int(datetime.datetime.now().timestamp()) + 10 * 365 * 86400, 1)
+    forged = {"clusterTime": future, "signature": {"hash": Binary(os.urandom(20)),
+                                                   "keyId": Int64(1)}}
+    unsigned = {"clusterTime": future, "signature": {"hash": Binary(b"\0" * 20),
+                                                     "keyId": Int64(0)}}
+    reply = _raw_command(auth_cluster, {"find": "orders", "$db": "sec", "$clusterTime": forged})
+    assert reply["ok"] == 0 and reply["code"] == 211
+    reply = _raw_command(auth_cluster, {"find": "orders", "$db": "sec", "$clusterTime": unsigned})
+    assert reply["code"] == 211 and "with id: 0" in reply["errmsg"]
+    # a real key id with a wrong hash: TimeProofMismatch
+    good = _raw_command(auth_cluster, {"ping": 1, "$db": "admin"})["$clusterTime"]
+    wrong = {"clusterTime": future, "signature": {"hash": Binary(os.urandom(20)),
+                                                  "keyId": good["signature"]["keyId"]}}
+    reply = _raw_command(auth_cluster, {"find": "orders", "$db": "sec", "$clusterTime": wrong})
+    assert reply["code"] == 210
+    # no clock moved, no process died: the router and the shards still answer with today
+    with pymongo.MongoClient(auth_cluster.router_uri, **auth_cluster.client_options()) as root:
+        after = root.admin.command("ping")["$clusterTime"]["clusterTime"]
+        assert after.time < future.time - 86400
+        root.sec.orders.insert_one({"_id": 300})
+    for proc in auth_cluster.processes:
+        assert proc.proc.poll() is None
+    # the router's own signed time goes back in fine
+    reply = _raw_command(auth_cluster, {"find": "orders", "$db": "sec", "$clusterTime": good})
+    assert reply["ok"] == 1.0
+
+
+def test_scram_directly_to_a_shard(auth_cluster: Cluster) -> None:
+    """A shard keeps its own users (created here through its localhost exception)."""
+    shard = auth_cluster.shards[0]
+    uri = f"mongodb://{shard.address}/?directConnection=true"
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000) as anon:
+        anon.admin.command("createUser", "shardroot", pwd="spw", roles=["root"])
+        with pytest.raises(OperationFailure) as info:
+            anon.sec.orders.find_one()
+        assert info.value.code == 13
+    for mech in ("SCRAM-SHA-256", "SCRAM-SHA-1"):
+        with pymongo.MongoClient(uri, username="shardroot", password="spw", authMechanism=mech,
+                                 serverSelectionTimeoutMS=10000) as cl:
+            assert cl.sec.orders.count_documents({}) > 0
+    with pymongo.MongoClient(uri, username="shardroot", password="bad",
+                             serverSelectionTimeoutMS=10000) as cl:
+        with pytest.raises(OperationFailure) as info:
+            cl.admin.command("ping")
+        assert info.value.code == 18

@@ -1,0 +1,106 @@
+"""Unit tests of shardsim.auth: the privilege table covers every command, built-in roles and
+resource matching, SCRAM credentials, the cluster-time KeyRing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from bson import Binary, Int64, Timestamp
+
+from shardsim.auth import privileges, roles
+from shardsim.auth.cluster_time import KeyRing, new_key_doc
+from shardsim.auth.scram import ClientConversation, ServerConversation, make_credentials
+from shardsim.auth.session import AuthSession
+from shardsim.auth.store import MemoryUserStore
+from shardsim.errors import MongoError
+
+
+def test_every_registered_command_is_in_the_table() -> None:
+    from configsvr.node import ConfigServerNode
+    from router.node import RouterNode
+    from shard.node import ShardNode
+    names = set(ShardNode().commands.names()) | set(ConfigServerNode().commands.names()) \
+        | set(RouterNode(configdb="127.0.0.1:1").commands.names())
+    missing = sorted(n for n in names if n not in privileges.TABLE and not n.startswith("_"))
+    assert not missing, f"commands without required privileges: {missing}"
+
+
+def _privs(*role_refs: tuple[str, str]) -> dict:
+    sess = AuthSession(users=[("u", "x")])
+    store = MemoryUserStore()
+    asyncio.run(store.put_user({"_id": "x.u", "user": "u", "db": "x",
+                                "roles": [{"role": r, "db": d} for r, d in role_refs]}))
+    return asyncio.run(sess.resolve(store))
+
+
+def test_read_role_matching() -> None:
+    p = _privs(("read", "sec"))
+    assert roles.authorized(p, ("ns", "sec", "orders"), ["find", "changeStream"])
+    assert roles.authorized(p, ("db", "sec"), ["changeStream", "find"])
+    assert not roles.authorized(p, ("ns", "sec", "orders"), ["insert"])
+    assert not roles.authorized(p, ("ns", "other", "orders"), ["find"])
+    assert not roles.authorized(p, ("anyNormal",), ["find"])
+    assert not roles.authorized(p, ("ns", "sec", "system.users"), ["find"])  # not normal
+
+
+def test_any_database_roles_and_root() -> None:
+    p = _privs(("readAnyDatabase", "admin"))
+    assert roles.authorized(p, ("anyNormal",), ["changeStream", "find"])
+    assert roles.authorized(p, ("ns", "a", "b"), ["find"])
+    assert not roles.authorized(p, ("ns", "config", "shards"), ["find"])  # not local/config
+    root = _privs(("root", "admin"))
+    assert roles.authorized(root, ("cluster",), ["addShard", "serverStatus"])
+    assert roles.authorized(root, ("ns", "a", "b"), ["insert", "remove", "update"])
+    assert not roles.authorized(root, ("cluster",), ["internal"])
+    assert not roles.authorized(_privs(("readAnyDatabase", "test")), ("ns", "a", "b"), ["find"])
+
+
+def test_change_stream_privileges() -> None:
+    from shardsim.commands import ConnectionInfo, Request
+
+    def req(arg, db, spec=None):
+        body = {"aggregate": arg, "pipeline": [{"$changeStream": spec or {}}], "$db": db}
+        return Request("aggregate", db, body, ConnectionInfo(1))
+
+    assert privileges.required("aggregate", req("c", "d")) == \
+        [(("ns", "d", "c"), ["changeStream", "find"])]
+    assert privileges.required("aggregate", req(1, "d")) == \
+        [(("db", "d"), ["changeStream", "find"])]
+    assert privileges.required("aggregate", req(1, "admin", {"allChangesForCluster": True})) \
+        == [(("anyNormal",), ["changeStream", "find"])]
+    assert privileges.required("_configsvrAddShard", req(1, "admin")) == \
+        [(("cluster",), ["internal"])]
+
+
+def test_scram_round_trip_both_mechanisms() -> None:
+    creds = make_credentials("alice", "pässword")
+    for mech in ("SCRAM-SHA-1", "SCRAM-SHA-256"):
+        client = ClientConversation(mech, "alice", "pässword")
+        server = ServerConversation(mech, lambda u: creds if u == "alice" else None)
+        final = client.final(server.start(client.first()))
+        client.verify(server.finish(final))
+        assert server.done and server.user == "alice"
+        bad = ClientConversation(mech, "alice", "wrong")
+        server = ServerConversation(mech, lambda u: creds)
+        with pytest.raises(Exception):
+            server.finish(bad.final(server.start(bad.first())))
+
+
+def test_keyring_signs_and_validates() -> None:
+    doc = new_key_doc(Timestamp(1000, 1))
+    signer, checker = KeyRing(), KeyRing()
+    signer.load([doc])
+    checker.load([doc])
+    dummy = {"hash": Binary(b"\0" * 20), "keyId": Int64(0)}
+    ts = Timestamp(2000, 5)
+    sig = signer.sign(ts, dummy)
+    checker.validate({"clusterTime": ts, "signature": sig})  # a valid signature passes
+    later = Timestamp(3000, 1)
+    with pytest.raises(MongoError) as info:
+        checker.validate({"clusterTime": later, "signature": dummy})
+    assert info.value.code == 211
+    with pytest.raises(MongoError) as info:
+        checker.validate({"clusterTime": later, "signature": sig})  # proof of another second
+    assert info.value.code == 210
+    checker.validate({"clusterTime": Timestamp(1500, 0), "signature": dummy})  # not ahead
