@@ -122,6 +122,9 @@ def _stop_all(cluster: Cluster | None) -> None:
 
 def _print_cluster(cluster: Cluster) -> None:
     click.echo(f"shardsim cluster ready: {cluster.router_uri}")
+    if cluster.auth is not None:
+        click.echo(f"authentication on: user '{cluster.auth[0]}' (root, authSource admin); "
+                   f"key file {cluster.key_file}")
     for p in cluster.processes:
         click.echo(_status_line(p.name, p.module, p.host, p.port, p.pid, p.alive()))
 
@@ -140,8 +143,16 @@ run_dir_option = click.option(
 @click.option("--dbpath", type=click.Path(file_okay=False), default=None,
               help="Make every process durable, with its data under this directory.")
 @click.option("--detach", is_flag=True, help="Leave the cluster running in the background.")
+@click.option("--auth", is_flag=True,
+              help="Key file for the members and a root user from $MONGO_INITDB_ROOT_USERNAME / "
+                   "$MONGO_INITDB_ROOT_PASSWORD (default root / root).")
+@click.option("--tlsCertificateKeyFile", "tls_cert", type=click.Path(dir_okay=False),
+              default=None, help="Serve TLS only (requireTLS) with this PEM certificate+key.")
+@click.option("--tlsCAFile", "tls_ca", type=click.Path(dir_okay=False), default=None,
+              help="The CA of the members' certificates (with --tlsCertificateKeyFile).")
 @run_dir_option
-def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | None) -> None:
+def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | None,
+       auth: bool = False, tls_cert: str | None = None, tls_ca: str | None = None) -> None:
     """Start a local cluster: config server, SHARDS shards and a router on 127.0.0.1:PORT."""
     global _stopping
     run_dir = run_dir or default_run_dir()
@@ -164,8 +175,11 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
     phase = "starting"  # -> "failed" | "running" | "detached"
     code = 0
     try:
+        creds = (os.environ.get("MONGO_INITDB_ROOT_USERNAME") or "root",
+                 os.environ.get("MONGO_INITDB_ROOT_PASSWORD") or "root") if auth else None
+        tls = {"cert": tls_cert, "ca": tls_ca or tls_cert} if tls_cert else None
         cluster = Cluster(shards=shards, base_dir=base_dir, durable=dbpath is not None,
-                          port=port, detach=detach)
+                          port=port, detach=detach, auth=creds, tls=tls)
         try:
             cluster.start()
         except ClusterError as exc:
