@@ -5,6 +5,7 @@ not ask for a fixture; ``clean_sharded_cluster`` drops user databases between te
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -49,10 +50,14 @@ def test_second_sees_a_clean_cluster(clean_sharded_cluster):
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project pip-installed (no dependencies: they are in this venv) into a directory."""
     target = tmp_path_factory.mktemp("site")
-    build = tmp_path_factory.mktemp("build")
+    src = tmp_path_factory.mktemp("src")  # pip builds in the tree: build from a copy
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for pkg in ("shardsim", "shard", "router", "configsvr"):
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--no-index", "--target", str(target), str(ROOT)],
-                   check=True, cwd=build, capture_output=True, timeout=240)
+                    "--no-build-isolation", "--no-index", "--target", str(target), str(src)],
+                   check=True, cwd=src, capture_output=True, timeout=240)
     assert list(target.glob("shardsim-*.dist-info/entry_points.txt"))
     return target
 
