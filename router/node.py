@@ -2,11 +2,11 @@
 
 * Identity: ``hello`` with ``msg: "isdbgrid"`` (no ``setName``/``hosts``), ``serverStatus``
   ``process: "mongos"``, ``getCmdLineOpts`` with ``sharding.configDB``.
-* Sharding commands (``addShard``, ``listShards``, ``removeShard``, ``enableSharding``,
-  ``shardCollection``, ``split``, ``moveChunk``, ``flushRouterConfig``) go to the config server
-  under its internal names (see :mod:`configsvr.node`).
+* Commands: one module per family in :mod:`router.commands` (crud, reads, ddl, sharding,
+  transactions, admin), installed here. Sharding commands go to the config server under its
+  internal names (see :mod:`configsvr.node`).
 * Writes are targeted by shard key (:mod:`router.writes`), reads are targeted or broadcast and
-  merged here (find/count/distinct/aggregate), DDL reaches every shard that owns the namespace
+  merged (:mod:`router.commands.reads`), DDL reaches every shard that owns the namespace
   with only the primary shard's oplog entry visible to change streams (others get
   ``fromMigrate: true``).
 * Cluster time: every shard command carries the router's ``$clusterTime``; replies advance
@@ -24,7 +24,12 @@ from typing import Any
 from bson.int64 import Int64
 
 from router.catalog import CatalogCache
+from router.commands import FAMILIES
+from router.forwarding import BIG_BATCH
 from shardsim.gossip import OPERATION_TIME, gossip_command
+from router.retryable_writes import RetryCache
+from router.transactions import TransactionRouter
+from router.writes import NamespaceGate
 from shardsim.client import Pool, parse_address
 from shardsim.commands import Request
 from shardsim.cursors import ListCursor
@@ -36,16 +41,7 @@ log = logging.getLogger("shardsim.router")
 
 NETWORK_CODES = frozenset({6, 7, 89, 9001, 91, 11600, 384})
 RETRYABLE_WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify"})
-# Fields of a client command the router does not forward as such.
-_STRIP = frozenset({"$db", "$clusterTime", "$readPreference", "$audit", "$client",
-                    "$configServerState", "$configTime", "$topologyTime"})
 REFRESH_INTERVAL_S = 1.0
-BIG_BATCH = 1 << 30
-
-
-def forwardable(body: dict[str, Any]) -> dict[str, Any]:
-    """A client command body without the fields the router replaces (``$db``, gossip)."""
-    return {k: v for k, v in body.items() if k not in _STRIP}
 
 
 class RouterNode(Node):
@@ -53,7 +49,15 @@ class RouterNode(Node):
 
     Attributes other router modules use: ``catalog`` (:class:`router.catalog.CatalogCache`),
     ``config_pool`` (:class:`shardsim.client.Pool` to the config server),
-    :meth:`pool_for` (a shard's pool), :meth:`shard_command`, ``cursors``.
+    :meth:`pool_for` (a shard's pool), :meth:`shard_command`, ``cursors``, and the state the
+    command handlers share:
+
+    * ``transactions`` (:class:`router.transactions.TransactionRouter`): the one shard of each
+      open transaction;
+    * ``retryable_writes`` (:class:`router.retryable_writes.RetryCache`): the statements each
+      retryable write has applied;
+    * ``write_gates`` (``{namespace or database: router.writes.NamespaceGate}``): this router's
+      writes held during a moveChunk/movePrimary it runs.
     """
 
     role = "router"
@@ -66,21 +70,27 @@ class RouterNode(Node):
         self.catalog = CatalogCache(self.config_pool, self.clock)
         self._pools: dict[str, tuple[tuple[str, int], Pool]] = {}
         self._refresher: asyncio.Task | None = None
-        from router import commands as router_commands  # here: it imports this module
-        router_commands.register(self)
+        self.transactions = TransactionRouter()
+        self.retryable_writes = RetryCache()
+        self.write_gates: dict[str, NamespaceGate] = {}
+        self.commands.install(self, *FAMILIES)
         failpoints.install(self)
 
     # -- identity -------------------------------------------------------------------------
     def hello(self, req: Request) -> dict[str, Any]:
+        """A router's hello: ``msg: "isdbgrid"`` and no replica-set fields."""
         return {"msg": "isdbgrid"}
 
     def process_name(self) -> str:
+        """``serverStatus.process``."""
         return "mongos"
 
     def parsed_options(self) -> dict[str, Any]:
+        """``getCmdLineOpts.parsed`` beyond ``net``: ``sharding.configDB``."""
         return {"sharding": {"configDB": self.configdb}}
 
     def server_status(self) -> dict[str, Any]:
+        """``serverStatus`` with ``sharding.configsvrConnectionString``."""
         st = super().server_status()
         st["sharding"] = {"configsvrConnectionString": self.configdb}
         return st
@@ -132,6 +142,8 @@ class RouterNode(Node):
 
     # -- dispatch -------------------------------------------------------------------------
     async def run_command(self, req: Request) -> dict[str, Any]:
+        """Run one command with a fresh operationTime holder
+        (:data:`shardsim.gossip.OPERATION_TIME`)."""
         token = OPERATION_TIME.set([None])
         try:
             return await super().run_command(req)
@@ -139,6 +151,7 @@ class RouterNode(Node):
             OPERATION_TIME.reset(token)
 
     def cluster_time_fields(self, req: Request | None, reply: dict[str, Any]) -> None:
+        """As the base class, with ``operationTime`` the newest of the shard replies used."""
         holder = OPERATION_TIME.get()
         if holder and holder[0] is not None and "__operationTime" not in reply:
             reply["__operationTime"] = holder[0]
@@ -167,6 +180,8 @@ class RouterNode(Node):
 
     # -- lifecycle ------------------------------------------------------------------------
     async def startup(self) -> None:
+        """Load the catalog (a config server that is not up yet is only logged) and start
+        refreshing it every :data:`REFRESH_INTERVAL_S`."""
         await super().startup()
         try:
             await self.catalog.refresh()
@@ -185,6 +200,7 @@ class RouterNode(Node):
                 log.exception("catalog refresh failed")
 
     async def shutdown(self) -> None:
+        """Stop refreshing, close the promise channels of change streams and every pool."""
         if self._refresher is not None:
             self._refresher.cancel()
         await super().shutdown()

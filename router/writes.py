@@ -15,20 +15,25 @@ Ordered batches run as consecutive same-shard runs and stop at the first write e
 batches run one child batch per shard concurrently. The reply merges ``n``/``nModified``/
 ``upserted``/``writeErrors`` with the client's statement indexes. Retryable writes (``lsid``/
 ``txnNumber`` outside a transaction) are tracked by the router per statement
-(:class:`RetryCache`): a retry applies only the statements an earlier attempt did not, and
-answers with the totals of both, so nothing is applied twice.
+(:class:`router.retryable_writes.RetryCache`, ``RouterNode.retryable_writes``): a retry applies
+only the statements an earlier attempt did not, and answers with the totals of both, so nothing
+is applied twice. Statements inside a transaction register their shard with
+``RouterNode.transactions`` (:mod:`router.transactions`).
+
+The ``insert``/``update``/``delete``/``findAndModify`` commands themselves are in
+:mod:`router.commands.crud`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bson import ObjectId
 
-from router.node import forwardable
+from router.forwarding import forwardable, reply_body
+from router.retryable_writes import RetryCache
 from shardsim.commands import Request, check_type
 from shardsim.errors import MongoError
 
@@ -39,7 +44,8 @@ _FIELD = {"insert": "documents", "update": "updates", "delete": "deletes"}
 # Batch options forwarded with every child batch.
 _BATCH_OPTS = ("bypassDocumentValidation", "writeConcern", "let", "comment", "maxTimeMS",
                "lsid", "txnNumber", "autocommit", "startTransaction", "readConcern")
-RETRY_CACHE_SIZE = 10_000
+# One targeted statement: (client index, shards, broadcast).
+Target = tuple[int, list[str], bool]
 
 
 @dataclass
@@ -53,48 +59,15 @@ class Run:
     key_update: bool = False  # a single update that may change the shard key's owner
 
 
-class RetryCache:
-    """Retryable write records by ``(lsid id, txnNumber)`` (LRU, bounded): for each, the
-    statements already applied and their totals, so a retry applies only the rest."""
-
-    def __init__(self, size: int = RETRY_CACHE_SIZE) -> None:
-        self._data: OrderedDict[tuple[bytes, int], dict[str, Any]] = OrderedDict()
-        self._size = size
-
-    @staticmethod
-    def key(body: dict[str, Any]) -> tuple[bytes, int] | None:
-        lsid, txn = body.get("lsid"), body.get("txnNumber")
-        if not isinstance(lsid, dict) or txn is None or body.get("autocommit") is False:
-            return None
-        ident = lsid.get("id")
-        return (bytes(ident) if ident is not None else b"", int(txn))
-
-    def get(self, key: tuple[bytes, int]) -> dict[str, Any] | None:
-        reply = self._data.get(key)
-        if reply is not None:
-            self._data.move_to_end(key)
-        return reply
-
-    def record(self, key: tuple[bytes, int]) -> dict[str, Any]:
-        """The (new or existing) record ``{done: set, n, nModified, upserted}`` of ``key``."""
-        rec = self.get(key)
-        if rec is None:
-            rec = {"done": set(), "n": 0, "nModified": 0, "upserted": []}
-            self.put(key, rec)
-        return rec
-
-    def put(self, key: tuple[bytes, int], reply: dict[str, Any]) -> None:
-        self._data[key] = reply
-        if len(self._data) > self._size:
-            self._data.popitem(last=False)
-
-
 def _is_replacement(u: Any) -> bool:
     return isinstance(u, dict) and not any(str(k).startswith("$") for k in u)
 
 
 class WriteExecutor:
-    """Runs one client write command through the router."""
+    """Runs one client write command (``kind``: ``"insert"``, ``"update"`` or ``"delete"``)
+    through the router: targets each statement (:meth:`target`), groups the statements into
+    child batches (:class:`Run`) and merges the shards' replies (:meth:`execute`). Like mongos'
+    ``BatchWriteExec`` (``src/mongo/s/write_ops/batch_write_exec.cpp``)."""
 
     def __init__(self, router: "RouterNode", req: Request, kind: str) -> None:
         self.router = router
@@ -107,8 +80,10 @@ class WriteExecutor:
         self.in_txn = req.get("autocommit") is False
 
     # -- targeting ----------------------------------------------------------------------------
-    async def _find_owner(self, q: Any, shards: list[str], extra: dict[str, Any]) -> str | None:
-        """The first shard (in catalog order) holding a document matching ``q``."""
+    async def find_owner(self, q: Any, shards: list[str], extra: dict[str, Any]) -> str | None:
+        """The first of ``shards`` (in catalog order) holding a document matching filter ``q``
+        (one ``find`` with ``limit: 1`` per shard, concurrently; ``collation``/``hint``/``sort``
+        of ``extra`` go with it), or None. Raises what a shard raises (MongoError)."""
         async def probe(shard: str) -> bool:
             cmd: dict[str, Any] = {"find": self.coll, "filter": q, "limit": 1,
                                    "projection": {"_id": 1}, "singleBatch": True}
@@ -124,7 +99,10 @@ class WriteExecutor:
         return None
 
     async def target(self, op: Any) -> tuple[list[str], bool]:
-        """``(shards, broadcast)`` for one statement."""
+        """``(shards, broadcast)`` for one statement ``op`` (a document for insert, an
+        ``{q, u, multi, upsert}`` / ``{q, limit}`` entry for update/delete). May create the
+        database (implicit creation on first write). Raises ShardNotFound (70) when there is no
+        shard, ShardKeyNotFound (61) for an upsert without the full shard key."""
         router = self.router
         info = router.catalog.collection(self.ns)
         if info is None:
@@ -148,7 +126,7 @@ class WriteExecutor:
             raise MongoError(61, f"Failed to target upsert by query :: could not extract exact "
                                  f"shard key from query {q}: the query must contain the full "
                                  f"shard key {info.key}")
-        owner = await self._find_owner(q, owners, op if isinstance(op, dict) else {})
+        owner = await self.find_owner(q, owners, op if isinstance(op, dict) else {})
         return ([owner] if owner else [owners[0]]), False
 
     # -- execution ----------------------------------------------------------------------------
@@ -159,8 +137,8 @@ class WriteExecutor:
             if k in self.req.body:
                 cmd[k] = self.req.body[k]
         if not self.in_txn:
-            # Retryability is the router's (RetryRecord): the shards' retry history is per
-            # command, and one client command becomes several child batches here.
+            # Retryability is the router's (router.retryable_writes): the shards' retry
+            # history is per command, and one client command becomes several child batches here.
             cmd.pop("lsid", None)
             cmd.pop("txnNumber", None)
         if self.req.get("fromMigrate") is True:
@@ -285,9 +263,11 @@ class WriteExecutor:
                 totals["writeConcernError"] = reply["writeConcernError"]
         return totals, errors
 
-    async def execute(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Target and run every statement. ``record`` (retryable writes) names statements
-        already applied by an earlier attempt: they are skipped and their totals reused."""
+    def statements(self) -> list[Any]:
+        """The command's statements (``documents``/``updates``/``deletes``); a document without
+        ``_id`` gets an ObjectId here, before targeting, so an ``_id`` shard key can place it
+        (mongos does the same). Raises TypeMismatch (14) / IDLFailedToParse (40414) for a bad
+        list, InvalidNamespace (73)."""
         ops = self.req.get(_FIELD[self.kind])
         if not isinstance(ops, list):
             check_type(self.req, _FIELD[self.kind], list, "array", required=True)
@@ -301,12 +281,16 @@ class WriteExecutor:
                     d = {"_id": ObjectId(), **d}
                 fixed.append(d)
             ops = fixed
-        # Target every statement (untargetable statements become write errors).
-        runs: list[Run] = []
+        return ops
+
+    async def _target_all(self, ops: list[Any], done: set[int], complete: bool
+                          ) -> tuple[list[Target | None], list[dict[str, Any]]]:
+        """Target every statement not yet applied: ``(targets, errors)`` with one ``(index,
+        shards, broadcast)`` per targeted statement and None for one that could not be
+        targeted (its write error is in ``errors``; an ordered batch stops there). Network
+        errors and ShardNotFound (70) are raised."""
         errors: list[dict[str, Any]] = []
-        targets: list[tuple[int, list[str], bool] | None] = []
-        done: set[int] = record["done"] if record is not None else set()
-        complete = record is not None and record.get("complete", False)
+        targets: list[Target | None] = []
         for i, op in enumerate(ops):
             if complete or i in done:
                 continue
@@ -321,6 +305,13 @@ class WriteExecutor:
                 targets.append(None)
                 if self.ordered:
                     break
+        return targets, errors
+
+    def _group(self, ops: list[Any], targets: list[Target | None]) -> list[Run]:
+        """The child batches: for an ordered batch, consecutive statements for the same shard
+        (up to the first untargetable one); for an unordered batch, one per shard. Broadcasts
+        and updates that may move a document (:meth:`touches_key`) each run alone."""
+        runs: list[Run] = []
         if self.ordered:
             for t in targets:
                 if t is None:
@@ -346,9 +337,27 @@ class WriteExecutor:
                     run.idx.append(i)
                     run.ops.append(ops[i])
             runs.extend(by_shard.values())
+        return runs
+
+    async def execute(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Target and run every statement; returns the reply body ``{n, [nModified],
+        [upserted], [writeErrors], [writeConcernError]}`` with the client's statement indexes.
+
+        ``record`` (retryable writes, see :class:`router.retryable_writes.RetryCache`) names
+        statements already applied by an earlier attempt: they are skipped and their totals
+        reused. Raises TypeMismatch (14) / IDLFailedToParse (40414) for a bad statement list,
+        InvalidNamespace (73), network errors (6, 7, 89, 9001) and ShardNotFound (70) as
+        such; a transaction spanning shards raises 263 (:mod:`router.transactions`). Other
+        failures become ``writeErrors``."""
+        ops = self.statements()
+        done: set[int] = record["done"] if record is not None else set()
+        complete = record is not None and record.get("complete", False)
+        # Untargetable statements become write errors.
+        targets, errors = await self._target_all(ops, done, complete)
+        runs = self._group(ops, targets)
         if self.in_txn:
             used = {s for r in runs for s in r.shards}
-            await self.router.txn_participant(self.req, used)
+            self.router.transactions.participant(self.req, used)
         totals = record if record is not None else {"n": 0, "nModified": 0, "upserted": []}
         wce = None
         done_any = False
@@ -421,9 +430,10 @@ class WriteExecutor:
 
 class NamespaceGate:
     """Writes to one namespace (or database) vs. a chunk migration / movePrimary started
-    through this router (the
-    router's share of the migration critical section): writes run concurrently with each other;
-    :meth:`block` waits for the writes in flight and holds new ones until :meth:`unblock`."""
+    through this router (the router's share of the migration critical section): writes run
+    concurrently with each other; :meth:`block` waits for the writes in flight and holds new
+    ones until :meth:`unblock`. One gate per name in ``RouterNode.write_gates``
+    (:func:`gate_for`)."""
 
     def __init__(self) -> None:
         self.active = 0
@@ -431,28 +441,34 @@ class NamespaceGate:
         self.cond = asyncio.Condition()
 
     async def enter(self) -> None:
+        """A write starts (waits while the gate is blocked)."""
         async with self.cond:
             await self.cond.wait_for(lambda: not self.blocked)
             self.active += 1
 
     async def exit(self) -> None:
+        """A write ended."""
         async with self.cond:
             self.active -= 1
             self.cond.notify_all()
 
     async def block(self) -> None:
+        """Hold new writes and wait until the writes in flight have ended."""
         async with self.cond:
             self.blocked += 1
             await self.cond.wait_for(lambda: self.active == 0)
 
     async def unblock(self) -> None:
+        """Let writes run again (after as many unblocks as blocks)."""
         async with self.cond:
             self.blocked -= 1
             self.cond.notify_all()
 
 
 def gate_for(router: "RouterNode", ns: str) -> NamespaceGate:
-    gates = router.__dict__.setdefault("ns_gates", {})
+    """The write gate of ``ns`` (a ``db.coll`` namespace or a database name), created on first
+    use in ``router.write_gates``."""
+    gates = router.write_gates
     gate = gates.get(ns)
     if gate is None:
         gate = gates[ns] = NamespaceGate()
@@ -460,9 +476,12 @@ def gate_for(router: "RouterNode", ns: str) -> NamespaceGate:
 
 
 async def run_write(router: "RouterNode", req: Request, kind: str) -> dict[str, Any]:
-    """insert/update/delete through the router (with the retryable-write cache)."""
+    """insert/update/delete (``kind``) through the router: waits at the database's and the
+    namespace's :class:`NamespaceGate`, then :meth:`WriteExecutor.execute` with the request's
+    retryable-write record (``router.retryable_writes``). Returns the reply body; raises as
+    :meth:`WriteExecutor.execute` does."""
     key = RetryCache.key(req.body)
-    record = router.retry_cache.record(key) if key is not None else None
+    record = router.retryable_writes.record(key) if key is not None else None
     db_gate, gate = gate_for(router, req.db), gate_for(router, f"{req.db}.{req.arg}")
     await db_gate.enter()
     try:
@@ -477,7 +496,10 @@ async def run_write(router: "RouterNode", req: Request, kind: str) -> dict[str, 
 
 async def find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
     """findAndModify: to the shard owning the query's shard key, else the first shard holding
-    a match; an untargetable upsert fails with ShardKeyNotFound (61)."""
+    a match (behind the same write gates as :func:`run_write`). Returns the shard's reply body
+    (``{lastErrorObject, value}``), remembered for a retry of a retryable write. An
+    untargetable upsert fails with ShardKeyNotFound (61); a second shard in a transaction with
+    263."""
     db_gate, gate = gate_for(router, req.db), gate_for(router, f"{req.db}.{req.arg}")
     await db_gate.enter()
     try:
@@ -493,7 +515,7 @@ async def find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
 async def _find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
     key = RetryCache.key(req.body)
     if key is not None:
-        cached = router.retry_cache.get(key)
+        cached = router.retryable_writes.get(key)
         if cached is not None:
             return dict(cached)
     db, coll = req.db, req.arg
@@ -517,12 +539,12 @@ async def _find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]
         else:
             ex = WriteExecutor(router, req, "update")
             owners = info.chunks.shards()
-            shard = await ex._find_owner(q, owners, {k2: req.body[k2] for k2 in ("sort", "collation", "hint")
-                                                      if k2 in req.body}) or owners[0]
+            extra = {k2: req.body[k2] for k2 in ("sort", "collation", "hint") if k2 in req.body}
+            shard = await ex.find_owner(q, owners, extra) or owners[0]
     if req.get("autocommit") is False:
-        await router.txn_participant(req, {shard})
+        router.transactions.participant(req, {shard})
     reply = await router.shard_command(shard, db, forwardable(req.body))
-    out = {k2: v for k2, v in reply.items() if k2 not in ("ok", "$clusterTime", "operationTime")}
+    out = reply_body(reply)
     if key is not None:
-        router.retry_cache.put(key, dict(out))
+        router.retryable_writes.put(key, dict(out))
     return out

@@ -2,8 +2,9 @@
 
 :class:`ShardNode` owns the storage (:mod:`shard.storage`), the oplog and pre-images
 (:mod:`shard.oplog`), transactions and retryable-write history (:mod:`shard.sessions`), and
-the optional SQLite store (:mod:`shard.durable`). Command handlers live in :mod:`shard.crud`
-(reads and writes), :mod:`shard.ddl` (catalog commands) and :mod:`shard.sessions`.
+the optional SQLite store (:mod:`shard.durable`). The command handlers are module-level
+functions in :mod:`shard.commands`, one family per module (crud, reads, ddl, catalog,
+transactions, internal), installed by ``ShardNode.__init__``.
 
 Every write goes through :meth:`ShardNode.log_op`: tick the clock (never behind gossiped
 ``$clusterTime``, see ``Node.gossip_in``), build the oplog entry in mongod's field order, append
@@ -30,6 +31,7 @@ from shardsim.commands import Request
 from shardsim.errors import MongoError
 from shardsim.node import Node
 from shard import noop_writer
+from shard import commands as shard_commands
 from shard.change_stream import cursor as cs_cursor
 from shard.durable import DurableStore
 from shard.oplog import Oplog, PreImages
@@ -37,6 +39,7 @@ from shardsim.query import select
 from shard.sessions import Sessions
 from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
                            validate_db_name)
+from shard.write_context import NO_CONTEXT, WriteContext
 
 TERM = Int64(1)
 OPLOG_VERSION = Int64(2)
@@ -55,25 +58,6 @@ def wall_now() -> datetime.datetime:
         _wall_cache[0] = ms
         _wall_cache[1] = _EPOCH + datetime.timedelta(milliseconds=ms)
     return _wall_cache[1]
-
-
-class WriteContext:
-    """What a write command contributes to its oplog entries: session fields, ``fromMigrate``,
-    and the open transaction (``txn``) that buffers operations instead of logging them."""
-
-    __slots__ = ("lsid", "txn_number", "from_migrate", "txn", "stmt_id", "retry")
-
-    def __init__(self, lsid: Any = None, txn_number: Any = None, from_migrate: bool = False,
-                 txn: Any = None) -> None:
-        self.lsid = lsid
-        self.txn_number = txn_number
-        self.from_migrate = from_migrate
-        self.txn = txn
-        self.stmt_id: int | None = None
-        self.retry: Any = None  # the Session of a retryable write
-
-
-NO_CONTEXT = WriteContext()
 
 
 class ShardNode(Node):
@@ -104,10 +88,7 @@ class ShardNode(Node):
             self.durable = DurableStore(dbpath, sync=self.options.get("sync") or "normal")
             self.storage.journal = []
             self.durable.load(self)
-        from shard import crud, ddl  # here: both import this module
-        crud.register(self)
-        ddl.register(self)
-        self.sessions.register()
+        self.commands.install(self, *shard_commands.FAMILIES)  # after the common family
         cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
         failpoints.install(self)  # configureFailPoint, with test commands only
 
@@ -130,6 +111,8 @@ class ShardNode(Node):
         }
 
     def parameters(self) -> dict[str, Any]:
+        """getParameter values: the common ones plus shardName, oplogSizeMB,
+        oplogMinRetentionHours, transactionLifetimeLimitSeconds, periodicNoopIntervalSecs."""
         params = super().parameters()
         params.update({
             "shardName": self.shard_name,
@@ -141,6 +124,8 @@ class ShardNode(Node):
         return params
 
     def set_parameter(self, name: str, value: Any) -> None:
+        """setParameter: oplogSizeMB and oplogMinRetentionHours (truncating at once),
+        transactionLifetimeLimitSeconds; others as :meth:`Node.set_parameter`."""
         if name == "oplogSizeMB":
             self.oplog.max_bytes = int(value) * 1024 * 1024
             self.oplog.truncate()
@@ -153,6 +138,7 @@ class ShardNode(Node):
             super().set_parameter(name, value)
 
     def parsed_options(self) -> dict[str, Any]:
+        """getCmdLineOpts ``parsed``: clusterRole shardsvr, replSet, dbPath."""
         out: dict[str, Any] = {"sharding": {"clusterRole": "shardsvr"},
                                "replication": {"replSet": self.shard_name}}
         if self.options.get("dbpath"):
@@ -160,6 +146,7 @@ class ShardNode(Node):
         return out
 
     def server_status(self) -> dict[str, Any]:
+        """serverStatus with the ``repl``, ``oplog`` and ``storageEngine`` sections."""
         st = super().server_status()
         first, last = self.oplog.first_ts(), self.oplog.last_ts()
         st["repl"] = {"setName": self.shard_name, "isWritablePrimary": True, "secondary": False,
@@ -274,6 +261,7 @@ class ShardNode(Node):
         return entry["ts"]
 
     def put_pre_image(self, uuid: bytes, ts: Timestamp, index: int, doc: dict[str, Any]) -> None:
+        """Store a pre-image (``config.system.preimages``) and journal it."""
         self.pre_images.put(uuid, ts, index, doc)
         if self.storage.journal is not None:
             self.storage.journal.append(("preimage", uuid, ts, index, doc))
@@ -344,11 +332,13 @@ class ShardNode(Node):
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def startup(self) -> None:
+        """Start the periodic no-op writer and the transaction reaper."""
         await super().startup()
         noop_writer.start(self)  # periodic no-ops (change streams)
         self.sessions.start_reaper()  # abort transactions past transactionLifetimeLimitSeconds
 
     async def shutdown(self) -> None:
+        """Close cursors, then flush and close the durable store."""
         await super().shutdown()
         if self.durable is not None:
             self.flush()

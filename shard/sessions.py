@@ -205,6 +205,7 @@ class TxnView:
                         raise coll._dup_error(idx, kv)
 
     def insert(self, doc: dict[str, Any]) -> Any:
+        """Insert into the overlay; DuplicateKey (11000) against committed and own documents."""
         self._check_unique(doc)
         k = id_key(doc["_id"])
         self._remember(k)
@@ -212,6 +213,7 @@ class TxnView:
         return k
 
     def replace(self, key: Any, new: dict[str, Any]) -> dict[str, Any]:
+        """Replace in the overlay; returns the document it replaces (11000 as insert)."""
         old = self.docs[key]
         self._check_unique(new, own_key=key)
         self._remember(key)
@@ -219,6 +221,7 @@ class TxnView:
         return old
 
     def delete(self, key: Any) -> dict[str, Any]:
+        """Delete in the overlay; returns the deleted document."""
         old = self.docs[key]
         self._remember(key)
         self.overlay[key] = None
@@ -242,7 +245,7 @@ class Session:
 
 
 class Sessions:
-    """All sessions of a shard node; registers commitTransaction/abortTransaction."""
+    """All sessions of a shard node (their commands are in :mod:`shard.commands.transactions`)."""
 
     def __init__(self, node: Any) -> None:
         self.node = node
@@ -282,7 +285,12 @@ class Sessions:
                 s.txn.rollback(self.node.storage)
                 s.txn.state = "aborted"
 
+    def lsids(self) -> list[Any]:
+        """The lsid of every known session (killAllSessions)."""
+        return [s.lsid for s in list(self._sessions.values())]
+
     def get(self, lsid: Any) -> Session | None:
+        """The session of ``lsid`` (created on first use), or None without a valid ``lsid.id``."""
         sid = _session_id(lsid)
         if sid is None:
             return None
@@ -379,7 +387,10 @@ class Sessions:
             s.txn.rollback(self.node.storage)
             s.txn.state = "aborted"
 
-    def _txn_for_end(self, req: Request) -> tuple[Session, Transaction]:
+    def txn_for_end(self, req: Request) -> tuple[Session, Transaction]:
+        """The session and transaction a commitTransaction/abortTransaction names. Raises
+        50768 (no session, no txnNumber, no ``autocommit: false``), TransactionTooOld (225),
+        NoSuchTransaction (251, TransientTransactionError)."""
         tn = req.body.get("txnNumber")
         s = self.get(req.body.get("lsid"))
         if tn is None or s is None:
@@ -395,76 +406,3 @@ class Sessions:
                                   f"transactions. The active transaction number is {s.txn_number}",
                              labels=TRANSIENT)
         return s, s.txn
-
-    def register(self) -> None:
-        node = self.node
-
-        async def commit(req: Request) -> dict[str, Any]:
-            s, txn = self._txn_for_end(req)
-            if txn.state == "committed":
-                return {}
-            if txn.state == "aborted":
-                raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
-                                      f"been aborted.", labels=TRANSIENT)
-            try:
-                txn.apply(node.storage)
-            except MongoError:
-                txn.state = "aborted"
-                txn.rollback()
-                raise
-            txn.state = "committed"
-            if not txn.ops:
-                return {}
-            entry = node.make_entry("c", "admin.$cmd", None, {"applyOps": txn.ops},
-                                    ctx=_TxnCtx(s.lsid, txn.txn_number))
-            node.append_entry(entry)
-            for uuid, idx, doc in txn.pre_images:
-                node.put_pre_image(uuid, entry["ts"], idx, doc)
-            txn.views.clear()
-            return {"__operationTime": entry["ts"]}
-
-        async def abort(req: Request) -> dict[str, Any]:
-            s, txn = self._txn_for_end(req)
-            if txn.state == "committed":
-                raise MongoError(256, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
-                                      f"been committed.")
-            if txn.state == "aborted":
-                raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
-                                      f"been aborted.", labels=TRANSIENT)
-            txn.rollback(node.storage)
-            txn.state = "aborted"
-            return {}
-
-        async def end_sessions(req: Request) -> dict[str, Any]:
-            ids = req.arg
-            if not isinstance(ids, list):
-                raise MongoError(14, f"BSON field '{req.name}.{req.name}' is the wrong type, "
-                                     f"expected type 'array'")
-            self.end(ids)
-            return {}
-
-        node.commands.register("commitTransaction", commit)
-        node.commands.register("abortTransaction", abort)
-        async def kill_all_sessions(req: Request) -> dict[str, Any]:
-            self.end([s.lsid for s in list(self._sessions.values())])
-            return {}
-
-        node.commands.register("endSessions", end_sessions)
-        node.commands.register("killSessions", end_sessions)
-        node.commands.register("killAllSessions", kill_all_sessions)
-
-
-class _TxnCtx:
-    """Write context of the commit's applyOps entry: lsid/txnNumber + prevOpTime, no stmtId."""
-
-    __slots__ = ("lsid", "txn_number", "from_migrate", "txn", "stmt_id", "retry")
-
-    def __init__(self, lsid: Any, txn_number: int) -> None:
-        self.lsid = lsid
-        self.txn_number = Int64(txn_number)
-        self.from_migrate = False
-        self.txn = None
-        self.stmt_id = None
-        self.retry = None
-
-

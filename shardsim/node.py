@@ -1,9 +1,11 @@
 """What every role (shard, configsvr, router) shares: clock, cursors, the command table, and the
 commands every mongod/mongos answers the same way (ping, buildInfo, getMore, killCursors, ...).
 
-A role subclasses :class:`Node`, overrides :meth:`hello` and registers its own commands on
-``self.commands``. Replies get ``ok``, ``$clusterTime`` and ``operationTime`` here
-(``appendRequiredFieldsToResponse`` in the server's service entry points).
+The common commands are module-level handlers in :mod:`shardsim.node_commands`, installed
+first; a role subclasses :class:`Node`, overrides :meth:`hello` (and the parameter/status hooks)
+and installs its own command families on ``self.commands`` after them. Replies get ``ok``,
+``$clusterTime`` and ``operationTime`` here (``appendRequiredFieldsToResponse`` in the server's
+service entry points).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import sys
 import time
 from typing import Any
 
@@ -21,19 +22,14 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from shardsim import node_commands
 from shardsim.clock import HybridLogicalClock
-from shardsim.commands import CommandTable, ConnectionInfo, Request, check_type
+from shardsim.commands import CommandTable, Request
 from shardsim.cursors import CursorManager
 from shardsim.errors import MongoError, change_stream_labels
+from shardsim.node_commands import SERVER_VERSION
 
 log = logging.getLogger("shardsim")
-
-SERVER_VERSION = "8.0.4"
-VERSION_ARRAY = [8, 0, 4, 0]
-MAX_WIRE_VERSION = 25  # MongoDB 8.0
-MAX_BSON_OBJECT_SIZE = 16 * 1024 * 1024
-MAX_MESSAGE_SIZE_BYTES = 48_000_000
-MAX_WRITE_BATCH_SIZE = 100_000
 
 # How every role decodes command bodies: plain ordered dicts, UUIDs left as Binary subtype 4,
 # dates outside datetime's range kept as DatetimeMS (fidelity: types round-trip unchanged).
@@ -71,11 +67,12 @@ class Node:
         self.commands = CommandTable()
         self.started = time.time()
         self.started_mono = time.monotonic()
-        self._register_common()
+        self.commands.install(self, node_commands.commands)  # roles install theirs after
 
     # -- identity -------------------------------------------------------------------------
     @property
     def address(self) -> str:
+        """``host:port`` as hello and serverStatus report it."""
         return f"{self.host}:{self.port}"
 
     def hello(self, req: Request) -> dict[str, Any]:
@@ -118,6 +115,7 @@ class Node:
 
     # -- dispatch -------------------------------------------------------------------------
     def gossip_in(self, req: Request) -> None:
+        """Advance the clock to a request's ``$clusterTime`` (never backwards)."""
         ct = req.body.get("$clusterTime")
         if isinstance(ct, dict) and isinstance(ct.get("clusterTime"), Timestamp):
             self.clock.advance(ct["clusterTime"])
@@ -142,164 +140,6 @@ class Node:
         self.cluster_time_fields(req, reply)
         return reply
 
-    # -- common commands ------------------------------------------------------------------
-    def _register_common(self) -> None:
-        c = self.commands
-
-        async def hello(req: Request) -> dict[str, Any]:
-            client = req.body.get("client")
-            if isinstance(client, dict):
-                app = client.get("application")
-                if isinstance(app, dict) and isinstance(app.get("name"), str):
-                    req.conn.app_name = app["name"]
-            legacy = req.name.lower() == "ismaster"
-            reply: dict[str, Any] = {}
-            if legacy:
-                reply["ismaster"] = True
-            else:
-                reply["isWritablePrimary"] = True
-            reply.update(self.hello(req))
-            reply.update({
-                "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,
-                "maxMessageSizeBytes": MAX_MESSAGE_SIZE_BYTES,
-                "maxWriteBatchSize": MAX_WRITE_BATCH_SIZE,
-                "localTime": datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None),
-                "logicalSessionTimeoutMinutes": 30,
-                "connectionId": req.conn.id,
-                "minWireVersion": 0,
-                "maxWireVersion": MAX_WIRE_VERSION,
-                "readOnly": False,
-            })
-            if req.body.get("helloOk"):
-                reply["helloOk"] = True
-            return reply
-
-        c.register("hello", hello, "isMaster", "ismaster")
-
-        async def ping(req: Request) -> dict[str, Any]:
-            return {}
-
-        c.register("ping", ping)
-
-        async def build_info(req: Request) -> dict[str, Any]:
-            return {
-                "version": SERVER_VERSION, "gitVersion": "shardsim", "allocator": "system",
-                "javascriptEngine": "none", "sysInfo": "deprecated", "versionArray": VERSION_ARRAY,
-                "openssl": {"running": "disabled", "compiled": "disabled"},
-                "buildEnvironment": {"distmod": "shardsim", "target_os": sys.platform},
-                "bits": 64, "debug": False, "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,
-                "storageEngines": ["inMemory", "wiredTiger"], "modules": [],
-            }
-
-        c.register("buildInfo", build_info, "buildinfo")
-
-        async def get_parameter(req: Request) -> dict[str, Any]:
-            params = self.parameters()
-            arg = req.arg
-            if arg == "*" or (isinstance(arg, dict) and arg.get("allParameters")):
-                return dict(params)
-            out = {k: v for k, v in params.items() if k in req.body and k != "getParameter"}
-            if not out:
-                raise MongoError(72, "no option found to get")
-            return out
-
-        c.register("getParameter", get_parameter)
-
-        async def set_parameter(req: Request) -> dict[str, Any]:
-            settable = self.parameters()
-            out: dict[str, Any] = {}
-            for k, v in req.body.items():
-                if k in ("setParameter", "$db") or k.startswith("$") or k in ("lsid", "comment"):
-                    continue
-                if k not in settable:
-                    raise MongoError(72, f"attempted to set unrecognized parameter [{k}], use "
-                                         f"help:true to see options ")
-                out["was"] = settable[k]
-                self.set_parameter(k, v)
-            return out
-
-        c.register("setParameter", set_parameter)
-
-        async def server_status(req: Request) -> dict[str, Any]:
-            return self.server_status()
-
-        c.register("serverStatus", server_status)
-
-        async def cmd_line_opts(req: Request) -> dict[str, Any]:
-            argv = list(sys.argv)
-            parsed = {"net": {"bindIp": self.host, "port": self.port}}
-            parsed.update(self.parsed_options())
-            return {"argv": argv, "parsed": parsed}
-
-        c.register("getCmdLineOpts", cmd_line_opts)
-
-        async def end_sessions(req: Request) -> dict[str, Any]:
-            return {}
-
-        c.register("endSessions", end_sessions)
-        c.register("killAllSessions", end_sessions)
-        c.register("refreshSessions", end_sessions)
-
-        async def start_session(req: Request) -> dict[str, Any]:
-            import uuid
-            return {"id": {"id": Binary(uuid.uuid4().bytes, 4)}, "timeoutMinutes": 30}
-
-        c.register("startSession", start_session)
-
-        async def whatsmyuri(req: Request) -> dict[str, Any]:
-            return {"you": req.conn.peer}
-
-        c.register("whatsmyuri", whatsmyuri)
-
-        async def connection_status(req: Request) -> dict[str, Any]:
-            return {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}}
-
-        c.register("connectionStatus", connection_status)
-
-        async def host_info(req: Request) -> dict[str, Any]:
-            return {"system": {"hostname": self.address, "numCores": os.cpu_count()},
-                    "os": {"type": sys.platform}, "extra": {}}
-
-        c.register("hostInfo", host_info)
-
-        async def list_commands(req: Request) -> dict[str, Any]:
-            return {"commands": {n: {"help": ""} for n in self.commands.names()}}
-
-        c.register("listCommands", list_commands)
-
-        async def get_log(req: Request) -> dict[str, Any]:
-            if req.arg == "*":
-                return {"names": ["global", "startupWarnings"]}
-            return {"totalLinesWritten": 0, "log": []}
-
-        c.register("getLog", get_log)
-
-        async def get_more(req: Request) -> dict[str, Any]:
-            cid = req.arg
-            if isinstance(cid, bool) or not isinstance(cid, int):
-                raise MongoError(14, "BSON field 'getMore.getMore' is the wrong type "
-                                     f"'{type(cid).__name__}', expected type 'long'")
-            coll = check_type(req, "collection", str, "string", required=True)
-            batch_size = check_type(req, "batchSize", (int, float), "long")
-            if batch_size is not None and batch_size < 0:
-                raise MongoError(51024, f"BatchSize value must be non-negative, but received: {batch_size}")
-            max_time = req.body.get("maxTimeMS")
-            cursor = self.cursors.get(cid)
-            if max_time is not None and not cursor.await_data:
-                raise MongoError(2, "cannot set maxTimeMS on getMore command for a non-awaitData cursor")
-            reply = await self.cursors.get_more(cid, coll, int(batch_size) if batch_size else None,
-                                                int(max_time) if max_time is not None else None)
-            return {"cursor": reply}
-
-        c.register("getMore", get_more)
-
-        async def kill_cursors(req: Request) -> dict[str, Any]:
-            check_type(req, "killCursors", str, "string", required=True)
-            ids = check_type(req, "cursors", list, "array", required=True)
-            return await self.cursors.kill([int(i) for i in ids])
-
-        c.register("killCursors", kill_cursors)
-
     # -- parameters and status ------------------------------------------------------------
     def parameters(self) -> dict[str, Any]:
         """getParameter's values; roles extend."""
@@ -311,10 +151,12 @@ class Node:
         }
 
     def set_parameter(self, name: str, value: Any) -> None:
+        """Apply one setParameter value (``cursorTimeoutMillis`` here); roles extend."""
         if name == "cursorTimeoutMillis":
             self.cursors.timeout_ms = int(value)
 
     def parsed_options(self) -> dict[str, Any]:
+        """The role's part of getCmdLineOpts ``parsed``; roles extend."""
         return {}
 
     def server_status(self) -> dict[str, Any]:
@@ -328,6 +170,7 @@ class Node:
         }
 
     def process_name(self) -> str:
+        """serverStatus ``process`` (``mongos`` for the router)."""
         return "mongod"
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -336,4 +179,5 @@ class Node:
         self.cursors.start_reaper()
 
     async def shutdown(self) -> None:
+        """Kill every open cursor."""
         await self.cursors.kill_all()

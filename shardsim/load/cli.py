@@ -101,13 +101,11 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
          phases: dict[str, float], t_cmd: float) -> int:
     from pymongo import MongoClient
     from pymongo.errors import PyMongoError
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from shardsim.load import cluster as cl
     from shardsim.load import report
     from shardsim.load.plan import partition_by_shard
-    from shardsim.load.spark_job import SparkRunner, build_tasks, run_in_background
-    from shardsim.load.verify import Event, final_from_docs, inject_fault, verify
+    from shardsim.load.spark_job import SparkRunner, build_tasks
     from shardsim.load.watch import ShardSampler, Watcher
 
     spec = plan.spec
@@ -155,6 +153,50 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
         ws.append(w)
 
     t_start = time.time()
+    box, outs = _drive(console, runner, tasks, ws, samplers, plan, spec, phases, t_start)
+
+    if "error" in box:
+        _fail(console, f"Spark job failed: {box['error']}")
+    results = box["results"]
+    errors = [f"{r.shard}: {r.error}" for r in results if r.error]
+    if errors:
+        _fail(console, "writes failed: " + "; ".join(errors))
+
+    final = _read_back(console, client, hosts, chunks, spec, phases) if final_check else None
+    t = time.time()
+
+    verdicts, first_bad, events0 = _verify_all(console, plan, outs, final, fault, spec)
+    phases["verify_s"] = time.time() - t
+    figures = report.compute(plan, results, events0, [s.data for s in samplers], planned)
+    figures["spark_startup_s"] = runner.startup_s
+    phases["total_s"] = time.time() - t_cmd
+    figures["phases"] = phases
+    ok = first_bad is None
+    verdict = "PASS: every planned op delivered once, in order" if ok else f"FAIL: {first_bad}"
+    console.print(report.table(figures, verdict, ok))
+    doc = {"spec": spec.to_json(), "uri": uri, "direct": direct, "spark_master": master,
+           "watchers": verdicts, "figures": figures, "ok": ok, "first_violation": first_bad}
+    report.write_json(result_path, doc)
+    try:
+        report.plot(plot_path, figures["t0"] or t_start, [s.data for s in samplers], events0,
+                    results, outs[0].hwm)
+    except Exception as exc:  # noqa: BLE001 - a plot failure must not hide the verdict
+        console.print(f"[yellow]plot failed:[/] {exc}")
+    console.print("phases (s): " + ", ".join(f"{k[:-2]} {v:.1f}" for k, v in phases.items()))
+    console.print(f"result: {result_path}, plot: {plot_path}")
+    if not ok:
+        console.print(f"[bold red]first bad event:[/] {first_bad}")
+    return 0 if ok else 1
+
+
+def _drive(console: Any, runner: Any, tasks: list[Any], ws: list[Any], samplers: list[Any],
+           plan: Any, spec: Any, phases: dict[str, float], t_start: float) -> tuple[dict, list]:
+    """Run the Spark writers with live progress bars until they and the watchers finish, then
+    collect the watchers' events and count each shard's oplog. Returns (job box, watcher outputs)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from shardsim.load.spark_job import run_in_background
+
     thread, box = run_in_background(runner, tasks)
     columns = (TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rate]}"), TimeElapsedColumn())
@@ -197,34 +239,42 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
     for th in counters:
         th.join()
     phases["count_oplogs_s"] = time.time() - t
+    return box, outs
 
-    if "error" in box:
-        _fail(console, f"Spark job failed: {box['error']}")
-    results = box["results"]
-    errors = [f"{r.shard}: {r.error}" for r in results if r.error]
-    if errors:
-        _fail(console, "writes failed: " + "; ".join(errors))
 
-    final = None
-    if final_check:
-        t = time.time()
-        try:
-            final = final_from_docs({c: list(client[spec.db][c].find({}))
-                                     for c in spec.collection_names})
-            source = "through the router"
-        except PyMongoError as exc:
-            # No migrations run during the load, so the shards' own documents are the contents.
-            console.print(f"[yellow]read-back through the router failed ({str(exc).split(', full error')[0]}); "
-                          f"reading each shard directly[/]")
-            try:
-                final = _read_shards(hosts, chunks.shards, spec)
-            except PyMongoError as exc2:
-                _fail(console, f"could not read the collections back: {exc2}")
-            source = "from the shards directly"
-        console.print(f"read back {sum(len(v) for v in final.values()):,} documents "
-                      f"{source} ({time.time() - t:.1f} s)")
-        phases["read_back_s"] = time.time() - t
+def _read_back(console: Any, client: Any, hosts: dict[str, str], chunks: Any, spec: Any,
+               phases: dict[str, float]) -> Any:
+    """The collections' final contents ``{coll: {_id: doc}}``, through the router, else (a reply
+    over 16 MB, say) from each shard directly: no migrations run during a load."""
+    from pymongo.errors import PyMongoError
+
+    from shardsim.load.verify import final_from_docs
+
     t = time.time()
+    try:
+        final = final_from_docs({c: list(client[spec.db][c].find({}))
+                                 for c in spec.collection_names})
+        source = "through the router"
+    except PyMongoError as exc:
+        # No migrations run during the load, so the shards' own documents are the contents.
+        console.print(f"[yellow]read-back through the router failed ({str(exc).split(', full error')[0]}); "
+                      f"reading each shard directly[/]")
+        try:
+            final = _read_shards(hosts, chunks.shards, spec)
+        except PyMongoError as exc2:
+            _fail(console, f"could not read the collections back: {exc2}")
+        source = "from the shards directly"
+    console.print(f"read back {sum(len(v) for v in final.values()):,} documents "
+                  f"{source} ({time.time() - t:.1f} s)")
+    phases["read_back_s"] = time.time() - t
+    return final
+
+
+def _verify_all(console: Any, plan: Any, outs: list[Any], final: Any, fault: str | None,
+                spec: Any) -> tuple[list[dict], str | None, list[Any]]:
+    """Verify every watcher's events against the plan (and the final contents); returns the
+    per-watcher verdicts, the first violation (or None) and watcher 0's events."""
+    from shardsim.load.verify import Event, inject_fault, verify
 
     verdicts = []
     first_bad = None
@@ -249,27 +299,7 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
             first_bad = f"watcher {i}: change stream failed: {out.error}"
         if i == 0:
             events0 = events if not fault else [Event(*e) for e in out.events]
-    phases["verify_s"] = time.time() - t
-    figures = report.compute(plan, results, events0, [s.data for s in samplers], planned)
-    figures["spark_startup_s"] = runner.startup_s
-    phases["total_s"] = time.time() - t_cmd
-    figures["phases"] = phases
-    ok = first_bad is None
-    verdict = "PASS: every planned op delivered once, in order" if ok else f"FAIL: {first_bad}"
-    console.print(report.table(figures, verdict, ok))
-    doc = {"spec": spec.to_json(), "uri": uri, "direct": direct, "spark_master": master,
-           "watchers": verdicts, "figures": figures, "ok": ok, "first_violation": first_bad}
-    report.write_json(result_path, doc)
-    try:
-        report.plot(plot_path, figures["t0"] or t_start, [s.data for s in samplers], events0,
-                    results, outs[0].hwm)
-    except Exception as exc:  # noqa: BLE001 - a plot failure must not hide the verdict
-        console.print(f"[yellow]plot failed:[/] {exc}")
-    console.print("phases (s): " + ", ".join(f"{k[:-2]} {v:.1f}" for k, v in phases.items()))
-    console.print(f"result: {result_path}, plot: {plot_path}")
-    if not ok:
-        console.print(f"[bold red]first bad event:[/] {first_bad}")
-    return 0 if ok else 1
+    return verdicts, first_bad, events0
 
 
 def _read_shards(hosts: dict[str, str], shards: list[str], spec: Any) -> dict:

@@ -1,0 +1,34 @@
+"""The router's commands (what a mongos answers; see
+``shared/reference/router-command-surface.md``), one module per command family, like the
+server's ``src/mongo/s/commands/cluster_*_cmd.cpp``:
+
+================  ===========================================================================
+module            commands
+================  ===========================================================================
+``crud``          insert, update, delete, findAndModify (targeting in :mod:`router.writes`)
+``reads``         find, count, distinct, aggregate (``$changeStream``:
+                  :mod:`router.change_stream`), and the re-run of reads of views over sharded
+                  collections
+``ddl``           create, drop, renameCollection, dropDatabase, createIndexes, dropIndexes,
+                  collMod, listDatabases, listCollections, listIndexes
+``sharding``      addShard, listShards, removeShard, enableSharding, shardCollection, split,
+                  moveChunk, movePrimary, flushRouterConfig, balancerStatus/Start/Stop
+``transactions``  commitTransaction, abortTransaction (state: :mod:`router.transactions`)
+``admin``         isdbgrid, dbStats, collStats, dataSize, validate; the passthrough of the
+                  ``config``/``admin`` databases to the config server
+================  ===========================================================================
+
+Each module declares ``commands = CommandFamily(...)`` and module-level handlers
+``async def insert(node, req) -> dict``; :class:`router.node.RouterNode` installs
+:data:`FAMILIES` after the commands every node answers (:mod:`shardsim.node`), so a test can
+also call ``await crud.insert(node, request)`` directly.
+"""
+
+from __future__ import annotations
+
+from router.commands import admin, crud, ddl, reads, sharding, transactions
+
+FAMILIES = (transactions.commands, crud.commands, reads.commands, ddl.commands, admin.commands,
+            sharding.commands)
+
+__all__ = ["FAMILIES", "admin", "crud", "ddl", "reads", "sharding", "transactions"]

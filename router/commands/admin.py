@@ -1,0 +1,80 @@
+"""The router's administrative commands, and the passthrough of the ``config``/``admin``
+databases to the config server.
+
+* ``isdbgrid``: answers only on a router (``cluster_is_db_grid_cmd.cpp``).
+* ``dbStats``/``collStats``/``dataSize``/``validate``: answered by the database's primary shard.
+* :func:`config_read` / :func:`config_write`: reads and writes of the ``config`` and ``admin``
+  databases are the config server's (as on mongos); the read, write and listing families
+  call them for those databases.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from router.forwarding import BIG_BATCH, forwardable, reply_body
+from shardsim.commands import CommandFamily, Request
+from shardsim.errors import MongoError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from router.node import RouterNode
+
+commands = CommandFamily("admin")
+
+# Databases whose reads and writes the config server answers.
+CONFIG_DATABASES = ("config", "admin")
+
+
+async def config_read(node: "RouterNode", req: Request, cursor_field: str | None) -> dict[str, Any]:
+    """Run the read ``req`` on the config server and return its reply body.
+
+    ``cursor_field`` is None for a command without a cursor (``count``, ``distinct``); else
+    ``"find"`` (batch size in ``batchSize``) or the name of a command with a ``cursor`` option
+    (``aggregate``, ``listCollections``, ``listIndexes``): the config server's cursor is read to
+    the end and served from a router cursor with the client's batch size. Raises what the config
+    server raises (MongoError)."""
+    body = forwardable(req.body)
+    if cursor_field is None:
+        return reply_body(await node.config_command(body, db=req.db))
+    if cursor_field == "find":
+        batch_size = body.get("batchSize")
+        body["batchSize"] = BIG_BATCH
+    else:
+        batch_size = (body.get("cursor") or {}).get("batchSize")
+        body["cursor"] = {"batchSize": BIG_BATCH}
+    reply = await node.config_command(body, db=req.db)
+    cur = reply["cursor"]
+    docs = list(cur["firstBatch"])
+    coll = cur["ns"].split(".", 1)[1]
+    while cur["id"]:
+        reply = await node.config_command({"getMore": cur["id"], "collection": coll,
+                                           "batchSize": BIG_BATCH}, db=req.db)
+        cur = reply["cursor"]
+        docs.extend(cur["nextBatch"])
+    return await node.cursor_reply(cur["ns"], docs, req, batch_size, bool(req.get("singleBatch")))
+
+
+async def config_write(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """Run the write ``req`` (insert/update/delete on ``config``/``admin``) on the config
+    server; returns its reply body, raises what it raises."""
+    return reply_body(await node.config_command(forwardable(req.body), db=req.db))
+
+
+@commands.handler("isdbgrid")
+async def isdbgrid(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{isdbgrid: 1, hostname: "host:port"}``: how a client tells a mongos."""
+    return {"isdbgrid": 1, "hostname": node.address}
+
+
+@commands.handler("dbStats")
+@commands.handler("collStats")
+@commands.handler("dataSize")
+@commands.handler("validate")
+async def to_primary(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """Forward ``req`` to the database's primary shard (the first shard when the database does
+    not exist) and return its reply body; ShardNotFound (70) without shards. Statistics cover
+    that shard only."""
+    shard = node.read_primary(req.db)
+    if shard is None:
+        raise MongoError(70, "No shards found")
+    return reply_body(await node.shard_command(shard, req.db, forwardable(req.body)))

@@ -1,0 +1,56 @@
+"""Writes through the router: ``insert``, ``update``, ``delete``, ``findAndModify`` (mongos'
+``cluster_write_cmd.cpp`` and ``cluster_find_and_modify_cmd.cpp``).
+
+The handlers only choose the path: the ``config``/``admin`` databases belong to the config
+server (:func:`router.commands.admin.config_write`); everything else is targeted by shard key
+and executed by :mod:`router.writes`, which also keeps retryable writes exactly-once
+(:mod:`router.retryable_writes`) and registers transaction participants
+(:mod:`router.transactions`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from router import writes
+from router.commands.admin import CONFIG_DATABASES, config_write
+from router.forwarding import namespace
+from shardsim.commands import CommandFamily, Request
+
+if TYPE_CHECKING:  # pragma: no cover
+    from router.node import RouterNode
+
+commands = CommandFamily("crud")
+
+
+@commands.handler("insert")
+async def insert(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{insert, documents}`` -> ``{n, [writeErrors]}``; see :func:`router.writes.run_write`."""
+    if req.db in CONFIG_DATABASES:
+        return await config_write(node, req)
+    return await writes.run_write(node, req, "insert")
+
+
+@commands.handler("update")
+async def update(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{update, updates}`` -> ``{n, nModified, [upserted], [writeErrors]}``; see
+    :func:`router.writes.run_write`."""
+    if req.db in CONFIG_DATABASES:
+        return await config_write(node, req)
+    return await writes.run_write(node, req, "update")
+
+
+@commands.handler("delete")
+async def delete(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{delete, deletes}`` -> ``{n, [writeErrors]}``; see :func:`router.writes.run_write`."""
+    if req.db in CONFIG_DATABASES:
+        return await config_write(node, req)
+    return await writes.run_write(node, req, "delete")
+
+
+@commands.handler("findAndModify", "findandmodify")
+async def find_and_modify(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{findAndModify, query, update|remove, ...}`` -> ``{lastErrorObject, value}``;
+    InvalidNamespace (73) for a bad collection name; see :func:`router.writes.find_and_modify`."""
+    namespace(req)
+    return await writes.find_and_modify(node, req)

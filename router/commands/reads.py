@@ -1,0 +1,339 @@
+"""Reads through the router: ``find``, ``count``, ``distinct``, ``aggregate`` (mongos'
+``cluster_find_cmd.cpp``, ``cluster_count_cmd.cpp``, ``cluster_distinct_cmd.cpp``,
+``cluster_pipeline_cmd.cpp``).
+
+A read whose filter (or first ``$match``) pins the full shard key goes to one shard; otherwise
+to every shard owning the collection, and the router merges: sort, skip and limit for ``find``,
+sums for ``count``, a sorted union for ``distinct``, and for ``aggregate`` the leading
+per-document stages run on the shards and the rest over the union. Unsharded collections are
+read on the database's primary shard. The ``config``/``admin`` databases are the config
+server's (:func:`router.commands.admin.config_read`).
+
+An aggregate starting with ``$changeStream`` is handed to
+:func:`router.change_stream.aggregate_change_stream`.
+
+Views: a read of a view goes to the primary shard like any unsharded namespace. When the view's
+source is sharded, the shard answers 169 with ``resolvedView: {ns, pipeline}`` and the router
+re-runs the read as an aggregate over the source with the view pipeline first (mongos:
+ClusterFind/ClusterAggregate retry with the ResolvedView) — see :func:`run_resolved_view`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import TYPE_CHECKING, Any
+
+from router import change_stream
+from router.commands.admin import CONFIG_DATABASES, config_read
+from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
+from shardsim.shard_key import compare
+from shardsim.commands import CommandFamily, Request, check_type
+from shardsim.errors import MongoError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from router.node import RouterNode
+
+commands = CommandFamily("reads")
+
+# Stages that work per document and can run on every shard before the merge.
+_SHARD_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$unwind",
+                           "$replaceRoot", "$replaceWith", "$redact"})
+# Options of a find that the router applies itself, not the shards.
+_ROUTER_FIND_OPTS = ("batchSize", "singleBatch", "noCursorTimeout", "tailable", "awaitData")
+
+
+async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> list[str]:
+    """The shards a read of ``ns`` with filter ``filt`` must visit (``[]`` when there is no
+    shard). Inside a transaction they become its participant (263 if that is a second
+    shard, :mod:`router.transactions`)."""
+    info = node.catalog.collection(ns)
+    if info is None:
+        shard = node.read_primary(ns.split(".", 1)[0])
+        shards = [shard] if shard else []
+    else:
+        shards = info.chunks.shards_for_query(filt if isinstance(filt, dict) else {})
+    if req.get("autocommit") is False and shards:
+        node.transactions.participant(req, set(shards))
+    return shards
+
+
+# -- find ---------------------------------------------------------------------------------------
+@commands.handler("find")
+async def find(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{find, filter, sort, skip, limit, projection, batchSize, singleBatch}`` ->
+    ``{cursor: {id, ns, firstBatch}}`` (a router cursor). InvalidNamespace (73); a view over a
+    sharded collection is re-run as an aggregate."""
+    try:
+        return await find_on_shards(node, req)
+    except MongoError as exc:
+        resolved = resolved_view(exc)
+        if resolved is None:
+            raise
+        return await run_resolved_view(node, req, "find", resolved)
+
+
+async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``find`` without the view retry: targeted or broadcast, merged here (sort, skip,
+    limit; sort fields a projection drops are added for the merge and removed after)."""
+    db, coll = namespace(req)
+    if db in CONFIG_DATABASES:
+        return await config_read(node, req, "find")
+    ns = f"{db}.{coll}"
+    filt = req.get("filter") or {}
+    shards = await read_targets(node, req, ns, filt)
+    batch_size = req.get("batchSize")
+    single = bool(req.get("singleBatch"))
+    if not shards:
+        return await node.cursor_reply(ns, [], req, batch_size, single)
+    body = forwardable(req.body)
+    for k in _ROUTER_FIND_OPTS:
+        body.pop(k, None)
+    body["batchSize"] = BIG_BATCH
+    sess = session_fields(req)
+    if len(shards) == 1:
+        _, docs = await node.drain(shards[0], db, body, session=sess)
+        return await node.cursor_reply(ns, docs, req, batch_size, single)
+    sort = req.get("sort") or None
+    skip = int(req.get("skip") or 0)
+    limit = req.get("limit")
+    limit = int(limit) if limit else None
+    body.pop("skip", None)
+    if limit is not None:
+        body["limit"] = limit + skip
+    projection = req.get("projection")
+    added: list[str] = []  # sort fields the projection would drop: removed after the merge
+    if sort and projection:
+        projection = dict(projection)
+        inclusive = any(v not in (0, False) for k, v in projection.items() if k != "_id")
+        for f in sort:
+            if inclusive and f not in projection and f.split(".")[0] not in projection:
+                projection[f] = 1
+                added.append(f)
+            elif not inclusive and projection.get(f) in (0, False):
+                del projection[f]
+                added.append(f)
+        body["projection"] = projection
+    results = await asyncio.gather(*(node.drain(s, db, body, session=sess) for s in shards))
+    docs = [d for _, part in results for d in part]
+    if sort:
+        from shardsim.query import sort_docs
+        docs = sort_docs(docs, sort)
+    docs = docs[skip:]
+    if limit is not None:
+        docs = docs[:limit]
+    if added:
+        docs = [_without(d, added) for d in docs]
+    return await node.cursor_reply(ns, docs, req, batch_size, single)
+
+
+def _without(doc: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """``doc`` without the top-level fields of the dotted paths ``fields``."""
+    out = dict(doc)
+    for f in fields:
+        top = f.split(".")[0]
+        out.pop(top, None)
+    return out
+
+
+# -- count and distinct -------------------------------------------------------------------------
+@commands.handler("count")
+async def count(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{count, query, skip, limit}`` -> ``{n}``: the shards' counts summed, then skip and
+    limit applied. InvalidNamespace (73); views over sharded collections re-run."""
+    try:
+        return await count_on_shards(node, req)
+    except MongoError as exc:
+        resolved = resolved_view(exc)
+        if resolved is None:
+            raise
+        return await run_resolved_view(node, req, "count", resolved)
+
+
+async def count_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``count`` without the view retry."""
+    db, coll = namespace(req)
+    if db in CONFIG_DATABASES:
+        return await config_read(node, req, None)
+    ns = f"{db}.{coll}"
+    query = req.get("query") or {}
+    shards = await read_targets(node, req, ns, query)
+    if not shards:
+        return {"n": 0}
+    body = forwardable(req.body)
+    if len(shards) == 1:
+        reply = await node.shard_command(shards[0], db, body)
+        return {"n": reply["n"]}
+    skip = int(req.get("skip") or 0)
+    limit = req.get("limit")
+    limit = abs(int(limit)) if limit else None
+    body.pop("skip", None)
+    if limit is not None:
+        body["limit"] = limit + skip
+    replies = await asyncio.gather(*(node.shard_command(s, db, body) for s in shards))
+    n = max(0, sum(int(x["n"]) for x in replies) - skip)
+    if limit is not None:
+        n = min(n, limit)
+    return {"n": n}
+
+
+@commands.handler("distinct")
+async def distinct(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{distinct, key, query}`` -> ``{values}``: the union of the shards' values, without
+    duplicates, in BSON order. InvalidNamespace (73); views over sharded collections re-run."""
+    try:
+        return await distinct_on_shards(node, req)
+    except MongoError as exc:
+        resolved = resolved_view(exc)
+        if resolved is None:
+            raise
+        return await run_resolved_view(node, req, "distinct", resolved)
+
+
+async def distinct_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``distinct`` without the view retry."""
+    db, coll = namespace(req)
+    if db in CONFIG_DATABASES:
+        return await config_read(node, req, None)
+    ns = f"{db}.{coll}"
+    shards = await read_targets(node, req, ns, req.get("query") or {})
+    if not shards:
+        return {"values": []}
+    body = forwardable(req.body)
+    replies = await asyncio.gather(*(node.shard_command(s, db, body) for s in shards))
+    if len(replies) == 1:
+        return {"values": replies[0]["values"]}
+    from shardsim.values import id_key
+    seen: dict[Any, Any] = {}
+    for rep in replies:
+        for v in rep["values"]:
+            seen.setdefault(id_key(v), v)
+    return {"values": sorted(seen.values(), key=functools.cmp_to_key(compare))}
+
+
+# -- aggregate ----------------------------------------------------------------------------------
+@commands.handler("aggregate")
+async def aggregate(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{aggregate, pipeline, cursor}`` -> ``{cursor: {id, ns, firstBatch}}``. A
+    ``$changeStream`` pipeline opens a change stream (:mod:`router.change_stream`). Raises
+    TypeMismatch (14) / IDLFailedToParse (40414) for a bad pipeline, FailedToParse (9) without
+    ``cursor``, InvalidNamespace (73), 115 for ``$out``/``$merge`` over several shards; views
+    over sharded collections re-run."""
+    try:
+        return await aggregate_on_shards(node, req)
+    except MongoError as exc:
+        resolved = resolved_view(exc)
+        if resolved is None:
+            raise
+        return await run_resolved_view(node, req, "aggregate", resolved)
+
+
+async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``aggregate`` without the view retry."""
+    pipeline = req.get("pipeline")
+    if not isinstance(pipeline, list):
+        check_type(req, "pipeline", list, "array", required=True)
+    if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
+        return await change_stream.aggregate_change_stream(node, req)
+    cursor_opt = req.get("cursor")
+    if cursor_opt is None and not req.get("explain"):
+        raise MongoError(9, "The 'cursor' option is required, except for aggregate with the "
+                            "explain argument")
+    batch_size = (cursor_opt or {}).get("batchSize")
+    if req.arg == 1:
+        return await _aggregate_database(node, req, batch_size)
+    db, coll = namespace(req)
+    if db in CONFIG_DATABASES:
+        return await config_read(node, req, "aggregate")
+    ns = f"{db}.{coll}"
+    first_match = pipeline[0].get("$match") if pipeline and isinstance(pipeline[0], dict) else None
+    shards = await read_targets(node, req, ns, first_match or {})
+    if not shards:
+        return await node.cursor_reply(ns, [], req, batch_size)
+    body = forwardable(req.body)
+    body["cursor"] = {"batchSize": BIG_BATCH}
+    sess = session_fields(req)
+    writes_out = any(isinstance(s, dict) and ("$out" in s or "$merge" in s) for s in pipeline)
+    if len(shards) == 1 or writes_out:
+        if writes_out and len(shards) > 1:
+            raise MongoError(115, "shardsim: $out/$merge over a sharded collection is not "
+                                  "supported through the router")
+        _, docs = await node.drain(shards[0], db, body, session=sess)
+        return await node.cursor_reply(ns, docs, req, batch_size)
+    split = 0
+    while split < len(pipeline) and isinstance(pipeline[split], dict) and \
+            next(iter(pipeline[split]), None) in _SHARD_STAGES:
+        split += 1
+    body["pipeline"] = pipeline[:split]
+    results = await asyncio.gather(*(node.drain(s, db, body, session=sess) for s in shards))
+    docs = [d for _, part in results for d in part]
+    if split < len(pipeline):
+        from shardsim.query import run_pipeline
+        docs = run_pipeline(docs, pipeline[split:], None)
+    return await node.cursor_reply(ns, docs, req, batch_size)
+
+
+async def _aggregate_database(node: "RouterNode", req: Request, batch_size: Any) -> dict[str, Any]:
+    """``{aggregate: 1}`` (a database-level pipeline such as ``$listLocalSessions``): run on the
+    database's primary shard."""
+    db = req.db
+    ns = f"{db}.$cmd.aggregate"
+    shard = node.read_primary(db)
+    if shard is None:
+        return await node.cursor_reply(ns, [], req, batch_size)
+    body = forwardable(req.body)
+    body["cursor"] = {"batchSize": BIG_BATCH}
+    _, docs = await node.drain(shard, db, body, session=session_fields(req))
+    return await node.cursor_reply(ns, docs, req, batch_size)
+
+
+# -- views on sharded collections ---------------------------------------------------------------
+def resolved_view(exc: MongoError) -> dict[str, Any] | None:
+    """The ``resolvedView`` (``{ns, pipeline}``) of the primary shard's
+    CommandOnShardedViewNotSupportedOnMongod (169) error, or None for any other error."""
+    resolved = exc.extra.get("resolvedView")
+    if exc.code != 169 or not isinstance(resolved, dict):
+        return None
+    return resolved
+
+
+async def run_resolved_view(node: "RouterNode", req: Request, name: str,
+                            resolved: dict[str, Any]) -> dict[str, Any]:
+    """Run the read ``req`` (``name``: find, count, distinct or aggregate) of a view as an
+    aggregate over ``resolved["ns"]`` with ``resolved["pipeline"]`` first, then the read's own
+    filter/sort/skip/limit/projection or pipeline; returns the reply ``name`` gives (a cursor
+    on the view's namespace, ``{n}`` or ``{values}``)."""
+    db, view_coll = namespace(req)
+    src_db, _, src_coll = str(resolved.get("ns", "")).partition(".")
+    stages: list[Any] = list(resolved.get("pipeline") or [])
+    query = req.get("filter" if name == "find" else "query")
+    if name in ("find", "count", "distinct") and query:
+        stages.append({"$match": query})
+    if name == "find" and req.get("sort"):
+        stages.append({"$sort": req.get("sort")})
+    if name in ("find", "count"):
+        if req.get("skip"):
+            stages.append({"$skip": int(req.get("skip"))})
+        if req.get("limit"):
+            stages.append({"$limit": abs(int(req.get("limit")))})
+    if name == "find" and req.get("projection"):
+        stages.append({"$project": req.get("projection")})
+    if name == "aggregate":
+        stages.extend(req.get("pipeline") or [])
+    body: dict[str, Any] = {"aggregate": src_coll, "pipeline": stages,
+                            "cursor": {"batchSize": BIG_BATCH}, **session_fields(req)}
+    reply = await aggregate_on_shards(node, Request("aggregate", src_db or db, body, req.conn))
+    docs = list(reply["cursor"]["firstBatch"])
+    if reply["cursor"].get("id"):
+        await node.cursors.kill([int(reply["cursor"]["id"])])
+    if name == "count":
+        return {"n": len(docs)}
+    if name == "distinct":
+        from shardsim.query import distinct_values
+        return {"values": sorted(distinct_values(docs, check_type(req, "key", str, "string")),
+                                 key=functools.cmp_to_key(compare))}
+    ns = f"{db}.{view_coll}"
+    if name == "find":
+        return await node.cursor_reply(ns, docs, req, req.get("batchSize"),
+                                       bool(req.get("singleBatch")))
+    return await node.cursor_reply(ns, docs, req, (req.get("cursor") or {}).get("batchSize"))

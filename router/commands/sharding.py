@@ -1,0 +1,151 @@
+"""Sharding administration through the router (``admin`` database): ``addShard``,
+``listShards``, ``removeShard``, ``enableSharding``, ``shardCollection``, ``split``,
+``moveChunk``, ``movePrimary``, ``flushRouterConfig`` and the ``balancer*`` commands (mongos'
+``cluster_add_shard_cmd.cpp``, ``cluster_shard_collection_cmd.cpp``,
+``cluster_move_chunk_cmd.cpp``, ...).
+
+Each one runs on the config server under its internal name (``_configsvrAddShard``, ...; see
+:mod:`configsvr.node`), then the router refreshes its catalog cache. The router has no balancer:
+``balancerStatus`` says ``mode: "off"`` and ``balancerStart``/``balancerStop`` do nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from router import writes
+from router.forwarding import reply_body
+from shardsim.commands import CommandFamily, Request, check_type
+from shardsim.errors import MongoError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from router.node import RouterNode
+
+commands = CommandFamily("sharding")
+
+
+def admin_only(req: Request) -> None:
+    """Unauthorized (13) unless ``req`` runs on the ``admin`` database."""
+    if req.db != "admin":
+        raise MongoError(13, f"{req.name} may only be run against the admin database.")
+
+
+def with_fields(cmd: dict[str, Any], req: Request, fields: tuple[str, ...]) -> dict[str, Any]:
+    """``cmd`` plus those of ``fields`` that the user's command carries."""
+    cmd.update({k: req.body[k] for k in fields if k in req.body})
+    return cmd
+
+
+async def run_on_config(node: "RouterNode", cmd: dict[str, Any],
+                        hold_writes_to: str | None = None) -> dict[str, Any]:
+    """Run ``cmd`` on the config server, refresh the routing cache, and return the reply
+    without ok/$clusterTime/operationTime (raises the config server's MongoError). With
+    ``hold_writes_to`` (a namespace or a database), this router's writes there are held until
+    it is done (:class:`router.writes.NamespaceGate`): a migration has no catch-up phase, so no
+    write may land on the donor after its documents were copied."""
+    if hold_writes_to is not None:
+        gate = writes.gate_for(node, hold_writes_to)
+        await gate.block()
+        try:
+            return await run_on_config(node, cmd)
+        finally:
+            await gate.unblock()
+    reply = await node.config_command(cmd)
+    await node.catalog.refresh()
+    return reply_body(reply)
+
+
+@commands.handler("addShard", "addshard")
+async def add_shard(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{addShard: "host:port", name}`` -> ``{shardAdded}``."""
+    admin_only(req)
+    cmd: dict[str, Any] = {"_configsvrAddShard": req.arg}
+    if req.get("name") is not None:
+        cmd["name"] = req.get("name")
+    return await run_on_config(node, cmd)
+
+
+@commands.handler("listShards", "listshards")
+async def list_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{shards: [config.shards documents]}``, after refreshing the catalog cache."""
+    admin_only(req)
+    await node.catalog.refresh()
+    return {"shards": node.catalog.shard_docs()}
+
+
+@commands.handler("removeShard", "removeshard")
+async def remove_shard(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{removeShard: name}`` -> ``{state: "started"|"ongoing"|"completed", ...}``."""
+    admin_only(req)
+    return await run_on_config(node, {"_configsvrRemoveShard": req.arg})
+
+
+@commands.handler("enableSharding", "enablesharding")
+async def enable_sharding(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{enableSharding: db, primaryShard}``: create the database entry; ``{}``."""
+    admin_only(req)
+    cmd: dict[str, Any] = {"_configsvrCreateDatabase": req.arg}
+    if req.get("primaryShard") is not None:
+        cmd["primaryShard"] = req.get("primaryShard")
+    await node.config_command(cmd)
+    await node.catalog.refresh()
+    return {}
+
+
+@commands.handler("shardCollection", "shardcollection")
+async def shard_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{shardCollection: ns, key, unique, numInitialChunks, ...}`` -> ``{collectionsharded}``;
+    TypeMismatch (14) / IDLFailedToParse (40414) for a bad or missing ``key``."""
+    admin_only(req)
+    check_type(req, "key", dict, "object", required=True)
+    return await run_on_config(node, with_fields(
+        {"_configsvrShardCollection": req.arg, "key": req.get("key")}, req,
+        ("unique", "numInitialChunks", "presplitHashedZones", "collation")))
+
+
+@commands.handler("split")
+async def split(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{split: ns, middle|find|bounds}``: split one chunk."""
+    admin_only(req)
+    return await run_on_config(node, with_fields({"_configsvrSplitChunk": req.arg}, req,
+                                                 ("middle", "find", "bounds")))
+
+
+@commands.handler("moveChunk", "movechunk")
+async def move_chunk(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{moveChunk: ns, find|bounds, to}``: migrate one chunk."""
+    admin_only(req)
+    # This router's writes to the namespace are held during the migration.
+    return await run_on_config(node, with_fields({"_configsvrMoveChunk": req.arg}, req,
+                                                 ("find", "bounds", "to")),
+                               hold_writes_to=str(req.arg))
+
+
+@commands.handler("movePrimary", "moveprimary")
+async def move_primary(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{movePrimary: db, to}``: move the database's unsharded collections."""
+    admin_only(req)
+    # This router's writes to the database are held while its collections are copied.
+    return await run_on_config(node, with_fields({"_configsvrMovePrimary": req.arg}, req,
+                                                 ("to",)),
+                               hold_writes_to=str(req.arg))
+
+
+@commands.handler("flushRouterConfig", "flushrouterconfig")
+async def flush_router_config(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """Reload the catalog cache now; ``{flushed: true}``."""
+    await node.catalog.refresh()
+    return {"flushed": True}
+
+
+@commands.handler("balancerStatus")
+async def balancer_status(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{mode: "off", inBalancerRound: false, numBalancerRounds: 0}``: there is no balancer."""
+    return {"mode": "off", "inBalancerRound": False, "numBalancerRounds": 0}
+
+
+@commands.handler("balancerStart")
+@commands.handler("balancerStop")
+async def balancer_noop(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{}``: there is no balancer to start or stop."""
+    return {}

@@ -1,0 +1,28 @@
+"""The shard's commands, one family per module, each a :class:`shardsim.commands.CommandFamily`
+of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
+:class:`shard.node.ShardNode`):
+
+========================  ===================================================================
+``crud``                  insert, update, delete, findAndModify
+``reads``                 find, count, distinct, aggregate (``$changeStream`` is handed to
+                          :mod:`shard.change_stream`); ``oplog_cursor``: reads of the oplog
+``ddl``                   create, drop, dropDatabase, renameCollection, createIndexes,
+                          dropIndexes, collMod; ``views``: view definitions in system.views
+``catalog``               listDatabases, listCollections, listIndexes, collStats, dbStats
+``transactions``          commitTransaction, abortTransaction, endSessions, killSessions,
+                          killAllSessions
+``internal``              _shardsimEnsureCollection, _shardsimNoop (shardsim's own)
+========================  ===================================================================
+
+``helpers`` holds what several families share (namespace checks, the write context of a batch,
+reads through views and transactions). ``ShardNode.__init__`` installs :data:`FAMILIES` after
+the common commands (:mod:`shardsim.node_commands`), so the shard's session commands override
+the common no-ops.
+"""
+
+from __future__ import annotations
+
+from shard.commands import catalog, crud, ddl, internal, reads, transactions
+
+FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands,
+            transactions.commands, internal.commands)

@@ -1,0 +1,122 @@
+"""The shard's catalog listings: listDatabases, listCollections, listIndexes, collStats and
+dbStats (the last two minimal). Read-only; the DDL that changes the catalog is in
+:mod:`shard.commands.ddl`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bson import Binary
+from bson.int64 import Int64
+
+from shardsim.commands import CommandFamily, Request, check_type
+from shardsim.cursors import ListCursor
+from shardsim.errors import MongoError
+from shardsim import query as q
+from shard.commands.helpers import ddl_name, existing_collection
+from shard.storage import ID_INDEX, Collection, validate_db_name
+
+if TYPE_CHECKING:
+    from shard.node import ShardNode
+
+commands = CommandFamily("catalog")
+
+
+@commands.handler("listDatabases")
+async def list_databases(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``listDatabases`` on admin: ``{databases: [{name, sizeOnDisk, empty}], totalSize,
+    totalSizeMb}`` (sizes are estimates; ``nameOnly`` gives names only). Unauthorized (13)
+    elsewhere than admin."""
+    storage = node.storage
+    if req.db != "admin":
+        raise MongoError(13, "listDatabases may only be run against the admin database.")
+    filt = check_type(req, "filter", dict, "object") or {}
+    name_only = bool(req.body.get("nameOnly", False))
+    names = set(db for db, colls in storage.dbs.items() if colls) | {"admin", "config", "local"}
+    out = []
+    total = 0
+    for name in sorted(names):
+        colls = storage.dbs.get(name, {})
+        size = sum(len(cl.docs) for cl in colls.values()) * 64 + 8192
+        if name == "local":
+            size += node.oplog.size_bytes
+        entry: dict[str, Any] = {"name": name} if name_only else \
+            {"name": name, "sizeOnDisk": Int64(size), "empty": False}
+        if filt and not q.matches(filt, entry):
+            continue
+        total += size
+        out.append(entry)
+    reply: dict[str, Any] = {"databases": out}
+    if not name_only:
+        reply["totalSize"] = Int64(total)
+        reply["totalSizeMb"] = Int64(total // (1024 * 1024))
+    return reply
+
+
+def coll_info(coll: Collection) -> dict[str, Any]:
+    """One ``listCollections`` entry of a collection (``info.uuid``, ``idIndex``)."""
+    return {"name": coll.name, "type": "collection", "options": dict(coll.options),
+            "info": {"readOnly": False, "uuid": coll.ui}, "idIndex": dict(ID_INDEX)}
+
+
+@commands.handler("listCollections")
+async def list_collections(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``listCollections`` (``list_collections.cpp``): a cursor over ``{name, type,
+    options, info[, idIndex]}``, collections then views, plus ``oplog.rs`` in ``local``;
+    ``filter`` and ``nameOnly`` apply. 73 for a bad database name."""
+    storage = node.storage
+    validate_db_name(req.db)
+    filt = check_type(req, "filter", dict, "object") or {}
+    name_only = bool(req.body.get("nameOnly", False))
+    cursor_opt = check_type(req, "cursor", dict, "object") or {}
+    infos = [coll_info(cl) for cl in storage.collections(req.db)]
+    for vdoc in storage.views(req.db):  # list_collections.cpp: views after collections
+        opts = {k: v for k, v in vdoc.items() if k != "_id"}
+        infos.append({"name": vdoc["_id"].split(".", 1)[1], "type": "view",
+                      "options": opts, "info": {"readOnly": True}})
+    if req.db == "local":
+        infos.append({"name": "oplog.rs", "type": "collection",
+                      "options": {"capped": True, "size": Int64(node.oplog.max_bytes),
+                                  "autoIndexId": False},
+                      "info": {"readOnly": False, "uuid": Binary(b"\x00" * 15 + b"\x01", 4)}})
+    infos = [i for i in infos if q.matches(filt, i)]
+    if name_only:
+        infos = [{"name": i["name"], "type": i["type"]} for i in infos]
+    bs = cursor_opt.get("batchSize")
+    reply = await node.cursors.run_first_batch(
+        ListCursor(f"{req.db}.$cmd.listCollections", infos), int(bs) if bs else None)
+    return {"cursor": reply}
+
+
+@commands.handler("listIndexes")
+async def list_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``listIndexes: <coll>``: a cursor over the index specs. 26 when missing, 166 on a
+    view."""
+    name = ddl_name(req)
+    coll = existing_collection(node, req.db, name)
+    cursor_opt = check_type(req, "cursor", dict, "object") or {}
+    bs = cursor_opt.get("batchSize")
+    specs = [dict(i.spec) for i in coll.indexes.values()]
+    reply = await node.cursors.run_first_batch(
+        ListCursor(f"{req.db}.$cmd.listIndexes.{name}", specs), int(bs) if bs else None)
+    return {"cursor": reply}
+
+
+@commands.handler("collStats")
+async def coll_stats(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``collStats: <coll>`` (minimal): ``{ns, count, nindexes, capped}``. 26, 166."""
+    name = ddl_name(req)
+    coll = existing_collection(node, req.db, name)
+    return {"ns": coll.ns, "count": len(coll.docs), "nindexes": len(coll.indexes),
+            "capped": False}
+
+
+@commands.handler("dbStats")
+async def db_stats(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``dbStats`` (minimal): ``{db, collections, views, objects, indexes}``."""
+    storage = node.storage
+    colls = list(storage.collections(req.db))
+    return {"db": req.db, "collections": len(colls), "views": len(storage.views(req.db)),
+            "objects": sum(len(cl.docs) for cl in colls),
+            "indexes": sum(len(cl.indexes) for cl in colls)}

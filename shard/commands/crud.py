@@ -1,0 +1,403 @@
+"""The shard's CRUD write commands: insert, update, delete, findAndModify.
+
+Reply shapes and error codes follow mongod 8.0 (``write_commands.cpp``,
+``find_and_modify.cpp``): write errors are ``{index, code, errmsg[, keyPattern, keyValue]}`` in
+``writeErrors``; ordered batches stop at the first error; upserts report
+``upserted: [{index, _id}]``. Retryable writes skip the statements that already ran
+(``retriedStmtIds``); in a transaction the writes go to the transaction's overlay and the first
+error aborts it (:mod:`shard.sessions`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import bson
+from bson import ObjectId, Regex
+
+from shardsim.commands import CommandFamily, Request, check_type
+from shardsim.errors import MongoError
+from shardsim import query as q
+from shardsim import update as update_lang
+from shard.commands.helpers import (begin_write, check_fields, coll_name, finish_write,
+                                    refuse_view_write, stmt_id_of, txn_view)
+from shardsim.errors import view_error
+from shard.storage import Collection, id_key
+from shard.write_context import WriteContext
+
+if TYPE_CHECKING:
+    from shard.node import ShardNode
+
+MAX_DOC = 16 * 1024 * 1024
+_NONE = object()  # "no upserted _id" (None is a valid _id)
+
+commands = CommandFamily("crud")
+
+
+def _write_error(index: int, exc: MongoError) -> dict[str, Any]:
+    """One ``writeErrors`` element: ``{index, code[, keyPattern, keyValue], errmsg}``."""
+    err: dict[str, Any] = {"index": index, "code": exc.code}
+    if exc.code in (11000,):
+        err["keyPattern"] = exc.extra.get("keyPattern")
+        err["keyValue"] = exc.extra.get("keyValue")
+    err["errmsg"] = exc.errmsg
+    return err
+
+
+def _check_writable(req: Request, name: str) -> None:
+    """InvalidNamespace (73) for the oplog, ``system.*`` (but ``system.js``) and the empty db."""
+    if req.db == "local" and name == "oplog.rs":
+        raise MongoError(73, "cannot write to 'local.oplog.rs'")
+    if name.startswith("system.") and name not in ("system.js",):
+        raise MongoError(73, f"cannot write to '{req.db}.{name}'")
+    if req.db == "":
+        raise MongoError(73, "Invalid database name: ''")
+
+
+def _prepare_insert(doc: Any, raw_size: int | None) -> dict[str, Any]:
+    """The document to store: size-checked (BadValue 2 over 16 MiB; ``raw_size`` saves the
+    encode), with ``_id`` first (generated when missing) and checked (2, 52)."""
+    if not isinstance(doc, dict):
+        raise MongoError(14, "BSON field 'insert.documents' is the wrong type, expected type 'object'")
+    size = raw_size if raw_size is not None else None
+    if size is None or size > MAX_DOC - 1024:
+        size = len(bson.encode(doc))
+    if size > MAX_DOC:
+        raise MongoError(2, f"object to insert too large. size in bytes: {size}, max size: {MAX_DOC}")
+    if "_id" not in doc:
+        doc = {"_id": ObjectId(), **doc}
+    else:
+        _id = doc["_id"]
+        if isinstance(_id, list):
+            raise MongoError(2, "can't use an array for _id")
+        if isinstance(_id, Regex) or type(_id).__name__ == "Pattern":
+            raise MongoError(2, "can't use a regex for _id")
+        if isinstance(_id, dict) and any(isinstance(k, str) and k.startswith("$") for k in _id):
+            raise MongoError(52, "_id fields may not contain '$'-prefixed fields: "
+                                 f"{next(k for k in _id if k.startswith('$'))} is not valid for storage.")
+        if next(iter(doc)) != "_id":
+            doc = {"_id": _id, **{k: v for k, v in doc.items() if k != "_id"}}
+    return doc
+
+
+def _batch_opts(req: Request) -> tuple[bool, bool]:
+    """``(ordered, bypassDocumentValidation)``; TypeMismatch (14) for a non-bool ordered."""
+    ordered = req.body.get("ordered", True)
+    if not isinstance(ordered, bool):
+        raise MongoError(14, f"BSON field '{req.name}.ordered' is the wrong type "
+                             f"'{type(ordered).__name__}', expected type 'bool'")
+    bypass = req.body.get("bypassDocumentValidation", False)
+    return ordered, bool(bypass)
+
+
+# -- insert -------------------------------------------------------------------------------
+@commands.handler("insert")
+async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``insert: <coll>, documents: [...]`` (``write_commands.cpp``): ``{n[, writeErrors]
+    [, retriedStmtIds]}``. Creates the collection implicitly; one oplog entry per document
+    (buffered in a transaction). Errors per statement in ``writeErrors`` (DuplicateKey 11000
+    with keyPattern/keyValue, 2, 52, 166 on a view); command errors 14, 40414, 40415, 73, 225."""
+    storage = node.storage
+    name = coll_name(req)
+    check_fields(req, "insert")
+    docs = check_type(req, "documents", list, "array", required=True)
+    ordered, _ = _batch_opts(req)
+    _check_writable(req, name)
+    refused = refuse_view_write(node, req, name, len(docs), ordered, {"n": 0})
+    if refused is not None:
+        return refused
+    ctx = begin_write(node, req)
+    retry = ctx.retry
+    retried: list[int] = []
+    raw_docs = req.sequences.get("documents")
+    coll = txn_view(node, node.ensure_collection(req.db, name, ctx) if docs
+                    else storage.get(req.db, name), ctx)
+    txn = ctx.txn
+    n = 0
+    errors: list[dict[str, Any]] = []
+    note = storage.journal is not None and txn is None
+    for i, doc in enumerate(docs):
+        try:
+            if retry is not None:
+                sid = stmt_id_of(req, i)
+                if sid in retry.executed:
+                    retried.append(sid)
+                    n += 1
+                    continue
+                ctx.stmt_id = sid
+            raw_size = len(raw_docs[i]) if raw_docs is not None else None
+            doc = _prepare_insert(doc, raw_size)
+            k = coll.insert(doc)
+            if note:
+                storage.note_doc(coll, k, doc)
+            node.log_op("i", coll, doc, coll.document_key(doc), ctx=ctx, size=raw_size)
+            if retry is not None:
+                retry.executed[ctx.stmt_id] = 1
+            n += 1
+        except MongoError as exc:
+            errors.append(_write_error(i, exc))
+            if ordered or txn is not None:
+                break
+    reply: dict[str, Any] = {"n": n}
+    return finish_write(node, req, ctx, reply, retried, errors)
+
+
+# -- update -------------------------------------------------------------------------------
+def do_update(node: ShardNode, coll: Collection | None, db: str, name: str, stmt: dict[str, Any],
+              ctx: WriteContext, index: int) -> tuple[int, int, Any]:
+    """Run one update statement ``{q, u, multi?, upsert?, arrayFilters?}`` on ``coll`` (None
+    when missing: an upsert creates it). Returns (n matched, n modified, upserted _id or
+    ``_NONE``). Raises 9, 14, 40414 for a bad statement and the update language's errors."""
+    storage = node.storage
+    if not isinstance(stmt, dict):
+        raise MongoError(14, "BSON field 'update.updates' is the wrong type, expected type 'object'")
+    if "q" not in stmt:
+        raise MongoError(40414, "BSON field 'update.updates.q' is missing but a required field")
+    if "u" not in stmt:
+        raise MongoError(40414, "BSON field 'update.updates.u' is missing but a required field")
+    filt, upd = stmt["q"], stmt["u"]
+    if not isinstance(filt, dict):
+        raise MongoError(14, f"BSON field 'update.updates.q' is the wrong type "
+                             f"'{type(filt).__name__}', expected type 'object'")
+    multi = stmt.get("multi", False)
+    upsert = stmt.get("upsert", False)
+    if not isinstance(multi, bool) or not isinstance(upsert, bool):
+        raise MongoError(14, "BSON field 'update.updates.multi' is the wrong type, expected type 'bool'")
+    kind = update_lang.validate_update(upd)
+    if multi and kind == "replacement" and upd:
+        raise MongoError(9, "multi update is not supported for replacement-style update")
+    array_filters = stmt.get("arrayFilters")
+    update_lang.parse_array_filters(array_filters)
+    matched = modified = 0
+    for key, doc in q.select(coll, filt):
+        concrete = update_lang.expand_positional(doc, upd, filt, array_filters)
+        new = update_lang.apply_update(doc, concrete, filt)
+        matched += 1
+        if not update_lang.is_noop(doc, new, concrete):
+            apply_replace(node, coll, key, doc, new, concrete, ctx)
+            modified += 1
+        if not multi:
+            break
+    if matched == 0 and upsert:
+        seed = update_lang.upsert_seed(filt) if kind != "replacement" else \
+            ({"_id": update_lang.upsert_seed(filt)["_id"]} if "_id" in update_lang.upsert_seed(filt) else {})
+        new = update_lang.apply_update(seed, upd, filt, is_insert=True)
+        if "_id" not in new:
+            new = {"_id": ObjectId(), **new}
+        if coll is None:
+            coll = txn_view(node, node.ensure_collection(db, name, ctx), ctx)
+        new = _prepare_insert(new, None)
+        k = coll.insert(new)
+        if ctx.txn is None:
+            storage.note_doc(coll, k, new)
+        node.log_op("i", coll, new, coll.document_key(new), ctx=ctx)
+        return 0, 0, new["_id"]
+    return matched, modified, _NONE
+
+
+def apply_replace(node: ShardNode, coll: Collection, key: Any, doc: dict[str, Any],
+                  new: dict[str, Any], upd: Any, ctx: WriteContext) -> None:
+    """Store ``new`` over ``doc`` and log the update (``$v: 2`` diff, pre-image ``doc``).
+    17419 when the result is over 16 MiB."""
+    if len(bson.encode(new)) > MAX_DOC:
+        raise MongoError(17419, f"Resulting document after update is larger than {MAX_DOC}")
+    coll.replace(key, new)
+    if ctx.txn is None:
+        node.storage.note_doc(coll, key, new)
+    node.log_op("u", coll, update_lang.update_diff(doc, new, upd), coll.document_key(doc), ctx=ctx,
+                pre_image=doc)
+
+
+@commands.handler("update")
+async def update(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``update: <coll>, updates: [{q, u, multi, upsert, arrayFilters}]``: ``{n[, upserted:
+    [{index, _id}]], nModified[, writeErrors][, retriedStmtIds]}``; ordered batches stop at the
+    first error (``write_commands.cpp``)."""
+    storage = node.storage
+    name = coll_name(req)
+    check_fields(req, "update")
+    stmts = check_type(req, "updates", list, "array", required=True)
+    ordered, _ = _batch_opts(req)
+    _check_writable(req, name)
+    refused = refuse_view_write(node, req, name, len(stmts), ordered, {"n": 0, "nModified": 0})
+    if refused is not None:
+        return refused
+    ctx = begin_write(node, req)
+    retry = ctx.retry
+    retried: list[int] = []
+    n = n_modified = 0
+    upserted: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for i, stmt in enumerate(stmts):
+        try:
+            done = None
+            if retry is not None:
+                ctx.stmt_id = stmt_id_of(req, i)
+                done = retry.executed.get(ctx.stmt_id)
+            if done is not None:
+                retried.append(ctx.stmt_id)
+                m, mod = int(done["n"]), int(done["m"])
+                up = done["u"][0] if done.get("u") else _NONE
+            else:
+                coll = txn_view(node, storage.get(req.db, name), ctx)
+                m, mod, up = do_update(node, coll, req.db, name, stmt, ctx, i)
+                if retry is not None:
+                    retry.executed[ctx.stmt_id] = {"n": m, "m": mod,
+                                                   "u": [up] if up is not _NONE else []}
+            n += m
+            n_modified += mod
+            if up is not _NONE:
+                n += 1
+                upserted.append({"index": i, "_id": up})
+        except MongoError as exc:
+            errors.append(_write_error(i, exc))
+            if ordered or ctx.txn is not None:
+                break
+    reply: dict[str, Any] = {"n": n}
+    if upserted:
+        reply["upserted"] = upserted
+    reply["nModified"] = n_modified
+    return finish_write(node, req, ctx, reply, retried, errors)
+
+
+# -- delete -------------------------------------------------------------------------------
+def delete_doc(node: ShardNode, coll: Collection, key: Any, ctx: WriteContext) -> dict[str, Any]:
+    """Delete the document at ``key`` and log it (pre-image kept); returns the old document."""
+    old = coll.delete(key)
+    if ctx.txn is None:
+        node.storage.note_doc(coll, key, None)
+    node.log_op("d", coll, coll.document_key(old), None, ctx=ctx, pre_image=old)
+    return old
+
+
+@commands.handler("delete")
+async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``delete: <coll>, deletes: [{q, limit: 0|1}]``: ``{n[, writeErrors][, retriedStmtIds]}``;
+    40414 for a missing q/limit, FailedToParse (9) for another limit."""
+    storage = node.storage
+    name = coll_name(req)
+    check_fields(req, "delete")
+    stmts = check_type(req, "deletes", list, "array", required=True)
+    ordered, _ = _batch_opts(req)
+    _check_writable(req, name)
+    refused = refuse_view_write(node, req, name, len(stmts), ordered, {"n": 0})
+    if refused is not None:
+        return refused
+    ctx = begin_write(node, req)
+    retry = ctx.retry
+    retried: list[int] = []
+    n = 0
+    errors: list[dict[str, Any]] = []
+    for i, stmt in enumerate(stmts):
+        try:
+            if not isinstance(stmt, dict) or "q" not in stmt:
+                raise MongoError(40414, "BSON field 'delete.deletes.q' is missing but a required field")
+            if "limit" not in stmt:
+                raise MongoError(40414, "BSON field 'delete.deletes.limit' is missing but a required field")
+            limit = stmt["limit"]
+            if limit not in (0, 1) or isinstance(limit, bool):
+                raise MongoError(9, f"The limit field in delete objects must be 0 or 1. Got {limit}")
+            if not isinstance(stmt["q"], dict):
+                raise MongoError(14, "BSON field 'delete.deletes.q' is the wrong type, expected type 'object'")
+            if retry is not None:
+                ctx.stmt_id = stmt_id_of(req, i)
+                if ctx.stmt_id in retry.executed:
+                    retried.append(ctx.stmt_id)
+                    n += int(retry.executed[ctx.stmt_id])
+                    continue
+            coll = txn_view(node, storage.get(req.db, name), ctx)
+            deleted = 0
+            for key, _doc in q.select(coll, stmt["q"]):
+                delete_doc(node, coll, key, ctx)
+                deleted += 1
+                if limit == 1:
+                    break
+            n += deleted
+            if retry is not None:
+                retry.executed[ctx.stmt_id] = deleted
+        except MongoError as exc:
+            errors.append(_write_error(i, exc))
+            if ordered or ctx.txn is not None:
+                break
+    reply: dict[str, Any] = {"n": n}
+    return finish_write(node, req, ctx, reply, retried, errors)
+
+
+# -- findAndModify ------------------------------------------------------------------------
+@commands.handler("findAndModify", "findandmodify")
+async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``findAndModify`` (``find_and_modify.cpp``): ``{lastErrorObject: {n, updatedExisting?,
+    upserted?}, value}``; a retry returns the recorded reply with ``retriedStmtId``. Errors:
+    FailedToParse (9) for conflicting options, 166 on a view; inside a transaction a failure
+    aborts it."""
+    storage = node.storage
+    name = coll_name(req)
+    body = req.body
+    filt = check_type(req, "query", dict, "object") or {}
+    sort = check_type(req, "sort", dict, "object")
+    fields = check_type(req, "fields", dict, "object")
+    remove = body.get("remove", False)
+    upd = body.get("update")
+    new_opt = body.get("new", False)
+    upsert = body.get("upsert", False)
+    if remove and upd is not None:
+        raise MongoError(9, "Cannot specify both an update and remove=true")
+    if not remove and upd is None:
+        raise MongoError(9, "Either an update or remove=true must be specified")
+    if remove and (new_opt or upsert):
+        raise MongoError(9, "Cannot specify both new=true and remove=true; 'remove' always "
+                            "returns the deleted document")
+    if upd is not None:
+        update_lang.validate_update(upd)
+    _check_writable(req, name)
+    if storage.view_def(req.db, name) is not None:
+        raise view_error(f"{req.db}.{name}")
+    ctx = begin_write(node, req)
+    if ctx.retry is not None:
+        ctx.stmt_id = int(body.get("stmtId", 0) or 0)
+        done = ctx.retry.executed.get(ctx.stmt_id)
+        if done is not None:
+            return {**done, "retriedStmtId": ctx.stmt_id}
+    coll = txn_view(node, storage.get(req.db, name), ctx)
+    try:
+        candidates = list(q.select(coll, filt))
+        if sort and len(candidates) > 1:
+            order = q.sort_docs([d for _, d in candidates], sort)
+            by_id = {id(d): k for k, d in candidates}
+            candidates = [(by_id[id(d)], d) for d in order]
+        value = None
+        leo: dict[str, Any] = {"n": 0}
+        if remove:
+            if candidates:
+                key, doc = candidates[0]
+                value = delete_doc(node, coll, key, ctx)
+                leo = {"n": 1}
+        elif candidates:
+            key, doc = candidates[0]
+            concrete = update_lang.expand_positional(doc, upd, filt, body.get("arrayFilters"))
+            new = update_lang.apply_update(doc, concrete, filt)
+            if not update_lang.is_noop(doc, new, concrete):
+                apply_replace(node, coll, key, doc, new, concrete, ctx)
+            value = new if new_opt else doc
+            leo = {"n": 1, "updatedExisting": True}
+        elif upsert:
+            stmt = {"q": filt, "u": upd, "upsert": True}
+            if body.get("arrayFilters") is not None:
+                stmt["arrayFilters"] = body["arrayFilters"]
+            _, _, up = do_update(node, coll, req.db, name, stmt, ctx, 0)
+            coll = txn_view(node, storage.get(req.db, name), ctx)
+            leo = {"n": 1, "updatedExisting": False, "upserted": up}
+            value = coll.docs.get(id_key(up)) if new_opt else None
+        else:
+            leo = {"n": 0, "updatedExisting": False}
+        if value is not None and fields:
+            value = q.project([value], fields)[0]
+    except MongoError:
+        if ctx.txn is not None:
+            node.sessions.abort_on_error(req)
+        raise
+    reply = {"lastErrorObject": leo, "value": value}
+    if ctx.retry is not None:
+        ctx.retry.executed[ctx.stmt_id] = reply
+        node.sessions.note(ctx.retry)
+    return reply

@@ -1,0 +1,231 @@
+"""The shard's read commands: find, count, distinct, aggregate.
+
+``find`` on ``local.oplog.rs`` and ``config.system.preimages`` reads the oplog and the
+pre-images; reads of a view run its pipeline over the source first; reads inside a transaction
+see its own writes. An aggregate whose pipeline starts with ``$changeStream`` is handed to
+:mod:`shard.change_stream`. Reply shapes follow ``find_cmd.cpp`` and ``run_aggregate.cpp``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bson.int64 import Int64
+
+from shardsim.commands import CommandFamily, Request, check_type
+from shardsim.cursors import Batch, Cursor, ListCursor
+from shardsim.errors import MongoError
+from shardsim import query as q
+from shard.change_stream import aggregate_change_stream
+from shard.commands.helpers import Database, check_fields, coll_name, txn_view, view_docs
+from shard.commands.oplog_cursor import oplog_cursor
+from shardsim.errors import view_error
+from shard.storage import Collection
+
+if TYPE_CHECKING:
+    from shard.node import ShardNode
+
+commands = CommandFamily("reads")
+
+
+def _read_docs(coll: Collection | None, filt: dict[str, Any] | None, sort: dict[str, Any] | None,
+               skip: int, limit: int, projection: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The documents of ``coll`` a find returns (an unsorted limit stops the scan early)."""
+    if not sort and limit and not skip:
+        docs = []
+        for _, d in q.select(coll, filt):
+            docs.append(d)
+            if len(docs) >= limit:
+                break
+    else:
+        docs = [d for _, d in q.select(coll, filt)]
+        docs = q.sort_docs(docs, sort)
+        if skip:
+            docs = docs[skip:]
+        if limit:
+            docs = docs[:limit]
+    return q.project(docs, projection)
+
+
+def _int_opt(req: Request, field: str, minimum: int = 0) -> int:
+    """A non-negative integer option (skip, batchSize): 14, 51024 or 2 otherwise."""
+    v = check_type(req, field, (int, float), "long")
+    if v is None:
+        return 0
+    if v < minimum:
+        raise MongoError(51024, f"{field} value must be non-negative, but received: {v}") \
+            if field == "batchSize" else MongoError(2, f"{field} value must be non-negative")
+    return int(v)
+
+
+@commands.handler("find")
+async def find(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``find`` (``find_cmd.cpp``): ``{cursor: {firstBatch, id, ns}}``. ``local.oplog.rs`` reads
+    the oplog (sorted, reverse, or tailable/awaitData: :mod:`shard.commands.oplog_cursor`),
+    ``config.system.preimages`` the pre-images, a view runs its pipeline first. Errors: 14,
+    40415 (unknown field), 51024 (negative limit/batchSize), 9 (awaitData without tailable),
+    2 (tailable on a normal collection), 169 (view over a sharded collection)."""
+    storage = node.storage
+    name = coll_name(req)
+    check_fields(req, "find")
+    filt = check_type(req, "filter", dict, "object") or {}
+    sort = check_type(req, "sort", dict, "object")
+    projection = check_type(req, "projection", dict, "object")
+    skip = _int_opt(req, "skip")
+    limit_v = check_type(req, "limit", (int, float), "long")
+    if limit_v is not None and limit_v < 0:
+        raise MongoError(51024, f"LimitValue must be non-negative, but received: {limit_v}")
+    limit = int(limit_v or 0)
+    batch_size = check_type(req, "batchSize", (int, float), "long")
+    if batch_size is not None and batch_size < 0:
+        raise MongoError(51024, f"BatchSize value must be non-negative, but received: {batch_size}")
+    single = req.body.get("singleBatch", False)
+    tailable = bool(req.body.get("tailable", False))
+    await_data = bool(req.body.get("awaitData", False))
+    if await_data and not tailable:
+        raise MongoError(9, "Cannot set 'awaitData' without also setting 'tailable'")
+    ns = f"{req.db}.{name}"
+    if req.db == "local" and name == "oplog.rs":
+        cursor: Cursor = oplog_cursor(node, ns, filt, sort, skip, limit, projection, tailable,
+                                      await_data)
+    elif req.db == "config" and name == "system.preimages":
+        docs = [d for d in node.pre_images.docs() if q.matches(filt, d)]
+        cursor = ListCursor(ns, q.project(q.sort_docs(docs, sort)[skip:][:limit or None], projection))
+    else:
+        if tailable:
+            raise MongoError(2, f"error processing query: ns={ns} tailable cursor requested on "
+                                f"non capped collection")
+        vdocs = view_docs(node, req, name)
+        if vdocs is not None:  # find on a view = aggregate over the view (find_cmd.cpp)
+            vdocs = q.sort_docs([d for d in vdocs if q.matches(filt, d)], sort)[skip:]
+            cursor = ListCursor(ns, q.project(vdocs[:limit] if limit else vdocs, projection))
+        else:
+            coll = txn_view(node, storage.get(req.db, name), req)
+            cursor = ListCursor(ns, _read_docs(coll, filt, sort, skip, limit, projection))
+    if req.body.get("noCursorTimeout"):
+        cursor.no_timeout = True
+    bs = int(batch_size) if batch_size is not None else None
+    if limit and ((bs is None and limit < 101) or (bs is not None and bs > limit)):
+        bs = limit
+    if bs == 0 and batch_size is not None:
+        reply = await node.cursors.run_first_batch(_EmptyFirst(cursor), 0)
+    else:
+        reply = await node.cursors.run_first_batch(cursor, bs)
+    if (single or limit) and reply["id"] and not tailable:
+        if single or (limit and len(reply["firstBatch"]) >= limit):
+            await node.cursors.kill([int(reply["id"])])
+            reply["id"] = Int64(0)
+    return {"cursor": reply}
+
+
+@commands.handler("count")
+async def count(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``count: <coll>, query?, skip?, limit?``: ``{n}`` (views and ``local.oplog.rs`` too)."""
+    name = coll_name(req)
+    filt = check_type(req, "query", dict, "object") or {}
+    skip = _int_opt(req, "skip")
+    limit = abs(int(check_type(req, "limit", (int, float), "long") or 0))
+    vdocs = view_docs(node, req, name)
+    if req.db == "local" and name == "oplog.rs":
+        n = sum(1 for d in node.oplog.entries_from(0) if q.matches(filt, d))
+    elif vdocs is not None:
+        n = sum(1 for d in vdocs if q.matches(filt, d))
+    else:
+        coll = txn_view(node, node.storage.get(req.db, name), req)
+        n = len(coll.docs) if coll is not None and not filt else \
+            sum(1 for _ in q.select(coll, filt))
+    n = max(0, n - skip)
+    if limit:
+        n = min(n, limit)
+    return {"n": n}
+
+
+@commands.handler("distinct")
+async def distinct(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``distinct: <coll>, key, query?``: ``{values}`` (views and transactions
+    as for find)."""
+    name = coll_name(req)
+    key = check_type(req, "key", str, "string", required=True)
+    filt = check_type(req, "query", dict, "object") or {}
+    vdocs = view_docs(node, req, name)
+    if vdocs is not None:
+        return {"values": q.distinct_values((d for d in vdocs if q.matches(filt, d)), key)}
+    coll = txn_view(node, node.storage.get(req.db, name), req)
+    return {"values": q.distinct_values((d for _, d in q.select(coll, filt)), key)}
+
+
+@commands.handler("aggregate")
+async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``aggregate`` (``run_aggregate.cpp``): ``{cursor: {firstBatch, id, ns}}``. A pipeline
+    starting with ``$changeStream`` is handed to :func:`shard.change_stream.aggregate_change_stream`
+    (166 on a view); ``{aggregate: 1}`` needs ``$documents`` (73 otherwise). Errors: 9 without
+    ``cursor``, 40602 ($changeStream not first), 238 (explain, $out, $merge), 51024."""
+    storage = node.storage
+    pipeline = check_type(req, "pipeline", list, "array", required=True)
+    if "cursor" not in req.body and not req.body.get("explain"):
+        raise MongoError(9, "The 'cursor' option is required, except for aggregate with the "
+                            "explain argument")
+    cursor_opt = check_type(req, "cursor", dict, "object") or {}
+    if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
+        if isinstance(req.arg, str) and storage.view_def(req.db, req.arg) is not None:
+            raise view_error(f"{req.db}.{req.arg}")
+        return await aggregate_change_stream(node, req)
+    for st in pipeline:
+        if isinstance(st, dict) and "$changeStream" in st:
+            raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
+    if req.body.get("explain"):
+        raise MongoError(238, "explain is not supported by shardsim")
+    target = req.arg
+    if target == 1 or isinstance(target, (int, float)) and not isinstance(target, bool):
+        if pipeline and isinstance(pipeline[0], dict) and "$documents" in pipeline[0]:
+            docs = list(pipeline[0]["$documents"])
+            pipeline = pipeline[1:]
+            ns = f"{req.db}.$cmd.aggregate"
+        else:
+            raise MongoError(73, f"{{aggregate: 1}} is not valid for '{pipeline[0] if pipeline else ''}'; "
+                                 f"a collection is required.")
+    else:
+        name = coll_name(req)
+        ns = f"{req.db}.{name}"
+        vdocs = view_docs(node, req, name)
+        if req.db == "local" and name == "oplog.rs":
+            docs = list(node.oplog.entries_from(0))
+        elif vdocs is not None:
+            docs = vdocs
+        else:
+            coll = txn_view(node, storage.get(req.db, name), req)
+            docs = list(coll.docs.values()) if coll is not None else []
+    for st in pipeline:
+        if isinstance(st, dict) and ("$out" in st or "$merge" in st):
+            raise MongoError(238, "$out and $merge are not supported by shardsim")
+    docs = q.run_pipeline([q.deep_copy(d) for d in docs], pipeline, Database(node, req.db))
+    bs = cursor_opt.get("batchSize")
+    if bs is not None and (isinstance(bs, bool) or not isinstance(bs, (int, float)) or bs < 0):
+        raise MongoError(51024, f"BatchSize value must be non-negative, but received: {bs}")
+    cursor = ListCursor(ns, docs)
+    if bs == 0:
+        reply = await node.cursors.run_first_batch(_EmptyFirst(cursor), 0)
+    else:
+        reply = await node.cursors.run_first_batch(cursor, int(bs) if bs else None)
+    return {"cursor": reply}
+
+
+class _EmptyFirst(Cursor):
+    """``batchSize: 0``: an empty first batch, then the wrapped cursor's batches."""
+
+    def __init__(self, inner: Cursor) -> None:
+        super().__init__(inner.ns)
+        self.inner = inner
+        self.tailable = inner.tailable
+        self.await_data = inner.await_data
+        self.no_timeout = inner.no_timeout
+
+    async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        """Nothing on the first fetch, then the wrapped cursor's batches."""
+        if first:
+            return Batch([], exhausted=False)
+        return await self.inner.fetch(batch_size, max_time_ms, first=False)
+
+    async def close(self) -> None:
+        """Close the wrapped cursor."""
+        await self.inner.close()

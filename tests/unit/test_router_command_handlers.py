@@ -1,0 +1,113 @@
+"""The router's command handlers and their state, called directly (no sockets): the
+transaction router, the retryable-write cache, and a few module-level handlers on a stub node."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from router.commands import FAMILIES, admin, sharding, transactions
+from router.node import RouterNode
+from router.retryable_writes import RetryCache
+from router.transactions import TransactionRouter
+from shardsim.commands import ConnectionInfo, Request
+from shardsim.errors import MongoError
+
+LSID = {"id": b"\x01" * 16}
+
+
+def _req(name: str, db: str = "admin", **fields: Any) -> Request:
+    return Request(name=name, db=db, body={name: 1, "$db": db, **fields},
+                   conn=ConnectionInfo(id=1))
+
+
+def _txn(name: str, txn_number: int, **fields: Any) -> Request:
+    return _req(name, db="d", lsid=LSID, txnNumber=txn_number, autocommit=False, **fields)
+
+
+def test_transaction_router_keeps_one_shard_per_transaction() -> None:
+    txns = TransactionRouter()
+    first = _txn("insert", 1, startTransaction=True)
+    assert txns.participant(first, set()) is None  # no shard yet
+    assert txns.participant(first, {"shard0"}) == "shard0"
+    assert txns.participant(_txn("find", 1), {"shard0"}) == "shard0"
+    with pytest.raises(MongoError) as err:
+        txns.participant(_txn("find", 1), {"shard1"})
+    assert err.value.code == 263
+    assert txns.shard_of(_txn("commitTransaction", 1)) == "shard0"
+    # A newer transaction of the session forgets the older one.
+    assert txns.participant(_txn("insert", 2, startTransaction=True), {"shard1"}) == "shard1"
+    assert txns.shard_of(_txn("commitTransaction", 1)) is None
+    txns.end(_txn("abortTransaction", 2))
+    assert txns.shard_of(_txn("abortTransaction", 2)) is None
+
+
+def test_retry_cache_key_record_and_lru() -> None:
+    assert RetryCache.key({"insert": "c"}) is None
+    assert RetryCache.key({"lsid": LSID, "txnNumber": 3, "autocommit": False}) is None
+    key = RetryCache.key({"lsid": LSID, "txnNumber": 3})
+    assert key == (b"\x01" * 16, 3)
+    cache = RetryCache(size=2)
+    rec = cache.record(key)
+    assert rec == {"done": set(), "n": 0, "nModified": 0, "upserted": []}
+    rec["done"].add(0)
+    assert cache.record(key) is rec
+    cache.put((b"", 1), {"value": 1})
+    cache.get(key)  # key is now the most recently used
+    cache.put((b"", 2), {"value": 2})
+    assert cache.get((b"", 1)) is None and cache.get(key) is rec
+
+
+class _StubNode:
+    """What the transaction handlers use of a RouterNode, with shard replies recorded."""
+
+    def __init__(self) -> None:
+        self.transactions = TransactionRouter()
+        self.sent: list[tuple[str, str, dict[str, Any]]] = []
+        self.address = "127.0.0.1:27017"
+
+    async def shard_command(self, shard: str, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        self.sent.append((shard, db, cmd))
+        return {"ok": 1.0, "operationTime": 5, "$clusterTime": {}}
+
+
+def test_end_transaction_handlers_on_a_stub_node() -> None:
+    node = _StubNode()
+    # No statement reached a shard: commit is a no-op, abort is NoSuchTransaction.
+    assert asyncio.run(transactions.commit_transaction(node, _txn("commitTransaction", 7))) == {}
+    with pytest.raises(MongoError) as err:
+        asyncio.run(transactions.abort_transaction(node, _txn("abortTransaction", 7)))
+    assert err.value.code == 251 and err.value.labels == ["TransientTransactionError"]
+    assert node.sent == []
+    node.transactions.participant(_txn("insert", 8, startTransaction=True), {"shard1"})
+    assert asyncio.run(transactions.commit_transaction(node, _txn("commitTransaction", 8))) == {}
+    shard, db, cmd = node.sent[-1]
+    assert (shard, db, cmd["commitTransaction"]) == ("shard1", "admin", 1) and "$db" not in cmd
+    assert asyncio.run(transactions.abort_transaction(node, _txn("abortTransaction", 8))) == {}
+    assert node.transactions.shard_of(_txn("abortTransaction", 8)) is None
+
+
+def test_admin_and_sharding_handlers_on_a_stub_node() -> None:
+    node = _StubNode()
+    assert asyncio.run(admin.isdbgrid(node, _req("isdbgrid"))) == {
+        "isdbgrid": 1, "hostname": "127.0.0.1:27017"}
+    with pytest.raises(MongoError) as err:
+        asyncio.run(sharding.add_shard(node, _req("addShard", db="test")))
+    assert err.value.code == 13
+    assert asyncio.run(sharding.balancer_status(node, _req("balancerStatus")))["mode"] == "off"
+
+
+def test_router_node_installs_every_family() -> None:
+    node = RouterNode(configdb="127.0.0.1:1")
+    try:
+        names = set(node.commands.names())
+        for family in FAMILIES:
+            assert set(family.names()) <= names, family.name
+        assert node.commands.canonical("findandmodify") == "findAndModify"
+        assert node.commands.canonical("deleteIndexes") == "dropIndexes"
+        assert node.commands.lookup("commitTransaction").__wrapped__ is \
+            transactions.commit_transaction
+    finally:
+        node.config_pool.close()
