@@ -34,8 +34,9 @@ from typing import Any, Callable
 
 import bson
 
-from router.merger import (Block, ChangeStreamMerge, Item, Merger, NewShard, hwm_data, token_key)
-from router.raw_events import split_cursor
+from router.change_stream.async_results_merger import (Block, ChangeStreamMerge, Item, Merger, NewShard,
+                                                       hwm_data, token_key)
+from router.change_stream.raw_events import split_cursor
 from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
 from shardsim.errors import MongoError
 

@@ -9,7 +9,7 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from router.merger import (ChangeStreamMerge, Item, Merger, NewShard, hwm_data, hwm_token,
+from router.change_stream.async_results_merger import (ChangeStreamMerge, Item, Merger, NewShard, hwm_data, hwm_token,
                            is_hwm_data, item_from_raw_event, strip_sort_key, token_key)
 from shardsim.errors import MongoError
 
@@ -256,7 +256,7 @@ def test_config_event_metadata():
 
 
 def test_token_helpers_agree_with_the_shared_codec():
-    from router.merger import is_invalidate_data, token_ts_key
+    from router.change_stream.async_results_merger import is_invalidate_data, token_ts_key
     from shardsim import resume_token as rt
     ts = Timestamp(1234, 5)
     inv = rt.event_token(ts, bytes(16), "invalidate", None, from_invalidate=True)
@@ -284,7 +284,7 @@ def test_event_below_an_earlier_promise_fails_instead_of_reordering():
 
 @pytest.mark.parametrize("doc_id", [5, 5.5, "abc", {"a": 1}])
 def test_fast_event_parsing_matches_the_generic_path(doc_id):
-    from router.raw_events import _fast_item
+    from router.change_stream.raw_events import _fast_item
     from shardsim import resume_token as rt
     tok = rt.event_token(Timestamp(1, 1), bytes(16), "update", {"_id": doc_id})
     ev = {"_id": tok, "operationType": "update", "clusterTime": Timestamp(1, 1),

@@ -22,7 +22,7 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
-from router.merger import hwm_token, token_key
+from router.change_stream.async_results_merger import hwm_token, token_key
 from shardsim import resume_token as rt
 from shardsim.client import Pool
 from shardsim.clock import ts_key
@@ -668,7 +668,7 @@ def test_promise_request_ignored_still_bounded_by_await_and_order_kept(h):
 def test_router_prefetches_a_remote_backlog_while_the_client_reads(h):
     # A full shard batch (REMOTE_BATCH_SIZE events) means a backlog: the router asks for the
     # next one at once instead of when its buffer is empty, so the shards keep reading.
-    from router.change_stream import REMOTE_BATCH_SIZE
+    from router.change_stream.cursor import REMOTE_BATCH_SIZE
     coll = h.client.db.coll
     with coll.watch(max_await_time_ms=200, batch_size=10) as stream:
         for i in range(2 * REMOTE_BATCH_SIZE + 100):
@@ -689,7 +689,7 @@ def test_promise_requests_one_at_a_time_coalesced_and_survive_a_closed_channel(h
     """router/change_stream.py ``_send_promise_request``: requests go out on one kept connection
     per shard, one at a time; what is wanted while one is out is coalesced into the newest time,
     sent when its reply is in; a channel the shard closed is replaced by a new connection."""
-    from router import change_stream as cs
+    from router.change_stream import cursor as cs
 
     sh = h.shards[1]
     pool = Pool("127.0.0.1", sh.port)

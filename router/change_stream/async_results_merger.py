@@ -39,8 +39,9 @@ from shardsim.cursors import array_header_bytes
 from shardsim.errors import MongoError
 
 
-from router.raw_events import (ID_MODIFIED_MSG, Block, Item, Key, _fmt,  # noqa: F401
-                               item_from_raw_event, split_cursor, strip_sort_key, token_key)
+from router.change_stream.raw_events import (ID_MODIFIED_MSG, Block, Item, Key, _fmt,  # noqa: F401
+                                            item_from_raw_event, split_cursor, strip_sort_key,
+                                            token_key)
 
 CONFIG_SHARDS_NS = "config.shards"
 
