@@ -39,10 +39,11 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from router.change_stream.async_results_merger import (CONFIG_SHARDS_NS, Block, ChangeStreamMerge, Item,
-                                                       Merger, NewShard, Remote, item_from_raw_event,
-                                                       split_cursor, token_ts_key)
-from router.change_stream.raw_events import element_headers
+from router.change_stream.async_results_merger import CONFIG_SHARDS_NS, Merger, Remote, token_ts_key
+from router.change_stream.handle_topology_change import NewShard
+from router.change_stream.merge_cursors import ChangeStreamMerge
+from router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
+                                             split_cursor)
 from router.remote import gossip_command, track_operation_time
 from shardsim.client import Connection
 from shardsim.clock import ts_add_ticks, ts_from_key, ts_key

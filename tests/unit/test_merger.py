@@ -1,4 +1,6 @@
-"""Unit tests for the router's change-stream merge (router/merger.py): ARM ordering, promises,
+"""Unit tests for the router's change-stream merge (router/change_stream/: the merger in
+async_results_merger.py, the stages in merge_cursors.py, handle_topology_change.py and
+ensure_resume_token_present.py, byte surgery in raw_events.py): ARM ordering, promises,
 high-water marks, the config cursor's eligibility rule, byte surgery on raw events, resume checks
 and new-shard detection."""
 
@@ -9,8 +11,10 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from router.change_stream.async_results_merger import (ChangeStreamMerge, Item, Merger, NewShard, hwm_data, hwm_token,
-                           is_hwm_data, item_from_raw_event, strip_sort_key, token_key)
+from router.change_stream.async_results_merger import Merger, hwm_data, hwm_token, is_hwm_data
+from router.change_stream.handle_topology_change import NewShard
+from router.change_stream.merge_cursors import ChangeStreamMerge
+from router.change_stream.raw_events import Item, item_from_raw_event, strip_sort_key, token_key
 from shardsim.errors import MongoError
 
 

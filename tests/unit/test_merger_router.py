@@ -22,7 +22,8 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
-from router.change_stream.async_results_merger import hwm_token, token_key
+from router.change_stream.async_results_merger import hwm_token
+from router.change_stream.raw_events import token_key
 from shardsim import resume_token as rt
 from shardsim.client import Pool
 from shardsim.clock import ts_key

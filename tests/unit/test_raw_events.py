@@ -1,8 +1,8 @@
-"""Shard batches as Blocks on the router (router/raw_events.py): a run of plain events kept as
+"""Shard batches as Blocks on the router (router/change_stream/raw_events.py): a run of plain events kept as
 offsets into the reply's bytes must give exactly what the per-event path gives (payloads,
 keys, tokens), reject every layout the per-event path treats specially, and write the client's
 BSON array byte for byte as encoding the payloads would; the merge must order Blocks like
-Items (router/merger.py)."""
+Items (router/change_stream/async_results_merger.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from router.change_stream.async_results_merger import ChangeStreamMerge, Item, Merger, hwm_data, token_key
-from router.change_stream.raw_events import Block, _fast_item, element_headers, parse_block, split_cursor
+from router.change_stream.async_results_merger import Merger, hwm_data
+from router.change_stream.merge_cursors import ChangeStreamMerge
+from router.change_stream.raw_events import (Block, Item, _fast_item, element_headers, parse_block,
+                                             split_cursor, token_key)
 from shardsim import resume_token as rt
 from shardsim.cursors import Batch, array_header_bytes, cursor_reply
 
