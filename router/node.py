@@ -12,7 +12,8 @@
 * Cluster time: every shard command carries the router's ``$clusterTime``; replies advance
   the router's clock and the reply ``operationTime`` is the newest ``operationTime`` of the
   shard replies consumed (:mod:`router.remote`, notes §7.4).
-* Change streams are built by :mod:`router.change_stream` (``aggregate_change_stream``).
+* Change streams are built by :mod:`router.change_stream` (``aggregate_change_stream``); the
+  router-wide state they share is :attr:`RouterNode.promise_requests`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from bson.int64 import Int64
 
 from router.catalog import CatalogCache
+from router.change_stream.promise_requests import PromiseRequests
 from router.remote import OPERATION_TIME, gossip_command
 from shardsim.client import Pool, parse_address
 from shardsim.commands import Request
@@ -53,7 +55,10 @@ class RouterNode(Node):
 
     Attributes other router modules use: ``catalog`` (:class:`router.catalog.CatalogCache`),
     ``config_pool`` (:class:`shardsim.client.Pool` to the config server),
-    :meth:`pool_for` (a shard's pool), :meth:`shard_command`, ``cursors``.
+    :meth:`pool_for` (a shard's pool), :meth:`shard_command`, ``cursors``,
+    ``promise_requests`` (:class:`router.change_stream.promise_requests.PromiseRequests`: the
+    change streams' promise requests to idle shards, told of every shard write by
+    :mod:`router.writes`).
     """
 
     role = "router"
@@ -66,21 +71,26 @@ class RouterNode(Node):
         self.catalog = CatalogCache(self.config_pool, self.clock)
         self._pools: dict[str, tuple[tuple[str, int], Pool]] = {}
         self._refresher: asyncio.Task | None = None
+        self.promise_requests = PromiseRequests(self.clock)
         from router import commands as router_commands  # here: it imports this module
         router_commands.register(self)
         failpoints.install(self)
 
     # -- identity -------------------------------------------------------------------------
     def hello(self, req: Request) -> dict[str, Any]:
+        """The router's extra ``hello`` fields: ``msg: "isdbgrid"`` (how drivers detect mongos)."""
         return {"msg": "isdbgrid"}
 
     def process_name(self) -> str:
+        """``serverStatus.process``."""
         return "mongos"
 
     def parsed_options(self) -> dict[str, Any]:
+        """``getCmdLineOpts.parsed``: ``sharding.configDB``."""
         return {"sharding": {"configDB": self.configdb}}
 
     def server_status(self) -> dict[str, Any]:
+        """``serverStatus`` with the router's ``sharding`` section."""
         st = super().server_status()
         st["sharding"] = {"configsvrConnectionString": self.configdb}
         return st
@@ -132,6 +142,7 @@ class RouterNode(Node):
 
     # -- dispatch -------------------------------------------------------------------------
     async def run_command(self, req: Request) -> dict[str, Any]:
+        """Run ``req`` with a fresh operationTime tracker (:data:`router.remote.OPERATION_TIME`)."""
         token = OPERATION_TIME.set([None])
         try:
             return await super().run_command(req)
@@ -139,6 +150,8 @@ class RouterNode(Node):
             OPERATION_TIME.reset(token)
 
     def cluster_time_fields(self, req: Request | None, reply: dict[str, Any]) -> None:
+        """Gossip fields of ``reply``; its ``operationTime`` is the newest of the shard replies
+        the command consumed (notes §7.4)."""
         holder = OPERATION_TIME.get()
         if holder and holder[0] is not None and "__operationTime" not in reply:
             reply["__operationTime"] = holder[0]
@@ -167,6 +180,7 @@ class RouterNode(Node):
 
     # -- lifecycle ------------------------------------------------------------------------
     async def startup(self) -> None:
+        """Once listening: load the catalog (if the config server answers), keep refreshing it."""
         await super().startup()
         try:
             await self.catalog.refresh()
@@ -185,11 +199,11 @@ class RouterNode(Node):
                 log.exception("catalog refresh failed")
 
     async def shutdown(self) -> None:
+        """Stop refreshing, kill the cursors, close the promise-request channels and the pools."""
         if self._refresher is not None:
             self._refresher.cancel()
         await super().shutdown()
-        from router.change_stream import close_promise_channels
-        close_promise_channels(self)
+        self.promise_requests.close()
         for _, pool in self._pools.values():
             pool.close()
         self.config_pool.close()

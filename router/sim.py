@@ -274,7 +274,7 @@ class Stream:
 
     def _request_promises(self) -> None:
         """The router's ``_shardsimAdvanceClusterTime`` (router/change_stream/promise_requests.py
-        ``request_promises``): the remotes holding back the smallest buffered event get its
+        ``request_for_held_event``): the remotes holding back the smallest buffered event get its
         cluster time T gossiped after a random delay; a ``clock``-mode shard then answers its
         waiting getMore at once, a ``mongod`` one only when a visible entry passes T."""
         item, blockers = self.merger.blocking_remotes()

@@ -1,29 +1,36 @@
-"""Change streams on the router (mongos): open a cursor on every shard and on the config
-server's ``config.shards``, merge them with :mod:`router.merger`, serve the client's getMores.
+"""The router's change-stream cursor: the stream that opens and drives the remotes, and the
+client's cursor that serves its getMores.
 
-Entry point: :func:`aggregate_change_stream` (called by the router's ``aggregate`` when
-``pipeline[0]`` is ``$changeStream``). It mirrors, in order:
+:class:`RouterChangeStream` (one per client stream) mirrors, in order:
 
-- ``sharded_agg_helpers.cpp`` ``targetPipeline``/``dispatchTargetedShardPipeline``: capture the
-  router's cluster time, reload the shard list, fix the start point explicitly for every shard
-  (client token, ``startAtOperationTime``, or cluster time + 1 tick —
-  ``DocumentSourceChangeStream::getStartTimeForNewStream``), send every shard
-  ``aggregate`` with ``needsMerge: true``, ``fromRouter: true``, ``cursor: {batchSize: 0}``, and
-  open the ``config.shards`` monitor (``openChangeStreamNewShardMonitor``) at the captured time;
-- ``cluster_aggregation_planner.cpp`` ``establishMergingMongosCursor``: an empty first batch, a
-  live cursor id and a ``postBatchResumeToken`` (the merger's high-water mark);
-- ``cluster_find.cpp`` ``runGetMore`` + ``blocking_results_merger.cpp``: a getMore returns as
-  soon as at least one event is ready (taking all that are ready), else waits up to its
-  ``maxTimeMS`` (default 1000 ms) and returns an empty batch with the current high-water mark;
-- ``async_results_merger.cpp``: getMores to remotes run concurrently, only for remotes with an
-  empty buffer and no request in flight, with ``maxTimeMS`` capped at 1000 ms when there is
-  more than one remote; the first remote error fails the client's getMore with that code and
-  the labels the router computes (``error_labels.cpp``), and kills the other remote cursors;
-- ``DocumentSourceChangeStreamHandleTopologyChange``: a ``config.shards`` insert opens a cursor
-  on the new shard with ``resumeAfter: HWM(event clusterTime + 1 tick)``.
+- ``sharded_agg_helpers.cpp`` ``targetPipeline``/``dispatchTargetedShardPipeline``
+  (:meth:`RouterChangeStream.establish`): capture the router's cluster time, reload the shard
+  list, fix the start point explicitly for every shard (client token, ``startAtOperationTime``,
+  or cluster time + 1 tick — ``DocumentSourceChangeStream::getStartTimeForNewStream``), send
+  every shard ``aggregate`` with ``needsMerge: true``, ``fromRouter: true``,
+  ``cursor: {batchSize: 0}``, and open the ``config.shards`` monitor
+  (``openChangeStreamNewShardMonitor``) at the captured time;
+- ``async_results_merger.cpp`` ``_scheduleGetMores`` (:meth:`RouterChangeStream.schedule_getmores`):
+  getMores to remotes run concurrently, only for remotes with an empty buffer and no request in
+  flight, with ``maxTimeMS`` capped at 1000 ms when there is more than one remote; the first
+  remote error fails the client's getMore with that code and the labels the router computes
+  (``error_labels.cpp``), and kills the other remote cursors;
+- ``establishShardCursorsOnNewShards`` (:meth:`RouterChangeStream.open_new_shard`): the new
+  shard's cursor from ``resumeAfter: HWM(event clusterTime + 1 tick)``, decided by
+  :mod:`router.change_stream.handle_topology_change`.
 
-Events are forwarded as raw BSON bytes: the shard's trailing ``$sortKey`` is cut off by byte
-surgery (:func:`router.merger.strip_sort_key`), never decoded and re-encoded.
+:class:`RouterChangeStreamCursor` mirrors ``cluster_aggregation_planner.cpp``
+``establishMergingMongosCursor`` (an empty first batch, a live cursor id and a
+``postBatchResumeToken``, the merger's high-water mark) and ``cluster_find.cpp`` ``runGetMore``
++ ``blocking_results_merger.cpp``: a getMore returns as soon as at least one event is ready
+(taking all that are ready), else waits up to its ``maxTimeMS`` (default 1000 ms) and returns
+an empty batch with the current high-water mark.
+
+The merge itself is pure (:mod:`.async_results_merger`, :mod:`.merge_cursors`); this module
+does the I/O around it, plus shardsim's promise requests (:mod:`.promise_requests`) at the two
+points where an event waits for idle shards. Events are forwarded as raw BSON bytes
+(:mod:`.raw_events`): the shard's trailing ``$sortKey`` is cut off by byte surgery, never
+decoded and re-encoded.
 """
 
 from __future__ import annotations
@@ -34,7 +41,6 @@ import logging
 import time
 from typing import Any
 
-import bson
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -45,17 +51,9 @@ from router.change_stream.merge_cursors import ChangeStreamMerge
 from router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
                                              split_cursor)
 from router.remote import gossip_command, track_operation_time
-from shardsim.client import Connection
-from shardsim.clock import ts_add_ticks, ts_from_key, ts_key
+from shardsim.clock import ts_add_ticks, ts_key
 from shardsim.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
 from shardsim.errors import MongoError, change_stream_labels
-from shardsim.node import CODEC, DUMMY_SIGNATURE
-
-try:  # the shard's stage parser validates router-side specs; importing it here (≈ 0.1 s from
-    # source) keeps that one-off cost at process start instead of in the first watch().
-    from shard.change_stream import spec as _shard_spec  # noqa: F401
-except ImportError:  # pragma: no cover - the shard package is part of the project
-    pass
 
 log = logging.getLogger("shardsim.router.change_stream")
 
@@ -65,8 +63,6 @@ SHORT_AWAIT_MS = 20  # remote await of a one-off poll for a newer promise (ms)
 # batchSize of the router's getMores to shards: a backlog then comes in slices, so shards build
 # the next slice while the router merges this one and the client reads the previous one.
 REMOTE_BATCH_SIZE = 5000
-# Internal shard command asking for a promise past a cluster time (shard/change_stream/cursor.py).
-PROMISE_REQUEST_COMMAND = "_shardsimAdvanceClusterTime"
 # Aggregate fields the router does not pass on to shards (it sets its own cursor/needsMerge).
 _NOT_FORWARDED = frozenset({"aggregate", "pipeline", "cursor", "$db", "$clusterTime", "lsid",
                             "txnNumber", "$readPreference", "maxAwaitTimeMS", "maxTimeMS",
@@ -92,59 +88,18 @@ def _split_ns(ns: str) -> tuple[str, str]:
     return db, coll
 
 
-async def aggregate_change_stream(router: Any, req: Any) -> dict[str, Any]:
-    """Run ``aggregate`` with a ``$changeStream`` pipeline on the router.
-
-    Returns the reply body ``{cursor: {firstBatch: [], postBatchResumeToken, id, ns}}``.
-    Raises MongoError: the shard parser's validation errors (e.g. 40415/14/2/50865/40674/260/
-    73), FailedToParse (9) when ``cursor`` is missing, and the first shard error while
-    establishing cursors (labels computed by the router).
-    """
-    body = req.body
-    pipeline = body["pipeline"]
-    target = body.get("aggregate")
-    db = req.db
-    spec_doc = pipeline[0].get("$changeStream") if isinstance(pipeline[0], dict) else None
-    try:  # validate exactly like a shard would (same parser) before touching any shard
-        from shard.change_stream import spec as _spec
-        _spec.parse(db, target, pipeline)
-    except ImportError:  # pragma: no cover - the shard package is part of the project
-        if not isinstance(spec_doc, dict):
-            raise MongoError(50808, "$changeStream stage expects a document as argument")
-    if isinstance(spec_doc, dict) and spec_doc.get("showMigrationEvents"):
-        # assertIsLegalSpecification (document_source_change_stream.cpp)
-        raise MongoError(31123, "Change streams from mongos may not show migration events")
-    rc = body.get("readConcern")
-    level = rc.get("level") if isinstance(rc, dict) else None
-    if level is not None and level != "majority":
-        # DocumentSourceChangeStream::LiteParsed::supportsReadConcern: majority only.
-        raise MongoError(72, f"Command aggregate does not support {{ readConcern: {{ level: \"{level}\" }} }}"
-                             " :: caused by :: Only read concern level majority is supported")
-    cursor_opt = body.get("cursor")
-    if cursor_opt is None:
-        raise MongoError(9, "The 'cursor' option is required, except for aggregate with the "
-                            "explain argument")
-    if not isinstance(cursor_opt, dict):
-        raise MongoError(14, "BSON field 'aggregate.cursor' is the wrong type, expected type 'object'")
-    batch_size = cursor_opt.get("batchSize")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, float))):
-        raise MongoError(14, "BSON field 'cursor.batchSize' is the wrong type, expected type 'long'")
-    if batch_size is not None and batch_size < 0:
-        raise MongoError(51024, f"BatchSize value must be non-negative, but received: {int(batch_size)}")
-    if isinstance(target, str):
-        ns = f"{db}.{target}"
-    else:
-        ns = f"{db}.$cmd.aggregate"
-
-    stream = RouterChangeStream(router, db, target, ns, dict(spec_doc), pipeline[1:], body)
-    await stream.establish()
-    reply = await router.cursors.run_first_batch(stream.cursor, int(batch_size) if batch_size is not None else None)
-    return {"cursor": reply}
-
-
 class RouterChangeStream:
     """Everything one client change stream owns on the router: the merge, the remotes and their
-    pools, and the commands to (re)open shard cursors."""
+    pools, and the commands to (re)open shard cursors.
+
+    ``router`` — the :class:`router.node.RouterNode` (``clock``, ``catalog``, ``config_pool``,
+    ``pool_for``, ``promise_requests``); ``db``/``target``/``ns`` — the stream's database,
+    ``aggregate`` target (collection name, or 1 for a database/cluster stream) and cursor
+    namespace; ``spec`` — the ``$changeStream`` document (its start made explicit by
+    :meth:`establish`); ``user_stages`` — the client's stages after it, sent to the shards;
+    ``body`` — the client's ``aggregate`` (its other fields are forwarded). Built by
+    :func:`router.change_stream.aggregate_change_stream`, then :meth:`establish`.
+    """
 
     def __init__(self, router: Any, db: str, target: Any, ns: str, spec: dict[str, Any],
                  user_stages: list[Any], body: dict[str, Any]) -> None:
@@ -166,6 +121,7 @@ class RouterChangeStream:
         self.nudged: dict[int, int] = {}  # remote id -> router time it was last short-polled for
         self.idle: dict[int, bool] = {}  # remote id -> its last getMore reply had no events
         self.sent_at: dict[int, float] = {}  # remote id -> monotonic time of its last getMore
+        self.promises = router.promise_requests  # router-wide, shared by its streams
 
     # -- opening -------------------------------------------------------------------------------
     def _shard_command(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -178,7 +134,10 @@ class RouterChangeStream:
         return cmd
 
     async def establish(self) -> None:
-        """Open every shard cursor and the config.shards monitor; set the initial HWM."""
+        """Open every shard cursor and the config.shards monitor (not for a stream on the
+        ``config`` database), all concurrently; set the initial HWM; build the merge. Raises
+        ShardNotFound (70) when the catalog lists no shard, and the first error of any
+        ``aggregate`` (without the remote's labels), after killing the cursors that did open."""
         router = self.router
         clock = router.clock
         now = clock.now()
@@ -217,9 +176,7 @@ class RouterChangeStream:
                 raise _fresh_error(failure)
             raise failure
         self.merger.set_initial_high_water_mark()
-        if EARLY_PROMISE_REQUESTS:
-            _promise_requests(router).streams.add(self)
-            router._cs_write_hook = on_shard_write
+        self.promises.streams.add(self)  # promise replies and the write path reach it now
         self.merge = ChangeStreamMerge(self.merger, resume_token=token, known_shards=shards,
                                        start_after="startAfter" in spec)
 
@@ -242,7 +199,9 @@ class RouterChangeStream:
 
     async def open_new_shard(self, action: NewShard) -> None:
         """A config.shards insert was merged: open the new shard's cursor from
-        ``resumeAfter: HWM(shardAddedTime + 1)`` (``createUpdatedCommandForNewShard``)."""
+        ``resumeAfter: HWM(shardAddedTime + 1)`` (``createUpdatedCommandForNewShard``) and add
+        it to the merger before anything later is released. Raises the shard's error with the
+        labels the router adds to a getMore (the client's getMore fails with it)."""
         router = self.router
         if router.catalog.shard_address(action.shard) is None:
             await router.catalog.refresh()
@@ -261,12 +220,13 @@ class RouterChangeStream:
         polls = self.merger.remotes_to_poll()
         if not polls:
             return
-        # (An event held back only by promises is handled by request_promises, which also
-        # cuts short the getMores already waiting.) When a client getMore starts, a remote whose
+        # (An event held back only by promises is handled by the promise requests, which also
+        # cut short the getMores already waiting.) When a client getMore starts, a remote whose
         # promise is older than the router's cluster time can promise more right away (our
-        # getMore gossips that time to it): ask it once without a long await, so a write the router has seen does not wait for idle
-        # shards' await periods. (Only at the start of a client getMore: idle streams then cost
-        # at most one extra round per remote and client getMore.)
+        # getMore gossips that time to it): ask it once without a long await, so a write the
+        # router has seen does not wait for idle shards' await periods. (Only at the start of a
+        # client getMore: idle streams then cost at most one extra round per remote and client
+        # getMore.)
         now_key = ts_key(self.router.clock.now())
         for r in polls:
             short = False
@@ -279,53 +239,6 @@ class RouterChangeStream:
             asyncio.get_running_loop().create_task(self._remote_getmore(r, short),
                                                    context=contextvars.Context())
 
-    def request_promises(self) -> float | None:
-        """An event is buffered but held back only by other remotes' promises: ask those
-        remotes' shards, on a connection kept for these requests, for a promise past the event's
-        cluster time T (``{_shardsimAdvanceClusterTime: T}`` with our ``$clusterTime`` >= T).
-
-        A ``clock``-mode shard answers the request with HWM(>= T + 1) for each cursor whose
-        getMore is waiting with nothing to return, and that getMore keeps waiting (a cursor
-        with events to return, or not waiting, ends its getMore at once instead); a
-        ``mongod``-mode shard answers the waiting getMore when its next oplog entry (the
-        periodic no-op) passes T, as its promise is still only its newest oplog time. Without
-        this the event would wait until every idle remote's await period (up to 1 s) ends,
-        because a getMore already waiting on an idle shard is not woken by a write elsewhere.
-        Latency only: what is released, and when it may be, is still decided by the merge rule
-        (an event is released only once every remote has promised past it). Not part of
-        mongos' ARM.
-
-        See :func:`_send_promise_request`. Cost control: the request is sticky on the shard (a
-        getMore that starts waiting later still honours it), so the router sends at most one
-        per shard address and newer T, and has at most one out per address (a newer T wanted
-        meanwhile goes out when its reply is in), whatever the number of streams. A remote whose last reply
-        carried events is busy and will answer soon anyway: it is asked only once its getMore
-        has been out for ``ACTIVE_REQUEST_DELAY_MS``. Returns the delay (s) after which this
-        should be called again (a busy remote becomes eligible), or None.
-        """
-        item, remotes = self.merger.blocking_remotes()
-        if item is None or not remotes:
-            return None
-        t = token_ts_key(item.key[0])
-        if t is None:
-            return None
-        state = _promise_requests(self.router)
-        now = time.monotonic()
-        again: float | None = None
-        for r in remotes:
-            if not r.in_flight or r.rid not in self.pools:
-                continue  # no getMore out on it: nothing to cut short
-            if not self.idle.get(r.rid, True):
-                wait = self.sent_at.get(r.rid, now) + ACTIVE_REQUEST_DELAY_MS / 1000 - now
-                if wait > 0:
-                    again = wait if again is None else min(again, wait)
-                    continue
-            addr = r.address or str(r.rid)
-            if state.sent.get(addr, -1) >= t:
-                continue  # asked already (by any stream): the shard keeps the request
-            _send_promise_request(self.router, self.pools[r.rid], addr, t, self)
-        return again
-
     def watches(self, ns: str) -> bool:
         """Can a write to ``ns`` ("db.coll") produce an event for this stream?"""
         if isinstance(self.target, str):
@@ -333,6 +246,8 @@ class RouterChangeStream:
         return self.db == "admin" or ns.startswith(self.db + ".")
 
     async def _remote_getmore(self, r: Remote, blocked: bool = False) -> None:
+        """One getMore on ``r`` (a short await when ``blocked``), its reply fed to the merger
+        (or its error recorded there); wakes the client's getMore when done."""
         db, coll = _split_ns(r.ns)
         await_ms = self.remote_await_ms
         if len(self.merger.remotes) > 1:
@@ -349,7 +264,8 @@ class RouterChangeStream:
             if self.closed:
                 return
             op_time = reply.get("operationTime")
-            if isinstance(op_time, Timestamp) and (self.op_time is None or ts_key(op_time) > ts_key(self.op_time)):
+            if isinstance(op_time, Timestamp) and (self.op_time is None
+                                                   or ts_key(op_time) > ts_key(self.op_time)):
                 self.op_time = op_time
             cur, items = _cursor_batch(reply["cursor"], "nextBatch", r.is_config)
             cid = int(cur.get("id", 0))
@@ -362,7 +278,7 @@ class RouterChangeStream:
             if items:
                 # Ask the idle remotes for promises now, not when the client's next getMore
                 # arrives: the client is often between getMores when a write's event comes in.
-                self.request_promises()
+                self.promises.request_for_held_event(self)
         except MongoError as exc:
             if not self.closed:
                 if exc.code == 43 and r.cursor_id:
@@ -381,6 +297,8 @@ class RouterChangeStream:
 
     # -- closing ------------------------------------------------------------------------------
     def _kill_remote(self, r: Remote) -> None:
+        """``killCursors`` on ``r``'s cursor, fire and forget (not when it is exhausted or the
+        remote already dropped it)."""
         if r.cursor_id == 0 or r.rid not in self.pools:
             return
         st = r.status
@@ -392,6 +310,7 @@ class RouterChangeStream:
         r.cursor_id = 0
 
         async def kill() -> None:
+            """Send it; a failure is ignored (fire and forget, as ``ARM::kill``)."""
             try:
                 await pool.command(db, cmd, check=False, timeout=10)
             except Exception:
@@ -403,205 +322,18 @@ class RouterChangeStream:
         if self.closed:
             return
         self.closed = True
-        _promise_requests(self.router).streams.discard(self)
+        self.promises.streams.discard(self)
         for r in list(self.merger.remotes):
             self._kill_remote(r)
         self.wake.set()
 
 
-ACTIVE_REQUEST_DELAY_MS = 10  # see RouterChangeStream.request_promises
-
-
-# How long the router waits for a promise reply (s); a shard that does not answer only costs
-# latency (its getMore still ends with its await period).
-PROMISE_REPLY_TIMEOUT_S = 30.0
-
-
-class _PromiseRequests:
-    """Router-wide record of ``_shardsimAdvanceClusterTime`` requests, per shard address: the
-    highest time asked for (``sent``), the connection they go out on (``channels``), the request
-    out now (``pending``, its task), the newest time wanted meanwhile (``want``) and the streams
-    to wake once that is sent (``deferred``); plus the open streams (``streams``, weak)."""
-
-    __slots__ = ("sent", "channels", "pending", "want", "deferred", "streams")
-
-    def __init__(self) -> None:
-        import weakref
-        self.sent: dict[str, int] = {}
-        self.channels: dict[str, Connection] = {}
-        self.pending: dict[str, Any] = {}
-        self.want: dict[str, int] = {}
-        self.deferred: dict[str, set[Any]] = {}
-        self.streams: Any = weakref.WeakSet()
-
-
-def _send_promise_request(router: Any, pool: Any, addr: str, t: int, stream: Any = None) -> None:
-    """Ask the shard at ``addr`` (reached through ``pool``'s host/port) for promises past the
-    time key ``t``: ``{_shardsimAdvanceClusterTime: Timestamp(t), promises: true,
-    $clusterTime}`` on a connection kept for these requests. Its reply lists the promises of
-    the shard's cursors whose getMores keep waiting (``shard/change_stream/cursor.py``
-    ``register``); they are applied to the streams' remotes by :func:`_apply_promises`. Sent at
-    once unless a request to ``addr`` is out: then ``t`` is remembered and sent (the newest
-    wanted) when its reply is in, and ``stream`` is woken then. Nothing is sent when ``addr``
-    was already asked for ``t`` or later (requests are sticky on the shard). Latency only: a
-    lost request only means the remote answers at the end of its await."""
-    state = _promise_requests(router)
-    if state.sent.get(addr, -1) >= t:
-        return
-    state.sent[addr] = t
-    _dispatch_promise_request(router, pool, addr, t, stream)
-
-
-def _dispatch_promise_request(router: Any, pool: Any, addr: str, t: int, stream: Any) -> None:
-    """Send the request for ``t`` to ``addr`` now, or remember it (see
-    :func:`_send_promise_request`)."""
-    state = _promise_requests(router)
-    if addr in state.pending:
-        if state.want.get(addr, -1) < t:
-            state.want[addr] = t
-        if stream is not None:
-            state.deferred.setdefault(addr, set()).add(stream)
-        return
-    # Written now when the channel is open (the request should reach the shard while the
-    # write's event travels to the router); its reply is read by a task.
-    conn = state.channels.get(addr)
-    if conn is not None and not conn.write_request(_promise_request_body(router, t)):
-        conn = None
-    state.pending[addr] = asyncio.get_running_loop().create_task(
-        _promise_exchange(router, pool, addr, t, conn), context=contextvars.Context())
-
-
-async def _promise_exchange(router: Any, pool: Any, addr: str, t: int,
-                            sent_on: Connection | None) -> None:
-    """Read the reply to the promise request already written on ``sent_on``, or (None) open
-    ``addr``'s kept connection first and send it; apply the reply, then send the newest time
-    wanted meanwhile. A network error drops the connection and what was wanted (latency only:
-    the getMores report real failures)."""
-    state = _promise_requests(router)
-    ok = False
-    try:
-        conn = sent_on
-        if conn is None:
-            old = state.channels.pop(addr, None)
-            if old is not None:
-                old.close()
-            conn = state.channels[addr] = Connection(pool.host, pool.port)
-            await conn.connect()
-            if not conn.write_request(_promise_request_body(router, t)):
-                raise MongoError(9001, f"connection to {addr} closed")
-        reply = await conn.read_reply(PROMISE_REPLY_TIMEOUT_S)
-        _apply_promises(router, addr, bson.decode(reply, codec_options=CODEC))
-        ok = True
-    except MongoError:
-        old = state.channels.pop(addr, None)
-        if old is not None:
-            old.close()
-    except Exception:  # a malformed reply must not leave the address stuck as pending
-        log.exception("promise request to %s failed", addr)
-    finally:
-        state.pending.pop(addr, None)
-        want = state.want.pop(addr, None)
-        if ok and want is not None:
-            _dispatch_promise_request(router, pool, addr, want, None)
-        for st in state.deferred.pop(addr, ()):
-            st.wake.set()  # look again: a newer event may want a newer promise
-
-
-def _apply_promises(router: Any, addr: str, reply: dict[str, Any]) -> None:
-    """Apply a promise reply from ``addr`` (``{promises: [{id, batches,
-    postBatchResumeToken}]}``): each to the remote of an open stream whose cursor on ``addr``
-    has that id (:meth:`router.merger.Merger.on_promise`), waking the stream when its promise
-    moved. Advances the router's cluster time from the reply's ``$clusterTime``."""
-    ct = reply.get("$clusterTime")
-    if isinstance(ct, dict) and isinstance(ct.get("clusterTime"), Timestamp):
-        router.clock.advance(ct["clusterTime"])
-    promises = reply.get("promises")
-    if not promises:
-        return
-    by_id = {int(p["id"]): p for p in promises if isinstance(p, dict) and "id" in p}
-    for st in list(_promise_requests(router).streams):
-        if st.closed:
-            continue
-        for r in st.merger.remotes:
-            p = by_id.get(r.cursor_id) if r.address == addr else None
-            if p is None:
-                continue
-            try:
-                moved = st.merger.on_promise(r, int(p.get("batches", 1 << 62)),
-                                             p["postBatchResumeToken"])
-            except (KeyError, TypeError, ValueError, MongoError):
-                continue  # not a usable promise: the remote's getMore still answers
-            if moved:
-                st.wake.set()
-
-
-def _promise_request_body(router: Any, t: int) -> bytes:
-    """The raw BSON of a promise request for time key ``t``, gossiping the router's cluster
-    time (>= ``t``: the router has seen the write at ``t``)."""
-    body: dict[str, Any] = {PROMISE_REQUEST_COMMAND: ts_from_key(t), "promises": True,
-                            "$db": "admin"}
-    now = router.clock.now()
-    if now.time or now.inc:
-        body["$clusterTime"] = {"clusterTime": now, "signature": DUMMY_SIGNATURE}
-    return bson.encode(body, codec_options=CODEC)
-
-
-def close_promise_channels(router: Any) -> None:
-    """Close the router's promise-request connections (router shutdown)."""
-    state = getattr(router, "_cs_promise_requests", None)
-    if state is None:
-        return
-    for task in state.pending.values():
-        task.cancel()
-    state.pending.clear()
-    for conn in state.channels.values():
-        conn.close()
-    state.channels.clear()
-
-
-# Ask idle shards for promises from the write path (see on_shard_write).
-EARLY_PROMISE_REQUESTS = True
-
-
-def on_shard_write(router: Any, shard: str, ns: str, op_time: Any) -> None:
-    """The router got ``shard``'s reply to a write on ``ns`` (``op_time`` = its operationTime,
-    the write's oplog time T). For every open change stream that can see ``ns``, the other
-    remotes that have not promised past T are asked right away for a promise past T
-    (:func:`_send_promise_request`: no reply, newest T wins), so the idle shards' promises reach
-    the router about when the write's event does, instead of a round trip after it (latency
-    only; the merge rule still decides what is released). Called by ``router/writes.py``."""
-    if not isinstance(op_time, Timestamp):
-        return
-    state = _promise_requests(router)
-    if not state.streams:
-        return
-    t = ts_key(op_time)
-    for st in list(state.streams):
-        if st.closed or not st.watches(ns):
-            continue
-        for r in st.merger.remotes:
-            if r.name == shard or r.closed or not r.in_flight:
-                continue
-            addr = r.address
-            if not addr or state.sent.get(addr, -1) >= t:
-                continue
-            if r.promise is not None and (token_ts_key(r.promise[0]) or 0) > t:
-                continue
-            _send_promise_request(router, st.pools[r.rid], addr, t)
-
-
-def _promise_requests(router: Any) -> _PromiseRequests:
-    state = getattr(router, "_cs_promise_requests", None)
-    if state is None:
-        state = router._cs_promise_requests = _PromiseRequests()
-    return state
-
-
 def _cursor_batch(cur: Any, field: str, is_config: bool) -> tuple[Any, list[Item]]:
     """A shard reply's ``cursor`` subdocument (RawBSONDocument) as (its other fields, the
     batch's items). Shard events are parsed in place from the reply's bytes
-    (:func:`router.merger.split_cursor`); the config cursor's few events, and anything
-    unusual, go through RawBSONDocument and :func:`router.merger.item_from_raw_event`."""
+    (:func:`router.change_stream.raw_events.split_cursor`); the config cursor's few events, and
+    anything unusual, go through RawBSONDocument and
+    :func:`router.change_stream.raw_events.item_from_raw_event`."""
     if not is_config:
         split = split_cursor(cur.raw, field)
         if split is not None:
@@ -619,7 +351,8 @@ def _plain(token: Any) -> Any:
 
 
 class RouterChangeStreamCursor(Cursor):
-    """The client's cursor on the router (registered in ``router.cursors``)."""
+    """The client's cursor on the router (registered in ``router.cursors``, which calls
+    :meth:`fetch` for the first batch and every getMore, and :meth:`close` on killCursors)."""
 
     is_change_stream = True
     tailable = True
@@ -698,7 +431,7 @@ class RouterChangeStreamCursor(Cursor):
             if n_out or first:
                 break
             st.schedule_getmores(nudge=nudge)
-            recheck = st.request_promises()
+            recheck = st.promises.request_for_held_event(st)
             nudge = False
             remaining = deadline - time.monotonic()
             if remaining <= 0 or st.closed:
@@ -724,4 +457,5 @@ class RouterChangeStreamCursor(Cursor):
         return Batch([], exhausted, pbrt, raw_docs=parts)
 
     async def close(self) -> None:
+        """The client killed the cursor (or it ended): kill the remote cursors."""
         self.stream.close()
