@@ -141,7 +141,7 @@ class ChangeStreamMerge:
         while m.ready():
             item, remote = m.next_ready()
             if remote.is_config or item.op == "kNewShardDetected":
-                # HandleTopologyChange: swallowed; a shard added on the config server opens a cursor.
+                # HandleTopologyChange: swallowed; a shard added to config.shards opens a cursor.
                 action = self.topology.process(item, remote.is_config)
                 if action is not None:
                     return action
@@ -151,9 +151,8 @@ class ChangeStreamMerge:
                     continue  # the same event from two shards (identical token): return it once
                 raise MongoError(1, f"change stream merge out of order: {item.key[0]} after "
                                     f"{self.last_key[0]}")
-            check = self.resume_check
-            if check is not None:  # EnsureResumeTokenPresent, until the first event past the token
-                if not check.process(item):
+            if self.resume_check is not None:  # EnsureResumeTokenPresent, until past the token
+                if not self.resume_check.process(item):
                     continue
                 self.resume_check = None
             self.last_key = item.key
