@@ -2,8 +2,8 @@
 
 FoundationDB-style: everything runs in one process on a deterministic scheduler driven by
 ``random.Random(seed)``, so an ordering bug found once is found again from its seed. The merge
-under test is the real :class:`router.merger.ChangeStreamMerge`; what is simulated is the rest
-of the cluster:
+under test is the real :class:`router.change_stream.merge_cursors.ChangeStreamMerge`; what is
+simulated is the rest of the cluster:
 
 - N shards with skewed wall clocks (hybrid logical clocks, ``max(wall, last) + 1``), random
   write times, writes whose oplog entry becomes visible only after a commit delay (an oplog
@@ -34,9 +34,12 @@ from typing import Any, Callable
 
 import bson
 
-from router.merger import Block, ChangeStreamMerge, Item, Merger, NewShard
-from shardsim.resume_token import hwm_data, token_key
-from router.raw_events import split_cursor
+from router.change_stream.async_results_merger import Merger
+from shardsim.resume_token import hwm_data
+from router.change_stream.handle_topology_change import NewShard
+from router.change_stream.merge_cursors import ChangeStreamMerge
+from router.change_stream.raw_events import Block, Item, split_cursor
+from shardsim.resume_token import token_key
 from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
 from shardsim.errors import MongoError
 
@@ -272,8 +275,8 @@ class Stream:
         self._request_promises()
 
     def _request_promises(self) -> None:
-        """The router's ``_shardsimAdvanceClusterTime`` (router/change_stream.py
-        ``request_promises``): the remotes holding back the smallest buffered event get its
+        """The router's ``_shardsimAdvanceClusterTime`` (router/change_stream/promise_requests.py
+        ``request_for_held_event``): the remotes holding back the smallest buffered event get its
         cluster time T gossiped after a random delay; a ``clock``-mode shard then answers its
         waiting getMore at once, a ``mongod`` one only when a visible entry passes T."""
         item, blockers = self.merger.blocking_remotes()
@@ -313,7 +316,7 @@ class Stream:
 
     def _block(self, evs: list[SimEvent]) -> list[Any] | None:
         """A shard batch as the router sees it: BSON events ``{_id, operationType, $sortKey}``
-        split by :func:`router.raw_events.split_cursor` (a Block for plain events)."""
+        split by :func:`router.change_stream.raw_events.split_cursor` (a Block for plain events)."""
         if not evs:
             return None
         batch = []
@@ -396,7 +399,8 @@ class Simulation:
         # Half the seeds release through ChangeStreamMerge.take (no rng draw: scenarios unchanged).
         self.use_take = seed % 2 == 0
         # Seeds 0-1, 4-5, ... hand shard batches of plain events to the merge as real BSON
-        # parsed into Blocks (router/raw_events.py), as the router does; the others as Items.
+        # parsed into Blocks (router/change_stream/raw_events.py), as the router does; the
+        # others as Items.
         self.use_blocks = (seed // 2) % 2 == 0
         self.event_by_data: dict[str, SimEvent] = {}
         # ...and half of those with the layout mark and sizes a shard vouches with.
