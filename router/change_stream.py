@@ -512,7 +512,7 @@ def _apply_promises(router: Any, addr: str, reply: dict[str, Any]) -> None:
     moved. Advances the router's cluster time from the reply's ``$clusterTime``."""
     ct = reply.get("$clusterTime")
     if isinstance(ct, dict) and isinstance(ct.get("clusterTime"), Timestamp):
-        router.clock.advance(ct["clusterTime"])
+        router.clock.try_advance(ct["clusterTime"])
     promises = reply.get("promises")
     if not promises:
         return

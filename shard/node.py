@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import time
 from typing import Any
 
@@ -96,6 +95,7 @@ class ShardNode(Node):
         self.pre_images = PreImages()
         self.oplog.truncated_callbacks.append(self._on_oplog_truncated)
         self.durable = None
+        self._unflushed: list[tuple] = []  # journal records of failed commits, retried first
         self._depth = 0
         self._req_txn: dict[int, Any] = {}
         self.sessions = Sessions(self)
@@ -172,7 +172,8 @@ class ShardNode(Node):
 
     # -- dispatch -----------------------------------------------------------------------------
     async def run_command(self, req: Request) -> dict[str, Any]:
-        """Run a command; a durable shard commits what it wrote before replying."""
+        """Run a command; a durable shard commits what it wrote before replying. A commit that
+        fails turns the reply into the storage error (:meth:`flush`)."""
         if req.body.get("autocommit") is False and \
                 self.commands.canonical(req.name) not in ("commitTransaction", "abortTransaction"):
             # Any statement (read or write) may start or continue a transaction.
@@ -190,23 +191,36 @@ class ShardNode(Node):
         finally:
             self._depth -= 1
             self._req_txn.pop(id(req), None)
-        if self.durable is not None and self.storage.journal:
-            self.flush()
+        if self.durable is not None and (self.storage.journal or self._unflushed):
+            wrote = bool(self.storage.journal)
+            try:
+                self.flush()
+            except MongoError as exc:
+                if wrote:  # a command that wrote nothing keeps its reply
+                    reply = exc.to_reply()
+                    self.cluster_time_fields(req, reply)
         return reply
 
     def flush(self) -> None:
-        """Write the pending journal to SQLite in one transaction (durable shards)."""
-        if self.durable is not None and self.storage.journal:
-            journal = self.storage.journal
+        """Write the pending journal to SQLite in one transaction (durable shards).
+
+        A failed commit (:class:`shard.durable.DurableWriteError`: the storage engine's error,
+        e.g. OutOfDiskSpace 14031) raises MongoError and keeps the records: they are retried,
+        in order and before anything newer, by the next commit. The process keeps serving
+        (reads answer from memory; writes fail until a commit succeeds) instead of exiting and
+        restarting into the same failure."""
+        if self.durable is not None and (self.storage.journal or self._unflushed):
+            journal = self._unflushed + self.storage.journal
             self.storage.journal = []
+            self._unflushed = []
             try:
                 self.durable.commit(journal)
-            except Exception:
-                # Like mongod's fassert on a storage-engine write failure: memory is ahead of
-                # disk, so stop before acknowledging anything that is not durable.
-                logging.getLogger("shardsim.shard").critical("durable commit failed; exiting",
-                                                              exc_info=True)
-                os._exit(14)
+            except MongoError:
+                self._unflushed = journal
+                logging.getLogger("shardsim.shard").error(
+                    "durable commit failed; %d records kept for the next commit", len(journal),
+                    exc_info=True)
+                raise
 
     # -- the write path -----------------------------------------------------------------------
     def write_context(self, req: Request) -> WriteContext:
@@ -254,7 +268,10 @@ class ShardNode(Node):
         if self.storage.journal is not None:
             self.storage.journal.append(("oplog", entry))
             if self._depth == 0:
-                self.flush()
+                try:
+                    self.flush()
+                except MongoError:
+                    pass  # kept and retried by the next commit (see flush)
 
     def log_op(self, op: str, coll: Collection, o: dict[str, Any], o2: dict[str, Any] | None = None,
                *, ctx: WriteContext = NO_CONTEXT, pre_image: dict[str, Any] | None = None,
@@ -351,5 +368,8 @@ class ShardNode(Node):
     async def shutdown(self) -> None:
         await super().shutdown()
         if self.durable is not None:
-            self.flush()
+            try:
+                self.flush()
+            except MongoError:
+                pass  # not durable: like an unacknowledged write at kill -9
             self.durable.close()

@@ -22,6 +22,7 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from shardsim.clock import HybridLogicalClock
+from shardsim.cluster_time import parse_gossip
 from shardsim.commands import CommandTable, ConnectionInfo, Request, check_type
 from shardsim.cursors import CursorManager
 from shardsim.errors import MongoError, change_stream_labels
@@ -118,9 +119,13 @@ class Node:
 
     # -- dispatch -------------------------------------------------------------------------
     def gossip_in(self, req: Request) -> None:
-        ct = req.body.get("$clusterTime")
-        if isinstance(ct, dict) and isinstance(ct.get("clusterTime"), Timestamp):
-            self.clock.advance(ct["clusterTime"])
+        """Take in a request's ``$clusterTime`` as ``VectorClock::gossipIn`` does: shape-checked
+        (:func:`shardsim.cluster_time.parse_gossip`: 14, 40414, 140) and rate-limited
+        (:meth:`shardsim.clock.HybridLogicalClock.check`: 205, 40484); a refused time moves
+        nothing and fails the command."""
+        ts = parse_gossip(req.body)
+        if ts is not None:
+            self.clock.advance(ts)
 
     async def run_command(self, req: Request) -> dict[str, Any]:
         """Run one command and return the complete reply (never raises MongoError)."""
