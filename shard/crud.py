@@ -17,8 +17,9 @@ from bson import ObjectId, Regex
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from shardsim.bson_limits import check_insert_depth, check_update_depth
 from shardsim.clock import ts_key
-from shardsim.commands import GENERIC_FIELDS, Request, check_type
+from shardsim.commands import GENERIC_FIELDS, Request, bson_type_name, check_type
 from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
 from shardsim import query as q
@@ -63,7 +64,7 @@ def _check_fields(req: Request, cmd: str) -> None:
 def _coll_name(req: Request) -> str:
     name = req.arg
     if not isinstance(name, str):
-        raise MongoError(73, f"collection name has invalid type {type(name).__name__}")
+        raise MongoError(73, f"collection name has invalid type {bson_type_name(name)}")
     if not name:
         raise MongoError(73, f"Invalid namespace specified '{req.db}.'")
     return name
@@ -95,6 +96,7 @@ def _prepare_insert(doc: Any, raw_size: int | None) -> dict[str, Any]:
         size = len(bson.encode(doc))
     if size > MAX_DOC:
         raise MongoError(2, f"object to insert too large. size in bytes: {size}, max size: {MAX_DOC}")
+    check_insert_depth(doc)  # Overflow (15) beyond 180 levels, as fixDocumentForInsert
     if "_id" not in doc:
         doc = {"_id": ObjectId(), **doc}
     else:
@@ -290,6 +292,7 @@ def register(node: ShardNode) -> None:
 
     def apply_replace(coll: Collection, key: Any, doc: dict[str, Any], new: dict[str, Any],
                       upd: Any, ctx: WriteContext) -> None:
+        check_update_depth(new)  # Overflow (15) beyond 180 levels, as storageValid
         if len(bson.encode(new)) > MAX_DOC:
             raise MongoError(17419, f"Resulting document after update is larger than {MAX_DOC}")
         coll.replace(key, new)

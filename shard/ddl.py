@@ -80,7 +80,7 @@ def register(node: ShardNode) -> None:
     def name_of(req: Request) -> str:
         name = req.arg
         if not isinstance(name, str):
-            raise MongoError(2, f"collection name has invalid type {type(name).__name__}")
+            raise MongoError(2, f"collection name has invalid type {bson_type_name(name)}")
         validate_db_name(req.db)
         validate_collection_name(req.db, name)
         return name

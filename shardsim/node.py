@@ -47,6 +47,8 @@ def decode(raw: bytes) -> dict[str, Any]:
     """Decode a BSON document with the project's codec; InvalidBSON (22) on bad bytes."""
     try:
         return bson.decode(raw, CODEC)
+    except RecursionError:  # nesting the wire check lets through cannot get here; be safe
+        raise MongoError(15, "BSONObj exceeded maximum nested object depth: 200") from None
     except Exception as exc:  # bson.errors.InvalidBSON and friends
         raise MongoError(22, f"invalid BSON: {exc}") from None
 
@@ -141,6 +143,8 @@ class Node:
         except MongoError as exc:
             exc.labels = self.error_labels(req, exc)
             reply = exc.to_reply()
+        except RecursionError:  # input nested deeper than a handler can walk: mongod's Overflow
+            reply = MongoError(15, "BSONObj exceeded maximum nested object depth: 200").to_reply()
         except Exception as exc:  # a bug must not take the process down
             log.exception("command %s failed", req.name)
             reply = MongoError(1, f"{type(exc).__name__}: {exc}").to_reply()
