@@ -28,7 +28,7 @@ from shardsim import failpoints
 from shardsim.commands import Request
 from shardsim.errors import MongoError
 from shardsim.node import Node
-from shard import noop_writer
+from shard import noop_writer, oplog_settings
 from shard.change_stream import cursor as cs_cursor
 from shard.durable import DurableStore
 from shard.oplog import Oplog, PreImages
@@ -108,6 +108,7 @@ class ShardNode(Node):
         crud.register(self)
         ddl.register(self)
         self.sessions.register()
+        oplog_settings.register(self)  # replSetResizeOplog
         cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
         failpoints.install(self)  # configureFailPoint, with test commands only
 
@@ -141,13 +142,16 @@ class ShardNode(Node):
         return params
 
     def set_parameter(self, name: str, value: Any) -> None:
-        if name == "oplogSizeMB":
-            self.oplog.max_bytes = int(value) * 1024 * 1024
+        if name == "oplogSizeMB":  # validated like replSetResizeOplog's size
+            size_mb = oplog_settings.check_size_mb(value, "setParameter.oplogSizeMB")
+            self.oplog.max_bytes = int(size_mb * 1024 * 1024)
             self.oplog.truncate()
         elif name == "transactionLifetimeLimitSeconds":
             self.sessions.lifetime_s = int(value)
         elif name == "oplogMinRetentionHours":
-            self.oplog.min_retention_s = float(value) * 3600
+            hours = oplog_settings.check_min_retention_hours(value,
+                                                             "setParameter.oplogMinRetentionHours")
+            self.oplog.min_retention_s = hours * 3600
             self.oplog.truncate()
         else:
             super().set_parameter(name, value)
