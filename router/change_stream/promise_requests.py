@@ -217,7 +217,7 @@ class PromiseRequests:
         moved. Advances the router's cluster time from the reply's ``$clusterTime``."""
         ct = reply.get("$clusterTime")
         if isinstance(ct, dict) and isinstance(ct.get("clusterTime"), Timestamp):
-            self.clock.advance(ct["clusterTime"])
+            self.clock.try_advance(ct["clusterTime"])
         promises = reply.get("promises")
         if not promises:
             return
