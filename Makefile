@@ -31,7 +31,7 @@ integration: $(STAMP)
 	$(PY) -m pytest tests/integration
 
 spec: $(STAMP)
-	$(VENV)/bin/shardsim spec
+	$(VENV)/bin/shardsim spec --suite all
 
 load: $(STAMP)
 	$(VENV)/bin/shardsim load --ops 1000000 --shards 3

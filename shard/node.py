@@ -25,7 +25,7 @@ from bson import Binary, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim import failpoints
+from shardsim import failpoints, update_ops
 from shardsim.commands import Request
 from shardsim.errors import MongoError
 from shardsim.node import Node
@@ -70,6 +70,8 @@ class ShardNode(Node):
         super().__init__(**kwargs)
         self.shard_name = shard_name
         self.options.setdefault("shard_name", shard_name)
+        # $currentDate: {$type: "timestamp"} reserves a tick of this node's cluster-time clock.
+        update_ops.timestamp_source = self.clock.tick
         size_mb = float(self.options.get("oplog_size_mb") or 1024)
         min_ret_h = float(self.options.get("oplog_min_retention_hours") or 0)
         max_age = self.options.get("oplog_max_age_s")
