@@ -1,5 +1,5 @@
 """The router's change-stream cursor (router/change_stream.py) and fail points
-(shardsim/failpoints.py) driven by pymongo, with in-process fake shards.
+(shardsim/failpoints.py) driven by pymongo, with in-process fake shards on loopback sockets.
 
 The fake shards speak the shard side of the contract (``needsMerge`` events with ``$sortKey``
 last, ``postBatchResumeToken`` on every reply, clock-mode promises) so these tests pin the
