@@ -25,7 +25,7 @@ test: $(STAMP)
 	$(PY) -m pytest tests -p no:cacheprovider
 
 unit: $(STAMP)
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/unit tests/sim
 
 integration: $(STAMP)
 	$(PY) -m pytest tests/integration

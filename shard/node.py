@@ -85,6 +85,11 @@ class ShardNode(Node):
         self._depth = 0
         self._req_txn: dict[int, Any] = {}
         self.sessions = Sessions(self)
+        # Promise requests from the router (_shardsimAdvanceClusterTime) and the change-stream
+        # cursors waiting for them (shard/change_stream/cursor.py).
+        self.cs_promise_waiters = cs_cursor.PromiseWaiters()
+        # The periodic no-op writer's asyncio task once started (shard/noop_writer.py).
+        self.noop_writer_task: Any = None
         dbpath = self.options.get("dbpath")
         if dbpath:
             self.durable = DurableStore(dbpath, sync=self.options.get("sync") or "normal")

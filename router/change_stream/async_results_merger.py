@@ -7,7 +7,7 @@ router-side stages above it are their own modules: :mod:`.merge_cursors` (``$mer
 driving the stages), :mod:`.handle_topology_change`, :mod:`.ensure_resume_token_present`.
 
 Nothing here does I/O or sleeps. The owner (:mod:`router.change_stream.cursor` on a real router,
-or ``router/sim.py`` on a seeded simulated scheduler) feeds it shard replies and asks it what to
+or ``tests/sim/`` on a seeded simulated scheduler) feeds it shard replies and asks it what to
 release; the same code therefore runs in the simulation and in the router. Where the server's
 ARM schedules getMores itself, this one only says which remotes to poll
 (:meth:`Merger.remotes_to_poll`); the owner sends them and feeds the replies back.

@@ -16,7 +16,7 @@ mongos' ``RouterStagePipeline`` runs them (notes §4.2 "Merge pipeline on mongos
 :meth:`ChangeStreamMerge.next` runs them one event at a time;
 :meth:`ChangeStreamMerge.take` is the fused fast path for runs of plain shard events (a
 catch-up), which skips stages 2, 4 and 5 because it stops at the first event they would act
-on. Pure and sans-IO, like the merger: the router's cursor and ``router/sim.py`` drive it.
+on. Pure and sans-IO, like the merger: the router's cursor and ``tests/sim/`` drive it.
 """
 
 from __future__ import annotations

@@ -183,9 +183,10 @@ def _stop_background(node: Node) -> None:
 
 
 def _close_pools(node: Node) -> None:
-    pools = getattr(node, "_pools", None)
+    # the router's per-shard pools (``_pools``) and the config server's (``shard_pools``)
+    pools = getattr(node, "_pools", None) or getattr(node, "shard_pools", None)
     if isinstance(pools, dict):
-        for p in pools.values():
+        for p in list(pools.values()):
             pool = p[1] if isinstance(p, tuple) else p
             try:
                 pool.close()
