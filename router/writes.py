@@ -225,9 +225,8 @@ class WriteExecutor:
 
         async def one(shard: str) -> dict[str, Any]:
             reply = await self.router.shard_command(shard, self.db, cmd)
-            hook = getattr(self.router, "_cs_write_hook", None)
-            if hook is not None:  # change streams: ask idle shards for promises past this write
-                hook(self.router, shard, self.ns, reply.get("operationTime"))
+            # change streams: ask idle shards for promises past this write
+            self.router.promise_requests.on_shard_write(shard, self.ns, reply.get("operationTime"))
             return reply
 
         if len(run.shards) == 1:

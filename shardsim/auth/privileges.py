@@ -228,6 +228,8 @@ TABLE: dict[str, Any] = {
     "serverStatus": _on_cluster("serverStatus"), "getParameter": _on_cluster("getParameter"),
     "setParameter": _on_cluster("setParameter"), "getCmdLineOpts": _on_cluster("getCmdLineOpts"),
     "getLog": _on_cluster("getLog"), "hostInfo": _on_cluster("hostInfo"),
+    # resize_oplog.cpp: the replSetResizeOplog action on the cluster resource
+    "replSetResizeOplog": _on_cluster("replSetResizeOplog"),
     # users and roles (user_management_commands.cpp)
     "createUser": _create_user, "updateUser": _update_user, "dropUser": _on_db("dropUser"),
     "dropAllUsersFromDatabase": _on_db("dropUser"),
