@@ -27,7 +27,6 @@ from router.catalog import CatalogCache
 from router.commands import FAMILIES
 from router.forwarding import BIG_BATCH
 from shardsim.gossip import OPERATION_TIME, gossip_command
-from router.retryable_writes import RetryCache
 from router.transactions import TransactionRouter
 from router.writes import NamespaceGate
 from shardsim.client import Pool, parse_address
@@ -54,8 +53,6 @@ class RouterNode(Node):
 
     * ``transactions`` (:class:`router.transactions.TransactionRouter`): the one shard of each
       open transaction;
-    * ``retryable_writes`` (:class:`router.retryable_writes.RetryCache`): the statements each
-      retryable write has applied;
     * ``write_gates`` (``{namespace or database: router.writes.NamespaceGate}``): this router's
       writes held during a moveChunk/movePrimary it runs.
     """
@@ -71,7 +68,6 @@ class RouterNode(Node):
         self._pools: dict[str, tuple[tuple[str, int], Pool]] = {}
         self._refresher: asyncio.Task | None = None
         self.transactions = TransactionRouter()
-        self.retryable_writes = RetryCache()
         self.write_gates: dict[str, NamespaceGate] = {}
         self.commands.install(self, *FAMILIES)
         failpoints.install(self)
