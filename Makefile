@@ -25,13 +25,13 @@ test: $(STAMP)
 	$(PY) -m pytest tests -p no:cacheprovider
 
 unit: $(STAMP)
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/unit tests/sim
 
 integration: $(STAMP)
 	$(PY) -m pytest tests/integration
 
 spec: $(STAMP)
-	$(VENV)/bin/shardsim spec
+	$(VENV)/bin/shardsim spec --suite all
 
 load: $(STAMP)
 	$(VENV)/bin/shardsim load --ops 1000000 --shards 3

@@ -1,4 +1,4 @@
-"""``python -m configsvr --port P [--host H] [--dbpath DIR]``: run the config server.
+"""``python -m configsvr --port P [--host H] [--dbpath DIR] [--oplog-size-mb MB]``: run the config server.
 
 Prints ``shardsim configsvr ready on HOST:PORT`` once listening (see :mod:`shardsim.procs`).
 """
@@ -20,16 +20,22 @@ from shardsim.server import run_node
               help="Directory for the SQLite store; in memory when omitted.")
 @click.option("--noop-interval-ms", type=int, default=1000,
               help="Period of the no-op oplog writer (ms).")
+@click.option("--oplog-size-mb", type=click.FloatRange(min=0, min_open=True), default=1024.0,
+              help="Oplog size cap (MiB).")
+@click.option("--oplog-min-retention-hours", type=click.FloatRange(min=0), default=0.0,
+              help="Entries younger than this are kept even over the size cap (hours).")
 @click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
-def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, no_test_commands: bool,
-         log_level: str) -> None:
+def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_size_mb: float,
+         oplog_min_retention_hours: float, no_test_commands: bool, log_level: str) -> None:
     """Run the shardsim config server (a mongod --configsvr look-alike holding the catalog)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from configsvr.node import ConfigServerNode
     node = ConfigServerNode(host=host, port=port, test_commands=not no_test_commands,
-                            options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms})
+                            options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms,
+                                     "oplog_size_mb": oplog_size_mb,
+                                     "oplog_min_retention_hours": oplog_min_retention_hours})
     run_node(node, host, port, ready_message=ready_line("configsvr"))
 
 

@@ -12,7 +12,8 @@
 * Cluster time: every shard command carries the router's ``$clusterTime``; replies advance
   the router's clock and the reply ``operationTime`` is the newest ``operationTime`` of the
   shard replies consumed (:mod:`shardsim.gossip`, notes §7.4).
-* Change streams are built by :mod:`router.change_stream` (``aggregate_change_stream``).
+* Change streams are built by :mod:`router.change_stream` (``aggregate_change_stream``); the
+  router-wide state they share is :attr:`RouterNode.promise_requests`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from bson.int64 import Int64
 
 from router.catalog import CatalogCache
+from router.change_stream.promise_requests import PromiseRequests
 from router.commands import FAMILIES
 from router.forwarding import BIG_BATCH
 from shardsim.gossip import OPERATION_TIME, gossip_command
@@ -54,7 +56,10 @@ class RouterNode(Node):
     * ``transactions`` (:class:`router.transactions.TransactionRouter`): the one shard of each
       open transaction;
     * ``write_gates`` (``{namespace or database: router.writes.NamespaceGate}``): this router's
-      writes held during a moveChunk/movePrimary it runs.
+      writes held during a moveChunk/movePrimary it runs;
+    * ``promise_requests`` (:class:`router.change_stream.promise_requests.PromiseRequests`): the
+      change streams' promise requests to idle shards, told of every shard write by
+      :mod:`router.writes`.
     """
 
     role = "router"
@@ -68,6 +73,7 @@ class RouterNode(Node):
         self._pools: dict[str, tuple[tuple[str, int], Pool]] = {}
         self._refresher: asyncio.Task | None = None
         self.transactions = TransactionRouter()
+        self.promise_requests = PromiseRequests(self.clock)
         self.write_gates: dict[str, NamespaceGate] = {}
         self.commands.install(self, *FAMILIES)
         failpoints.install(self)
@@ -200,8 +206,7 @@ class RouterNode(Node):
         if self._refresher is not None:
             self._refresher.cancel()
         await super().shutdown()
-        from router.change_stream import close_promise_channels
-        close_promise_channels(self)
+        self.promise_requests.close()
         for _, pool in self._pools.values():
             pool.close()
         self.config_pool.close()

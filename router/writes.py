@@ -235,9 +235,8 @@ class WriteExecutor:
             except MongoError as exc:
                 exc.shard = shard  # for the write error's "Write results unavailable from"
                 raise
-            hook = getattr(self.router, "_cs_write_hook", None)
-            if hook is not None:  # change streams: ask idle shards for promises past this write
-                hook(self.router, shard, self.ns, reply.get("operationTime"))
+            # change streams: ask idle shards for promises past this write
+            self.router.promise_requests.on_shard_write(shard, self.ns, reply.get("operationTime"))
             return reply
 
         if len(run.shards) == 1:

@@ -24,8 +24,8 @@ from shardsim.server import run_node
               help="Period of the no-op oplog writer (ms).")
 @click.option("--promise-mode", type=click.Choice(["clock", "mongod"]), default="clock",
               help="How empty change-stream batches advance postBatchResumeToken.")
-@click.option("--oplog-size-mb", type=float, default=1024.0, help="Oplog size cap (MiB).")
-@click.option("--oplog-min-retention-hours", type=float, default=0.0,
+@click.option("--oplog-size-mb", type=click.FloatRange(min=0, min_open=True), default=1024.0, help="Oplog size cap (MiB).")
+@click.option("--oplog-min-retention-hours", type=click.FloatRange(min=0), default=0.0,
               help="Entries younger than this are kept even over the size cap (hours).")
 @click.option("--oplog-max-age-s", type=float, default=None,
               help="Entries older than this are truncated whatever the size (seconds).")

@@ -24,6 +24,7 @@ from typing import Any
 import bson
 
 from shardsim.clock import ts_from_key, ts_key
+from shardsim.errors import MongoError
 from shardsim.node import CODEC
 from shard.storage import Collection, id_key
 
@@ -37,6 +38,10 @@ CREATE TABLE IF NOT EXISTS sessions (sid BLOB PRIMARY KEY, rec BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS preimages (ts INTEGER NOT NULL, uuid BLOB NOT NULL, idx INTEGER NOT NULL,
                                       doc BLOB NOT NULL, PRIMARY KEY (ts, uuid, idx));
 """
+
+
+class DurableWriteError(MongoError):
+    """A commit that did not reach the disk (code 14031 or 8); nothing of it was written."""
 
 
 def _key_bytes(key: Any) -> bytes:
@@ -113,7 +118,7 @@ class DurableStore:
             node.sessions.restore(_dec(raw))
         last = node.oplog.last_ts()
         if last is not None:
-            node.clock.advance(last)
+            node.clock.restore(last)
 
     # -- commits ------------------------------------------------------------------------------
     def commit(self, journal: list[tuple]) -> None:
@@ -121,7 +126,22 @@ class DurableStore:
 
         Rows are batched per table with ``executemany``; the order of document operations is
         kept, and catalog changes / oplog truncation act as barriers (everything before them
-        is written first)."""
+        is written first). A failure rolls the transaction back and raises
+        :class:`DurableWriteError` (OutOfDiskSpace 14031 when the disk is full, else UnknownError
+        8, as ``wtRCToStatus`` maps storage-engine errors); the caller keeps the journal."""
+        try:
+            self._commit(journal)
+        except MongoError:
+            raise
+        except sqlite3.Error as exc:
+            msg = str(exc)
+            code = 14031 if "full" in msg else 8
+            raise DurableWriteError(code, f"storage engine write failed: {msg}") from None
+        except Exception:  # an unencodable record (a bug upstream): never Python text in a reply
+            raise DurableWriteError(8, "storage engine write failed: a record could not be "
+                                       "encoded") from None
+
+    def _commit(self, journal: list[tuple]) -> None:
         cur = self.conn.cursor()
         docs: list[tuple[str, tuple]] = []
         oplog_rows: list[tuple] = []

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import time
 from typing import Any
 
@@ -26,11 +25,11 @@ from bson import Binary, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim import failpoints
+from shardsim import failpoints, update_ops
 from shardsim.commands import Request
 from shardsim.errors import MongoError
 from shardsim.node import Node
-from shard import noop_writer
+from shard import noop_writer, oplog_settings
 from shard import commands as shard_commands
 from shard.change_stream import cursor as cs_cursor
 from shard.durable import DurableStore
@@ -71,6 +70,8 @@ class ShardNode(Node):
         super().__init__(**kwargs)
         self.shard_name = shard_name
         self.options.setdefault("shard_name", shard_name)
+        # $currentDate: {$type: "timestamp"} reserves a tick of this node's cluster-time clock.
+        update_ops.timestamp_source = self.clock.tick
         size_mb = float(self.options.get("oplog_size_mb") or 1024)
         min_ret_h = float(self.options.get("oplog_min_retention_hours") or 0)
         max_age = self.options.get("oplog_max_age_s")
@@ -80,9 +81,15 @@ class ShardNode(Node):
         self.pre_images = PreImages()
         self.oplog.truncated_callbacks.append(self._on_oplog_truncated)
         self.durable = None
+        self._unflushed: list[tuple] = []  # journal records of failed commits, retried first
         self._depth = 0
         self._req_txn: dict[int, Any] = {}
         self.sessions = Sessions(self)
+        # Promise requests from the router (_shardsimAdvanceClusterTime) and the change-stream
+        # cursors waiting for them (shard/change_stream/cursor.py).
+        self.cs_promise_waiters = cs_cursor.PromiseWaiters()
+        # The periodic no-op writer's asyncio task once started (shard/noop_writer.py).
+        self.noop_writer_task: Any = None
         dbpath = self.options.get("dbpath")
         if dbpath:
             self.durable = DurableStore(dbpath, sync=self.options.get("sync") or "normal")
@@ -124,15 +131,18 @@ class ShardNode(Node):
         return params
 
     def set_parameter(self, name: str, value: Any) -> None:
-        """setParameter: oplogSizeMB and oplogMinRetentionHours (truncating at once),
-        transactionLifetimeLimitSeconds; others as :meth:`Node.set_parameter`."""
-        if name == "oplogSizeMB":
-            self.oplog.max_bytes = int(value) * 1024 * 1024
+        """setParameter: oplogSizeMB and oplogMinRetentionHours (validated like replSetResizeOplog;
+        truncating at once), transactionLifetimeLimitSeconds; others as :meth:`Node.set_parameter`."""
+        if name == "oplogSizeMB":  # validated like replSetResizeOplog's size
+            size_mb = oplog_settings.check_size_mb(value, "setParameter.oplogSizeMB")
+            self.oplog.max_bytes = int(size_mb * 1024 * 1024)
             self.oplog.truncate()
         elif name == "transactionLifetimeLimitSeconds":
             self.sessions.lifetime_s = int(value)
         elif name == "oplogMinRetentionHours":
-            self.oplog.min_retention_s = float(value) * 3600
+            hours = oplog_settings.check_min_retention_hours(value,
+                                                             "setParameter.oplogMinRetentionHours")
+            self.oplog.min_retention_s = hours * 3600
             self.oplog.truncate()
         else:
             super().set_parameter(name, value)
@@ -159,8 +169,9 @@ class ShardNode(Node):
 
     # -- dispatch -----------------------------------------------------------------------------
     async def run_command(self, req: Request) -> dict[str, Any]:
-        """Run a command; a durable shard commits what it wrote before replying. A command
-        with ``lsid`` and ``txnNumber`` first checks its session out
+        """Run a command; a durable shard commits what it wrote before replying. A commit that
+        fails turns the reply into the storage error (:meth:`flush`). A command with ``lsid``
+        and ``txnNumber`` first checks its session out
         (:meth:`shard.sessions.Sessions.checkout`): a retry waits for the attempt still
         running."""
         if req.body.get("txnNumber") is not None and isinstance(req.body.get("lsid"), dict):
@@ -186,23 +197,36 @@ class ShardNode(Node):
         finally:
             self._depth -= 1
             self._req_txn.pop(id(req), None)
-        if self.durable is not None and self.storage.journal:
-            self.flush()
+        if self.durable is not None and (self.storage.journal or self._unflushed):
+            wrote = bool(self.storage.journal)
+            try:
+                self.flush()
+            except MongoError as exc:
+                if wrote:  # a command that wrote nothing keeps its reply
+                    reply = exc.to_reply()
+                    self.cluster_time_fields(req, reply)
         return reply
 
     def flush(self) -> None:
-        """Write the pending journal to SQLite in one transaction (durable shards)."""
-        if self.durable is not None and self.storage.journal:
-            journal = self.storage.journal
+        """Write the pending journal to SQLite in one transaction (durable shards).
+
+        A failed commit (:class:`shard.durable.DurableWriteError`: the storage engine's error,
+        e.g. OutOfDiskSpace 14031) raises MongoError and keeps the records: they are retried,
+        in order and before anything newer, by the next commit. The process keeps serving
+        (reads answer from memory; writes fail until a commit succeeds) instead of exiting and
+        restarting into the same failure."""
+        if self.durable is not None and (self.storage.journal or self._unflushed):
+            journal = self._unflushed + self.storage.journal
             self.storage.journal = []
+            self._unflushed = []
             try:
                 self.durable.commit(journal)
-            except Exception:
-                # Like mongod's fassert on a storage-engine write failure: memory is ahead of
-                # disk, so stop before acknowledging anything that is not durable.
-                logging.getLogger("shardsim.shard").critical("durable commit failed; exiting",
-                                                              exc_info=True)
-                os._exit(14)
+            except MongoError:
+                self._unflushed = journal
+                logging.getLogger("shardsim.shard").error(
+                    "durable commit failed; %d records kept for the next commit", len(journal),
+                    exc_info=True)
+                raise
 
     # -- the write path -----------------------------------------------------------------------
     def write_context(self, req: Request) -> WriteContext:
@@ -250,7 +274,10 @@ class ShardNode(Node):
         if self.storage.journal is not None:
             self.storage.journal.append(("oplog", entry))
             if self._depth == 0:
-                self.flush()
+                try:
+                    self.flush()
+                except MongoError:
+                    pass  # kept and retried by the next commit (see flush)
 
     def log_op(self, op: str, coll: Collection, o: dict[str, Any], o2: dict[str, Any] | None = None,
                *, ctx: WriteContext = NO_CONTEXT, pre_image: dict[str, Any] | None = None,
@@ -350,5 +377,8 @@ class ShardNode(Node):
         """Close cursors, then flush and close the durable store."""
         await super().shutdown()
         if self.durable is not None:
-            self.flush()
+            try:
+                self.flush()
+            except MongoError:
+                pass  # not durable: like an unacknowledged write at kill -9
             self.durable.close()

@@ -54,7 +54,7 @@ def start(node: Any) -> asyncio.Task:
     """Start the writer for ``node`` (call from ``ShardNode.startup`` inside the event loop).
 
     Writes the "initiating set" no-op first when the oplog is empty. Returns the task (also kept
-    as ``node.noop_writer_task``; cancel it on shutdown).
+    in ``node.noop_writer_task``, which the node declares; cancel it on shutdown).
     """
     if len(node.oplog) == 0:
         node.write_noop(dict(INITIATING_SET))
@@ -65,6 +65,6 @@ def start(node: Any) -> asyncio.Task:
 
 def stop(node: Any) -> None:
     """Cancel the writer task if running."""
-    task = getattr(node, "noop_writer_task", None)
+    task = node.noop_writer_task
     if task is not None:
         task.cancel()

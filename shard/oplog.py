@@ -353,6 +353,26 @@ class Oplog:
         """Apply the retention settings now (after they change)."""
         self._enforce_retention()
 
+    def truncate_before(self, key: int) -> int:
+        """Remove every entry with ``ts_key < key`` (never the newest), as capped truncation
+        of the oldest entries does; returns how many were removed. Change streams starting
+        before the new :meth:`first_ts` then get ChangeStreamHistoryLost (286). Used by the
+        test kit's ``truncate_oplog`` (history loss on demand)."""
+        removed_to = None
+        n = len(self._entries)
+        count = 0
+        while self._head < n - 1 and self._keys[self._head] < key:
+            self._bytes -= self._sizes[self._head]
+            self._entries[self._head] = None  # type: ignore[call-overload]
+            removed_to = self._keys[self._head]
+            self._head += 1
+            count += 1
+        if removed_to is not None:
+            self.truncated_through = removed_to
+            for cb in tuple(self.truncated_callbacks):
+                cb(removed_to)
+        return count
+
     # -- waiting ----------------------------------------------------------------------------
     async def wait_for_newer(self, key: int, timeout_s: float) -> bool:
         """Wait until an entry with ts_key > ``key`` exists; False after ``timeout_s`` seconds."""

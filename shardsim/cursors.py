@@ -25,7 +25,7 @@ DEFAULT_CURSOR_TIMEOUT_MS = 600_000
 # event of its batch has the layout it builds for the router: ``_id: {_data: <ASCII hex>[,
 # _typeBits]}`` first (the token, unmodified: the shard raises ChangeStreamFatalError 280
 # otherwise), ``$sortKey: [<the same token>]`` last. shardsim's own field between its shards
-# and its router, not a MongoDB one (router/raw_events.py parse_block).
+# and its router, not a MongoDB one (router/change_stream/raw_events.py parse_block).
 SORT_KEY_LAYOUT_FIELD = "$_shardsimSortKeyLayout"
 # ...with, in this field, BinData of 2 x n little-endian int32: the n events' BSON sizes, then
 # the sizes of their ``_id`` documents, so the router finds every event and its ``$sortKey``

@@ -8,120 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-# code -> codeName (the subset the roles can raise or forward; unknown codes render as "Location<N>").
-CODE_NAMES: dict[int, str] = {
-    1: "InternalError",
-    2: "BadValue",
-    4: "NoSuchKey",
-    6: "HostUnreachable",
-    7: "HostNotFound",
-    8: "UnknownError",
-    9: "FailedToParse",
-    11: "UserNotFound",
-    13: "Unauthorized",
-    14: "TypeMismatch",
-    20: "IllegalOperation",
-    22: "InvalidBSON",
-    26: "NamespaceNotFound",
-    27: "IndexNotFound",
-    40: "ConflictingUpdateOperators",
-    43: "CursorNotFound",
-    46: "LockBusy",
-    48: "NamespaceExists",
-    50: "MaxTimeMSExpired",
-    52: "DollarPrefixedFieldName",
-    54: "NotSingleValueField",
-    56: "EmptyFieldName",
-    59: "CommandNotFound",
-    61: "ShardKeyNotFound",
-    63: "OBSOLETE_StaleShardVersion",
-    66: "ImmutableField",
-    67: "CannotCreateIndex",
-    68: "IndexAlreadyExists",
-    70: "ShardNotFound",
-    72: "InvalidOptions",
-    73: "InvalidNamespace",
-    79: "UnknownReplWriteConcern",
-    85: "IndexOptionsConflict",
-    86: "IndexKeySpecsConflict",
-    89: "NetworkTimeout",
-    91: "ShutdownInProgress",
-    96: "OperationFailed",
-    100: "UnsatisfiableWriteConcern",
-    112: "WriteConflict",
-    115: "CommandNotSupported",
-    117: "ConflictingOperationInProgress",
-    118: "NamespaceNotSharded",
-    125: "CommandFailed",
-    133: "FailedToSatisfyReadPreference",
-    136: "CappedPositionLost",
-    148: "ReadConcernMajorityNotEnabled",
-    150: "StaleEpoch",
-    121: "DocumentValidationFailure",
-    168: "InvalidPipelineOperator",
-    192: "FailPointEnabled",
-    206: "NoSuchSession",
-    217: "IncompleteTransactionHistory",
-    222: "CloseChangeStream",
-    223: "IllegalOpMsgFlag",
-    233: "TooManyDocumentSequences",
-    166: "CommandNotSupportedOnView",
-    167: "OptionNotSupportedOnView",
-    169: "CommandOnShardedViewNotSupportedOnMongod",
-    175: "QueryPlanKilled",
-    189: "PrimarySteppedDown",
-    211: "KeyNotFound",
-    225: "TransactionTooOld",
-    234: "RetryChangeStream",
-    237: "CursorKilled",
-    244: "NOT_YET_AVAILABLE_TransactionAborted",
-    238: "NotImplemented",
-    239: "SnapshotTooOld",
-    251: "NoSuchTransaction",
-    256: "TransactionCommitted",
-    260: "InvalidResumeToken",
-    262: "ExceededTimeLimit",
-    263: "OperationNotSupportedInTransaction",
-    267: "PreparedTransactionInProgress",
-    266: "FailPointSetFailed",
-    279: "ClientDisconnect",
-    280: "ChangeStreamFatalError",
-    286: "ChangeStreamHistoryLost",
-    288: "ChecksumMismatch",
-    326: "OplogQueryMinTsMissing",
-    346: "ChangeStreamInvalidated",
-    348: "ChangeStreamTopologyChange",
-    351: "ChangeStreamStartAfterInvalidate",
-    357: "InvalidBSONType",
-    361: "CollectionUUIDMismatch",
-    317: "ConnectionPoolExpired",
-    384: "ConnectionError",
-    9001: "SocketException",
-    10107: "NotWritablePrimary",
-    10334: "BSONObjectTooLarge",
-    11000: "DuplicateKey",
-    11600: "InterruptedAtShutdown",
-    11601: "Interrupted",
-    11602: "InterruptedDueToReplStateChange",
-    13297: "DatabaseDifferCase",
-    28769: "NamespaceCannotBeSharded",
-    40413: "IDLDuplicateField",
-    40414: "IDLFailedToParse",
-    40415: "IDLUnknownField",
-    50768: "NotARetryableWriteCommand",
-    1003141: "RemoveShardDrainingInProgress",
-    13388: "StaleConfig",
-    13435: "NotPrimaryNoSecondaryOk",
-    13436: "NotPrimaryOrSecondary",
-    20503: "Location20503",
-    40324: "Location40324",
-    40573: "Location40573",
-    40602: "Location40602",
-    40674: "Location40674",
-    50865: "Location50865",
-    50915: "BackupCursorOpenConflictWithCheckpoint",
-    # Hex strings of an unknown stage, etc. are "Location" codes on the server too.
-}
+from shardsim.error_codes import ERROR_CODE_NAMES
+
+# code -> codeName: every code of the server's error_codes.yml (shardsim/error_codes.py says
+# where the table came from). Any other code is an assertion-site code: "Location<code>".
+CODE_NAMES: dict[int, str] = ERROR_CODE_NAMES
+
 
 # Codes whose errors get `ResumableChangeStreamError` when they fail a change stream's
 # aggregate/getMore: isRetriableError || isNetworkError || isNeedRetargettingError || 234 || 133
@@ -142,7 +34,8 @@ RETRYABLE_WRITE_CODES: frozenset[int] = frozenset({
 
 
 def code_name(code: int) -> str:
-    """The server's codeName for ``code`` ("Location<code>" for assertion-site codes)."""
+    """The server's codeName for ``code``: the name ``error_codes.yml`` gives it, else
+    ``"Location<code>"`` (an assertion-site code such as 40324, as mongod reports it)."""
     return CODE_NAMES.get(code, f"Location{code}")
 
 

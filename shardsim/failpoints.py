@@ -75,6 +75,8 @@ class FailPoint:
         self.probability = 1.0
         self.data: dict[str, Any] = {}
         self.entered = 0
+        # The generator of activationProbability draws (the test kit seeds it per node).
+        self.rng: random.Random | None = None
 
     def configure(self, mode: Any, data: Any) -> int:
         """Set the mode (``"off"``, ``"alwaysOn"``, ``{times: n}``, ``{skip: n}``,
@@ -135,7 +137,7 @@ class FailPoint:
             if self.times <= 0:
                 self.mode = "off"
         elif mode == "activationProbability":
-            if random.random() >= self.probability:
+            if (self.rng or random).random() >= self.probability:
                 return False
         self.entered += 1
         return True

@@ -24,6 +24,7 @@ from bson.timestamp import Timestamp
 
 from shardsim import node_commands
 from shardsim.clock import HybridLogicalClock
+from shardsim.cluster_time import parse_gossip
 from shardsim.commands import CommandTable, Request
 from shardsim.cursors import CursorManager
 from shardsim.errors import MongoError, change_stream_labels
@@ -42,6 +43,8 @@ def decode(raw: bytes) -> dict[str, Any]:
     """Decode a BSON document with the project's codec; InvalidBSON (22) on bad bytes."""
     try:
         return bson.decode(raw, CODEC)
+    except RecursionError:  # nesting the wire check lets through cannot get here; be safe
+        raise MongoError(15, "BSONObj exceeded maximum nested object depth: 200") from None
     except Exception as exc:  # bson.errors.InvalidBSON and friends
         raise MongoError(22, f"invalid BSON: {exc}") from None
 
@@ -115,10 +118,13 @@ class Node:
 
     # -- dispatch -------------------------------------------------------------------------
     def gossip_in(self, req: Request) -> None:
-        """Advance the clock to a request's ``$clusterTime`` (never backwards)."""
-        ct = req.body.get("$clusterTime")
-        if isinstance(ct, dict) and isinstance(ct.get("clusterTime"), Timestamp):
-            self.clock.advance(ct["clusterTime"])
+        """Take in a request's ``$clusterTime`` as ``VectorClock::gossipIn`` does: shape-checked
+        (:func:`shardsim.cluster_time.parse_gossip`: 14, 40414, 140) and rate-limited
+        (:meth:`shardsim.clock.HybridLogicalClock.check`: 205, 40484); a refused time moves
+        nothing and fails the command."""
+        ts = parse_gossip(req.body)
+        if ts is not None:
+            self.clock.advance(ts)
 
     async def run_command(self, req: Request) -> dict[str, Any]:
         """Run one command and return the complete reply (never raises MongoError)."""
@@ -134,6 +140,8 @@ class Node:
         except MongoError as exc:
             exc.labels = self.error_labels(req, exc)
             reply = exc.to_reply()
+        except RecursionError:  # input nested deeper than a handler can walk: mongod's Overflow
+            reply = MongoError(15, "BSONObj exceeded maximum nested object depth: 200").to_reply()
         except Exception as exc:  # a bug must not take the process down
             log.exception("command %s failed", req.name)
             reply = MongoError(1, f"{type(exc).__name__}: {exc}").to_reply()

@@ -50,18 +50,30 @@ mm_filtering._get_compare_type = _compare_type
 
 
 def translate_error(exc: Exception) -> MongoError:
-    """A mongomock exception as the MongoError mongod would send (BadValue 2 unless the
-    exception carries a server code); MongoErrors pass through."""
+    """A mongomock exception as the MongoError mongod would send; MongoErrors pass through.
+
+    A feature mongomock does not implement (``NotImplementedError``) is NotImplemented (238)
+    naming the feature; an exception carrying a server code keeps it; an unknown operator is
+    BadValue (2) ``unknown operator: $x`` as mongod's ``MatchExpressionParser`` says; anything
+    else is BadValue (2). Python's own exception text (``unsupported operand type(s)``...)
+    never reaches a client: it becomes ``Invalid argument for this operation`` plus the
+    exception type, so the client sees a server-style message."""
     if isinstance(exc, MongoError):
         return exc
     msg = str(exc).replace("is not implemented in mongomock yet", "is not supported by shardsim")
     msg = msg.replace("in Mongomock", "in shardsim").replace("Mongomock", "shardsim")
+    msg = msg.replace("mongomock", "shardsim")
     code = getattr(exc, "code", None)
     if isinstance(code, int) and code > 0:
         return MongoError(code, msg)
     m = re.search(r"unknown operator: (\$\w+)", msg, re.I) or re.search(r"Unrecognized operator (\$\w+)", msg)
     if m:
         return MongoError(2, f"unknown operator: {m.group(1)}")
+    if isinstance(exc, NotImplementedError):
+        return MongoError(238, msg or "not supported by shardsim")
+    if type(exc).__module__ == "builtins":
+        return MongoError(2, f"Invalid argument for this operation ({type(exc).__name__} while "
+                             f"evaluating it in shardsim)")
     return MongoError(2, msg)
 
 

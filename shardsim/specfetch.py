@@ -6,6 +6,7 @@ the JSON test files ``shardsim spec`` needs::
 
     DIR/change-streams/tests/unified/*.json
     DIR/unified-test-format/tests/valid-pass/*.json
+    DIR/<suite>/tests[/unified]/*.json   (crud, transactions, retryable-writes, ... see OPTIONAL)
     DIR/SPEC_COMMIT                      (the commit they came from)
 
 If ``DIR/SPEC_COMMIT`` already names ``SHA`` and the files are there, nothing is downloaded.
@@ -33,6 +34,13 @@ WANTED = (
     ("source/change-streams/tests/unified", "change-streams/tests/unified"),
     ("source/unified-test-format/tests/valid-pass", "unified-test-format/tests/valid-pass"),
 )
+# The other unified suites ``shardsim spec --suite`` runs; extracted when the archive has them
+# (the layout mirrors ../shared/specs: DIR/<suite>/tests[/unified]/*.json).
+OPTIONAL = tuple((f"source/{d}", d) for d in (
+    "crud/tests/unified", "transactions/tests/unified", "transactions-convenient-api/tests/unified",
+    "retryable-writes/tests/unified", "retryable-reads/tests/unified", "sessions/tests",
+    "collection-management/tests", "causal-consistency/tests", "index-management/tests",
+    "run-command/tests/unified"))
 MARKER = "SPEC_COMMIT"
 TIMEOUT_S = 60
 
@@ -58,7 +66,7 @@ def target_path(member: str) -> str | None:
     inner = PurePosixPath(*path.parts[1:])  # strip the archive's top-level directory
     if inner.suffix != ".json":
         return None
-    for src, dst in WANTED:
+    for src, dst in WANTED + OPTIONAL:
         if str(inner.parent) == src:
             return f"{dst}/{inner.name}"
     return None
@@ -117,7 +125,7 @@ def extract(data: bytes, dest: Path, commit: str) -> int:
         if missing:
             raise FetchError(f"archive has no test files for {', '.join(missing)} "
                              f"(is {commit} a commit of {REPO}?)")
-        for _src, dst in WANTED:
+        for _src, dst in WANTED + tuple(o for o in OPTIONAL if (staging / o[1]).is_dir()):
             final = dest / dst
             if final.exists():
                 shutil.rmtree(final)

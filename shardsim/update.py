@@ -1,9 +1,11 @@
 """The update language: mongod 8.0's update operators and the ``$v: 2`` oplog diff.
 
-mongomock (through :mod:`shardsim.query`) supplies most operators
-(``$set``/``$unset``/``$inc``/``$min``/``$max``/``$pop``/``$push`` with modifiers/``$pull``/
-``$pullAll``/``$addToSet``/``$currentDate``/``$setOnInsert``, pipeline updates). This module adds
-what mongomock lacks or does differently from mongod 8.0: ``$mul``, dotted ``$rename``, the
+mongomock (through :mod:`shardsim.query`) supplies the structural operators
+(``$set``/``$unset``/``$pop``/``$push`` with modifiers/``$pull``/``$pullAll``/``$addToSet``/
+``$setOnInsert``, pipeline updates). The value-computing operators (``$inc``, ``$mul``,
+``$min``, ``$max``, ``$bit``, ``$currentDate``) are ours, type-exact as mongod's ``SafeNum``, in
+:mod:`shardsim.update_ops`. This module adds dotted ``$rename``, mongod's order of application
+(paths sorted like ``UpdateObjectNode``'s children, not the order the operators were sent), the
 ``_id`` immutability and operator validation errors with mongod's codes, and — the part change
 streams depend on — the ``$v: 2`` update diff written to the oplog (``doc_diff.cpp`` format:
 ``d`` deleted, ``u`` updated, ``i`` inserted, ``s<field>`` sub-diff, arrays ``a: true``,
@@ -19,9 +21,9 @@ from typing import Any
 
 import bson
 from bson import Regex
-from bson.int64 import Int64
 
 from shardsim.errors import MongoError
+from shardsim import update_ops
 from shardsim.values import get_path, id_key
 from shardsim.query import MM_SCRATCH, deep_copy, matches, rewrite_stage, translate_error
 
@@ -82,8 +84,8 @@ def _validate_operators(update: dict[str, Any]) -> None:
                     pass
             if path == "" or path.endswith(".") or ".." in path:
                 raise MongoError(56, "An empty update path is not valid.")
-    if "$bit" in update:
-        raise MongoError(238, "$bit is not supported by shardsim")
+            if op in update_ops.OWNED_OPERATORS:
+                update_ops.validate_operand(op, path, arg[path])
     # Two modifiers on the same path or on a path and its prefix conflict (update_driver.cpp).
     seen: list[tuple[str, ...]] = []
     for op, arg in update.items():
@@ -126,24 +128,6 @@ def _pop_path(doc: dict[str, Any], path: str) -> tuple[bool, Any]:
     if not found or not isinstance(parent, dict) or parts[-1] not in parent:
         return False, None
     return True, parent.pop(parts[-1])
-
-
-def _apply_mul(doc: dict[str, Any], arg: dict[str, Any]) -> None:
-    for path, factor in arg.items():
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
-            raise MongoError(14, f"Cannot multiply with non-numeric argument: {{{path}: {factor!r}}}")
-        found, cur = get_path(doc, path)
-        if not found:
-            _set_path(doc, path, type(factor)(0) if not isinstance(factor, Int64) else Int64(0))
-            continue
-        if isinstance(cur, bool) or not isinstance(cur, (int, float)):
-            raise MongoError(14, f"Cannot apply $mul to a value of non-numeric type. "
-                                 f"{{_id: {doc.get('_id')!r}}} has the field '{path.split('.')[-1]}' "
-                                 f"of non-numeric type {type(cur).__name__}")
-        res = cur * factor
-        if isinstance(cur, Int64) or isinstance(factor, Int64):
-            res = Int64(res) if not isinstance(res, float) else res
-        _set_path(doc, path, res)
 
 
 def _apply_rename(doc: dict[str, Any], arg: dict[str, Any]) -> None:
@@ -291,18 +275,7 @@ def apply_update(doc: dict[str, Any], update: Any, spec: dict[str, Any] | None, 
             MM_SCRATCH._apply_update_pipeline(new, [rewrite_stage(s) for s in update], None)
         else:
             _validate_operators(update)
-            rest = {}
-            for op, arg in update.items():
-                if op == "$mul":
-                    _apply_mul(new, arg)
-                elif op == "$rename":
-                    _apply_rename(new, arg)
-                elif op == "$setOnInsert" and not is_insert:
-                    continue
-                else:
-                    rest[op] = arg
-            if rest:
-                MM_SCRATCH._apply_update_document(new, spec or {}, rest, is_insert)
+            _apply_operators(new, update, spec or {}, is_insert)
     except MongoError:
         raise
     except Exception as exc:
@@ -317,6 +290,30 @@ def apply_update(doc: dict[str, Any], update: Any, spec: dict[str, Any] | None, 
 
 
 _MISSING = object()
+
+
+def _apply_operators(new: dict[str, Any], update: dict[str, Any], spec: dict[str, Any],
+                     is_insert: bool) -> None:
+    """Apply an operator update to ``new`` in place, one path at a time in mongod's order
+    (``UpdateObjectNode`` applies its children sorted by path; a ``$rename`` sits at its
+    destination)."""
+    entries: list[tuple[Any, str, str, Any]] = []
+    for op, arg in update.items():
+        if op == "$setOnInsert" and not is_insert:
+            continue
+        for path, value in arg.items():
+            at = value if op == "$rename" and isinstance(value, str) else path
+            entries.append((update_ops.path_sort_key(at), op, path, value))
+    entries.sort(key=lambda e: e[0])
+    for _key, op, path, value in entries:
+        if op in update_ops.OWNED_OPERATORS:
+            update_ops.apply_operator(new, op, path, value)
+        elif op == "$rename":
+            _apply_rename(new, {path: value})
+        elif op == "$setOnInsert":
+            MM_SCRATCH._apply_update_document(new, spec, {"$set": {path: value}}, is_insert)
+        else:
+            MM_SCRATCH._apply_update_document(new, spec, {op: {path: value}}, is_insert)
 
 
 # -- the $v: 2 diff ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from itertools import count
 import crc32c as _crc32c
 
 from shardsim.errors import MongoError
+from shardsim.bson_limits import check_wire_depth
 
 OP_REPLY = 1
 OP_QUERY = 2004
@@ -161,6 +162,7 @@ def parse_op_msg(request_id: int, payload: bytes | memoryview, raw_header: bytes
             if body is not None:
                 raise MongoError(40430, "Multiple body sections in message")
             body, offset = _bson_doc(buf, offset, end, "OP_MSG body")
+            check_wire_depth(body)
         elif kind == 1:
             if len(sequences) >= 2:
                 raise MongoError(233, "Too many document sequences in OP_MSG")
@@ -176,6 +178,7 @@ def parse_op_msg(request_id: int, payload: bytes | memoryview, raw_header: bytes
             docs: list[bytes] = []
             while pos < seq_end:
                 doc, pos = _bson_doc(buf, pos, seq_end, f"document sequence {name}")
+                check_wire_depth(doc)
                 docs.append(doc)
             sequences[name] = docs
             offset = seq_end
@@ -204,6 +207,7 @@ def parse_op_query(request_id: int, payload: bytes | memoryview) -> OpQuery:
         raise MongoError(22, "OP_QUERY too short")
     skip, limit = struct.unpack_from("<ii", buf, offset)
     query, offset = _bson_doc(buf, offset + 8, end, "OP_QUERY query")
+    check_wire_depth(query)
     fields = None
     if offset < end:
         fields, offset = _bson_doc(buf, offset, end, "OP_QUERY returnFieldsSelector")

@@ -1,12 +1,14 @@
 """The shard half of change streams: ``aggregate`` with ``$changeStream`` on a shard.
 
 Pipeline (one module per stage, named like the server's
-``document_source_change_stream_*.cpp``): :mod:`.oplog_match` → :mod:`.unwind_transaction` →
-:mod:`.transform` → :mod:`.check_invalidate` → :mod:`.check_resumability` /
-:mod:`.ensure_resume_token_present` → :mod:`.check_topology_change` → :mod:`.add_pre_image` →
-:mod:`.add_post_image` → the user's stages (:mod:`.user_stages`,
-:mod:`.split_large_event`); :mod:`.cursor` batches the result and keeps the
-``postBatchResumeToken``. See ``docs/change-streams-shard.md``.
+``document_source_change_stream_*.cpp``), built as one list by :mod:`.pipeline`
+(``build_pipeline``, like the server's ``_buildPipeline``): :mod:`.oplog_match` →
+:mod:`.unwind_transaction` → :mod:`.transform` → :mod:`.check_invalidate` →
+:mod:`.check_resumability` / :mod:`.ensure_resume_token_present` → :mod:`.check_topology_change`
+→ :mod:`.add_pre_image` → :mod:`.add_post_image` → the user's stages (:mod:`.user_stages`) →
+:mod:`.split_large_event`; :mod:`.fast_crud` is its fused variant for plain CRUD entries;
+:mod:`.cursor` runs it, batches the result and keeps the ``postBatchResumeToken``. See
+``docs/change-streams-shard.md``.
 """
 
 from __future__ import annotations

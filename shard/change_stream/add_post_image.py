@@ -61,18 +61,39 @@ def apply_array_diff(arr: list[Any], diff: dict[str, Any]) -> list[Any]:
     return out
 
 
-def add_post_image(node: Any, mode: str, ev: Event) -> None:
-    """Fill ``fullDocument`` of an update event per ``mode``."""
-    if ev.doc.get("operationType") != "update":
-        return
-    if mode == "updateLookup":
-        post = node.find_document(ev.ns, ev.doc.get("documentKey") or {})
-    else:
-        pre = fetch_pre_image(node, ev)
-        post = None
-        if pre is not None and isinstance(ev.raw_update, dict):
-            post = apply_diff(pre, ev.raw_update.get("diff") or {})
-        if post is None and mode == "required":
-            raise MongoError(47, "Change stream was configured to require a post-image for all update "
-                                 "events, but the post-image was not found for event: " + event_repr(ev.doc))
-    ev.doc["fullDocument"] = post
+class AddPostImage:
+    """The ``$_internalChangeStreamAddPostImage`` stage, in a stream whose ``fullDocument`` is
+    ``mode`` (``updateLookup`` | ``whenAvailable`` | ``required``; the pipeline has no such
+    stage for ``default``). ``node`` gives ``find_document(ns, documentKey)`` and
+    ``pre_images``.
+
+    ``process(ev)`` fills ``fullDocument`` of an update event and returns ``ev``; other events
+    pass unchanged. Raises NoMatchingDocument (47) when ``mode`` is ``required`` and the
+    post-image cannot be computed.
+    """
+
+    name = "$_internalChangeStreamAddPostImage"
+    __slots__ = ("node", "mode")
+
+    def __init__(self, node: Any, mode: str) -> None:
+        self.node = node
+        self.mode = mode
+
+    def process(self, ev: Event) -> Event:
+        """``ev``, with ``fullDocument`` for an update."""
+        if ev.doc.get("operationType") != "update":
+            return ev
+        mode = self.mode
+        if mode == "updateLookup":
+            post = self.node.find_document(ev.ns, ev.doc.get("documentKey") or {})
+        else:
+            pre = fetch_pre_image(self.node, ev)
+            post = None
+            if pre is not None and isinstance(ev.raw_update, dict):
+                post = apply_diff(pre, ev.raw_update.get("diff") or {})
+            if post is None and mode == "required":
+                raise MongoError(47, "Change stream was configured to require a post-image for "
+                                     "all update events, but the post-image was not found for "
+                                     "event: " + event_repr(ev.doc))
+        ev.doc["fullDocument"] = post
+        return ev

@@ -30,13 +30,34 @@ def fetch_pre_image(node: Any, ev: Event) -> dict[str, Any] | None:
     return node.pre_images.get(uuid, ts, index)
 
 
-def add_pre_image(node: Any, mode: str, ev: Event) -> None:
-    """Set ``fullDocumentBeforeChange`` on ``ev`` per ``mode`` (whenAvailable | required)."""
-    if ev.doc.get("operationType") not in ("update", "replace", "delete"):
-        return
-    pre = fetch_pre_image(node, ev)
-    if pre is None and mode == "required":
-        raise MongoError(47, "Change stream was configured to require a pre-image for all update, "
-                             "delete and replace events, but the pre-image was not found for event: "
-                             + event_repr(ev.doc))
-    ev.doc["fullDocumentBeforeChange"] = pre
+class AddPreImage:
+    """The ``$_internalChangeStreamAddPreImage`` stage, in a stream whose
+    ``fullDocumentBeforeChange`` is ``mode`` (``whenAvailable`` | ``required``; the pipeline
+    has no such stage for ``off``). ``node`` gives ``pre_images`` (:class:`shard.oplog.PreImages`).
+
+    ``process(ev)`` sets ``fullDocumentBeforeChange`` (the stored pre-image, or null) on update,
+    replace and delete events and returns ``ev``; other events pass unchanged. Raises
+    NoMatchingDocument (47) when ``mode`` is ``required`` and there is no pre-image.
+    """
+
+    name = "$_internalChangeStreamAddPreImage"
+    __slots__ = ("node", "mode")
+
+    def __init__(self, node: Any, mode: str) -> None:
+        self.node = node
+        self.mode = mode
+
+    def process(self, ev: Event) -> Event:
+        """``ev``, with ``fullDocumentBeforeChange`` for update/replace/delete."""
+        if ev.doc.get("operationType") not in _PRE_IMAGE_OPS:
+            return ev
+        pre = fetch_pre_image(self.node, ev)
+        if pre is None and self.mode == "required":
+            raise MongoError(47, "Change stream was configured to require a pre-image for all "
+                                 "update, delete and replace events, but the pre-image was not "
+                                 "found for event: " + event_repr(ev.doc))
+        ev.doc["fullDocumentBeforeChange"] = pre
+        return ev
+
+
+_PRE_IMAGE_OPS = ("update", "replace", "delete")

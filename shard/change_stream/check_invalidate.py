@@ -41,8 +41,12 @@ def invalidate_event(ev: Event) -> Event:
 
 
 class CheckInvalidate:
-    """Stateful stage: ``process(ev) -> [ev, invalidate?]``; ``closing`` once an invalidate
-    was produced (the cursor then ends after the current batch)."""
+    """The ``$_internalChangeStreamCheckInvalidate`` stage of a collection or database stream
+    (the server adds it to no other): ``process(ev) -> [ev]`` or ``[ev, invalidate]``. The
+    invalidate that closes the stream has ``invalidating`` set; the cursor ends after the batch
+    that carries it (the server's stage throws ChangeStreamInvalidated on the next call)."""
+
+    name = "$_internalChangeStreamCheckInvalidate"
 
     def __init__(self, spec: StreamSpec) -> None:
         self.spec = spec

@@ -52,8 +52,12 @@ def assert_history_available(oplog: Any, start_key: int) -> None:
 
 
 class CheckResumability:
-    """Swallows events sorting before the client's token. ``found`` says whether the exact
-    token was seen; ``done`` once the stream has reached it."""
+    """The ``$_internalChangeStreamCheckResumability`` stage of a resumed stream: swallows
+    events sorting before the client's token (``process(ev) -> ev | None``). ``found`` says
+    whether the exact token was seen; ``done`` once the stream has reached it (from then on
+    ``process`` returns every event as it is)."""
+
+    name = "$_internalChangeStreamCheckResumability"
 
     def __init__(self, spec: StreamSpec) -> None:
         data = spec.resume_data

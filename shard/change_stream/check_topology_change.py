@@ -1,11 +1,13 @@
-"""Stage 7: ``kNewShardDetected`` bypasses the user's stages
+"""Stage 7: ``kNewShardDetected`` bypasses the rest of the pipeline
 (``$_internalChangeStreamCheckTopologyChange``,
 ``document_source_change_stream_check_topology_change.cpp``).
 
 On the server the stage throws ChangeStreamTopologyChange carrying the event and the executor
-returns it as a result, so the user's ``$match``/``$project`` never see it and the router gets it
-intact. Here the event is flagged and the cursor skips the user stages for it. Such events exist
-only for router-merged streams (the oplog filter admits them only with ``needsMerge``).
+(``plan_executor_pipeline.cpp``) returns it as a result, so the stages after it (images, the
+user's ``$match``/``$project``) never see it and the router gets it intact. Here the stage raises
+:class:`TopologyChangeDetected` and the cursor outputs the event it carries. Such events exist
+only for router-merged streams (the oplog filter admits them only with ``needsMerge``), so the
+pipeline has this stage only then (:mod:`.pipeline`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,24 @@ from __future__ import annotations
 from shard.change_stream.transform import Event
 
 
-def bypasses_user_stages(ev: Event) -> bool:
-    """True for topology-change events that must reach the router unfiltered."""
-    return ev.topology
+class TopologyChangeDetected(Exception):
+    """Carries a ``kNewShardDetected`` event past the remaining stages to the cursor's output
+    (the server's ChangeStreamTopologyChangeInfo). Never reaches a client as an error."""
+
+    def __init__(self, event: Event) -> None:
+        super().__init__("kNewShardDetected")
+        self.event = event
+
+
+class CheckTopologyChange:
+    """The ``$_internalChangeStreamCheckTopologyChange`` stage: ``process(ev)`` returns ``ev``,
+    or raises :class:`TopologyChangeDetected` for a topology-change event (``ev.topology``)."""
+
+    name = "$_internalChangeStreamCheckTopologyChange"
+    __slots__ = ()
+
+    def process(self, ev: Event) -> Event:
+        """``ev`` unchanged; TopologyChangeDetected for ``kNewShardDetected``."""
+        if ev.topology:
+            raise TopologyChangeDetected(ev)
+        return ev

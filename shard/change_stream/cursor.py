@@ -1,4 +1,9 @@
-"""The change-stream cursor of a shard: runs the stages over the oplog and batches the events.
+"""The change-stream cursor of a shard: runs the pipeline over the oplog and batches the events.
+
+The stages and their order come from :func:`.pipeline.build_pipeline` (the server's
+``_buildPipeline``); the cursor runs that list per oplog entry (:meth:`ChangeStreamCursor.
+_process_entry`) and per event (:meth:`ChangeStreamCursor._emit`), and plain CRUD entries through
+its fused variant (:mod:`.fast_crud`) when the stream allows it.
 
 Batches (``PlanExecutorPipeline`` + ``CursorResponseBuilder`` semantics):
 
@@ -24,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import struct
-import itertools
 import operator
 from itertools import chain, repeat
 from operator import add
@@ -43,18 +47,13 @@ from shardsim.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, ONE_BY_ONE_
                               SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD, Batch, Cursor,
                               array_header_bytes)
 from shardsim.errors import MongoError
-from shard.change_stream import fast_crud, oplog_match
-from shard.change_stream.add_post_image import add_post_image
-from shard.change_stream.add_pre_image import add_pre_image
-from shard.change_stream.check_invalidate import CheckInvalidate
-from shard.change_stream.check_resumability import HISTORY_LOST_MSG, CheckResumability
-from shard.change_stream.check_topology_change import bypasses_user_stages
-from shard.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
+from shard.change_stream import fast_crud
+from shard.change_stream.check_resumability import HISTORY_LOST_MSG
+from shard.change_stream.check_topology_change import TopologyChangeDetected
+from shard.change_stream.pipeline import ShardPipeline, build_pipeline, fused_crud
 from shardsim.change_stream_spec import StreamSpec
-from shard.change_stream.split_large_event import MAX_EVENT_BYTES, split_event, too_large
-from shard.change_stream.transform import Event, Transform
-from shard.change_stream.unwind_transaction import unwind
-from shard.change_stream.user_stages import check_id_unchanged, compile_stages
+from shard.change_stream.split_large_event import event_size_limit, too_large
+from shard.change_stream.transform import Event
 
 DEFAULT_AWAIT_MS = 1000
 _ID_FIRST = b"\x03_id\x00"
@@ -64,8 +63,8 @@ def encode_event(doc: dict[str, Any]) -> bytes:
     """BSON of an event keeping its field order (pymongo's ``bson.encode`` would move ``_id``
     first; the server emits ``txnNumber``/``lsid`` before ``_id`` for transaction events)."""
     return _dict_to_bson(doc, False, DEFAULT_CODEC_OPTIONS, False)
-# An event may exceed the user limit a little with $sortKey/_id overhead (BSONObjMaxInternalSize).
-_INTERNAL_SLACK = 16 * 1024
+
+
 # At most this many events are produced per scan call ahead of the batch being filled.
 _SCAN_AHEAD = 512
 _DOC = operator.itemgetter(0)
@@ -107,7 +106,8 @@ NUDGE_COMMAND = "_shardsimAdvanceClusterTime"
 
 
 class PromiseWaiters:
-    """Per-node record of promise requests (``node.cs_promise_waiters``).
+    """Per-node record of promise requests (``node.cs_promise_waiters``, declared by
+    ``ShardNode.__init__``).
 
     The router sends ``{_shardsimAdvanceClusterTime: T}`` when it holds an event at cluster
     time T that only idle remotes' promises block. ``key`` is the highest such T (as a ts key);
@@ -136,14 +136,6 @@ class PromiseWaiters:
         return out
 
 
-def promise_waiters(node: Any) -> PromiseWaiters:
-    """The node's :class:`PromiseWaiters` (created on first use)."""
-    w = getattr(node, "cs_promise_waiters", None)
-    if w is None:
-        w = node.cs_promise_waiters = PromiseWaiters()
-    return w
-
-
 def register(node: Any) -> None:
     """Register the internal ``_shardsimAdvanceClusterTime`` command on a shard/config node.
 
@@ -161,11 +153,11 @@ def register(node: Any) -> None:
     postBatchResumeToken: HWM}]``. The promise covers the cursor's replies up to ``batches``:
     every event at or below it was in one of them, and later replies (the waiting getMore's
     included) carry only events above it and a postBatchResumeToken at or above it. The router
-    applies it once it has read that many replies (``router/change_stream.py``); the idle
+    applies it once it has read that many replies (``router/change_stream/promise_requests.py``); the idle
     getMore keeps waiting, so a promise costs one request and one reply instead of a getMore
     reply and a new getMore.
     """
-    waiters = promise_waiters(node)
+    waiters = node.cs_promise_waiters
 
     async def advance(req: Any) -> dict[str, Any]:
         ts = req.body.get(NUDGE_COMMAND)
@@ -200,18 +192,15 @@ class ChangeStreamCursor(Cursor):
         self.pending: collections.deque[tuple[Any, Any, int]] = collections.deque()
         self.pbrt = initial_pbrt
         self.pbrt_ts_key = ts_key(rt.decode(initial_pbrt).clusterTime)
-        self.match = oplog_match.build(spec)
-        self.op_ok = oplog_match.crud_predicate(spec)
-        self.transform = Transform(spec)
-        self.invalidate = CheckInvalidate(spec)
-        self.resume: CheckResumability | None = None
-        if spec.resume_data is not None:
-            if spec.needs_merge or rt.is_high_water_mark(spec.resume_data):
-                self.resume = CheckResumability(spec)
-            else:
-                self.resume = EnsureResumeTokenPresent(spec)
-        self.user = compile_stages(spec.user_stages)
-        self.split = any(name == "$changeStreamSplitLargeEvent" for name, _ in spec.user_stages)
+        pipeline = ShardPipeline(build_pipeline(node, spec))
+        self.pipeline = pipeline
+        # What runs per entry or per event, held here (one attribute lookup per use).
+        self.match = pipeline.match
+        self.transform = pipeline.transform
+        self._transform = pipeline.transform.process
+        self._steps = pipeline.steps
+        self.resume = pipeline.resume
+        self._event_limit = event_size_limit(spec)
         self.closing = False
         self.closing_token: dict[str, Any] | None = None
         self.history_lost = False
@@ -219,14 +208,11 @@ class ChangeStreamCursor(Cursor):
         self._wake: asyncio.Future[None] | None = None  # set while a getMore waits (_wait)
         self.batches = 0  # replies sent (first batch included): what a promise reply covers
         self._scope_kw = self._scan_scope()
-        self._waiters = promise_waiters(node)
-        # Fused fast path for plain CRUD entries (fast_crud), used once the stream is past its
-        # resume point: entries at or before the resume token's time may need its version.
-        self.fast: fast_crud.Run | None = None
-        if fast_crud.eligible(spec):
-            self.fast = fast_crud.build(
-                spec, self.pending.append, RawEvent,
-                MAX_EVENT_BYTES + (_INTERNAL_SLACK if spec.needs_merge else 0))
+        self._waiters: PromiseWaiters = node.cs_promise_waiters
+        # The pipeline's fused variant for plain CRUD entries (fast_crud), used once the stream
+        # is past its resume point: entries at or before the resume token's time may need its
+        # version.
+        self.fast: fast_crud.Run | None = fused_crud(spec, self.pending.append, RawEvent)
         rk = self.transform._resume_key
         self._fast_min_key = rk[0] + 1 if rk is not None else 0
         # No truncation callback: _scan compares scan_key with oplog.truncated_through, so an
@@ -318,68 +304,67 @@ class ChangeStreamCursor(Cursor):
         self.oplog.remove_listener(self._on_append)
 
     # -- the pipeline ---------------------------------------------------------------------------
-    def _emit(self, ev: Event) -> None:
-        """Run images, user stages, and encoding for one event; append outputs to pending."""
-        spec = self.spec
-        node = self.node
-        if spec.full_document_before_change != "off":
-            add_pre_image(node, spec.full_document_before_change, ev)
-        if spec.full_document != "default":
-            add_post_image(node, spec.full_document, ev)
-        doc: dict[str, Any] | None = ev.doc
-        if self.user and not bypasses_user_stages(ev):
-            for fn in self.user:
-                doc = fn(doc)  # type: ignore[arg-type]
-                if doc is None:
-                    return
-            check_id_unchanged(doc, ev.token)
-        assert doc is not None
+    def _emit(self, ev: Event) -> Any:
+        """Run the event stages (:attr:`ShardPipeline.steps`: resumability, topology change,
+        pre-image, post-image, user stages) on ``ev`` and output what comes out: the encoded
+        event (ending with ``$sortKey`` for the router), or its fragments when the pipeline
+        splits large events, appended to ``pending``. Returns the step that dropped the event,
+        or None when it was output. Raises BSONObjectTooLarge (10334) for an oversized event
+        without the split stage, and whatever a stage raises."""
+        try:
+            for step in self._steps:
+                ev = step(ev)
+                if ev is None:
+                    return step
+        except TopologyChangeDetected as detected:
+            ev = detected.event  # past the remaining stages, intact, to the router
+        doc = ev.doc
         token = ev.token
-        if spec.needs_merge:
+        needs_merge = self.spec.needs_merge
+        if needs_merge:
             doc.pop("$sortKey", None)
             doc["$sortKey"] = [token]
         raw = encode_event(doc)
         size = len(raw)
-        if size > MAX_EVENT_BYTES + (_INTERNAL_SLACK if spec.needs_merge else 0) \
-                or ev.fragment_skip is not None:
-            if not self.split:
+        if size > self._event_limit or ev.fragment_skip is not None:
+            split = self.pipeline.split
+            if split is None:
                 raise too_large(size)
-            for frag, ftoken in split_event({k: v for k, v in doc.items() if k != "$sortKey"},
-                                            token, ev.fragment_skip):
-                if spec.needs_merge:
+            for frag, ftoken in split.process({k: v for k, v in doc.items() if k != "$sortKey"},
+                                              token, ev.fragment_skip):
+                if needs_merge:
                     frag["$sortKey"] = [ftoken]
                 fraw = encode_event(frag)
                 self.pending.append((RawEvent(fraw), ftoken, len(fraw)))
-            return
+            return None
         self.pending.append((RawEvent(raw), token, size))
+        return None
 
     def _process_entry(self, entry: dict[str, Any]) -> None:
+        """One oplog entry the oplog match admitted: unwind transaction -> transform -> check
+        invalidate -> :meth:`_emit`; an invalidate that gets past the resumability check
+        closes the stream (after this batch)."""
         if entry.get("op") != "c":
-            # Hot path: a CRUD/no-op entry is one event and never invalidates.
-            ev = self.transform(entry)
-            if ev is not None and not ev.invalidating:
-                if self.resume is not None:
-                    ev = self.resume.process(ev)
-                    if ev is None:
-                        return
+            # Hot path: unwinding passes a non-command entry on as it is, and its event (CRUD,
+            # no-op) never invalidates, so check invalidate would pass it on too.
+            ev = self._transform(entry)
+            if ev is None:
+                return
+            if not ev.invalidating:
                 self._emit(ev)
                 return
-            ops: Any = () if ev is None else (entry,)
+            events: Any = (ev,)
         else:
             # Only commands (applyOps) unwind into several operations.
-            ops = unwind(entry, self.op_ok) if entry.get("op") == "c" else (entry,)
-        for op in ops:
-            ev = self.transform(op)
-            if ev is None:
-                continue
-            for out in self.invalidate.process(ev):
+            events = filter(None, map(self._transform, self.pipeline.unwind(entry)))
+        invalidate = self.pipeline.invalidate
+        resume_step = self.pipeline.resume_step
+        for ev in events:
+            for out in (invalidate(ev) if invalidate is not None else (ev,)):
                 closes = out.doc["operationType"] == "invalidate" and out.invalidating
-                if self.resume is not None:
-                    kept = self.resume.process(out)
-                    if kept is None:
-                        continue
-                    out = kept
-                self._emit(out)
+                dropped = self._emit(out)
+                if dropped is not None and dropped is resume_step:
+                    continue  # before the resume point: not this stream's invalidate
                 if closes:
                     self.closing = True
                     self.closing_token = out.token
@@ -396,12 +381,12 @@ class ChangeStreamCursor(Cursor):
         counts as having scanned to the newest entry. Entries come in slices of at least the
         number of events still wanted (one index lookup per slice, not per event); plain CRUD
         entries go through the fused fast path (:mod:`.fast_crud`) when the stream allows it."""
-        if self.history_lost or getattr(self.oplog, "truncated_through", 0) >= self.scan_key:
+        if self.history_lost or self.oplog.truncated_through >= self.scan_key:
             # Entries at or after our position were truncated since the last scan.
             self.history_lost = True
             raise MongoError(286, HISTORY_LOST_MSG)
         oplog = self.oplog
-        batch = getattr(oplog, "scoped_batch", None)
+        batch = oplog.scoped_batch
         scope = self._scope_kw
         match = self.match
         pending = self.pending
@@ -410,11 +395,7 @@ class ChangeStreamCursor(Cursor):
         while True:
             need = want - len(pending)
             chunk = need if need > 32 else 32
-            if batch is not None:
-                keys, entries = batch(self.scan_key, chunk, **scope)
-            else:
-                entries = list(itertools.islice(oplog.entries_from(self.scan_key), chunk))
-                keys = [ts_key(e["ts"]) for e in entries]
+            keys, entries = batch(self.scan_key, chunk, **scope)
             nk = len(keys)
             i = 0
             while i < nk:

@@ -26,7 +26,12 @@ def _token_repr(token: dict[str, Any]) -> str:
 
 
 class EnsureResumeTokenPresent(CheckResumability):
-    """Like :class:`CheckResumability`, but surpassing the token unseen is fatal."""
+    """Like :class:`CheckResumability`, but surpassing the token unseen is fatal, and the
+    token's own event is swallowed. It takes the resumability check's place in the pipeline
+    (:mod:`.pipeline`) of a stream read directly from an event token; the server puts it at the
+    end of the pipeline instead, with the same result for the events returned."""
+
+    name = "$_internalChangeStreamEnsureResumeTokenPresent"
 
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)

@@ -1,10 +1,18 @@
 """Fused fast path for plain CRUD events: oplog entries -> encoded events in one step.
 
+**A fused variant of the pipeline's stages** (:mod:`.pipeline`): oplog match
+(``$_internalChangeStreamOplogMatch``) + transform (``$_internalChangeStreamTransform``) +
+resumability (``$_internalChangeStreamCheckResumability``, a pass-through: the cursor uses this
+path only once the stream is past its resume point) + encoding, for plain CRUD entries
+(insert/update/replace/delete outside transactions). For those entries, in the streams it
+serves (:func:`eligible`), the other stages are identities: nothing to unwind or invalidate, no
+topology change, no images, no user stages.
+
 A catch-up read spends most of its time on insert/update/replace/delete entries of streams
 without per-event extras. For those the general pipeline (:class:`~.transform.Transform` ->
-:class:`~.transform.Event` -> ``_emit`` -> ``encode_event``) builds a dict per event and encodes
-it again. This module writes the same BSON directly from pieces, for a run of entries at a
-time:
+:class:`~.transform.Event` -> ``ChangeStreamCursor._emit`` -> ``encode_event``) builds a dict
+per event and encodes it again. This module writes the same BSON directly from pieces, for a
+run of entries at a time:
 
 * cached per namespace (and collection UUID) and operation type: the ``ns`` element, the
   ``operationType`` element and the resume token's constant hex middle
@@ -209,63 +217,77 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
     made) is one the general path must handle, including deciding whether it matches.
     ``token`` is the event's ``_id`` as BSON bytes (:func:`token_from_doc` gives the dict).
     ``limit`` is the largest event size (bytes) it may emit; larger events are left to the
-    general path (error or split)."""
-    needs_merge = spec.needs_merge
-    ns_ok = ns_predicate(spec)
-    cache: dict[str, _Ns | None] = {}
-    sk_heads: dict[int, bytes] = {}
-    dt = datetime.datetime
-    last_wall: Any = _UNSET
-    last_wall_b = b""
+    general path (error or split). Never raises: what it cannot do, it leaves."""
+    return _Fused(spec, append, make_doc, limit).run
 
-    def ns_pieces(ns: Any) -> _Ns | None:
+
+def _encode(docs: list[Any]) -> tuple[bytes, int]:
+    """``(BSON of {a: docs}, how many docs it holds)``: all of them, or those before the
+    first one the C encoder refuses (none if only the whole array fails: the general path
+    then takes the entries one by one)."""
+    try:
+        return _dict_to_bson({"a": docs}, False, _OPTS, False), len(docs)
+    except Exception:
+        for k, doc in enumerate(docs):
+            try:
+                _dict_to_bson(doc, False, _OPTS, False)
+            except Exception:
+                break
+        else:
+            return b"", 0
+        try:
+            return _dict_to_bson({"a": docs[:k]}, False, _OPTS, False), k
+        except Exception:
+            return b"", 0
+
+
+class _Fused:
+    """One stream's fast path (see :func:`build`): :meth:`run` takes entries in chunks of up to
+    :data:`_RUN` events, each in two passes (one call per chunk, none per event)."""
+
+    __slots__ = ("needs_merge", "ns_ok", "cache", "sk_heads", "last_wall", "last_wall_b",
+                 "append", "make_doc", "limit")
+
+    def __init__(self, spec: StreamSpec, append: Callable[[Any], None],
+                 make_doc: Callable[[bytes], Any], limit: int) -> None:
+        self.needs_merge = spec.needs_merge
+        self.ns_ok = ns_predicate(spec)
+        self.cache: dict[str, _Ns | None] = {}
+        self.sk_heads: dict[int, bytes] = {}
+        # wallTime element of the last datetime seen (the shard hands out one object per ms).
+        self.last_wall: Any = _UNSET
+        self.last_wall_b = b""
+        self.append = append
+        self.make_doc = make_doc
+        self.limit = limit
+
+    def _ns_pieces(self, ns: Any) -> _Ns | None:
+        """The cached pieces of a namespace, None if the fast path does not cover it."""
         if type(ns) is not str:
             return None
         db, _, coll = ns.partition(".")
-        info = _Ns(db, coll, needs_merge) if coll and coll != "system.views" and ns_ok(ns) else None
+        info = (_Ns(db, coll, self.needs_merge)
+                if coll and coll != "system.views" and self.ns_ok(ns) else None)
+        cache = self.cache
         if len(cache) >= 1024:
             cache.clear()
         cache[ns] = info
         return info
 
-    def wall_element(wall: Any) -> bytes:
-        nonlocal last_wall, last_wall_b
-        elem = _element("wallTime", wall)
-        if type(wall) is dt:  # equal datetimes encode alike (UTC milliseconds)
-            last_wall = wall
-            last_wall_b = elem
-        return elem
-
-    def sk_head(n: int) -> bytes:
-        h = sk_heads[n] = _SK_HEAD + _i32(n + 8) + b"\x030\x00"
-        return h
-
-    def encode(docs: list[Any]) -> tuple[bytes, int]:
-        """``(BSON of {a: docs}, how many docs it holds)``: all of them, or those before the
-        first one the C encoder refuses (none if only the whole array fails: the general path
-        then takes the entries one by one)."""
-        try:
-            return _dict_to_bson({"a": docs}, False, _OPTS, False), len(docs)
-        except Exception:
-            for k, doc in enumerate(docs):
-                try:
-                    _dict_to_bson(doc, False, _OPTS, False)
-                except Exception:
-                    break
-            else:
-                return b"", 0
-            try:
-                return _dict_to_bson({"a": docs[:k]}, False, _OPTS, False), k
-            except Exception:
-                return b"", 0
-
-    def run(keys: Any, entries: Any, i: int, stop: int, need: int) -> tuple[int, int]:
+    def run(self, keys: Any, entries: Any, i: int, stop: int, need: int) -> tuple[int, int]:
+        """See :func:`build`. Per chunk of up to :data:`_RUN` entries, pass 1 (here) works out
+        what each event is made of and collects its document; pass 2 (:meth:`_write`) encodes
+        them at once and writes each event around its own. Pass 1 stops at the first entry the
+        fast path does not cover."""
         start = i
         last_ns: Any = _UNSET
         last_pieces: _Ns | None = None
+        cache = self.cache
+        last_wall = self.last_wall
+        last_wall_b = self.last_wall_b
+        dt = datetime.datetime
+        write = self._write
         while i < stop and need > 0:
-            # Pass 1: what each event is made of; its documents are collected for one encoder
-            # call. Stops at the first entry the fast path does not cover.
             staged = []
             docs = []
             end = min(stop, i + (need if need < _RUN else _RUN))
@@ -277,7 +299,7 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                     if ns is not last_ns:  # the shard's entries share their collection's ns
                         pieces = cache.get(ns, _UNSET)
                         if pieces is _UNSET:
-                            pieces = ns_pieces(ns)
+                            pieces = self._ns_pieces(ns)
                         last_ns = ns
                         last_pieces = pieces
                     else:
@@ -322,7 +344,10 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                     if wall is last_wall or (type(wall) is dt and wall == last_wall):
                         wall_b = last_wall_b
                     else:
-                        wall_b = wall_element(wall)
+                        wall_b = _element("wallTime", wall)
+                        if type(wall) is dt:  # equal datetimes encode alike (UTC milliseconds)
+                            last_wall = wall
+                            last_wall_b = wall_b
                     key = keys[j]
                     v = dk.get("_id") if len(dk) == 1 else None
                     if type(v) is int and 0 < v <= 0x7FFFFFFF:
@@ -363,70 +388,85 @@ def build(spec: StreamSpec, append: Callable[[Any], None], make_doc: Callable[[b
                 j += 1
             if not staged:
                 break
-            declined = j < end
-            # Pass 2: encode the documents at once, then write each event around its own.
-            if docs:
-                buf, ok = encode(docs)
-            else:
-                buf, ok = b"", 0
-            pos = _ARRAY_START
-            d = 0
-            for key, p, kind, tok, wall_b, ns_dk, dkv, sk, fixed in staged:
-                if kind != 2:
-                    if d == ok:
-                        break  # its document cannot be encoded: the general path decides
-                    pos += 3 if d < 10 else (4 if d < 100 else len(str(d)) + 2)
-                    dlen = _i32_at(buf, pos)[0]
-                    doc_b = buf[pos:pos + dlen]
-                    pos += dlen
-                    d += 1
-                if kind == 0:
-                    size = fixed + len(wall_b) + 14 + dlen
-                    if size > limit:
-                        break
-                    if needs_merge:
-                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        _FD_HEAD, doc_b, ns_dk, dkv, sk, tok, _END2))
-                    else:
-                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        _FD_HEAD, doc_b, ns_dk, dkv, _END2))
-                elif kind == 3:
-                    lt = len(tok)
-                    size = p.fixed + len(wall_b) + dlen - 5 + lt + 1
-                    if needs_merge:
-                        size += lt + 18
-                        if size > limit:
-                            break
-                        sk = sk_heads.get(lt)
-                        if sk is None:
-                            sk = sk_head(lt)
-                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        doc_b[4:-1], sk, tok, _END2))
-                    else:
-                        if size > limit:
-                            break
-                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        doc_b[4:-1], _END))
-                else:
-                    if kind == 1:
-                        ud = _UD_HEAD + doc_b
-                        size = fixed + len(wall_b) + 19 + dlen
-                    else:
-                        ud = b""
-                        size = fixed + len(wall_b)
-                    if size > limit:
-                        break
-                    if needs_merge:
-                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        ns_dk, dkv, _DK_END, ud, sk, tok, _END2))
-                    else:
-                        raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
-                                        ns_dk, dkv, _DK_END, ud, _END))
-                append((make_doc(raw), tok, size))
-                i += 1
-                need -= 1
-            if i < j or declined:
+            made = write(staged, docs)
+            i += made
+            need -= made
+            if i < j or j < end:
                 break  # entries[i] is the general path's
+        self.last_wall = last_wall
+        self.last_wall_b = last_wall_b
         return i, i - start
 
-    return run
+    def _write(self, staged: list[Any], docs: list[Any]) -> int:
+        """Pass 2: encode ``docs`` at once, then write and append each staged event around its
+        own document. Returns how many were appended: all, or those before the first one over
+        the size limit or whose document the encoder refused (the general path's)."""
+        needs_merge = self.needs_merge
+        limit = self.limit
+        append = self.append
+        make_doc = self.make_doc
+        if docs:
+            try:  # the usual case inline; _encode finds how many of them it can encode
+                buf = _dict_to_bson({"a": docs}, False, _OPTS, False)
+                ok = len(docs)
+            except Exception:
+                buf, ok = _encode(docs)
+        else:
+            buf, ok = b"", 0
+        pos = _ARRAY_START
+        d = 0
+        made = 0
+        for key, p, kind, tok, wall_b, ns_dk, dkv, sk, fixed in staged:
+            if kind != 2:
+                if d == ok:
+                    break  # its document cannot be encoded: the general path decides
+                pos += 3 if d < 10 else (4 if d < 100 else len(str(d)) + 2)
+                dlen = _i32_at(buf, pos)[0]
+                doc_b = buf[pos:pos + dlen]
+                pos += dlen
+                d += 1
+            if kind == 0:
+                size = fixed + len(wall_b) + 14 + dlen
+                if size > limit:
+                    break
+                if needs_merge:
+                    raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                    _FD_HEAD, doc_b, ns_dk, dkv, sk, tok, _END2))
+                else:
+                    raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                    _FD_HEAD, doc_b, ns_dk, dkv, _END2))
+            elif kind == 3:
+                lt = len(tok)
+                size = p.fixed + len(wall_b) + dlen - 5 + lt + 1
+                if needs_merge:
+                    size += lt + 18
+                    if size > limit:
+                        break
+                    sk = self.sk_heads.get(lt)
+                    if sk is None:
+                        sk = self.sk_heads[lt] = _SK_HEAD + _i32(lt + 8) + b"\x030\x00"
+                    raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                    doc_b[4:-1], sk, tok, _END2))
+                else:
+                    if size > limit:
+                        break
+                    raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                    doc_b[4:-1], _END))
+            else:
+                if kind == 1:
+                    ud = _UD_HEAD + doc_b
+                    size = fixed + len(wall_b) + 19 + dlen
+                else:
+                    ud = b""
+                    size = fixed + len(wall_b)
+                if size > limit:
+                    break
+                if needs_merge:
+                    raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                    ns_dk, dkv, _DK_END, ud, sk, tok, _END2))
+                else:
+                    raw = b"".join((_i32(size), _ID_HEAD, tok, p.head, _u64(key), wall_b,
+                                    ns_dk, dkv, _DK_END, ud, _END))
+            append((make_doc(raw), tok, size))
+            made += 1
+        return made

@@ -129,6 +129,22 @@ def build(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
     return matches
 
 
+class OplogMatch:
+    """The ``$_internalChangeStreamOplogMatch`` stage of one stream.
+
+    ``process(entry) -> bool``: does the oplog entry (dict) concern the stream? It is the
+    predicate :func:`build` returns, held as the instance's ``process`` so the cursor's one call
+    per entry is the filter itself (the cursor also uses it to decide which appends wake a
+    waiting getMore). Never raises for odd entries: they do not match.
+    """
+
+    name = "$_internalChangeStreamOplogMatch"
+    __slots__ = ("process",)
+
+    def __init__(self, spec: StreamSpec) -> None:
+        self.process: Callable[[dict[str, Any]], bool] = build(spec)
+
+
 def crud_predicate(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
     """Filter for the operations inside an ``applyOps`` (unwound transactions)."""
     ns_ok = ns_predicate(spec)

@@ -16,8 +16,11 @@ import bson
 
 from shardsim import resume_token as rt
 from shardsim.errors import MongoError
+from shardsim.change_stream_spec import StreamSpec
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024  # BSONObjMaxUserSize
+# An event may exceed the user limit a little with $sortKey/_id overhead (BSONObjMaxInternalSize).
+INTERNAL_SLACK = 16 * 1024
 # Room for _id, splitEvent and the $sortKey of each fragment.
 _FRAGMENT_OVERHEAD = 4096
 
@@ -59,3 +62,27 @@ def split_event(doc: dict[str, Any], token: dict[str, Any], skip_through: int | 
             frag[k] = v
         out.append((frag, ftoken))
     return out
+
+
+def event_size_limit(spec: StreamSpec) -> int:
+    """The largest encoded event (bytes) a batch carries whole: BSONObjMaxUserSize, with room
+    for ``$sortKey`` when the router merges the stream (``needsMerge``)."""
+    return MAX_EVENT_BYTES + (INTERNAL_SLACK if spec.needs_merge else 0)
+
+
+class SplitLargeEvent:
+    """The ``$changeStreamSplitLargeEvent`` stage (in the pipeline only when the user's
+    pipeline ends with it). An event's size is known once it is encoded, so the cursor's
+    output calls ``process`` only for an event over :func:`event_size_limit`, or the event a
+    fragment token resumes from; without this stage such an event fails with
+    BSONObjectTooLarge (10334, :func:`too_large`)."""
+
+    name = "$changeStreamSplitLargeEvent"
+    __slots__ = ()
+
+    def process(self, doc: dict[str, Any], token: dict[str, Any],
+                skip_through: int | None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """The fragments of the event ``doc`` (without ``$sortKey``) whose token is ``token``:
+        ``[(fragment doc, fragment token), ...]`` (see :func:`split_event`). Raises
+        BSONObjectTooLarge (10334) when one field alone is too large."""
+        return split_event(doc, token, skip_through)

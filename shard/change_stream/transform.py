@@ -43,7 +43,8 @@ class Event:
     ``key`` (ts_key, txnOpIndex) for version selection; ``invalidating`` True for drop/rename/
     dropDatabase (check_invalidate decides); ``pre_image_id`` ``(uuid bytes, ts, applyOpsIndex)``;
     ``raw_update`` the ``$v: 2`` update spec (post-image computation); ``topology`` True for
-    kNewShardDetected (bypasses user stages); ``swallow`` set by the resumability checks.
+    kNewShardDetected (:mod:`.check_topology_change` passes it past the later stages);
+    ``swallow`` set by the resumability checks.
     """
 
     __slots__ = ("doc", "token", "ts", "txn_op_index", "invalidating", "pre_image_id",
@@ -164,10 +165,85 @@ def update_description(diff: dict[str, Any], expanded: bool) -> dict[str, Any]:
     return out
 
 
+def _command_event(entry: dict[str, Any], o: dict[str, Any], db: str) -> tuple[Any, ...] | None:
+    """The event fields of a DDL command entry (``op: "c"``, ``o`` its command):
+    ``(operationType, db, coll, operationDescription, fields before _id, nsType,
+    stateBeforeChange, invalidating)``, or None for a command that makes no event."""
+    pre: dict[str, Any] = {}
+    op_desc: Any = None
+    ns_type: Any = None
+    state_before: Any = None
+    invalidating = False
+    name = next(iter(o), None)
+    if name == "drop":
+        op_type, coll = "drop", o["drop"]
+        invalidating = True
+    elif name == "renameCollection":
+        op_type = "rename"
+        db, _, coll = str(o["renameCollection"]).partition(".")
+        tdb, _, tcoll = str(o.get("to", "")).partition(".")
+        target = _ns_field(tdb, tcoll)
+        pre["to"] = target
+        desc = _except(o, "renameCollection", "stayTemp")
+        desc["to"] = target
+        op_desc = desc
+        invalidating = True
+    elif name == "dropDatabase":
+        op_type, coll = "dropDatabase", ""
+        invalidating = True
+    elif name == "create":
+        op_type, coll = "create", o["create"]
+        op_desc = _except(o, "create")
+        ns_type = _collection_type(o)
+    elif name == "createIndexes":
+        op_type, coll = "createIndexes", o["createIndexes"]
+        op_desc = {"indexes": [_except(o, "createIndexes")]}
+    elif name == "commitIndexBuild":
+        op_type, coll = "createIndexes", o["commitIndexBuild"]
+        op_desc = {"indexes": o.get("indexes")}
+    elif name in ("startIndexBuild", "abortIndexBuild"):
+        op_type, coll = name, o[name]
+        op_desc = {"indexes": o.get("indexes")}
+    elif name == "dropIndexes":
+        op_type, coll = "dropIndexes", o["dropIndexes"]
+        o2 = entry.get("o2") or {}
+        op_desc = {"indexes": [_except(o2, "dropIndexes")]}
+    elif name == "collMod":
+        op_type, coll = "modify", o["collMod"]
+        op_desc = _except(o, "collMod")
+        o2 = entry.get("o2") or {}
+        state_before = {k: v for k, v in (("collectionOptions", o2.get("collectionOptions_old")),
+                                          ("indexOptions", o2.get("indexOptions_old")))
+                        if v is not None}
+    else:
+        return None
+    return op_type, db, coll, op_desc, pre, ns_type, state_before, invalidating
+
+
+def _noop_event(o2: dict[str, Any]) -> tuple[str, Any, dict[str, Any], bool] | None:
+    """The event fields of a sharding no-op (``op: "n"``, ``o2`` its payload):
+    ``(operationType, operationDescription, fields before _id, topology change?)``, or None
+    for a no-op that makes no event (the periodic no-op)."""
+    pre: dict[str, Any] = {}
+    if "migrateChunkToNewShard" in o2:
+        return "kNewShardDetected", _except(o2, "migrateChunkToNewShard"), pre, True
+    for name in _NOOP_EVENTS:
+        if name in o2:
+            if name in _RESHARD_UUID_OPS:
+                pre["reshardingUUID"] = o2.get("reshardingUUID")
+            return name, _except(o2, name), pre, False
+    return None
+
+
 # -- the transform -------------------------------------------------------------------------------
 
 class Transform:
-    """Builds :class:`Event` objects for one stream (keeps the resume-token version state)."""
+    """The ``$_internalChangeStreamTransform`` stage of one stream: builds :class:`Event`
+    objects (and keeps the resume-token version state). ``process(entry)`` (also ``self(entry)``)
+    gives the event of one oplog entry or unwound transaction operation, or None for an entry
+    that makes no event; it raises KeyError only for entries without ``ts``."""
+
+    name = "$_internalChangeStreamTransform"
 
     def __init__(self, spec: StreamSpec) -> None:
         self.spec = spec
@@ -186,7 +262,7 @@ class Transform:
             return self.spec.token_version
         return self._resume_version
 
-    def __call__(self, entry: dict[str, Any]) -> Event | None:
+    def process(self, entry: dict[str, Any]) -> Event | None:
         """The event for ``entry`` (an oplog entry or one unwound transaction op), or None."""
         op = entry.get("op")
         if op in _CRUD_OPS and "txnOpIndex" not in entry:
@@ -237,65 +313,15 @@ class Transform:
                 full_document = o
             document_key = entry.get("o2")
         elif op == "c":
-            name = next(iter(o), None)
-            if name == "drop":
-                op_type, coll = "drop", o["drop"]
-                invalidating = True
-            elif name == "renameCollection":
-                op_type = "rename"
-                db, _, coll = str(o["renameCollection"]).partition(".")
-                tdb, _, tcoll = str(o.get("to", "")).partition(".")
-                target = _ns_field(tdb, tcoll)
-                pre["to"] = target
-                desc = _except(o, "renameCollection", "stayTemp")
-                desc["to"] = target
-                op_desc = desc
-                invalidating = True
-            elif name == "dropDatabase":
-                op_type, coll = "dropDatabase", ""
-                invalidating = True
-            elif name == "create":
-                op_type, coll = "create", o["create"]
-                op_desc = _except(o, "create")
-                ns_type = _collection_type(o)
-            elif name == "createIndexes":
-                op_type, coll = "createIndexes", o["createIndexes"]
-                op_desc = {"indexes": [_except(o, "createIndexes")]}
-            elif name == "commitIndexBuild":
-                op_type, coll = "createIndexes", o["commitIndexBuild"]
-                op_desc = {"indexes": o.get("indexes")}
-            elif name in ("startIndexBuild", "abortIndexBuild"):
-                op_type, coll = name, o[name]
-                op_desc = {"indexes": o.get("indexes")}
-            elif name == "dropIndexes":
-                op_type, coll = "dropIndexes", o["dropIndexes"]
-                o2 = entry.get("o2") or {}
-                op_desc = {"indexes": [_except(o2, "dropIndexes")]}
-            elif name == "collMod":
-                op_type, coll = "modify", o["collMod"]
-                op_desc = _except(o, "collMod")
-                o2 = entry.get("o2") or {}
-                state_before = {k: v for k, v in (("collectionOptions", o2.get("collectionOptions_old")),
-                                                  ("indexOptions", o2.get("indexOptions_old")))
-                                if v is not None}
-            else:
+            cmd = _command_event(entry, o, db)
+            if cmd is None:
                 return None
+            op_type, db, coll, op_desc, pre, ns_type, state_before, invalidating = cmd
         elif op == "n":
-            o2 = entry.get("o2") or {}
-            if "migrateChunkToNewShard" in o2:
-                op_type = "kNewShardDetected"
-                op_desc = _except(o2, "migrateChunkToNewShard")
-                topology = True
-            else:
-                for name in _NOOP_EVENTS:
-                    if name in o2:
-                        op_type = name
-                        op_desc = _except(o2, name)
-                        if name in _RESHARD_UUID_OPS:
-                            pre["reshardingUUID"] = o2.get("reshardingUUID")
-                        break
-                else:
-                    return None
+            noop = _noop_event(entry.get("o2") or {})
+            if noop is None:
+                return None
+            op_type, op_desc, pre, topology = noop
         else:
             return None
 
@@ -353,6 +379,8 @@ class Transform:
                                  or (self._post_requested and op_type == "update")):
             ev.pre_image_id = (uuid, entry.get("applyOpsTs", ts), int(entry.get("applyOpsIndex", 0)))
         return ev
+
+    __call__ = process
 
     def _ns_info(self, ns: str) -> tuple[str, str, bool]:
         """``(db, coll, fast)`` for a CRUD entry's namespace; ``fast`` False for the namespaces the

@@ -2,7 +2,8 @@
 
 Allowed stages (``DocumentSourceChangeStream::checkValidUserStage``): ``$match``, ``$project``,
 ``$addFields``/``$set``, ``$unset``, ``$replaceRoot``/``$replaceWith``, ``$redact`` and
-``$changeStreamSplitLargeEvent`` (last). Each is a function ``event dict -> event dict | None``.
+``$changeStreamSplitLargeEvent`` (last). Each is a function ``event dict -> event dict | None``;
+:class:`UserStages` runs them as one stage of the pipeline.
 Matching and expression evaluation use the project's mongomock-based query layer
 (:mod:`shard.query`); ``$redact`` is evaluated here on top of mongomock's expression parser.
 After the stages the event's ``_id`` must still be the resume token
@@ -518,6 +519,37 @@ def compile_stages(stages: list[tuple[str, Any]]) -> list[StageFn]:
         if fn is not None:
             out.append(fn)
     return out
+
+
+class UserStages:
+    """The user's stages after ``$changeStream`` as one stage of the shard pipeline
+    (:mod:`.pipeline`), ``$changeStreamSplitLargeEvent`` excluded (:mod:`.split_large_event`).
+
+    ``stages``: ``StreamSpec.user_stages``, ``[(name, argument), ...]``; compiling them raises
+    the server's parse errors (e.g. 15969, 31002, 40272, or mongomock's for ``$match``).
+    ``process(ev)`` runs them in order on ``ev.doc`` and returns ``ev`` with the resulting
+    document, or None when one of them filtered the event out. Raises ChangeStreamFatalError
+    (280) when they removed or changed ``_id`` (``PlanExecutorPipeline``).
+    """
+
+    __slots__ = ("name", "fns")
+
+    def __init__(self, stages: list[tuple[str, Any]]) -> None:
+        self.name = ", ".join(n for n, _ in stages if n != "$changeStreamSplitLargeEvent")
+        self.fns = tuple(compile_stages(stages))
+
+    def process(self, ev: Any) -> Any:
+        """``ev`` with its document through the user's stages, or None if filtered out."""
+        doc = ev.doc
+        for fn in self.fns:
+            doc = fn(doc)
+            if doc is None:
+                return None
+        token = ev.token
+        if doc.get("_id", _MISSING) != token:
+            check_id_unchanged(doc, token)  # raises, naming what it found
+        ev.doc = doc
+        return ev
 
 
 def _token_repr(v: Any) -> str:

@@ -22,7 +22,7 @@ the common no-ops.
 
 from __future__ import annotations
 
-from shard.commands import catalog, crud, ddl, internal, reads, transactions
+from shard.commands import catalog, crud, ddl, internal, oplog, reads, transactions
 
-FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands,
+FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,
             transactions.commands, internal.commands)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import bson
 from bson import ObjectId, Regex
 
+from shardsim.bson_limits import check_insert_depth, check_update_depth
 from shardsim.commands import CommandFamily, Request, check_type
 from shardsim.errors import MongoError
 from shardsim import query as q
@@ -64,6 +65,7 @@ def _prepare_insert(doc: Any, raw_size: int | None) -> dict[str, Any]:
         size = len(bson.encode(doc))
     if size > MAX_DOC:
         raise MongoError(2, f"object to insert too large. size in bytes: {size}, max size: {MAX_DOC}")
+    check_insert_depth(doc)  # Overflow (15) beyond 180 levels, as fixDocumentForInsert
     if "_id" not in doc:
         doc = {"_id": ObjectId(), **doc}
     else:
@@ -199,6 +201,7 @@ def apply_replace(node: ShardNode, coll: Collection, key: Any, doc: dict[str, An
                   new: dict[str, Any], upd: Any, ctx: WriteContext) -> None:
     """Store ``new`` over ``doc`` and log the update (``$v: 2`` diff, pre-image ``doc``).
     17419 when the result is over 16 MiB."""
+    check_update_depth(new)  # Overflow (15) beyond 180 levels, as storageValid
     if len(bson.encode(new)) > MAX_DOC:
         raise MongoError(17419, f"Resulting document after update is larger than {MAX_DOC}")
     coll.replace(key, new)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardsim.commands import GENERIC_FIELDS, Request
+from shardsim.commands import GENERIC_FIELDS, Request, bson_type_name
 from shardsim.errors import MongoError
 from shardsim import query as q
 from shardsim.errors import view_error
@@ -54,7 +54,7 @@ def coll_name(req: Request) -> str:
     not a string or empty."""
     name = req.arg
     if not isinstance(name, str):
-        raise MongoError(73, f"collection name has invalid type {type(name).__name__}")
+        raise MongoError(73, f"collection name has invalid type {bson_type_name(name)}")
     if not name:
         raise MongoError(73, f"Invalid namespace specified '{req.db}.'")
     return name
@@ -66,7 +66,7 @@ def ddl_name(req: Request) -> str:
     BadValue (2) when it is not a string."""
     name = req.arg
     if not isinstance(name, str):
-        raise MongoError(2, f"collection name has invalid type {type(name).__name__}")
+        raise MongoError(2, f"collection name has invalid type {bson_type_name(name)}")
     validate_db_name(req.db)
     validate_collection_name(req.db, name)
     return name

@@ -22,8 +22,58 @@ from pymongo.errors import PyMongoError
 from .runner import DEFAULT_ITERATE_TIMEOUT, Runner, TestResult
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SHARED_SPEC_DIR = PROJECT_ROOT.parent / "shared" / "specs" / "change-streams" / "tests" / "unified"
-CACHE_SPEC_DIR = PROJECT_ROOT / ".cache" / "specs" / "change-streams" / "tests" / "unified"
+
+
+
+def _shared_specs() -> Path:
+    """``shared/specs`` next to the project checkout, or next to one of its ancestors (a git
+    worktree under ``wt/`` finds the same ``shared/specs`` as the main checkout)."""
+    for base in PROJECT_ROOT.parents:
+        if (base / "shared" / "specs").is_dir():
+            return base / "shared" / "specs"
+    return PROJECT_ROOT.parent / "shared" / "specs"
+
+
+SHARED_SPECS = _shared_specs()
+CACHE_SPECS = PROJECT_ROOT / ".cache" / "specs"
+SHARED_SPEC_DIR = SHARED_SPECS / "change-streams" / "tests" / "unified"
+CACHE_SPEC_DIR = CACHE_SPECS / "change-streams" / "tests" / "unified"
+
+# The suites `--suite all` runs, in this order.
+SUITES = ("change-streams", "crud", "transactions", "transactions-convenient-api",
+          "retryable-writes", "retryable-reads", "sessions", "collection-management",
+          "causal-consistency", "index-management", "run-command", "unified-test-format")
+
+
+def suite_dir(name: str) -> Path:
+    """Where suite ``name``'s unified JSON tests are: under ``../shared/specs/<name>/`` when it
+    exists, else the ``make fetch-specs`` cache ``.cache/specs/<name>/``; inside it
+    ``tests/unified``, ``tests/valid-pass`` (unified-test-format) or ``tests``.
+    ClickException when neither has the suite."""
+    for base in (SHARED_SPECS, CACHE_SPECS):
+        for sub in ("tests/unified", "tests/valid-pass", "tests"):
+            d = base / name / sub
+            if d.is_dir() and any(d.glob("*.json")):
+                return d
+    raise click.ClickException(f"no spec tests for suite {name!r} in {SHARED_SPECS} or {CACHE_SPECS}; "
+                               f"run `make fetch-specs` or pass --spec-dir")
+
+
+def suite_names(requested: tuple[str, ...]) -> list[str]:
+    """``--suite`` values expanded (``all`` = every suite found), duplicates removed."""
+    out: list[str] = []
+    for name in requested:
+        names = [n for n in SUITES if _suite_exists(n)] if name == "all" else [name]
+        out += [n for n in names if n not in out]
+    return out
+
+
+def _suite_exists(name: str) -> bool:
+    try:
+        suite_dir(name)
+        return True
+    except click.ClickException:
+        return False
 
 
 def default_spec_dir() -> Path:
@@ -60,6 +110,40 @@ def summary_line(results: list[TestResult]) -> str:
     return f"{count['passed']} passed, {count['failed']} failed, {count['skipped']} skipped"
 
 
+def render_suite_tables(by_suite: dict[str, list[TestResult]], console: object) -> None:
+    """Per suite: its main failure causes (first line of the reason, with counts); then one
+    table with a row per suite (passed / failed / skipped / pass rate of the tests run)."""
+    from collections import Counter
+
+    from rich.table import Table
+
+    for suite, results in by_suite.items():
+        causes = Counter(_cause(r.reason) for r in results if r.status == "failed")
+        if not causes:
+            continue
+        t = Table(title=f"{suite}: failure causes", expand=False)
+        t.add_column("tests", justify="right")
+        t.add_column("cause")
+        for cause, n in causes.most_common(15):
+            t.add_row(str(n), cause)
+        console.print(t)  # type: ignore[attr-defined]
+    table = Table(title="unified spec suites", expand=False)
+    for col in ("suite", "passed", "failed", "skipped", "pass rate"):
+        table.add_column(col, justify="left" if col == "suite" else "right")
+    for suite, results in by_suite.items():
+        n = {s: sum(1 for r in results if r.status == s) for s in ("passed", "failed", "skipped")}
+        ran = n["passed"] + n["failed"]
+        rate = f"{100 * n['passed'] / ran:.0f} %" if ran else "-"
+        table.add_row(suite, str(n["passed"]), str(n["failed"]), str(n["skipped"]), rate)
+    console.print(table)  # type: ignore[attr-defined]
+
+
+def _cause(reason: str) -> str:
+    """A failure reason shortened to its cause (operation labels and long values cut)."""
+    text = reason.split(": ", 1)[1] if reason.startswith("operation ") and ": " in reason else reason
+    return text if len(text) <= 110 else text[:107] + "..."
+
+
 def render_table(results: list[TestResult], console: object) -> None:
     """Print the rich results table (file, test, result, reason or time)."""
     from rich.table import Table
@@ -87,20 +171,29 @@ def render_table(results: list[TestResult], console: object) -> None:
 @click.option("--spec-dir", "spec_dirs", multiple=True, type=click.Path(path_type=Path),
               help="Directory (or file) of unified JSON tests; repeatable. Default: "
                    "../shared/specs/change-streams/tests/unified, else the make fetch-specs cache.")
+@click.option("--suite", "suites", multiple=True,
+              help="A suite of ../shared/specs (or the make fetch-specs cache) to run: "
+                   f"{', '.join(SUITES)}, or all; repeatable. Prints a table per suite.")
 @click.option("--filter", "name_filter", default=None,
               help="Only tests whose '<file>: <description>' contains this (case-insensitive).")
 @click.option("--shards", default=2, show_default=True, help="Shards of the started cluster.")
 @click.option("--iterate-timeout", default=DEFAULT_ITERATE_TIMEOUT, show_default=True,
               help="Seconds iterateUntilDocumentOrError waits for a change event.")
 @click.option("--verbose", "-v", is_flag=True, help="Print each failure's full diff/traceback.")
-def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], name_filter: str | None,
-         shards: int, iterate_timeout: float, verbose: bool) -> None:
-    """Run the unified change-stream spec tests with pymongo and print passed/failed/skipped."""
+def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], suites: tuple[str, ...],
+         name_filter: str | None, shards: int, iterate_timeout: float, verbose: bool) -> None:
+    """Run unified spec tests (default: change streams) with pymongo and print
+    passed/failed/skipped; with --suite, a table per suite."""
     from rich.console import Console
 
     # Wide output when not on a terminal (CI logs), so rows do not wrap into columns of words.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    dirs = list(spec_dirs) or [default_spec_dir()]
+    named = {name: [suite_dir(name)] for name in suite_names(suites)}
+    if spec_dirs:
+        named["--spec-dir"] = list(spec_dirs)
+    if not named:
+        named["change-streams"] = [default_spec_dir()]
+    dirs = [d for ds in named.values() for d in ds]
     for d in dirs:
         if not d.exists():
             raise click.ClickException(
@@ -124,9 +217,15 @@ def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], name_filte
             mark = {"passed": ".", "failed": "F", "skipped": "s"}[r.status]
             console.print(mark, end="")
 
-        results = runner.run_paths(dirs, name_filter, progress)
+        by_suite = {}
+        for name, suite_dirs in named.items():
+            by_suite[name] = runner.run_paths(suite_dirs, name_filter, progress)
+        results = [r for rs in by_suite.values() for r in rs]
         console.print()
-    render_table(results, console)
+    if len(named) == 1 and not suites:
+        render_table(results, console)
+    else:
+        render_suite_tables(by_suite, console)
     if verbose:
         for r in results:
             if r.status == "failed":

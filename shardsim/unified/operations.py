@@ -281,6 +281,10 @@ def client_op(ctx: "TestContext", client_id: str, name: str, a: Args) -> OpResul
         a.done()
         client.drop_database(db, **kw)
         return OpResult()
+    from .operations_extra import client_extra
+    result = client_extra(ctx, client, name, a)
+    if result is not None:
+        return result
     raise RunnerError(f"unsupported client operation {name!r}")
 
 
@@ -358,6 +362,10 @@ def database_op(ctx: "TestContext", db: Database, name: str, a: Args) -> OpResul
         kw = a.kwargs({**_COMMON, "filter": "filter"})
         a.done()
         return OpResult(db.list_collection_names(**kw))
+    from .operations_extra import database_extra
+    result = database_extra(ctx, db, name, a)
+    if result is not None:
+        return result
     raise RunnerError(f"unsupported database operation {name!r}")
 
 
@@ -495,6 +503,10 @@ def collection_op(ctx: "TestContext", coll: Collection, name: str, a: Args) -> O
         a.done()
         coll.drop(**kw)
         return OpResult()
+    from .operations_extra import collection_extra
+    result = collection_extra(ctx, coll, name, a)
+    if result is not None:
+        return result
     raise RunnerError(f"unsupported collection operation {name!r}")
 
 

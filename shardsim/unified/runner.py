@@ -35,6 +35,7 @@ from pymongo.uri_parser import parse_uri
 from pymongo.write_concern import WriteConcern
 
 from . import operations as ops
+from . import operations_extra as ops_extra
 from .entities import COMMAND_EVENTS, ClientEntity, CommandRecorder, EntityMap, RecordedEvent
 from .matcher import MatchError, Matcher, RunnerError, bson_type, is_operator
 from .requirements import ServerInfo, check_schema_version, parse_version, skip_reason
@@ -558,7 +559,7 @@ class Runner:
             got = names.get(int(state), str(state))
             if got != args["state"]:
                 raise AssertionError(f"session transaction state {got}, expected {args['state']}")
-        else:
+        elif not ops_extra.special_extra(ctx, name, args):
             raise RunnerError(f"unsupported special operation {name!r}")
 
     # -- events ---------------------------------------------------------------------------------

@@ -85,3 +85,18 @@ def _write(tmp_path, data: bytes):
     p = tmp_path / "specs.tar.gz"
     p.write_bytes(data)
     return p
+
+
+def test_suite_names_and_dirs():
+    """`shardsim spec --suite`: `all` expands to the suites found, each to its JSON directory."""
+    import click
+    import pytest as _pytest
+    from shardsim.unified import cli
+    names = cli.suite_names(("crud", "all", "crud"))
+    assert names[0] == "crud" and names.count("crud") == 1
+    assert set(names) <= set(cli.SUITES)
+    for name in names:
+        d = cli.suite_dir(name)
+        assert any(d.glob("*.json")) and name in str(d)
+    with _pytest.raises(click.ClickException):
+        cli.suite_dir("no-such-suite")

@@ -16,6 +16,7 @@ from shardsim.clock import HybridLogicalClock, ts_key
 from shardsim.errors import MongoError
 from shard import noop_writer
 from shard.change_stream import open_cursor
+from shard.change_stream.cursor import PromiseWaiters
 from shard.oplog import Oplog, PreImages
 
 U1 = Binary(bytes(range(16)), 4)
@@ -28,6 +29,8 @@ class FakeNode:
         self.pre_images = PreImages()
         self.options = {"promise_mode": promise_mode, "noop_interval_ms": 40}
         self.docs = {}
+        self.cs_promise_waiters = PromiseWaiters()  # as ShardNode declares them
+        self.noop_writer_task = None
 
     def write(self, op, ns, o, o2=None, ui=U1, **extra):
         e = {"op": op, "ns": ns, "o": o, "ts": self.clock.tick(), "wall": datetime.datetime(2026, 1, 1)}

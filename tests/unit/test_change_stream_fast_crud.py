@@ -1,6 +1,7 @@
 """The fused CRUD fast path (``shard/change_stream/fast_crud.py``) emits exactly the bytes of the
-general path (Transform -> Event -> ``_emit`` -> ``encode_event``), over many varied oplog
-entries, for every stream shape that may use it, and declines what it does not cover."""
+general path (the pipeline list: Transform -> Event -> ``ChangeStreamCursor._emit`` ->
+``encode_event``), over many varied oplog entries, for every stream shape that may use it, and
+declines what it does not cover."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Unit tests for the router's change-stream merge (router/merger.py): ARM ordering, promises,
+"""Unit tests for the router's change-stream merge (router/change_stream/: the merger in
+async_results_merger.py, the stages in merge_cursors.py, handle_topology_change.py and
+ensure_resume_token_present.py, byte surgery in raw_events.py): ARM ordering, promises,
 high-water marks, the config cursor's eligibility rule, byte surgery on raw events, resume checks
 and new-shard detection."""
 
@@ -9,8 +11,12 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from router.merger import ChangeStreamMerge, Item, Merger, NewShard, item_from_raw_event, strip_sort_key
-from shardsim.resume_token import hwm_data, hwm_token, is_hwm_data, token_key
+from router.change_stream.async_results_merger import Merger
+from shardsim.resume_token import hwm_data, hwm_token, is_hwm_data
+from router.change_stream.handle_topology_change import NewShard
+from router.change_stream.merge_cursors import ChangeStreamMerge
+from router.change_stream.raw_events import Item, item_from_raw_event, strip_sort_key
+from shardsim.resume_token import token_key
 from shardsim.errors import MongoError
 
 
@@ -284,7 +290,7 @@ def test_event_below_an_earlier_promise_fails_instead_of_reordering():
 
 @pytest.mark.parametrize("doc_id", [5, 5.5, "abc", {"a": 1}])
 def test_fast_event_parsing_matches_the_generic_path(doc_id):
-    from router.raw_events import _fast_item
+    from router.change_stream.raw_events import _fast_item
     from shardsim import resume_token as rt
     tok = rt.event_token(Timestamp(1, 1), bytes(16), "update", {"_id": doc_id})
     ev = {"_id": tok, "operationType": "update", "clusterTime": Timestamp(1, 1),

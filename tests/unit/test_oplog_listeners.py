@@ -10,6 +10,7 @@ from bson import Binary, Timestamp
 
 from shardsim.clock import HybridLogicalClock
 from shard.change_stream import open_cursor
+from shard.change_stream.cursor import PromiseWaiters
 from shard.oplog import Oplog, PreImages
 
 U1 = Binary(bytes(range(16)), 4)
@@ -59,6 +60,7 @@ class FakeNode:
         self.oplog = Oplog()
         self.pre_images = PreImages()
         self.options = {"promise_mode": promise_mode}
+        self.cs_promise_waiters = PromiseWaiters()  # as ShardNode declares it
 
     def write(self, op, ns, o, o2=None):
         e = {"op": op, "ns": ns, "ui": U1, "o": o, "ts": self.clock.tick(),

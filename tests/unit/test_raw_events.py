@@ -1,8 +1,8 @@
-"""Shard batches as Blocks on the router (router/raw_events.py): a run of plain events kept as
+"""Shard batches as Blocks on the router (router/change_stream/raw_events.py): a run of plain events kept as
 offsets into the reply's bytes must give exactly what the per-event path gives (payloads,
 keys, tokens), reject every layout the per-event path treats specially, and write the client's
 BSON array byte for byte as encoding the payloads would; the merge must order Blocks like
-Items (router/merger.py)."""
+Items (router/change_stream/async_results_merger.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from router.merger import ChangeStreamMerge, Item, Merger
-from shardsim.resume_token import hwm_data, token_key
-from router.raw_events import Block, _fast_item, element_headers, parse_block, split_cursor
+from router.change_stream.async_results_merger import Merger
+from shardsim.resume_token import hwm_data
+from router.change_stream.merge_cursors import ChangeStreamMerge
+from router.change_stream.raw_events import Block, Item, _fast_item, element_headers, parse_block, split_cursor
+from shardsim.resume_token import token_key
 from shardsim import resume_token as rt
 from shardsim.cursors import Batch, array_header_bytes, cursor_reply
 
@@ -244,7 +246,7 @@ def test_a_mark_without_sizes_is_not_trusted_the_batch_is_checked_in_full():
 def test_a_batch_with_the_shards_sizes_is_located_without_a_walk_and_checked_against_the_bytes(count):
     import struct
 
-    from router.raw_events import NUMPY_MIN_EVENTS, block_from_sizes
+    from router.change_stream.raw_events import NUMPY_MIN_EVENTS, block_from_sizes
     from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
     assert (count >= NUMPY_MIN_EVENTS) == (count == 130)
     evs = [event(100 + i, IDS[i % len(IDS)], pad=i * 3) for i in range(count)]

@@ -567,8 +567,9 @@ def item_from_raw_event(event: Any, *, is_config: bool = False) -> Item:
         if id_raw is None or sk_raw is None or sk_raw != id_raw:
             found = bson.decode(raw)
             found.pop("$sortKey", None)
-            raise MongoError(280, f"{ID_MODIFIED_MSG} Expected: {{_id: {_fmt(sk_tok)}}} but found: "
-                                  f"{_fmt(found.get('_id')) if '_id' in found else '{}'}")
+            found_id = document_string(found.get("_id")) if "_id" in found else "{}"
+            raise MongoError(280, f"{ID_MODIFIED_MSG} Expected: {{_id: {document_string(sk_tok)}}} "
+                                  f"but found: {found_id}")
         # _id is fine but $sortKey was not last: rebuild without it (rare; costs one decode).
         doc = bson.decode(raw, RAW_CODEC)
         stripped = bson.encode({k: doc[k] for k in doc if k != "$sortKey"})
@@ -593,13 +594,15 @@ def item_from_raw_event(event: Any, *, is_config: bool = False) -> Item:
     return item
 
 
-def _fmt(value: Any) -> str:
+def document_string(value: Any) -> str:
+    """``value`` (a token, document or scalar) as the server's ``Document::toString`` prints it
+    in error messages: ``{_data: "8263..."}``."""
     if isinstance(value, dict) or hasattr(value, "raw"):
         try:
             items = value.items()
         except Exception:
             return str(value)
-        return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in items) + "}"  # Document::toString
+        return "{" + ", ".join(f"{k}: {document_string(v)}" for k, v in items) + "}"  # Document::toString
     if isinstance(value, str):
         return f'"{value}"'
     return str(value)

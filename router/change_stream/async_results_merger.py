@@ -1,21 +1,24 @@
 """The router's AsyncResultsMerger for change streams: a pure, sans-IO merge of shard cursors.
 
-Mirrors ``src/mongo/s/query/exec/async_results_merger.cpp`` (ARM) as described in
-``shared/reference/server-internals-notes.md`` §1 and §9, plus the two router-side merge stages
-that sit above ``$mergeCursors`` on a real mongos:
-``DocumentSourceChangeStreamHandleTopologyChange`` (swallow config.shards events, open cursors on
-new shards) and ``DocumentSourceChangeStreamEnsureResumeTokenPresent`` (§8.2).
+Mirrors ``src/mongo/s/query/exec/async_results_merger.{h,cpp}`` (ARM) as described in
+``shared/reference/server-internals-notes.md`` §1 and §9: :class:`Remote` is the ARM's
+``RemoteCursorData``, :class:`Merger` the ARM itself (sorted, TailableAndAwaitData). The
+router-side stages above it are their own modules: :mod:`.merge_cursors` (``$mergeCursors``
+driving the stages), :mod:`.handle_topology_change`, :mod:`.ensure_resume_token_present`.
 
-Nothing here does I/O or sleeps. The owner (``router/change_stream.py`` on a real router, or
-``router/sim.py`` on a seeded simulated scheduler) feeds it shard replies and asks it what to
-release; the same code therefore runs in the simulation and in the router.
+Nothing here does I/O or sleeps. The owner (:mod:`router.change_stream.cursor` on a real router,
+or ``tests/sim/`` on a seeded simulated scheduler) feeds it shard replies and asks it what to
+release; the same code therefore runs in the simulation and in the router. Where the server's
+ARM schedules getMores itself, this one only says which remotes to poll
+(:meth:`Merger.remotes_to_poll`); the owner sends them and feeds the replies back.
 
 Vocabulary:
 
 - a *remote* is one shard cursor (or the config server's ``config.shards`` cursor);
-- a *key* is the sort key of a resume token ``{_data, [_typeBits]}``: ``(_data, flag, bytes)``,
-  which orders exactly like BSON comparison of the token documents (``_data`` hex string first,
-  i.e. memcmp of the KeyString; a token carrying ``_typeBits`` sorts after one without);
+- a *key* is the sort key of a resume token ``{_data, [_typeBits]}``: ``(_data, flag, bytes)``
+  (:func:`router.change_stream.raw_events.token_key`), which orders exactly like BSON
+  comparison of the token documents (``_data`` hex string first, i.e. memcmp of the KeyString;
+  a token carrying ``_typeBits`` sorts after one without);
 - a remote's *promise* is its latest ``postBatchResumeToken`` (it will never return an event
   with a lower key);
 - the *high-water mark* (HWM) is the token the router reports as its own postBatchResumeToken.
@@ -27,39 +30,31 @@ promise over ALL remotes (config cursor included), and only once every remote ha
 from __future__ import annotations
 
 import heapq
-import struct
 from collections import deque
 from operator import attrgetter
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from shardsim import resume_token as rt
-from shardsim.clock import ts_from_key
-from shardsim.cursors import array_header_bytes
 from shardsim.errors import MongoError
-
-
-from router.raw_events import (ID_MODIFIED_MSG, Block, Item, Key, _fmt,  # noqa: F401 - re-exported
-                               item_from_raw_event, split_cursor, strip_sort_key)
-from shardsim.resume_token import (hwm_data, hwm_token, is_hwm_data,  # noqa: F401 - re-exported
-                                   is_invalidate_data, token_key, token_ts_key)
+from router.change_stream.raw_events import Block, Item, Key
+from shardsim.resume_token import token_key
 
 CONFIG_SHARDS_NS = "config.shards"
 
-
-
-# ---------------------------------------------------------------------------------------------
-# Token helpers
-# ---------------------------------------------------------------------------------------------
 
 # ---------------------------------------------------------------------------------------------
 # The AsyncResultsMerger core
 # ---------------------------------------------------------------------------------------------
 
 class Remote:
-    """Per-remote state (ARM ``RemoteCursorData``).
+    """Per-remote state (ARM ``RemoteCursorData``), created only by :meth:`Merger.add_remote`.
 
+    The merger owns every field except ``address`` and ``more``, which the owner sets (the
+    remote's ``host:port``; "its last batch was full"); the owner reads the rest.
+    ``rid`` — internal id, in creation order (the ARM's ``id``: breaks ties between equal keys);
     ``name`` — shard id (or ``"config"``); ``ns`` — the remote cursor's namespace;
+    ``is_config`` — the ``config.shards`` monitor (never eligible on its first batch, its
+    events are swallowed by HandleTopologyChange); ``closed`` — removed, its buffer still drains;
+    ``last_key`` — key of the last event it returned (its events must increase);
     ``cursor_id`` — 0 once exhausted; ``buffer`` — events received, not yet released;
     ``promise``/``promise_token`` — latest postBatchResumeToken (key, document);
     ``eligible`` — may set the HWM (§1.4); ``in_flight`` — a getMore is outstanding;
@@ -97,6 +92,7 @@ class Remote:
 
     @property
     def exhausted(self) -> bool:
+        """True once the remote's cursor id is 0 (``RemoteCursorData::exhausted``)."""
         return self.cursor_id == 0
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
@@ -105,12 +101,18 @@ class Remote:
 
 
 class Merger:
-    """The change-stream half of the ARM (sorted, TailableAndAwaitData).
+    """The change-stream half of the ARM (sorted, TailableAndAwaitData), without I/O.
 
     Feed it with :meth:`add_remote` (establish-time batch) and :meth:`on_batch` /
-    :meth:`on_error` (getMore replies); ask :meth:`ready`, :meth:`next_ready`,
-    :meth:`high_water_mark`, :meth:`remotes_to_poll`. Errors: :meth:`next_ready` raises the
-    first remote error (MongoError with the remote's code) once any remote failed.
+    :meth:`on_promise` / :meth:`on_error` (replies); ask :meth:`ready`, :meth:`next_ready`,
+    :meth:`high_water_mark`, :meth:`remotes_to_poll`. Errors: the first remote error (or broken
+    promise, InternalError 1) is kept in ``status`` for good; from then on :meth:`ready` is
+    True and :meth:`next_ready` raises it (``_status``, notes §1.10). The caller kills the
+    remote cursors then.
+
+    Attributes the owner reads: ``remotes`` (live and closed-but-draining :class:`Remote`, in
+    ``rid`` order), ``hwm``/``hwm_token`` (the high-water mark's key and token document, None
+    before :meth:`set_initial_high_water_mark`), ``status``, ``queue`` (see :meth:`refill`).
 
     Releasing is done in runs: when asked, every buffered event at or below the minimum promise
     is moved, k-way merged (``heapq.merge``), into a release queue at once, instead of scanning
@@ -126,13 +128,21 @@ class Merger:
         self.hwm: Key | None = None
         self.hwm_token: Any = None
         self.status: MongoError | None = None
-        self._queue: deque[Item] = deque()
+        self.queue: deque[Item] = deque()
 
     # -- remotes ------------------------------------------------------------------------------
     def add_remote(self, name: str, ns: str, cursor_id: int, first_batch: Iterable[Item],
                    pbrt: Any, *, is_config: bool = False) -> Remote:
         """Add a remote and process its establish-time batch like a getMore reply
-        (``_buildRemote`` / ``addNewShardCursors``): its PBRT participates at once."""
+        (``_buildRemote`` / ``addNewShardCursors``): its PBRT participates at once.
+
+        ``name`` — shard id or ``"config"``; ``ns`` — its cursor's namespace (``config.shards``
+        makes it the config monitor, as does ``is_config``); ``cursor_id`` — 0 for a cursor
+        already exhausted; ``first_batch`` — its events in its order (Items, or one Block);
+        ``pbrt`` — the reply's postBatchResumeToken or None. Events already moved to the release
+        queue go back to their buffers first, as the new promise may be lower than they are.
+        Returns the new :class:`Remote`; a bad batch is recorded as in :meth:`on_batch`, never
+        raised."""
         self._unqueue()  # the new remote's promise may be below queued events
         remote = Remote(self._next_rid, name, ns, is_config or ns == CONFIG_SHARDS_NS)
         self._next_rid += 1
@@ -142,7 +152,8 @@ class Merger:
 
     def set_initial_high_water_mark(self) -> None:
         """``_setInitialHighWaterMark``: the lowest promise of an eligible remote (the config
-        cursor is never eligible on its first batch)."""
+        cursor is never eligible on its first batch). Call once, after every remote of the
+        establish step was added; leaves the HWM unset when no eligible remote has promised."""
         cands = sorted((r.promise, r.rid, r) for r in self.remotes
                        if r.promise is not None)
         for key, _, r in cands:
@@ -151,7 +162,9 @@ class Merger:
                 return
 
     def remove_remote(self, remote: Remote) -> None:
-        """``closeShardCursors``: forget a remote; its buffered events are still released."""
+        """``closeShardCursors``: forget a remote; its buffered events are still released, and
+        it leaves ``remotes`` once they are. It no longer holds anything back (its promise stops
+        counting). Killing its cursor is the owner's job."""
         remote.closed = True
         if not remote.buffer and not remote.queued:
             self.remotes.remove(remote)
@@ -161,9 +174,15 @@ class Merger:
                  *, invalidated: bool = False) -> None:
         """Process one reply (``_updateRemoteMetadata`` + ``_addBatchToBuffer``).
 
-        ``items`` in the remote's order; ``pbrt`` the reply's postBatchResumeToken (or None).
-        A PBRT lower than the remote's previous promise, or an event below it, is an
-        InternalError (1) recorded as the remote's status (the ARM's invariant).
+        ``items`` — its events in the remote's order (Items, or one Block); ``cursor_id`` — the
+        reply's cursor id (0: exhausted); ``pbrt`` — its postBatchResumeToken (or None);
+        ``invalidated`` — the reply's ``invalidated`` flag. Clears ``in_flight``, moves the
+        remote's promise and eligibility (§1.4), buffers the events. A broken invariant of the
+        ARM (a PBRT lower than the remote's previous promise, an event below that promise,
+        events out of order or above the PBRT) is not raised: it becomes an InternalError (1)
+        recorded as the remote's and the merger's ``status`` (releasing would reorder the
+        stream). Raises MongoError 1 only when ``pbrt`` has no string ``_data``
+        (:func:`token_key`).
         """
         remote.in_flight = False
         remote.batches += 1
@@ -203,7 +222,9 @@ class Merger:
         ``batches`` replies. Applied like an empty batch's postBatchResumeToken once that many
         replies were processed here; ignored when fewer were (its events may still be on the
         way), when it is not newer than the remote's promise (a later reply already carried
-        it), or when the remote failed or closed. Returns True when the promise moved."""
+        it), or when the remote failed or closed. Returns True when the promise moved (the
+        owner then looks at :meth:`ready` again). Raises MongoError 1 when ``pbrt`` has no
+        string ``_data``; the caller drops such a promise (the remote's getMore still answers)."""
         if remote.closed or remote.status is not None or remote.batches < batches:
             return False
         key = token_key(pbrt)
@@ -216,7 +237,8 @@ class Merger:
         return True
 
     def on_error(self, remote: Remote, exc: MongoError) -> None:
-        """A getMore (or establish) on ``remote`` failed: the first error wins (§1.10)."""
+        """A getMore (or establish) on ``remote`` failed with ``exc``: clears ``in_flight`` and
+        records it; the first error wins and is raised by :meth:`next_ready` (§1.10)."""
         remote.in_flight = False
         self._fail(remote, exc)
 
@@ -240,7 +262,8 @@ class Merger:
 
     # -- readiness ----------------------------------------------------------------------------
     def min_promise(self) -> Remote | None:
-        """The remote holding the lowest promise, or None unless every remote has one."""
+        """``_getMinPromisedSortKey``: the open remote holding the lowest promise (ties: lowest
+        ``rid``), or None unless every open remote has promised. Pure."""
         best: Remote | None = None
         for r in self.remotes:
             if r.closed:
@@ -252,6 +275,7 @@ class Merger:
         return best
 
     def _head(self) -> Remote | None:
+        """The remote whose first buffered event is the smallest (ties: lowest ``rid``)."""
         best: Remote | None = None
         for r in self.remotes:
             if r.buffer and (best is None or (r.buffer[0].key, r.rid) < (best.buffer[0].key, best.rid)):
@@ -260,16 +284,22 @@ class Merger:
 
     def _unqueue(self) -> None:
         """Put queued events back at the front of their remotes' buffers (in order)."""
-        q = self._queue
+        q = self.queue
         while q:
             it = q.pop()
             it.src.buffer.appendleft(it)
             it.src.queued -= it.n
 
-    def _refill(self) -> bool:
+    def refill(self) -> bool:
         """Move every event that is ready now (key ``<=`` the minimum promise over all
-        remotes; everything once only closed remotes are left) into the release queue, in
-        merged order (ties: lowest remote id first, as :meth:`_head`). True when it queued any."""
+        remotes; everything once only closed remotes are left) into the release queue
+        (``queue``, a deque of Items and Blocks, each entry's ``src`` its remote), in merged
+        order (ties: lowest remote id first, as :meth:`_head`). True when it queued any.
+
+        For :meth:`ready` and the merge stage's fast path
+        (:meth:`router.change_stream.merge_cursors.ChangeStreamMerge.take`), which pops
+        ``queue`` itself and then keeps each remote's ``queued`` count, the HWM and closed
+        remotes' removal exactly as :meth:`next_ready` does."""
         live = [r for r in self.remotes if r.buffer]
         if not live:
             return False
@@ -301,26 +331,30 @@ class Merger:
         if not runs:
             return False
         if len(runs) == 1:
-            self._queue.extend(runs[0])
+            self.queue.extend(runs[0])
         else:
-            self._queue.extend(_merge_runs(runs))
+            self.queue.extend(_merge_runs(runs))
         return True
 
     def ready(self) -> bool:
-        """``_readySortedTailable``: an error is pending, or the smallest buffered event is
-        ``<=`` the minimum promise over all remotes."""
+        """``ready`` / ``_readySortedTailable``: True when :meth:`next_ready` may be called: an
+        error is pending, or the smallest buffered event is ``<=`` the minimum promise over all
+        remotes (every remote must have promised; once only closed remotes hold events, all of
+        them are ready). Moves what is ready into the release queue (:meth:`refill`)."""
         if self.status is not None:
             return True
-        return bool(self._queue) or self._refill()
+        return bool(self.queue) or self.refill()
 
     def next_ready(self) -> tuple[Item, Remote]:
-        """Pop the smallest ready event (``_nextReadySorted``); the HWM follows it when its
-        remote is eligible. Raises the pending remote error (MongoError)."""
+        """``nextReady`` / ``_nextReadySorted``: pop the smallest ready event and return
+        ``(item, remote it came from)``; the HWM follows it when that remote is eligible (§1.6).
+        Valid only after :meth:`ready` returned True (AssertionError otherwise). Raises the
+        pending remote error (MongoError with the remote's code) once any remote failed."""
         if self.status is not None:
             raise self.status
-        q = self._queue
+        q = self.queue
         if not q:
-            assert self._refill(), "next_ready() called when not ready"
+            assert self.refill(), "next_ready() called when not ready"
         if type(q[0]) is Block:
             blk = q[0]
             item = blk.pop_item()
@@ -337,8 +371,10 @@ class Merger:
         return item, head
 
     def high_water_mark(self) -> Any:
-        """``getHighWaterMark`` (§1.7): when nothing is ready, advance to the lowest promise if
-        its remote is eligible. Returns the token document (or None before any promise)."""
+        """``getHighWaterMark`` (§1.7): the router's postBatchResumeToken. When nothing is
+        ready, first advances the HWM to the lowest promise if its remote is eligible (it never
+        moves back). Returns the token document ``{_data[, _typeBits]}``, or None before any
+        eligible promise; never raises."""
         mp = self.min_promise()
         if mp is not None and not self.ready() and mp.eligible:
             if self.hwm is None or mp.promise > self.hwm:  # type: ignore[operator]
@@ -346,8 +382,9 @@ class Merger:
         return self.hwm_token
 
     def invalidated_remote(self) -> Remote | None:
-        """``_assertNotInvalidated``: the remote owning the minimum promise when it is
-        invalidated and nothing is ready, else None."""
+        """``_assertNotInvalidated``: the remote owning the minimum promise when its cursor was
+        invalidated and nothing is ready (the stream ends with that remote's promise as its
+        postBatchResumeToken), else None. Pure apart from :meth:`ready`'s refill."""
         mp = self.min_promise()
         if mp is not None and mp.invalidated and not self.ready():
             return mp
@@ -357,7 +394,9 @@ class Merger:
         """``_scheduleGetMores``: remotes with an empty buffer, a live cursor and no request
         in flight. A remote holding events is polled only when its last batch was full
         (``more``) and its buffer holds less than ``PREFETCH_BYTES`` (prefetch while its buffer
-        drains; still at most one request in flight per remote cursor)."""
+        drains; still at most one request in flight per remote cursor). Empty once an error is
+        pending. Pure: the owner sets each one's ``in_flight``, sends its getMore and feeds the
+        reply to :meth:`on_batch` / :meth:`on_error`."""
         if self.status is not None:
             return []
         return [r for r in self.remotes
@@ -368,7 +407,8 @@ class Merger:
         """When the smallest buffered event is not ready only because of promises: that event
         and the live remotes whose promise is missing or below its key (they hold it back).
         ``(None, [])`` when nothing is buffered, an event is ready or an error is pending.
-        Pure; used by the router to ask exactly those remotes for a newer promise."""
+        No side effect apart from :meth:`ready`'s refill; used by the router to ask exactly
+        those remotes for a newer promise (:mod:`router.change_stream.promise_requests`)."""
         if self.status is not None:
             return None, []
         head = self._head()
@@ -381,6 +421,7 @@ class Merger:
                       and (r.promise is None or r.promise < item.key)]
 
     def has_in_flight(self) -> bool:
+        """``_haveOutstandingBatchRequests``: does any remote have a getMore out?"""
         return any(r.in_flight for r in self.remotes)
 
 
@@ -412,163 +453,3 @@ def _merge_runs(runs: list[list[Any]]) -> Iterable[Any]:
 # events while the others' wait for it (a backlog read), every shard keeps reading its backlog
 # at the same time instead of one shard at a time; bounded per remote.
 PREFETCH_BYTES = 16 * 1024 * 1024
-
-
-# ---------------------------------------------------------------------------------------------
-# Router-side stages above the ARM
-# ---------------------------------------------------------------------------------------------
-
-# Operation types :meth:`ChangeStreamMerge.take` leaves to :meth:`ChangeStreamMerge.next`.
-_GENERAL_OPS = frozenset({"invalidate", "kNewShardDetected"})
-
-
-@dataclass(slots=True)
-class NewShard:
-    """Output of :meth:`ChangeStreamMerge.next`: open a cursor on ``shard`` with
-    ``resumeAfter: start_token`` (HWM of the addShard event's clusterTime + 1 tick) and add it
-    with :meth:`Merger.add_remote` before asking for the next event."""
-
-    shard: str
-    start_token: dict[str, str]
-    host: str | None = None
-
-
-class ChangeStreamMerge:
-    """The merged stream: ARM + HandleTopologyChange + EnsureResumeTokenPresent + invalidate.
-
-    ``resume_token`` — the client's resumeAfter/startAfter token (dict) or None. When it is an
-    event token (not a HWM) the merged stream must contain it: identical tokens are swallowed,
-    and the first event past it raises ChangeStreamFatalError 280 unless it was seen (§8.2).
-    ``known_shards`` — shard names that already have a cursor (config.shards inserts for
-    them are ignored).
-    """
-
-    def __init__(self, merger: Merger, *, resume_token: Any = None,
-                 known_shards: Iterable[str] = (), start_after: bool = False) -> None:
-        self.merger = merger
-        self.known_shards = set(known_shards)
-        self._resume_key: Key | None = None
-        self._resume_seen = False
-        self._resume_is_invalidate = False
-        if resume_token is not None:
-            key = token_key(resume_token)
-            if not is_hwm_data(key[0]):
-                self._resume_key = key
-                self._resume_is_invalidate = is_invalidate_data(key[0])
-        self.last_key: Key | None = None
-        self.invalidated = False
-        self._stashed: Item | None = None
-
-    def take(self, limit: int, budget: int | None, count: int, used: int) -> tuple[list[Any], Any, int]:
-        """Fast path of :meth:`next` for a catch-up: pop ready plain events (shard events that
-        are not ``invalidate``/``kNewShardDetected``, in strictly increasing order, no resume
-        check pending) while fewer than ``limit`` are taken and the reply stays within
-        ``budget`` bytes. ``count``/``used`` — events/bytes already in the reply (each event
-        costs its size plus its array element header; ``budget`` None = payloads are not bytes,
-        no byte limit, as in the simulation). Returns (outputs, token of the last event or
-        None, new ``used``): each output is one event's payload or a :class:`Block` of several
-        (see :meth:`Block.write`). Stops at the first event needing :meth:`next`'s general
-        handling, which then takes it; the HWM follows exactly as with :meth:`next`."""
-        out: list[Any] = []
-        m = self.merger
-        if self._stashed is not None or self._resume_key is not None or m.status is not None:
-            return out, None, used
-        q = m._queue
-        last_key = self.last_key
-        last: Any = None  # the last output (Item payload's item, or Block)
-        hwm = m.hwm
-        hwm_src: Any = None  # what set the HWM last here (its token is read once, at the end)
-        taken = 0
-        while taken < limit and (q or m._refill()):
-            e = q[0]
-            r = e.src
-            key = e.key
-            if last_key is not None and key <= last_key:
-                break
-            if type(e) is Block:
-                n = min(limit - taken, e.n)
-                if budget is not None:
-                    n = e.fit(n, count, used, budget)
-                    if n == 0:
-                        break
-                    used += e.payload_bytes(n) + array_header_bytes(count, count + n)
-                if n < e.n:
-                    e = e.split(n)
-                else:
-                    q.popleft()
-                key = e.last
-                out.append(e)
-            else:
-                if r.is_config or e.op in _GENERAL_OPS:
-                    break
-                n = 1
-                if budget is not None:
-                    sz = len(e.payload) + len(str(count)) + 2
-                    if count and used + sz > budget:
-                        break
-                    used += sz
-                q.popleft()
-                out.append(e.payload)
-            r.queued -= n
-            if r.closed and not r.buffer and not r.queued:
-                m.remotes.remove(r)
-            if r.eligible and (hwm is None or key > hwm):
-                hwm, hwm_src = key, e
-            last_key = key
-            last = e
-            count += n
-            taken += n
-        if hwm_src is not None:
-            m.hwm = hwm
-            m.hwm_token = hwm_src.last_token
-        self.last_key = last_key
-        if last is None:
-            return out, None, used
-        tok = last.last_token
-        return out, tok, used
-
-    def push_back(self, item: Item) -> None:
-        """Return ``item`` again from the next :meth:`next` (a batch was full, 16 MiB)."""
-        self._stashed = item
-
-    def next(self) -> Item | NewShard | None:
-        """The next event to return (an :class:`Item`), a :class:`NewShard` action, or None
-        when nothing is ready. Raises MongoError for a remote error or a failed resume check."""
-        if self._stashed is not None:
-            item, self._stashed = self._stashed, None
-            return item
-        m = self.merger
-        while m.ready():
-            item, remote = m.next_ready()
-            if remote.is_config:
-                # HandleTopologyChange: config.shards events are swallowed; inserts add shards.
-                meta = item.meta
-                if meta.get("is_shard_insert") and meta.get("shard") and meta["shard"] not in self.known_shards:
-                    ct = meta.get("cluster_time")
-                    if ct is None:
-                        ct = token_ts_key(item.key[0]) or 0
-                    self.known_shards.add(meta["shard"])
-                    return NewShard(meta["shard"], hwm_token(ct + 1), meta.get("host"))
-                continue
-            if item.op == "kNewShardDetected":
-                continue  # legacy signal, swallowed by mongos 4.4+
-            if self.last_key is not None and item.key <= self.last_key:
-                if item.key == self.last_key:
-                    continue  # the same event from two shards (identical token): return it once
-                raise MongoError(1, f"change stream merge out of order: {item.key[0]} after "
-                                    f"{self.last_key[0]}")
-            if self._resume_key is not None:
-                if item.key < self._resume_key:
-                    continue
-                if item.key == self._resume_key:
-                    self._resume_seen = True
-                    continue
-                if not self._resume_seen and not self._resume_is_invalidate:
-                    raise MongoError(280, "cannot resume stream; the resume token was not found. "
-                                          f"{_fmt(item.token)}")
-                self._resume_key = None
-            self.last_key = item.key
-            if item.op == "invalidate":
-                self.invalidated = True
-            return item
-        return None

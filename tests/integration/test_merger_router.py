@@ -1,5 +1,5 @@
-"""The router's change-stream cursor (router/change_stream.py) and fail points
-(shardsim/failpoints.py) driven by pymongo, with in-process fake shards.
+"""The router's change-stream cursor (router/change_stream/cursor.py, promise_requests.py) and
+fail points (shardsim/failpoints.py) driven by pymongo, with in-process fake shards.
 
 The fake shards speak the shard side of the contract (``needsMerge`` events with ``$sortKey``
 last, ``postBatchResumeToken`` on every reply, clock-mode promises) so these tests pin the
@@ -22,7 +22,9 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
-from shardsim.resume_token import hwm_token, token_key
+from shardsim.resume_token import hwm_token
+from router.change_stream.promise_requests import PromiseRequests
+from shardsim.resume_token import token_key
 from shardsim import resume_token as rt
 from shardsim.client import Pool
 from shardsim.clock import ts_key
@@ -162,13 +164,14 @@ class FakeCatalog:
 
 
 class FakeRouter(Node):
-    """Just enough of router.node.RouterNode for router/change_stream.py and shardsim/failpoints.py."""
+    """Just enough of router.node.RouterNode for router/change_stream/ and shardsim/failpoints.py."""
 
     def __init__(self, shard_addrs: dict, config_addr: tuple, test_commands: bool = True) -> None:
         super().__init__(test_commands=test_commands)
         self.catalog = FakeCatalog(dict(shard_addrs))
         self.config_pool = Pool(*config_addr)
         self._pools: dict = {}
+        self.promise_requests = PromiseRequests(self.clock)
         from router import change_stream
         from shardsim import failpoints
 
@@ -668,7 +671,7 @@ def test_promise_request_ignored_still_bounded_by_await_and_order_kept(h):
 def test_router_prefetches_a_remote_backlog_while_the_client_reads(h):
     # A full shard batch (REMOTE_BATCH_SIZE events) means a backlog: the router asks for the
     # next one at once instead of when its buffer is empty, so the shards keep reading.
-    from router.change_stream import REMOTE_BATCH_SIZE
+    from router.change_stream.cursor import REMOTE_BATCH_SIZE
     coll = h.client.db.coll
     with coll.watch(max_await_time_ms=200, batch_size=10) as stream:
         for i in range(2 * REMOTE_BATCH_SIZE + 100):
@@ -686,18 +689,18 @@ def test_router_prefetches_a_remote_backlog_while_the_client_reads(h):
 
 
 def test_promise_requests_one_at_a_time_coalesced_and_survive_a_closed_channel(h):
-    """router/change_stream.py ``_send_promise_request``: requests go out on one kept connection
-    per shard, one at a time; what is wanted while one is out is coalesced into the newest time,
-    sent when its reply is in; a channel the shard closed is replaced by a new connection."""
-    from router import change_stream as cs
-
+    """router/change_stream/promise_requests.py ``PromiseRequests.send``: requests go out on one
+    kept connection per shard, one at a time; what is wanted while one is out is coalesced into
+    the newest time, sent when its reply is in; a channel the shard closed is replaced by a new
+    connection."""
+    state = h.router.promise_requests
     sh = h.shards[1]
     pool = Pool("127.0.0.1", sh.port)
     addr = pool.address
 
     async def burst(keys):
         for k in keys:
-            cs._send_promise_request(h.router, pool, addr, k)
+            state.send(pool, addr, k)
         await asyncio.sleep(0.2)  # connect + the shard answering them
 
     base = ts_key(Timestamp(2_000_000_000, 1))
@@ -705,7 +708,6 @@ def test_promise_requests_one_at_a_time_coalesced_and_survive_a_closed_channel(h
     got = h.do(lambda: [ts_key(t) for t in sh.requests])
     # The first goes out at once; of the rest, only the newest wanted once its reply is in.
     assert got == [base, base + 3], got
-    state = cs._promise_requests(h.router)
     conn = state.channels[addr]
     assert state.pending == {} and state.want == {}
 
@@ -727,7 +729,7 @@ def test_promise_requests_one_at_a_time_coalesced_and_survive_a_closed_channel(h
     got = h.do(lambda: [ts_key(t) for t in sh.requests])
     assert got[-1] == base + 7, got
     assert state.channels[addr] is not conn
-    h.do(lambda: cs.close_promise_channels(h.router))
+    h.do(state.close)
     assert state.channels == {}
 
 

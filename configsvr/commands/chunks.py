@@ -1,0 +1,154 @@
+"""Chunks: ``_configsvrSplitChunk`` (``split``) and ``_configsvrMoveChunk`` (``moveChunk``, a
+migration without a balancer).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from bson import MaxKey, MinKey
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from configsvr.catalog import chunk_doc, chunk_map, locate_chunk, split_ns
+from shardsim.shard_key import Chunk, KeyPattern, SortKey, compare_keys
+from shardsim.commands import CommandFamily, Request
+from shardsim.errors import MongoError
+
+if TYPE_CHECKING:
+    from configsvr.node import ConfigServerNode
+
+log = logging.getLogger("shardsim.configsvr")
+
+commands = CommandFamily("chunks")
+
+
+@commands.handler("_configsvrSplitChunk")
+async def split_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
+    """split: at ``middle``, or at the median key of the chunk named by ``find``/``bounds``
+    (the midpoint of the hash range for a hashed key). ``{_configsvrSplitChunk: ns, middle |
+    find | bounds}`` -> ``{}``. Errors: InvalidNamespace (73), NamespaceNotSharded (118),
+    BadValue (2) for a key that is not the shard key or a chunk boundary, or a chunk with
+    fewer than 2 documents."""
+    ns = req.arg
+    split_ns(ns, "split")
+    async with node.ddl_lock:
+        entry, pattern, chunk_docs = await node.load_collection(ns)
+        if req.get("middle") is not None:
+            middle = req.get("middle")
+            if not isinstance(middle, dict) or set(middle) != set(pattern.fields):
+                raise MongoError(2, f"split key {middle} does not match the shard key "
+                                    f"{pattern.pattern}")
+            mid = pattern.bound_to_key(middle)
+            cmap = chunk_map(pattern, chunk_docs)
+            chunk = cmap.find(mid)
+            doc = next(d for d in chunk_docs
+                       if compare_keys(pattern.bound_to_key(d["min"]), chunk.min) == 0)
+        else:
+            doc = locate_chunk(pattern, chunk_docs, req, "split")
+            lo, hi = pattern.bound_to_key(doc["min"]), pattern.bound_to_key(doc["max"])
+            mid = await _median(node, entry, pattern, doc, lo, hi)
+        lo, hi = pattern.bound_to_key(doc["min"]), pattern.bound_to_key(doc["max"])
+        if compare_keys(mid, lo) <= 0 or compare_keys(mid, hi) >= 0:
+            raise MongoError(2, f"new split key {pattern.key_to_bound(mid)} is a boundary key "
+                                f"of existing chunk [{doc['min']},{doc['max']})")
+        major = max(d["lastmod"].time for d in chunk_docs)
+        minor = max(d["lastmod"].inc for d in chunk_docs if d["lastmod"].time == major)
+        now = node.clock.now()
+        await node.delete("chunks", {"_id": doc["_id"]})
+        await node.insert("chunks", [
+            chunk_doc(entry["uuid"], pattern, Chunk(lo, mid, doc["shard"]),
+                      Timestamp(major, minor + 1), now),
+            chunk_doc(entry["uuid"], pattern, Chunk(mid, hi, doc["shard"]),
+                      Timestamp(major, minor + 2), now)])
+        return {}
+
+
+async def _median(node: ConfigServerNode, entry: dict[str, Any], pattern: KeyPattern,
+                  doc: dict[str, Any], lo: tuple[Any, ...], hi: tuple[Any, ...]
+                  ) -> tuple[Any, ...]:
+    """The split point of the chunk ``doc`` ([lo, hi)): the hash midpoint for a hashed key,
+    else the median shard key of its documents on its shard."""
+    first = pattern.fields[0]
+    if first in pattern.hashed and isinstance(lo[0], Int64 | int) and isinstance(hi[0], Int64 | int):
+        return (Int64((int(lo[0]) + int(hi[0])) // 2),) + tuple(lo[1:])
+    if first in pattern.hashed:
+        a = -2 ** 63 if isinstance(lo[0], MinKey) else int(lo[0])
+        b = 2 ** 63 - 1 if isinstance(hi[0], MaxKey) else int(hi[0])
+        return (Int64((a + b) // 2),) + tuple(lo[1:])
+    db, coll = entry["_id"].split(".", 1)
+    keys = sorted((k for k in (pattern.key_of_doc(d) for d in
+                               await node.shard_find_all(doc["shard"], db, coll))
+                   if compare_keys(lo, k) <= 0 and compare_keys(k, hi) < 0), key=SortKey)
+    if len(keys) < 2:
+        raise MongoError(2, "cannot find a split point: the chunk has fewer than 2 documents")
+    return keys[len(keys) // 2]
+
+
+@commands.handler("_configsvrMoveChunk")
+async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
+    """moveChunk as a migration (``migration_source_manager.cpp``): clone the chunk's
+    documents to the recipient as ``fromMigrate`` inserts, write ``migrateChunkToNewShard``
+    on the donor when the recipient had no chunk of the collection, commit the chunk's new
+    owner, then delete the documents on the donor with ``fromMigrate``.
+
+    Writes to the chunk that arrive between cloning and commit are not caught up (no
+    transfer-mods phase); the router running ``moveChunk`` holds its writes to the
+    namespace meanwhile (``router.writes.NamespaceGate``).
+
+    ``{_configsvrMoveChunk: ns, find | bounds, to}`` -> ``{millis}``. Errors: InvalidNamespace
+    (73), missing ``to`` (40414), NamespaceNotSharded (118), ShardNotFound (70), the chunk
+    look-up's (:func:`configsvr.catalog.locate_chunk`).
+    """
+    ns = req.arg
+    db, coll = split_ns(ns, "moveChunk")
+    to = req.get("to")
+    if not isinstance(to, str):
+        raise MongoError(40414, "BSON field 'moveChunk.to' is missing but a required field")
+    async with node.ddl_lock:
+        entry, pattern, chunk_docs = await node.load_collection(ns)
+        doc = locate_chunk(pattern, chunk_docs, req, "moveChunk")
+        donor = doc["shard"]
+        shard_names = {s["_id"] for s in await node.shards()}
+        if to not in shard_names:
+            raise MongoError(70, f"Shard {to} not found")
+        if donor == to:
+            return {"millis": 0}
+        uuid = entry["uuid"]
+        lo, hi = pattern.bound_to_key(doc["min"]), pattern.bound_to_key(doc["max"])
+        recipient_had_chunks = any(d["shard"] == to for d in chunk_docs)
+        await node.on_shard(to, db, {"_shardsimEnsureCollection": coll, "uuid": uuid,
+                                     "shardKey": pattern.pattern, "options": {},
+                                     "primary": False})
+        if pattern.pattern != {"_id": 1}:
+            name = "_".join(f"{f}_{v}" for f, v in pattern.pattern.items())
+            try:
+                await node.on_shard(to, db, {"createIndexes": coll, "fromMigrate": True,
+                                             "indexes": [{"key": pattern.pattern, "name": name}]})
+            except MongoError as exc:
+                if exc.code not in (85, 86, 68):
+                    raise
+        moving = [d for d in await node.shard_find_all(donor, db, coll)
+                  if compare_keys(lo, k := pattern.key_of_doc(d)) <= 0 and compare_keys(k, hi) < 0]
+        for i in range(0, len(moving), 1000):
+            await node.on_shard(to, db, {"insert": coll, "documents": moving[i:i + 1000],
+                                         "ordered": False, "fromMigrate": True})
+        if not recipient_had_chunks:
+            await node.on_shard(donor, db, {
+                "_shardsimNoop": {"msg": f"Migrating chunk from shard {donor} to shard {to} "
+                                         f"with no chunks for this collection"},
+                "o2": {"migrateChunkToNewShard": ns, "fromShardId": donor, "toShardId": to},
+                "ns": ns, "ui": uuid})
+        major = max(d["lastmod"].time for d in chunk_docs) + 1
+        now = node.clock.now()
+        await node.update("chunks", {"_id": doc["_id"]}, {"$set": {
+            "shard": to, "lastmod": Timestamp(major, 0), "onCurrentShardSince": now},
+            "$push": {"history": {"$each": [{"validAfter": now, "shard": to}], "$position": 0}}})
+        ids = [d["_id"] for d in moving]
+        for i in range(0, len(ids), 1000):
+            await node.on_shard(donor, db, {"delete": coll, "fromMigrate": True, "deletes": [
+                {"q": {"_id": {"$in": ids[i:i + 1000]}}, "limit": 0}]})
+        log.info("moved chunk %s of %s from %s to %s (%d docs)", doc["min"], ns, donor, to,
+                 len(moving))
+        return {"millis": 0}

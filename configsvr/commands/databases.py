@@ -1,0 +1,111 @@
+"""Databases in the catalog: ``_configsvrCreateDatabase`` (``enableSharding``, implicit
+creation), ``_configsvrMovePrimary`` and ``_configsvrDropDatabase`` (the catalog side of a
+``dropDatabase`` the router runs on the shards).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+from shardsim.commands import CommandFamily, Request
+from shardsim.errors import MongoError
+
+if TYPE_CHECKING:
+    from configsvr.node import ConfigServerNode
+
+log = logging.getLogger("shardsim.configsvr")
+
+commands = CommandFamily("databases")
+
+
+@commands.handler("_configsvrCreateDatabase")
+async def create_database(node: ConfigServerNode, req: Request) -> dict[str, Any]:
+    """``{_configsvrCreateDatabase: db, primaryShard?}`` -> ``{databaseVersion, primary}``: the
+    database's catalog entry, created if missing (:meth:`ConfigServerNode.ensure_database`).
+    Errors: InvalidNamespace (73) for a bad or reserved name, ShardNotFound (70)."""
+    db = req.arg
+    if not isinstance(db, str) or not db or "." in db:
+        raise MongoError(73, f"invalid database name '{db}'")
+    if db in ("admin", "local"):
+        raise MongoError(73, f"Cannot create database '{db}'")
+    async with node.ddl_lock:
+        entry = await node.ensure_database(db, req.get("primaryShard"))
+    return {"databaseVersion": entry["version"], "primary": entry["primary"]}
+
+
+@commands.handler("_configsvrMovePrimary")
+async def move_primary(node: ConfigServerNode, req: Request) -> dict[str, Any]:
+    """movePrimary (``move_primary_coordinator.cpp``): clone every unsharded collection of
+    the database (same UUID, options, indexes, documents, all ``fromMigrate``) to the new
+    primary, give it the sharded collections' catalog entries too, switch
+    ``config.databases.primary``, then drop the clones' sources on the old primary with
+    ``fromMigrate`` (change streams see nothing). ``{_configsvrMovePrimary: db, to}`` ->
+    ``{primary}``. Errors: InvalidNamespace (73), missing ``to`` (40414), NamespaceNotFound
+    (26) for an unknown database, ShardNotFound (70)."""
+    db, to = req.arg, req.get("to")
+    if not isinstance(db, str) or not db:
+        raise MongoError(73, f"invalid database name '{db}'")
+    if not isinstance(to, str):
+        raise MongoError(40414, "BSON field 'movePrimary.to' is missing but a required field")
+    async with node.ddl_lock:
+        found = await node.find_all("databases", {"_id": db})
+        if not found:
+            raise MongoError(26, f"Database {db} not found")
+        entry = found[0]
+        old = entry["primary"]
+        if to not in {s["_id"] for s in await node.shards()}:
+            raise MongoError(70, f"Shard {to} not found")
+        if to == old:
+            return {"primary": old}
+        sharded = {c["_id"]: c for c in await node.find_all("collections")}
+        listed = await node.on_shard(old, db, {"listCollections": 1, "cursor": {"batchSize": 1 << 30}})
+        moved: list[str] = []
+        for info in listed["cursor"]["firstBatch"]:
+            name = info["name"]
+            if info.get("type", "collection") != "collection" or name.startswith("system."):
+                continue
+            ns = f"{db}.{name}"
+            meta = sharded.get(ns)
+            ensure: dict[str, Any] = {"_shardsimEnsureCollection": name,
+                                      "uuid": info.get("info", {}).get("uuid"),
+                                      "options": info.get("options", {}), "primary": False}
+            if meta is not None:
+                ensure["shardKey"] = meta["key"]
+            if ensure["uuid"] is None:
+                del ensure["uuid"]
+            await node.on_shard(to, db, ensure)
+            if meta is not None:
+                continue  # its documents belong to chunks and stay where they are
+            idx = await node.on_shard(old, db, {"listIndexes": name, "cursor": {"batchSize": 1 << 30}})
+            specs = [i for i in idx["cursor"]["firstBatch"] if i.get("name") != "_id_"]
+            if specs:
+                await node.on_shard(to, db, {"createIndexes": name, "indexes": specs,
+                                             "fromMigrate": True})
+            docs = await node.shard_find_all(old, db, name)
+            for i in range(0, len(docs), 1000):
+                await node.on_shard(to, db, {"insert": name, "documents": docs[i:i + 1000],
+                                             "ordered": False, "fromMigrate": True})
+            moved.append(name)
+        version = dict(entry.get("version") or {})
+        version["lastMod"] = int(version.get("lastMod", 1)) + 1
+        version["timestamp"] = node.clock.now()
+        await node.update("databases", {"_id": db}, {"$set": {"primary": to, "version": version}})
+        for name in moved:
+            await node.on_shard(old, db, {"drop": name, "fromMigrate": True})
+        log.info("moved primary of %s from %s to %s (%d collections)", db, old, to, len(moved))
+        return {"primary": to}
+
+
+@commands.handler("_configsvrDropDatabase")
+async def drop_database_meta(node: ConfigServerNode, req: Request) -> dict[str, Any]:
+    """``{_configsvrDropDatabase: db}`` -> ``{}``: remove the database, its sharded
+    collections and their chunks from the catalog (the router drops the data on the shards)."""
+    db = req.arg
+    async with node.ddl_lock:
+        for entry in await node.find_all("collections", {"_id": {"$regex": f"^{re.escape(db)}\\."}}):
+            await node.delete("chunks", {"uuid": entry["uuid"]})
+            await node.delete("collections", {"_id": entry["_id"]})
+        await node.delete("databases", {"_id": db})
+    return {}

@@ -1,0 +1,462 @@
+"""The router's change-stream cursor: the stream that opens and drives the remotes, and the
+client's cursor that serves its getMores.
+
+:class:`RouterChangeStream` (one per client stream) mirrors, in order:
+
+- ``sharded_agg_helpers.cpp`` ``targetPipeline``/``dispatchTargetedShardPipeline``
+  (:meth:`RouterChangeStream.establish`): capture the router's cluster time, reload the shard
+  list, fix the start point explicitly for every shard (client token, ``startAtOperationTime``,
+  or cluster time + 1 tick — ``DocumentSourceChangeStream::getStartTimeForNewStream``), send
+  every shard ``aggregate`` with ``needsMerge: true``, ``fromRouter: true``,
+  ``cursor: {batchSize: 0}``, and open the ``config.shards`` monitor
+  (``openChangeStreamNewShardMonitor``) at the captured time;
+- ``async_results_merger.cpp`` ``_scheduleGetMores`` (:meth:`RouterChangeStream.schedule_getmores`):
+  getMores to remotes run concurrently, only for remotes with an empty buffer and no request in
+  flight, with ``maxTimeMS`` capped at 1000 ms when there is more than one remote; the first
+  remote error fails the client's getMore with that code and the labels the router computes
+  (``error_labels.cpp``), and kills the other remote cursors;
+- ``establishShardCursorsOnNewShards`` (:meth:`RouterChangeStream.open_new_shard`): the new
+  shard's cursor from ``resumeAfter: HWM(event clusterTime + 1 tick)``, decided by
+  :mod:`router.change_stream.handle_topology_change`.
+
+:class:`RouterChangeStreamCursor` mirrors ``cluster_aggregation_planner.cpp``
+``establishMergingMongosCursor`` (an empty first batch, a live cursor id and a
+``postBatchResumeToken``, the merger's high-water mark) and ``cluster_find.cpp`` ``runGetMore``
++ ``blocking_results_merger.cpp``: a getMore returns as soon as at least one event is ready
+(taking all that are ready), else waits up to its ``maxTimeMS`` (default 1000 ms) and returns
+an empty batch with the current high-water mark.
+
+The merge itself is pure (:mod:`.async_results_merger`, :mod:`.merge_cursors`); this module
+does the I/O around it, plus shardsim's promise requests (:mod:`.promise_requests`) at the two
+points where an event waits for idle shards. Events are forwarded as raw BSON bytes
+(:mod:`.raw_events`): the shard's trailing ``$sortKey`` is cut off by byte surgery, never
+decoded and re-encoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from typing import Any
+
+from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+
+from router.change_stream.async_results_merger import CONFIG_SHARDS_NS, Merger, Remote
+from shardsim.resume_token import token_ts_key
+from router.change_stream.handle_topology_change import NewShard
+from router.change_stream.merge_cursors import ChangeStreamMerge
+from router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
+                                             split_cursor)
+from shardsim.gossip import gossip_command, track_operation_time
+from shardsim.clock import ts_add_ticks, ts_key
+from shardsim.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
+from shardsim.errors import MongoError, change_stream_labels
+
+log = logging.getLogger("shardsim.router.change_stream")
+
+DEFAULT_AWAIT_MS = 1000  # mongos' default awaitData timeout for a getMore without maxTimeMS
+REMOTE_AWAIT_CAP_MS = 1000  # ARM::setAwaitDataTimeout cap when merging more than one remote
+SHORT_AWAIT_MS = 20  # remote await of a one-off poll for a newer promise (ms)
+# batchSize of the router's getMores to shards: a backlog then comes in slices, so shards build
+# the next slice while the router merges this one and the client reads the previous one.
+REMOTE_BATCH_SIZE = 5000
+# Aggregate fields the router does not pass on to shards (it sets its own cursor/needsMerge).
+_NOT_FORWARDED = frozenset({"aggregate", "pipeline", "cursor", "$db", "$clusterTime", "lsid",
+                            "txnNumber", "$readPreference", "maxAwaitTimeMS", "maxTimeMS",
+                            "writeConcern", "needsMerge", "fromRouter", "fromMongos",
+                            "explain", "apiVersion", "apiStrict", "apiDeprecationErrors"})
+
+
+def _fresh_error(exc: MongoError) -> MongoError:
+    """The remote's code/codeName/errmsg without its labels: mongos computes labels itself
+    (notes §6.2 "shard labels are not copied")."""
+    return MongoError(exc.code, exc.errmsg, code_name_override=exc.code_name)
+
+
+def _labelled(exc: MongoError, command: str) -> MongoError:
+    """``exc`` with the labels the router adds for a change stream's ``command``."""
+    err = _fresh_error(exc)
+    err.labels = change_stream_labels(err.code, is_change_stream=True, command=command)
+    return err
+
+
+def _split_ns(ns: str) -> tuple[str, str]:
+    db, _, coll = ns.partition(".")
+    return db, coll
+
+
+class RouterChangeStream:
+    """Everything one client change stream owns on the router: the merge, the remotes and their
+    pools, and the commands to (re)open shard cursors.
+
+    ``router`` — the :class:`router.node.RouterNode` (``clock``, ``catalog``, ``config_pool``,
+    ``pool_for``, ``promise_requests``); ``db``/``target``/``ns`` — the stream's database,
+    ``aggregate`` target (collection name, or 1 for a database/cluster stream) and cursor
+    namespace; ``spec`` — the ``$changeStream`` document (its start made explicit by
+    :meth:`establish`); ``user_stages`` — the client's stages after it, sent to the shards;
+    ``body`` — the client's ``aggregate`` (its other fields are forwarded). Built by
+    :func:`router.change_stream.aggregate_change_stream`, then :meth:`establish`.
+    """
+
+    def __init__(self, router: Any, db: str, target: Any, ns: str, spec: dict[str, Any],
+                 user_stages: list[Any], body: dict[str, Any]) -> None:
+        self.router = router
+        self.db = db
+        self.target = target
+        self.ns = ns
+        self.spec = spec
+        self.user_stages = list(user_stages)
+        self.passthrough = {k: v for k, v in body.items() if k not in _NOT_FORWARDED}
+        self.merger = Merger()
+        self.merge: ChangeStreamMerge | None = None
+        self.cursor = RouterChangeStreamCursor(self)
+        self.pools: dict[int, Any] = {}  # remote id -> Pool
+        self.wake = asyncio.Event()
+        self.closed = False
+        self.op_time: Timestamp | None = None
+        self.remote_await_ms = DEFAULT_AWAIT_MS
+        self.nudged: dict[int, int] = {}  # remote id -> router time it was last short-polled for
+        self.idle: dict[int, bool] = {}  # remote id -> its last getMore reply had no events
+        self.sent_at: dict[int, float] = {}  # remote id -> monotonic time of its last getMore
+        self.promises = router.promise_requests  # router-wide, shared by its streams
+
+    # -- opening -------------------------------------------------------------------------------
+    def _shard_command(self, spec: dict[str, Any]) -> dict[str, Any]:
+        cmd: dict[str, Any] = {"aggregate": self.target,
+                               "pipeline": [{"$changeStream": spec}] + self.user_stages}
+        cmd.update(self.passthrough)
+        cmd["needsMerge"] = True
+        cmd["fromRouter"] = True
+        cmd["cursor"] = {"batchSize": 0}
+        return cmd
+
+    async def establish(self) -> None:
+        """Open every shard cursor and the config.shards monitor (not for a stream on the
+        ``config`` database), all concurrently; set the initial HWM; build the merge. Raises
+        ShardNotFound (70) when the catalog lists no shard, and the first error of any
+        ``aggregate`` (without the remote's labels), after killing the cursors that did open."""
+        router = self.router
+        clock = router.clock
+        now = clock.now()
+        if now.time == 0 and now.inc == 0:
+            now = clock.advance_to_wall()
+        registry_time = now  # shardRegistryReloadTime: captured BEFORE the shard list reload
+        spec = dict(self.spec)
+        token = spec.get("resumeAfter", spec.get("startAfter"))
+        if token is None and "startAtOperationTime" not in spec:
+            # getStartTimeForNewStream on mongos: cluster time + 1 tick, the same for all shards.
+            spec["startAtOperationTime"] = ts_add_ticks(now, 1)
+        self.spec = spec
+        try:
+            await router.catalog.refresh()
+        except MongoError as exc:
+            log.warning("catalog refresh before opening a change stream failed: %s", exc.errmsg)
+        shards = [s[0] for s in router.catalog.shards()]
+        if not shards:
+            raise MongoError(70, "no shards found")
+        cmd = self._shard_command(spec)  # the same explicit start for every shard
+        opens = [self._open(name, self.db, cmd) for name in shards]
+        config_cmd = None
+        if self.db != "config":
+            config_cmd = {"aggregate": "shards",
+                          "pipeline": [{"$changeStream": {"startAtOperationTime": registry_time,
+                                                          "allowToRunOnConfigDB": True}}],
+                          "needsMerge": True, "fromRouter": True, "cursor": {"batchSize": 0}}
+            opens.append(self._open(None, "config", config_cmd))
+        results = await asyncio.gather(*opens, return_exceptions=True)
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            for r in results:
+                if isinstance(r, Remote):
+                    self._kill_remote(r)
+            if isinstance(failure, MongoError):
+                raise _fresh_error(failure)
+            raise failure
+        self.merger.set_initial_high_water_mark()
+        self.promises.streams.add(self)  # promise replies and the write path reach it now
+        self.merge = ChangeStreamMerge(self.merger, resume_token=token, known_shards=shards,
+                                       start_after="startAfter" in spec)
+
+    async def _open(self, shard: str | None, db: str, cmd: dict[str, Any]) -> Remote:
+        """Send the establish ``aggregate`` to ``shard`` (None = config server) and add the
+        remote with its first batch."""
+        router = self.router
+        pool = router.config_pool if shard is None else router.pool_for(shard)
+        reply = await gossip_command(router.clock, pool, db, cmd, raw=True)
+        is_config = shard is None
+        cur, items = _cursor_batch(reply["cursor"], "firstBatch", is_config)
+        remote_ns = cur.get("ns") or (CONFIG_SHARDS_NS if shard is None else self.ns)
+        pbrt = cur.get("postBatchResumeToken")
+        remote = self.merger.add_remote("config" if is_config else shard, remote_ns,
+                                        int(cur.get("id", 0)), items, _plain(pbrt),
+                                        is_config=is_config)
+        remote.address = pool.address
+        self.pools[remote.rid] = pool
+        return remote
+
+    async def open_new_shard(self, action: NewShard) -> None:
+        """A config.shards insert was merged: open the new shard's cursor from
+        ``resumeAfter: HWM(shardAddedTime + 1)`` (``createUpdatedCommandForNewShard``) and add
+        it to the merger before anything later is released. Raises the shard's error with the
+        labels the router adds to a getMore (the client's getMore fails with it)."""
+        router = self.router
+        if router.catalog.shard_address(action.shard) is None:
+            await router.catalog.refresh()
+        spec = {k: v for k, v in self.spec.items()
+                if k not in ("resumeAfter", "startAfter", "startAtOperationTime")}
+        spec["resumeAfter"] = action.start_token
+        try:
+            await self._open(action.shard, self.db, self._shard_command(spec))
+        except MongoError as exc:
+            raise _labelled(exc, "getMore") from None
+
+    # -- remote getMores ----------------------------------------------------------------------
+    def schedule_getmores(self, nudge: bool = False) -> None:
+        """``_scheduleGetMores``: one getMore per remote that has nothing buffered and no
+        request outstanding. Tasks run in a fresh context (they outlive client operations)."""
+        polls = self.merger.remotes_to_poll()
+        if not polls:
+            return
+        # (An event held back only by promises is handled by the promise requests, which also
+        # cut short the getMores already waiting.) When a client getMore starts, a remote whose
+        # promise is older than the router's cluster time can promise more right away (our
+        # getMore gossips that time to it): ask it once without a long await, so a write the
+        # router has seen does not wait for idle shards' await periods. (Only at the start of a
+        # client getMore: idle streams then cost at most one extra round per remote and client
+        # getMore.)
+        now_key = ts_key(self.router.clock.now())
+        for r in polls:
+            short = False
+            if nudge and r.promise is not None:
+                pts = token_ts_key(r.promise[0])
+                if pts is not None and pts < now_key and self.nudged.get(r.rid) != now_key:
+                    self.nudged[r.rid] = now_key
+                    short = True
+            r.in_flight = True
+            asyncio.get_running_loop().create_task(self._remote_getmore(r, short),
+                                                   context=contextvars.Context())
+
+    def watches(self, ns: str) -> bool:
+        """Can a write to ``ns`` ("db.coll") produce an event for this stream?"""
+        if isinstance(self.target, str):
+            return ns == self.ns
+        return self.db == "admin" or ns.startswith(self.db + ".")
+
+    async def _remote_getmore(self, r: Remote, blocked: bool = False) -> None:
+        """One getMore on ``r`` (a short await when ``blocked``), its reply fed to the merger
+        (or its error recorded there); wakes the client's getMore when done."""
+        db, coll = _split_ns(r.ns)
+        await_ms = self.remote_await_ms
+        if len(self.merger.remotes) > 1:
+            await_ms = min(await_ms, REMOTE_AWAIT_CAP_MS)
+        if blocked:
+            await_ms = min(await_ms, SHORT_AWAIT_MS)
+        cmd = {"getMore": Int64(r.cursor_id), "collection": coll, "maxTimeMS": int(await_ms),
+               "batchSize": REMOTE_BATCH_SIZE}
+        pool = self.pools[r.rid]
+        self.sent_at[r.rid] = time.monotonic()
+        try:
+            reply = await gossip_command(self.router.clock, pool, db, cmd, raw=True,
+                                         timeout=await_ms / 1000 + 30)
+            if self.closed:
+                return
+            op_time = reply.get("operationTime")
+            if isinstance(op_time, Timestamp) and (self.op_time is None
+                                                   or ts_key(op_time) > ts_key(self.op_time)):
+                self.op_time = op_time
+            cur, items = _cursor_batch(reply["cursor"], "nextBatch", r.is_config)
+            cid = int(cur.get("id", 0))
+            if cid != 0 and cid != r.cursor_id:
+                raise MongoError(2, f"Expected cursorid {r.cursor_id} but received {cid}")
+            self.idle[r.rid] = not items
+            r.more = sum(e.n for e in items) >= REMOTE_BATCH_SIZE  # Items, or one Block
+            self.merger.on_batch(r, items, cid, _plain(cur.get("postBatchResumeToken")),
+                                 invalidated=bool(cur.get("invalidated", False)))
+            if items:
+                # Ask the idle remotes for promises now, not when the client's next getMore
+                # arrives: the client is often between getMores when a write's event comes in.
+                self.promises.request_for_held_event(self)
+        except MongoError as exc:
+            if not self.closed:
+                if exc.code == 43 and r.cursor_id:
+                    exc = MongoError(43, f"cursor id {r.cursor_id} not found on {r.name} "
+                                         f"({r.address}): {exc.errmsg}")
+                self.merger.on_error(r, exc)
+        except Exception as exc:  # a bug or malformed reply must fail the stream, not hang it
+            log.exception("getMore on %s failed", r.name)
+            if not self.closed:
+                self.merger.on_error(r, MongoError(1, f"{type(exc).__name__}: {exc}"))
+        finally:
+            r.in_flight = False
+            self.wake.set()
+        if r.more and not self.closed:
+            self.schedule_getmores()  # a full batch: prefetch the rest of the backlog
+
+    # -- closing ------------------------------------------------------------------------------
+    def _kill_remote(self, r: Remote) -> None:
+        """``killCursors`` on ``r``'s cursor, fire and forget (not when it is exhausted or the
+        remote already dropped it)."""
+        if r.cursor_id == 0 or r.rid not in self.pools:
+            return
+        st = r.status
+        if st is not None and st.code in (43, 175, 237):
+            return  # ARM::kill does not kill a cursor the remote already dropped
+        db, coll = _split_ns(r.ns)
+        pool = self.pools[r.rid]
+        cmd = {"killCursors": coll, "cursors": [Int64(r.cursor_id)]}
+        r.cursor_id = 0
+
+        async def kill() -> None:
+            """Send it; a failure is ignored (fire and forget, as ``ARM::kill``)."""
+            try:
+                await pool.command(db, cmd, check=False, timeout=10)
+            except Exception:
+                pass
+        asyncio.get_running_loop().create_task(kill(), context=contextvars.Context())
+
+    def close(self) -> None:
+        """Kill every remote cursor (fire and forget, as ``ARM::kill``)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.promises.streams.discard(self)
+        for r in list(self.merger.remotes):
+            self._kill_remote(r)
+        self.wake.set()
+
+
+def _cursor_batch(cur: Any, field: str, is_config: bool) -> tuple[Any, list[Item]]:
+    """A shard reply's ``cursor`` subdocument (RawBSONDocument) as (its other fields, the
+    batch's items). Shard events are parsed in place from the reply's bytes
+    (:func:`router.change_stream.raw_events.split_cursor`); the config cursor's few events, and
+    anything unusual, go through RawBSONDocument and
+    :func:`router.change_stream.raw_events.item_from_raw_event`."""
+    if not is_config:
+        split = split_cursor(cur.raw, field)
+        if split is not None:
+            return split
+    return cur, [item_from_raw_event(e, is_config=is_config) for e in cur.get(field, [])]
+
+
+def _plain(token: Any) -> Any:
+    """A token from a raw reply as a plain dict (it is stored and re-sent)."""
+    if token is None:
+        return None
+    if isinstance(token, RawBSONDocument):
+        return dict(token.items())
+    return token
+
+
+class RouterChangeStreamCursor(Cursor):
+    """The client's cursor on the router (registered in ``router.cursors``, which calls
+    :meth:`fetch` for the first batch and every getMore, and :meth:`close` on killCursors)."""
+
+    is_change_stream = True
+    tailable = True
+    await_data = True
+
+    def __init__(self, stream: RouterChangeStream) -> None:
+        super().__init__(stream.ns)
+        self.stream = stream
+
+    async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        """One batch: every event that is ready (up to ``batch_size`` / 16 MiB). The first
+        batch never waits; a getMore waits up to ``max_time_ms`` (default 1000 ms) for the first
+        event. Raises the first remote error with the router's labels (the cursor is then
+        killed by the cursor manager, which kills the remote cursors)."""
+        st = self.stream
+        merge = st.merge
+        assert merge is not None
+        limit = batch_size if batch_size else (101 if first else 1 << 62)
+        if first and batch_size == 0:
+            limit = 0
+        wait_ms = DEFAULT_AWAIT_MS if max_time_ms is None else int(max_time_ms)
+        if not first:
+            st.remote_await_ms = wait_ms if wait_ms > 0 else DEFAULT_AWAIT_MS
+        deadline = time.monotonic() + wait_ms / 1000
+        parts: list[bytes] = []  # the reply's array elements, encoded (see Block.write)
+        n_out = 0
+        size = 0
+        exhausted = False
+        invalidate_pbrt = None
+        stashed = False
+        nudge = True
+        last_token: Any = None
+        command = "aggregate" if first else "getMore"
+        while n_out < limit:
+            st.wake.clear()  # before looking: a reply arriving from now on wakes the wait below
+            outputs, tok, size = merge.take(limit - n_out, BATCH_BYTES_LIMIT, n_out, size)
+            if outputs:  # the plain events of a run, without the general path's per-event work
+                for o in outputs:
+                    if type(o) is Block:
+                        n_out = o.write(parts, n_out)
+                    else:
+                        parts.append(element_headers(n_out, 1)[0])
+                        parts.append(o)
+                        n_out += 1
+                last_token = tok
+                continue
+            try:
+                x = merge.next()
+            except MongoError as exc:
+                st.close()
+                raise _labelled(exc, command) from None
+            if isinstance(x, NewShard):
+                await st.open_new_shard(x)
+                continue
+            if isinstance(x, Item):
+                # element header (type, index key, NUL) counts too: the reply must stay legal BSON
+                if n_out and size + len(x.payload) + len(str(n_out)) + 2 > BATCH_BYTES_LIMIT:
+                    merge.push_back(x)  # mongos stashes it for the next batch
+                    stashed = True
+                    break
+                size += len(x.payload) + len(str(n_out)) + 2
+                parts.append(element_headers(n_out, 1)[0])
+                parts.append(x.payload)
+                n_out += 1
+                last_token = x.token
+                if merge.invalidated:
+                    exhausted = True
+                    break
+                continue
+            # Nothing ready.
+            inv = st.merger.invalidated_remote()
+            if inv is not None:
+                invalidate_pbrt = inv.promise_token
+                exhausted = True
+                break
+            if n_out or first:
+                break
+            st.schedule_getmores(nudge=nudge)
+            recheck = st.promises.request_for_held_event(st)
+            nudge = False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or st.closed:
+                break
+            if merge.merger.ready():
+                continue
+            try:
+                await asyncio.wait_for(st.wake.wait(),
+                                       remaining if recheck is None else min(remaining, recheck))
+            except asyncio.TimeoutError:
+                if recheck is None or recheck >= remaining:
+                    break
+        st.schedule_getmores()  # first batch: start waiting on shards now; later: prefetch
+        track_operation_time(st.op_time)
+        if invalidate_pbrt is not None:
+            pbrt = invalidate_pbrt
+        elif stashed or merge.invalidated:
+            pbrt = _plain(last_token)  # the last returned event; the HWM already passed it
+        else:
+            pbrt = st.merger.high_water_mark()
+            if n_out and pbrt is None:
+                pbrt = _plain(last_token)
+        return Batch([], exhausted, pbrt, raw_docs=parts)
+
+    async def close(self) -> None:
+        """The client killed the cursor (or it ended): kill the remote cursors."""
+        self.stream.close()

@@ -1,0 +1,19 @@
+"""The test kit: a sharded cluster inside the test process, with faults on demand.
+
+* :class:`ShardedCluster` (blocking API, its event loop on a background thread) and
+  :class:`AsyncShardedCluster` (``async with``, on the caller's loop): the config server, the
+  shards and the router of the role processes, on real loopback sockets, so pymongo or any
+  driver connects to ``cluster.uri``.
+* Faults: ``pause_shard`` / ``resume_shard``, ``kill_shard`` / ``restart_shard``,
+  ``add_shard`` / ``remove_shard``, ``set_noop_interval``, ``truncate_oplog``,
+  ``configure_fail_point``.
+* The pytest plugin (:mod:`shardsim.testing.pytest_plugin`, a ``pytest11`` entry point):
+  fixtures ``sharded_cluster`` and ``clean_sharded_cluster``.
+
+See docs/testing.md.
+"""
+
+from shardsim.testing.cluster import AsyncShardedCluster, ClusterNotRunning
+from shardsim.testing.sync import ShardedCluster
+
+__all__ = ["AsyncShardedCluster", "ClusterNotRunning", "ShardedCluster"]

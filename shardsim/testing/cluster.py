@@ -1,0 +1,363 @@
+"""The in-process sharded cluster, asyncio flavour: :class:`AsyncShardedCluster`.
+
+The config server, the shards and the router are the role classes the processes run
+(:class:`configsvr.node.ConfigServerNode`, :class:`shard.node.ShardNode`,
+:class:`router.node.RouterNode`), each behind the same server loop
+(:class:`shardsim.server.Server`) on a real loopback socket on a free port, all on ONE event
+loop: the caller's (``async with AsyncShardedCluster() as c``) or, for
+:class:`shardsim.testing.ShardedCluster`, a background thread's. Shards are added with the
+router's own ``addShard`` command, as ``shardsim up`` does (:mod:`shardsim.launcher`).
+
+Faults on demand are methods (see each): :meth:`pause_shard` / :meth:`resume_shard`,
+:meth:`kill_shard` / :meth:`restart_shard`, :meth:`add_shard` / :meth:`remove_shard`,
+:meth:`set_noop_interval`, :meth:`truncate_oplog`, :meth:`configure_fail_point`. Random choices
+(a shard picked when none is named, the destination of chunks moved off a removed shard, the
+fail points' ``activationProbability``) come from ``random.Random(seed)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import random
+import shutil
+import tempfile
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from shardsim.clock import ts_key
+from shardsim.commands import ConnectionInfo, Request
+from shardsim.errors import MongoError
+from shardsim.node import Node
+from shardsim.testing.members import Member, TaskTracker, run_as
+
+PROMISE_MODES = ("clock", "mongod")
+_KIT_CONN = ConnectionInfo(id=-1, peer="shardsim.testing")
+
+
+class ClusterNotRunning(RuntimeError):
+    """A fault or query on a cluster that is not started, or on a member that is down."""
+
+
+class AsyncShardedCluster:
+    """A sharded cluster inside this process, driven from asyncio.
+
+    Parameters: ``shards`` (int, shards named ``shard0``...); ``promise_mode`` (``"clock"`` or
+    ``"mongod"``: how a shard's empty change-stream batch advances its postBatchResumeToken,
+    ``python -m shard --promise-mode``); ``durable`` (bool: every member gets a dbpath under
+    ``dbpath`` or a temporary directory removed by :meth:`stop`); ``seed`` (int or None: seeds
+    every random choice of the kit); ``noop_interval_ms`` (int, ms: the periodic no-op writer
+    of shards and config server, mongod's ``periodicNoopIntervalSecs``); ``host``; ``port``
+    (the router's port, 0 = a free one); ``shard_options`` (extra :class:`ShardNode` options,
+    e.g. ``{"oplog_size_mb": 1}``).
+
+    ``uri`` is the router's ``mongodb://host:port/`` once started. Use ``async with`` or
+    :meth:`start` / :meth:`stop` (stop always leaves no socket or task of the cluster behind).
+    """
+
+    def __init__(self, shards: int = 3, *, promise_mode: str = "clock", durable: bool = False,
+                 dbpath: str | None = None, seed: int | None = None, noop_interval_ms: int = 1000,
+                 host: str = "127.0.0.1", port: int = 0,
+                 shard_options: dict[str, Any] | None = None) -> None:
+        if promise_mode not in PROMISE_MODES:
+            raise ValueError(f"promise_mode must be one of {PROMISE_MODES}, not {promise_mode!r}")
+        if shards < 1:
+            raise ValueError("a cluster needs at least one shard")
+        self.num_shards = shards
+        self.promise_mode = promise_mode
+        self.durable = durable or dbpath is not None
+        self._dbpath_arg = dbpath
+        self.base_dir: str | None = None
+        self.seed = seed
+        self.random = random.Random(seed)
+        self.noop_interval_ms = int(noop_interval_ms)
+        self.host = host
+        self.port = port
+        self.shard_options = dict(shard_options or {})
+        self.config: Member | None = None
+        self.router: Member | None = None
+        self.shards: dict[str, Member] = {}
+        self._tracker = TaskTracker()
+        self._shard_seq = 0
+
+    # -- addresses --------------------------------------------------------------------------
+    @property
+    def uri(self) -> str:
+        """``mongodb://HOST:PORT/`` of the router (pymongo, any driver)."""
+        if self.router is None or not self.router.port:
+            raise ClusterNotRunning("the cluster is not started")
+        return f"mongodb://{self.host}:{self.router.port}/"
+
+    @property
+    def shard_names(self) -> list[str]:
+        """Names of the shards the kit started and did not remove, in order of creation."""
+        return list(self.shards)
+
+    def shard_address(self, name: str) -> str:
+        """``host:port`` of shard ``name`` (connect with ``directConnection=true``)."""
+        return self._shard(name).address
+
+    def node(self, name: str) -> Node:
+        """The live node object of member ``name`` (``"router"``, ``"config"``, a shard)."""
+        member = self._member(name)
+        if member.node is None or not member.running:
+            raise ClusterNotRunning(f"{name} is not running")
+        return member.node
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> "AsyncShardedCluster":
+        """Start config server, shards and router; add the shards. On failure stop and raise."""
+        loop = asyncio.get_running_loop()
+        self._tracker.install(loop)
+        try:
+            if self.durable:
+                self.base_dir = self._dbpath_arg or tempfile.mkdtemp(prefix="shardsim-testkit-")
+            self.config = Member("config", "configsvr", self._make_config, self.host,
+                                 self._data_dir("config"))
+            await run_as("config", self.config.start)
+            for _ in range(self.num_shards):
+                self._new_shard_member()
+            await asyncio.gather(*(run_as(m.name, m.start) for m in self.shards.values()))
+            self.router = Member("router", "router", self._make_router, self.host)
+            self.router.port = self.port
+            await run_as("router", self.router.start)
+            for member in self.shards.values():
+                await self._add_shard(member)
+            for member in (self.config, *self.shards.values(), self.router):
+                self._seed_fail_points(member)
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def stop(self) -> None:
+        """Stop router, shards, config server (in that order) and remove temporary data.
+        Safe to call twice."""
+        for member in [self.router, *reversed(list(self.shards.values())), self.config]:
+            if member is not None:
+                try:
+                    await member.stop(self._tracker)
+                except Exception:  # pragma: no cover - keep stopping the others
+                    await member.kill(self._tracker)
+        for owner in list(self._tracker.tasks):
+            await self._tracker.cancel(owner)
+        self._tracker.uninstall()
+        if self.base_dir and self._dbpath_arg is None:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    async def __aenter__(self) -> "AsyncShardedCluster":
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    # -- building members -------------------------------------------------------------------
+    def _data_dir(self, name: str) -> str | None:
+        if not self.durable:
+            return None
+        assert self.base_dir is not None
+        path = os.path.join(self.base_dir, name)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def _make_config(self, port: int) -> Node:
+        from configsvr.node import ConfigServerNode
+        assert self.config is not None
+        return ConfigServerNode(host=self.host, port=port, options={
+            "dbpath": self.config.dbpath, "noop_interval_ms": self.noop_interval_ms})
+
+    def _make_router(self, port: int) -> Node:
+        from router.node import RouterNode
+        assert self.config is not None
+        configdb = self.config.address
+        return RouterNode(configdb=configdb, host=self.host, port=port,
+                          options={"configdb": configdb})
+
+    def _new_shard_member(self) -> Member:
+        from shard.node import ShardNode
+        name = f"shard{self._shard_seq}"
+        self._shard_seq += 1
+        dbpath = self._data_dir(name)
+
+        def make(port: int) -> Node:
+            options = {"dbpath": dbpath, "noop_interval_ms": self.noop_interval_ms,
+                       "promise_mode": self.promise_mode, **self.shard_options}
+            return ShardNode(shard_name=name, host=self.host, port=port, options=options)
+
+        member = Member(name, "shard", make, self.host, dbpath)
+        self.shards[name] = member
+        return member
+
+    def _seed_fail_points(self, member: Member) -> None:
+        fps = getattr(member.node, "failpoints", None)
+        if fps is not None:
+            rng = random.Random(self.random.getrandbits(64))
+            for fp in fps.points.values():
+                fp.rng = rng
+
+    # -- commands ---------------------------------------------------------------------------
+    async def command(self, member: str, cmd: dict[str, Any], db: str = "admin") -> dict[str, Any]:
+        """Run ``cmd`` on member ``member``'s command table as a client would (same handlers);
+        returns the reply, raising :class:`MongoError` for ``ok: 0``."""
+        node = self.node(member)
+        body = {**cmd, "$db": db}
+        reply = await node.run_command(Request(next(iter(cmd)), db, body, _KIT_CONN))
+        if not reply.get("ok"):
+            raise MongoError(int(reply.get("code", 1)), str(reply.get("errmsg", "")),
+                             labels=list(reply.get("errorLabels", [])))
+        return reply
+
+    async def _add_shard(self, member: Member) -> None:
+        await self.command("router", {"addShard": member.address, "name": member.name})
+
+    # -- faults -----------------------------------------------------------------------------
+    def _member(self, name: str) -> Member:
+        if name == "router" and self.router is not None:
+            return self.router
+        if name in ("config", "configsvr") and self.config is not None:
+            return self.config
+        if name in self.shards:
+            return self.shards[name]
+        raise KeyError(f"no member named {name!r} (shards: {self.shard_names})")
+
+    def _shard(self, name: str | None) -> Member:
+        if name is None:
+            if not self.shards:
+                raise ClusterNotRunning("the cluster has no shards")
+            name = self.random.choice(sorted(self.shards))
+        if name not in self.shards:
+            raise KeyError(f"no shard named {name!r} (shards: {self.shard_names})")
+        return self.shards[name]
+
+    def _running(self, member: Member) -> Any:
+        if member.server is None:
+            raise ClusterNotRunning(f"{member.name} is not running")
+        return member.server
+
+    async def pause_shard(self, name: str | None = None) -> str:
+        """Stop answering on shard ``name`` (a seeded random shard when None): commands on its
+        connections, and replies already being computed (an awaitData getMore), wait until
+        :meth:`resume_shard`. The router's getMore to it then waits too, so its promise does
+        not advance and the merged stream holds back every event after it. (The router gives
+        up on a remote getMore after maxAwaitTimeMS + 30 s with NetworkTimeout 89, a resumable
+        error, as it does for any unresponsive shard.) Returns the shard's name."""
+        member = self._shard(name)
+        self._running(member).gate.clear()
+        return member.name
+
+    async def resume_shard(self, name: str) -> None:
+        """Answer again on shard ``name``: everything held by :meth:`pause_shard` proceeds."""
+        self._running(self._shard(name)).gate.set()
+
+    async def kill_shard(self, name: str | None = None) -> str:
+        """Kill shard ``name`` like ``kill -9``: its sockets close without replies, its tasks
+        stop, nothing more is written. Clients see network errors (HostUnreachable 6 / ...,
+        resumable for change streams). Returns the shard's name."""
+        member = self._shard(name)
+        self._running(member)
+        await member.kill(self._tracker)
+        return member.name
+
+    async def restart_shard(self, name: str) -> None:
+        """Start shard ``name`` again on the same port (and the same dbpath when durable: it
+        comes back with its documents and oplog; in memory it comes back empty). A running
+        shard is killed first."""
+        member = self._shard(name)
+        if member.running:
+            await member.kill(self._tracker)
+        await run_as(member.name, member.start)
+        self._seed_fail_points(member)
+
+    async def add_shard(self) -> str:
+        """Start a new shard and ``addShard`` it through the router; returns its name."""
+        member = self._new_shard_member()
+        try:
+            await run_as(member.name, member.start)
+            await self._add_shard(member)
+        except BaseException:
+            await member.stop(self._tracker)
+            del self.shards[member.name]
+            raise
+        self._seed_fail_points(member)
+        return member.name
+
+    async def remove_shard(self, name: str) -> None:
+        """Drain and remove shard ``name`` through the router (``removeShard``), then stop it.
+
+        Without a balancer the kit does the draining itself: every chunk the shard owns is
+        moved (``moveChunk``) and every database it is primary of is moved (``movePrimary``)
+        to another shard picked with the seeded random generator."""
+        member = self._shard(name)
+        reply = await self.command("router", {"removeShard": name})
+        others = sorted(n for n in self.shards if n != name)
+        if reply.get("state") != "completed":
+            for chunk in await self._find_all("chunks", {"shard": name}):
+                coll = (await self._find_all("collections", {"uuid": chunk["uuid"]}))[0]
+                await self.command("router", {"moveChunk": coll["_id"],
+                                              "bounds": [chunk["min"], chunk["max"]],
+                                              "to": self.random.choice(others)})
+            for db in reply.get("dbsToMove", []):
+                await self.command("router", {"movePrimary": db, "to": self.random.choice(others)})
+            reply = await self.command("router", {"removeShard": name})
+        if reply.get("state") != "completed":
+            raise MongoError(20, f"removeShard {name} did not complete: {reply}")
+        await member.stop(self._tracker)
+        del self.shards[name]
+
+    async def _find_all(self, coll: str, filt: dict[str, Any]) -> list[dict[str, Any]]:
+        node = self.node("config")
+        return await node.find_all(coll, filt)  # type: ignore[attr-defined]
+
+    async def set_noop_interval(self, ms: int, name: str | None = None) -> None:
+        """Set the periodic no-op writer's interval (ms) of shard ``name``, or of every shard
+        and the config server when None; the writer restarts with it. mongod's
+        ``periodicNoopIntervalSecs`` is 10 s by default: ``set_noop_interval(10_000)``
+        reproduces the latency an idle shard adds to a merged stream (SERVER-80427)."""
+        from shard import noop_writer
+        if int(ms) < 1:
+            raise ValueError("the no-op interval is at least 1 ms")
+        members = [self._shard(name)] if name is not None else \
+            [*self.shards.values(), *([self.config] if self.config else [])]
+        for member in members:
+            node = self.node(member.name)
+            node.options["noop_interval_ms"] = int(ms)
+            noop_writer.stop(node)
+            await run_as(member.name, _start_noop_writer, node)
+        if name is None:
+            self.noop_interval_ms = int(ms)
+
+    async def truncate_oplog(self, name: str, before: Timestamp | datetime.datetime) -> int:
+        """Remove every oplog entry (and pre-image) of shard ``name`` older than ``before`` (a
+        BSON Timestamp, or a datetime taken as UTC when naive), as capped-oplog truncation
+        does; the newest entry is always kept. A change stream resuming before the new oldest
+        entry then fails with ChangeStreamHistoryLost (286), labelled
+        NonResumableChangeStreamError. Returns the number of entries removed."""
+        node = self.node(self._shard(name).name)
+        if isinstance(before, datetime.datetime):
+            if before.tzinfo is None:
+                before = before.replace(tzinfo=datetime.timezone.utc)
+            before = Timestamp(int(before.timestamp()), 0)
+        if not isinstance(before, Timestamp):
+            raise TypeError("before must be a bson Timestamp or a datetime")
+        removed = node.oplog.truncate_before(ts_key(before))  # type: ignore[attr-defined]
+        node.flush()  # type: ignore[attr-defined]
+        return removed
+
+    async def configure_fail_point(self, member: str, name: str, mode: Any,
+                                   data: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``configureFailPoint`` on ``member`` (``"router"``, ``"config"`` or a shard name):
+        ``failCommand`` / ``failGetMoreAfterCursorCheckout`` with mongod's modes and data."""
+        cmd: dict[str, Any] = {"configureFailPoint": name, "mode": mode}
+        if data is not None:
+            cmd["data"] = data
+        return await self.command(member, cmd)
+
+
+async def _start_noop_writer(node: Any) -> None:
+    from shard import noop_writer
+    noop_writer.start(node)
+
+
+__all__ = ["AsyncShardedCluster", "ClusterNotRunning", "PROMISE_MODES"]

@@ -1,0 +1,194 @@
+"""One member of an in-process cluster: a role's node behind the ordinary server loop.
+
+:class:`GatedServer` is :class:`shardsim.server.Server` (the loop every role process runs) with
+two additions the test kit needs: a *gate* that, when closed, holds every command of every
+connection before it runs and every reply before it is sent (``pause_shard``: the shard stops
+answering, as a mongod stopped with SIGSTOP would), and :meth:`GatedServer.abort` which drops the
+listening socket and every connection without a goodbye (``kill_shard``).
+
+:class:`Member` keeps what is needed to build the node again on the same port and dbpath
+(``restart_shard``). Tasks a member's node starts are tracked through the :data:`OWNER`
+context variable and :class:`TaskTracker` (a task factory), so a killed or stopped member
+leaves no task behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from typing import Any, Awaitable, Callable
+
+from shardsim import wire
+from shardsim.node import Node
+from shardsim.server import Server
+
+#: The member (by name) on whose behalf the current task runs; tasks inherit it.
+OWNER: contextvars.ContextVar[str | None] = contextvars.ContextVar("shardsim_testing_owner",
+                                                                   default=None)
+
+
+class TaskTracker:
+    """A task factory recording each task under the :data:`OWNER` of the context it starts in.
+
+    Installed on the cluster's event loop by :meth:`install`; chains to a factory that was
+    already set (a user's loop may have one) and :meth:`uninstall` puts that one back.
+    """
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, set[asyncio.Task]] = {}
+        self._previous: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._previous = loop.get_task_factory()
+        loop.set_task_factory(self._factory)
+
+    def uninstall(self) -> None:
+        if self._loop is not None and self._loop.get_task_factory() == self._factory:
+            self._loop.set_task_factory(self._previous)
+        self._loop = None
+
+    def _factory(self, loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task:
+        ctx = kw.get("context")
+        owner = (ctx if ctx is not None else contextvars.copy_context()).get(OWNER)
+        if self._previous is not None:
+            task = self._previous(loop, coro, **kw)
+        else:
+            task = asyncio.Task(coro, loop=loop, **kw)
+        if owner is not None:
+            bucket = self.tasks.setdefault(owner, set())
+            bucket.add(task)
+            task.add_done_callback(bucket.discard)
+        return task
+
+    async def cancel(self, owner: str) -> None:
+        """Cancel every unfinished task of ``owner`` (not the calling task) and wait for them."""
+        me = asyncio.current_task()
+        tasks = [t for t in self.tasks.pop(owner, set()) if t is not me and not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+
+
+async def run_as(owner: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """Run ``fn(*args)`` in a task owned by ``owner`` (the tasks it starts are owned too)."""
+    ctx = contextvars.copy_context()
+    ctx.run(OWNER.set, owner)
+    return await asyncio.get_running_loop().create_task(fn(*args), context=ctx)
+
+
+class GatedServer(Server):
+    """The role server loop with a pause gate (see the module docstring)."""
+
+    def __init__(self, node: Node, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(node, host, port)
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def _respond(self, msg: wire.Message, conn: Any) -> bytes | None:
+        if not self.gate.is_set():
+            await self.gate.wait()
+        out = await super()._respond(msg, conn)
+        if not self.gate.is_set():  # a reply computed while paused waits too (an awaitData getMore)
+            await self.gate.wait()
+        return out
+
+    def abort(self) -> None:
+        """Close the listening socket and drop every connection at once (no replies)."""
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._conns):
+            transport = w.transport
+            if transport is not None:
+                transport.abort()
+        self._conns.clear()
+
+
+class Member:
+    """A config server, shard or router of the in-process cluster.
+
+    ``make_node(port)`` builds a fresh node (same options each time); ``port`` is fixed after
+    the first start so a restart comes back on the same address (the catalog names shards by
+    address). ``server`` is None while the member is down (killed or stopped).
+    """
+
+    def __init__(self, name: str, role: str, make_node: Callable[[int], Node], host: str,
+                 dbpath: str | None = None) -> None:
+        self.name = name
+        self.role = role
+        self.make_node = make_node
+        self.host = host
+        self.port = 0
+        self.dbpath = dbpath
+        self.node: Node | None = None
+        self.server: GatedServer | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.server is not None
+
+    async def start(self) -> None:
+        """Build the node and listen (on the kept port after the first start)."""
+        node = self.make_node(self.port)
+        server = GatedServer(node, self.host, self.port)
+        self.node = node
+        await server.start()
+        self.server = server
+        self.port = server.port
+
+    async def stop(self, tracker: TaskTracker) -> None:
+        """Shut down as the role process does on SIGTERM (durable stores flushed and closed)."""
+        server, self.server = self.server, None
+        if server is None:
+            return
+        server.gate.set()
+        _stop_background(server.node)
+        await server.close()
+        await tracker.cancel(self.name)
+        _close_pools(server.node)
+
+    async def kill(self, tracker: TaskTracker) -> None:
+        """Stop like ``kill -9``: connections dropped, tasks cancelled, nothing flushed (a
+        durable shard has committed every acknowledged write already), the dbpath lock freed."""
+        server, self.server = self.server, None
+        if server is None:
+            return
+        server.abort()
+        _stop_background(server.node)
+        await tracker.cancel(self.name)
+        server.gate.set()
+        _close_pools(server.node)
+        durable = getattr(server.node, "durable", None)
+        if durable is not None:
+            durable.conn.close()  # no checkpoint: the WAL is replayed on restart
+            durable._lock.close()
+            server.node.durable = None
+
+
+def _stop_background(node: Node) -> None:
+    for attr in ("noop_writer_task", "_refresher"):
+        task = getattr(node, attr, None)
+        if task is not None:
+            task.cancel()
+    for holder in (getattr(node, "cursors", None), getattr(node, "sessions", None)):
+        task = getattr(holder, "_reaper", None)
+        if task is not None:
+            task.cancel()
+
+
+def _close_pools(node: Node) -> None:
+    # the router's per-shard pools (``_pools``) and the config server's (``shard_pools``)
+    pools = getattr(node, "_pools", None) or getattr(node, "shard_pools", None)
+    if isinstance(pools, dict):
+        for p in list(pools.values()):
+            pool = p[1] if isinstance(p, tuple) else p
+            try:
+                pool.close()
+            except Exception:  # pragma: no cover - closing is best effort
+                pass
