@@ -8,7 +8,7 @@ SPEC_CACHE  ?= .cache/specs
 COMPOSE := $(shell if docker compose version >/dev/null 2>&1; then echo "docker compose"; elif command -v docker-compose >/dev/null 2>&1; then echo docker-compose; else echo "docker compose"; fi)
 COMPOSE_FILE := deploy/docker-compose.yml
 
-.PHONY: install run test unit integration spec load bench fetch-specs up down logs docker-base docker-build clean
+.PHONY: install run test unit integration spec load bench faults fetch-specs up down logs docker-base docker-build clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ spec: $(STAMP)
 
 load: $(STAMP)
 	$(VENV)/bin/shardsim load --ops 1000000 --shards 3
+
+# Fault trials: 100 kill -9 trials per role (shard, router, config server) on a durable cluster,
+# with a summary table; FAULT_ARGS="--seed N --trials 1 --role shard" replays one.
+FAULT_ARGS ?= --trials 100
+faults: $(STAMP)
+	$(PY) -m tests.faults $(FAULT_ARGS)
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done

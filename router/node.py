@@ -30,7 +30,6 @@ from router.change_stream.promise_requests import PromiseRequests
 from router.commands import FAMILIES
 from router.forwarding import BIG_BATCH
 from shardsim.gossip import OPERATION_TIME, gossip_command
-from router.retryable_writes import RetryCache
 from router.transactions import TransactionRouter
 from router.writes import NamespaceGate
 from shardsim.client import Pool, parse_address
@@ -57,8 +56,6 @@ class RouterNode(Node):
 
     * ``transactions`` (:class:`router.transactions.TransactionRouter`): the one shard of each
       open transaction;
-    * ``retryable_writes`` (:class:`router.retryable_writes.RetryCache`): the statements each
-      retryable write has applied;
     * ``write_gates`` (``{namespace or database: router.writes.NamespaceGate}``): this router's
       writes held during a moveChunk/movePrimary it runs;
     * ``promise_requests`` (:class:`router.change_stream.promise_requests.PromiseRequests`): the
@@ -78,7 +75,6 @@ class RouterNode(Node):
         self._refresher: asyncio.Task | None = None
         self.transactions = TransactionRouter()
         self.promise_requests = PromiseRequests(self.clock)
-        self.retryable_writes = RetryCache()
         self.write_gates: dict[str, NamespaceGate] = {}
         self.commands.install(self, *FAMILIES)
         router_security.install(self)  # users, roles and HMAC keys from the config server

@@ -1,66 +1,71 @@
-"""Retryable writes through the router: which statements of a client's write command (by
-``lsid``/``txnNumber``) were already applied, so that a retry applies only the rest and answers
-with the totals of both attempts. Nothing is applied twice.
+"""Retryable writes through the router, as mongos runs them: the router keeps no retry record.
 
-The shards keep their own retry history per command, but one client command becomes several
-child batches on the router (one per shard, or several consecutive runs for an ordered batch),
-so the router keeps the per-statement record itself. mongos relies on the shards'
-``config.transactions`` instead; see ``src/mongo/s/write_ops/batch_write_exec.cpp``.
+A client's retryable write (``lsid`` + ``txnNumber``, no ``autocommit``) is forwarded to every
+shard it targets with the same ``lsid`` and ``txnNumber`` and, per child batch, the
+``stmtIds`` of the statements it carries (``write_ops::getStmtIdForWriteAt``: the client's
+``stmtIds[i]``, else ``stmtId + i``, else ``i``; ``batch_write_op.cpp``
+``BatchWriteOp::buildBatchRequest``). Each shard keeps its session record
+(``config.transactions``, :mod:`shard.sessions`) and answers a statement it already executed
+from that record without applying it again, so a retry after a client timeout, a router crash
+or a shard restart is applied once whichever router runs it.
 
-One :class:`RetryCache` per router process (``RouterNode.retryable_writes``), used by
-:func:`router.writes.run_write` and :func:`router.writes.find_and_modify`.
+Sending a child batch of a retryable write is idempotent, so the router itself retries it on a
+retriable error (mongos' ``Shard::RetryPolicy::kIdempotent`` in
+``batch_write_exec.cpp`` ``executeChildBatches``); a batch that still cannot be sent becomes
+write errors ("Write results unavailable from <shard>", ``processErrorResponseFromLocal``),
+never a top-level error of the client's command.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import asyncio
 from typing import Any
 
-RETRY_CACHE_SIZE = 10_000
+from shardsim.errors import RETRYABLE_WRITE_CODES, MongoError
 
-# A retryable write: (the session's lsid.id bytes, txnNumber).
-RetryKey = tuple[bytes, int]
+# Codes after which a child batch of a retryable write is sent again (ErrorCategory::
+# RetriableError in error_codes.yml: network errors, shutdown, not-primary).
+RETRIABLE_CODES = RETRYABLE_WRITE_CODES
+# Attempts per child batch (AsyncRequestsSender's kMaxNumFailedHostRetryAttempts + 1).
+MAX_ATTEMPTS = 3
+RETRY_PAUSE_S = 0.05
 
 
-class RetryCache:
-    """Retryable write records by :data:`RetryKey` (LRU, at most ``size`` entries).
+def is_retryable(body: dict[str, Any]) -> bool:
+    """True for a retryable write: ``lsid`` and ``txnNumber`` outside a transaction."""
+    return isinstance(body.get("lsid"), dict) and body.get("txnNumber") is not None and \
+        body.get("autocommit") is not False
 
-    A write command's record is ``{"done": set[int] (statement indexes applied), "n": int,
-    "nModified": int, "upserted": list[{"index", "_id"}]}``, plus ``"complete": True`` once
-    every statement was applied; a findAndModify's record is its reply body.
-    """
 
-    def __init__(self, size: int = RETRY_CACHE_SIZE) -> None:
-        self._data: OrderedDict[RetryKey, dict[str, Any]] = OrderedDict()
-        self._size = size
+def stmt_id_at(body: dict[str, Any], index: int) -> int:
+    """The stmtId of the client's ``index``-th statement (``write_ops::getStmtIdForWriteAt``):
+    ``stmtIds[index]`` when the client sent ``stmtIds``, else ``stmtId + index`` (``stmtId``
+    defaults to 0)."""
+    ids = body.get("stmtIds")
+    if isinstance(ids, list) and index < len(ids):
+        return int(ids[index])
+    base = body.get("stmtId", 0)
+    return int(base or 0) + index
 
-    @staticmethod
-    def key(body: dict[str, Any]) -> RetryKey | None:
-        """The record key of a command body, or None when it is not a retryable write (no
-        ``lsid``/``txnNumber``, or inside a transaction: ``autocommit: false``)."""
-        lsid, txn = body.get("lsid"), body.get("txnNumber")
-        if not isinstance(lsid, dict) or txn is None or body.get("autocommit") is False:
-            return None
-        ident = lsid.get("id")
-        return (bytes(ident) if ident is not None else b"", int(txn))
 
-    def get(self, key: RetryKey) -> dict[str, Any] | None:
-        """The record of ``key`` (marked recently used), or None."""
-        reply = self._data.get(key)
-        if reply is not None:
-            self._data.move_to_end(key)
-        return reply
+async def send_idempotent(send: Any, retryable: bool) -> Any:
+    """Await ``send()`` (a coroutine factory); for a retryable write, again (up to
+    :data:`MAX_ATTEMPTS` in all) while it fails with a :data:`RETRIABLE_CODES` MongoError.
+    Returns its result or raises its last error."""
+    attempts = MAX_ATTEMPTS if retryable else 1
+    for attempt in range(attempts):
+        try:
+            return await send()
+        except MongoError as exc:
+            if attempt + 1 >= attempts or exc.code not in RETRIABLE_CODES:
+                raise
+        await asyncio.sleep(RETRY_PAUSE_S)
+    raise AssertionError("unreachable")  # pragma: no cover
 
-    def record(self, key: RetryKey) -> dict[str, Any]:
-        """The (new or existing) record ``{done: set, n, nModified, upserted}`` of ``key``."""
-        rec = self.get(key)
-        if rec is None:
-            rec = {"done": set(), "n": 0, "nModified": 0, "upserted": []}
-            self.put(key, rec)
-        return rec
 
-    def put(self, key: RetryKey, reply: dict[str, Any]) -> None:
-        """Store ``reply`` as the record of ``key``, evicting the least recently used."""
-        self._data[key] = reply
-        if len(self._data) > self._size:
-            self._data.popitem(last=False)
+def unavailable_error(index: int, shard: str, exc: MongoError) -> dict[str, Any]:
+    """The write error of a statement whose child batch got no reply from ``shard``:
+    ``{index, code, errmsg: "Write results unavailable from <shard> :: caused by :: ..."}``
+    (``batch_write_exec.cpp`` ``processErrorResponseFromLocal``)."""
+    return {"index": index, "code": exc.code,
+            "errmsg": f"Write results unavailable from {shard} :: caused by :: {exc.errmsg}"}

@@ -13,12 +13,14 @@ Each statement of an ``insert``/``update``/``delete`` is targeted:
 
 Ordered batches run as consecutive same-shard runs and stop at the first write error; unordered
 batches run one child batch per shard concurrently. The reply merges ``n``/``nModified``/
-``upserted``/``writeErrors`` with the client's statement indexes. Retryable writes (``lsid``/
-``txnNumber`` outside a transaction) are tracked by the router per statement
-(:class:`router.retryable_writes.RetryCache`, ``RouterNode.retryable_writes``): a retry applies
-only the statements an earlier attempt did not, and answers with the totals of both, so nothing
-is applied twice. Statements inside a transaction register their shard with
-``RouterNode.transactions`` (:mod:`router.transactions`).
+``upserted``/``writeErrors``/``retriedStmtIds`` with the client's statement indexes; a child
+batch that gets no reply fails its statements as write errors (one for an ordered batch, each
+for an unordered one: ``BatchWriteOp::noteBatchError``), so a partly applied batch always
+reports what was applied. Retryable writes (``lsid``/``txnNumber`` outside a transaction) go to
+the shards with their ``lsid``, ``txnNumber`` and ``stmtIds`` (:mod:`router.retryable_writes`);
+the shards' session records make a retry exactly-once, the router keeps nothing. Statements
+inside a transaction register their shard with ``RouterNode.transactions``
+(:mod:`router.transactions`).
 
 The ``insert``/``update``/``delete``/``findAndModify`` commands themselves are in
 :mod:`router.commands.crud`.
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from bson import ObjectId
 
 from router.forwarding import forwardable, reply_body
-from router.retryable_writes import RetryCache
+from router import retryable_writes as rw
 from shardsim.commands import Request, check_type
 from shardsim.errors import MongoError
 
@@ -78,6 +80,7 @@ class WriteExecutor:
         self.ns = f"{self.db}.{self.coll}"
         self.ordered = req.get("ordered", True) is not False
         self.in_txn = req.get("autocommit") is False
+        self.retryable = rw.is_retryable(req.body)
 
     # -- targeting ----------------------------------------------------------------------------
     async def find_owner(self, q: Any, shards: list[str], extra: dict[str, Any]) -> str | None:
@@ -136,11 +139,9 @@ class WriteExecutor:
         for k in _BATCH_OPTS:
             if k in self.req.body:
                 cmd[k] = self.req.body[k]
-        if not self.in_txn:
-            # Retryability is the router's (router.retryable_writes): the shards' retry
-            # history is per command, and one client command becomes several child batches here.
-            cmd.pop("lsid", None)
-            cmd.pop("txnNumber", None)
+        if self.retryable:
+            # The shards' session records make the retry exactly-once (router.retryable_writes).
+            cmd["stmtIds"] = [rw.stmt_id_at(self.req.body, i) for i in run.idx]
         if self.req.get("fromMigrate") is True:
             cmd["fromMigrate"] = True
         return cmd
@@ -206,11 +207,15 @@ class WriteExecutor:
                     [{"index": i, "code": 20,
                       "errmsg": "Must run update to shard key field in a multi-statement "
                                 "transaction or with retryWrites: true."}])
+        # Both halves carry the statement's stmtId: a retry finds the delete (and the insert)
+        # in the shards' session records and applies neither again.
+        session = {k: self.req.body[k] for k in ("lsid", "txnNumber") if k in self.req.body}
+        session["stmtIds"] = [rw.stmt_id_at(self.req.body, i)]
         await self.router.shard_command(shard, self.db, {
-            "delete": self.coll, "deletes": [{"q": {"_id": pre["_id"]}, "limit": 1}]})
+            "delete": self.coll, "deletes": [{"q": {"_id": pre["_id"]}, "limit": 1}], **session})
         try:
             await self.router.shard_command(owner, self.db, {"insert": self.coll,
-                                                             "documents": [post]})
+                                                             "documents": [post], **session})
         except MongoError as exc:
             await self.router.shard_command(shard, self.db, {"insert": self.coll, "documents": [pre]})
             return ({"n": 0, "nModified": 0, "upserted": []},
@@ -220,11 +225,16 @@ class WriteExecutor:
 
     async def _send_plain(self, run: Run) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         cmd = self._child_command(run)
-        totals = {"n": 0, "nModified": 0, "upserted": []}
+        totals: dict[str, Any] = {"n": 0, "nModified": 0, "upserted": [], "retried": []}
         errors: list[dict[str, Any]] = []
 
         async def one(shard: str) -> dict[str, Any]:
-            reply = await self.router.shard_command(shard, self.db, cmd)
+            try:
+                reply = await rw.send_idempotent(
+                    lambda: self.router.shard_command(shard, self.db, cmd), self.retryable)
+            except MongoError as exc:
+                exc.shard = shard  # for the write error's "Write results unavailable from"
+                raise
             # change streams: ask idle shards for promises past this write
             self.router.promise_requests.on_shard_write(shard, self.ns, reply.get("operationTime"))
             return reply
@@ -241,12 +251,15 @@ class WriteExecutor:
             replies = await asyncio.gather(*(one(s) for s in run.shards), return_exceptions=True)
         for reply in replies:
             if isinstance(reply, MongoError):
-                if reply.code in (6, 7, 89, 9001) or len(run.idx) == 0:
-                    raise reply
-                # A command-level error fails every statement of the child batch.
+                if len(run.idx) == 0 or (self.in_txn and reply.code in rw.RETRIABLE_CODES):
+                    raise reply  # in a transaction a network error fails the command
+                # No reply, or a command-level error: it fails the child batch's statements
+                # (the first of an ordered batch, each of an unordered one; noteBatchError).
+                shard = getattr(reply, "shard", None)
                 for i in run.idx[:1] if self.ordered else run.idx:
-                    errors.append({"index": i, "code": reply.code,
-                                   "errmsg": reply.errmsg})
+                    errors.append(rw.unavailable_error(i, shard, reply)
+                                  if shard is not None and reply.code in rw.RETRIABLE_CODES
+                                  else {"index": i, "code": reply.code, "errmsg": reply.errmsg})
                 continue
             if isinstance(reply, BaseException):
                 raise reply
@@ -254,6 +267,7 @@ class WriteExecutor:
             totals["nModified"] += int(reply.get("nModified", 0))
             for u in reply.get("upserted", []):
                 totals["upserted"].append({"index": run.idx[int(u["index"])], "_id": u["_id"]})
+            totals["retried"].extend(reply.get("retriedStmtIds", []))
             for e in reply.get("writeErrors", []):
                 e = dict(e)
                 e["index"] = run.idx[int(e["index"])]
@@ -282,17 +296,15 @@ class WriteExecutor:
             ops = fixed
         return ops
 
-    async def _target_all(self, ops: list[Any], done: set[int], complete: bool
+    async def _target_all(self, ops: list[Any]
                           ) -> tuple[list[Target | None], list[dict[str, Any]]]:
-        """Target every statement not yet applied: ``(targets, errors)`` with one ``(index,
+        """Target every statement: ``(targets, errors)`` with one ``(index,
         shards, broadcast)`` per targeted statement and None for one that could not be
         targeted (its write error is in ``errors``; an ordered batch stops there). Network
         errors and ShardNotFound (70) are raised."""
         errors: list[dict[str, Any]] = []
         targets: list[Target | None] = []
         for i, op in enumerate(ops):
-            if complete or i in done:
-                continue
             try:
                 shards, broadcast = await self.target(op)
                 targets.append((i, shards, broadcast))
@@ -338,79 +350,73 @@ class WriteExecutor:
             runs.extend(by_shard.values())
         return runs
 
-    async def execute(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def execute(self) -> dict[str, Any]:
         """Target and run every statement; returns the reply body ``{n, [nModified],
-        [upserted], [writeErrors], [writeConcernError]}`` with the client's statement indexes.
+        [upserted], [writeErrors], [retriedStmtIds], [writeConcernError]}`` with the client's
+        statement indexes (``BatchWriteOp::buildClientResponse``).
 
-        ``record`` (retryable writes, see :class:`router.retryable_writes.RetryCache`) names
-        statements already applied by an earlier attempt: they are skipped and their totals
-        reused. Raises TypeMismatch (14) / IDLFailedToParse (40414) for a bad statement list,
-        InvalidNamespace (73), network errors (6, 7, 89, 9001) and ShardNotFound (70) as
-        such; a transaction spanning shards raises 263 (:mod:`router.transactions`). Other
-        failures become ``writeErrors``."""
+        Raises TypeMismatch (14) / IDLFailedToParse (40414) for a bad statement list,
+        InvalidNamespace (73), ShardNotFound (70) and network errors met while targeting;
+        inside a transaction a shard's network error fails the command (TransientTransaction-
+        Error, ``processErrorResponseFromLocal``) and a transaction spanning shards raises 263
+        (:mod:`router.transactions`). Everything else, a shard that is down included, becomes
+        ``writeErrors`` next to the counts of what was applied."""
         ops = self.statements()
-        done: set[int] = record["done"] if record is not None else set()
-        complete = record is not None and record.get("complete", False)
         # Untargetable statements become write errors.
-        targets, errors = await self._target_all(ops, done, complete)
+        targets, errors = await self._target_all(ops)
         runs = self._group(ops, targets)
         if self.in_txn:
             used = {s for r in runs for s in r.shards}
             self.router.transactions.participant(self.req, used)
-        totals = record if record is not None else {"n": 0, "nModified": 0, "upserted": []}
+        totals: dict[str, Any] = {"n": 0, "nModified": 0, "upserted": [], "retried": []}
         wce = None
-        done_any = False
 
-        def fold(run: Run, t: dict[str, Any], errs: list[dict[str, Any]]) -> None:
+        def fold(t: dict[str, Any], errs: list[dict[str, Any]]) -> None:
             nonlocal wce
             totals["n"] += t["n"]
             totals["nModified"] += t["nModified"]
             totals["upserted"].extend(t["upserted"])
+            totals["retried"].extend(t.get("retried", ()))
             errors.extend(errs)
             wce = t.get("writeConcernError", wce)
-            failed = {e["index"] for e in errs}
-            first_failed = min(failed) if failed else None
-            for i in run.idx:
-                if i in failed or (self.ordered and first_failed is not None and i > first_failed):
-                    continue
-                done.add(i)
 
         if self.ordered:
-            target_error = errors[0]["index"] if errors else None
             for run in runs:
                 try:
                     t, errs = await self._send(run)
                 except MongoError as exc:
-                    if not done_any:
+                    if self.in_txn:
                         raise
                     errors.append({"index": run.idx[0], "code": exc.code, "errmsg": exc.errmsg})
                     break
-                done_any = True
-                fold(run, t, errs)
+                fold(t, errs)
                 if errs:
                     break
-            if target_error is not None:
-                errors.sort(key=lambda e: e["index"])
         else:
             results = await asyncio.gather(*(self._send(r) for r in runs), return_exceptions=True)
-            failures = [(r, x) for r, x in zip(runs, results) if isinstance(x, BaseException)]
-            if failures and len(failures) == len(runs) and not errors:
-                raise failures[0][1]
             for run, res in zip(runs, results):
                 if isinstance(res, MongoError):
+                    if self.in_txn:
+                        raise res
                     for i in run.idx:
-                        errors.append({"index": i, "code": res.code,
-                                       "errmsg": res.errmsg})
+                        errors.append({"index": i, "code": res.code, "errmsg": res.errmsg})
                 elif isinstance(res, BaseException):
                     raise res
                 else:
-                    fold(run, *res)
+                    fold(*res)
+        return self._reply(totals, errors, wce)
+
+    def _reply(self, totals: dict[str, Any], errors: list[dict[str, Any]],
+               wce: Any) -> dict[str, Any]:
+        """The client's reply from the folded child-batch results."""
         errors.sort(key=lambda e: e["index"])
         # A broadcast statement failing on several shards is reported once.
         unique: dict[int, dict[str, Any]] = {}
         for e in errors:
             unique.setdefault(e["index"], e)
         errors = list(unique.values())
+        if self.ordered and errors:
+            errors = errors[:1]  # an ordered batch stops at its first error
         reply: dict[str, Any] = {"n": totals["n"]}
         if self.kind == "update":
             if totals["upserted"]:
@@ -418,10 +424,8 @@ class WriteExecutor:
             reply["nModified"] = totals["nModified"]
         if errors:
             reply["writeErrors"] = errors
-        elif record is not None:
-            # Every statement applied: remember just that (not the index set) for a retry.
-            record["complete"] = True
-            done.clear()
+        if totals["retried"]:
+            reply["retriedStmtIds"] = sorted(set(totals["retried"]))
         if wce is not None:
             reply["writeConcernError"] = wce
         return reply
@@ -476,17 +480,14 @@ def gate_for(router: "RouterNode", ns: str) -> NamespaceGate:
 
 async def run_write(router: "RouterNode", req: Request, kind: str) -> dict[str, Any]:
     """insert/update/delete (``kind``) through the router: waits at the database's and the
-    namespace's :class:`NamespaceGate`, then :meth:`WriteExecutor.execute` with the request's
-    retryable-write record (``router.retryable_writes``). Returns the reply body; raises as
+    namespace's :class:`NamespaceGate`, then :meth:`WriteExecutor.execute`. Returns the reply body; raises as
     :meth:`WriteExecutor.execute` does."""
-    key = RetryCache.key(req.body)
-    record = router.retryable_writes.record(key) if key is not None else None
     db_gate, gate = gate_for(router, req.db), gate_for(router, f"{req.db}.{req.arg}")
     await db_gate.enter()
     try:
         await gate.enter()
         try:
-            return await WriteExecutor(router, req, kind).execute(record)
+            return await WriteExecutor(router, req, kind).execute()
         finally:
             await gate.exit()
     finally:
@@ -496,7 +497,8 @@ async def run_write(router: "RouterNode", req: Request, kind: str) -> dict[str, 
 async def find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
     """findAndModify: to the shard owning the query's shard key, else the first shard holding
     a match (behind the same write gates as :func:`run_write`). Returns the shard's reply body
-    (``{lastErrorObject, value}``), remembered for a retry of a retryable write. An
+    (``{lastErrorObject, value}``); a retryable findAndModify goes with its ``lsid``/
+    ``txnNumber``/``stmtId`` and the shard answers a retry from its session record. An
     untargetable upsert fails with ShardKeyNotFound (61); a second shard in a transaction with
     263."""
     db_gate, gate = gate_for(router, req.db), gate_for(router, f"{req.db}.{req.arg}")
@@ -512,11 +514,6 @@ async def find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
 
 
 async def _find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
-    key = RetryCache.key(req.body)
-    if key is not None:
-        cached = router.retryable_writes.get(key)
-        if cached is not None:
-            return dict(cached)
     db, coll = req.db, req.arg
     ns = f"{db}.{coll}"
     info = router.catalog.collection(ns)
@@ -542,8 +539,7 @@ async def _find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]
             shard = await ex.find_owner(q, owners, extra) or owners[0]
     if req.get("autocommit") is False:
         router.transactions.participant(req, {shard})
-    reply = await router.shard_command(shard, db, forwardable(req.body))
-    out = reply_body(reply)
-    if key is not None:
-        router.retryable_writes.put(key, dict(out))
-    return out
+    body = forwardable(req.body)
+    reply = await rw.send_idempotent(lambda: router.shard_command(shard, db, body),
+                                     rw.is_retryable(req.body))
+    return reply_body(reply)

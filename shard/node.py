@@ -174,7 +174,16 @@ class ShardNode(Node):
     # -- dispatch -----------------------------------------------------------------------------
     async def run_command(self, req: Request) -> dict[str, Any]:
         """Run a command; a durable shard commits what it wrote before replying. A commit that
-        fails turns the reply into the storage error (:meth:`flush`)."""
+        fails turns the reply into the storage error (:meth:`flush`). A command with ``lsid``
+        and ``txnNumber`` first checks its session out
+        (:meth:`shard.sessions.Sessions.checkout`): a retry waits for the attempt still
+        running."""
+        if req.body.get("txnNumber") is not None and isinstance(req.body.get("lsid"), dict):
+            async with self.sessions.checkout(req.body["lsid"]):
+                return await self._run_command(req)
+        return await self._run_command(req)
+
+    async def _run_command(self, req: Request) -> dict[str, Any]:
         if req.body.get("autocommit") is False and \
                 self.commands.canonical(req.name) not in ("commitTransaction", "abortTransaction"):
             # Any statement (read or write) may start or continue a transaction.

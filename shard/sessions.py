@@ -1,11 +1,25 @@
 """Logical sessions on a shard: retryable writes and single-shard multi-document transactions.
 
-Retryable writes (``lsid`` + ``txnNumber`` without ``autocommit``): each executed statement
-(by ``stmtId``) is remembered with its result for the session's current txnNumber; a retry
-skips the statements that already ran, reports their results and lists them in
-``retriedStmtIds``, and runs the rest, so a write is never applied twice. An older txnNumber
-fails with TransactionTooOld (225) (``transaction_participant.cpp``, ``config.transactions``).
-Durable shards persist this history.
+Retryable writes (``lsid`` + ``txnNumber`` without ``autocommit``), as mongod's
+``TransactionParticipant`` keeps them (``transaction_participant.cpp``): the session record
+(``config.transactions``: lsid, txnNumber, the executed stmtIds) remembers each executed
+statement with its result for the session's current txnNumber. A retry skips the statements
+that already ran (``checkStatementExecuted``), answers with their first results (``n``,
+``nModified``, ``upserted``; a findAndModify's whole reply, which stands in for mongod's
+pre/post-image oplog entries) and lists them in ``retriedStmtIds``, and runs the rest, so a
+write is never applied or logged twice. An older txnNumber fails with TransactionTooOld (225).
+A command of a session first checks the session out (:meth:`Sessions.checkout`, mongod's
+``SessionCatalog::checkOutSession``): a retry that arrives while the first attempt still runs
+waits for it, then finds its statements executed. Durable shards write the record in the same
+SQLite transaction as the documents and oplog entries of the write (:meth:`Sessions.note`,
+:mod:`shard.durable`) and load it back on start-up (:meth:`Sessions.restore`), so a retry after
+a restart is not applied again. The record keeps results rather than oplog opTimes, so its
+history can never be incomplete (mongod's IncompleteTransactionHistory, 217, is not raised).
+
+The API the write commands and (later) cross-shard transactions use: :meth:`Sessions.checkout`,
+:meth:`Sessions.retryable` (the session of a retryable write, 225 for an older txnNumber),
+:meth:`Session.lookup` (the recorded result of an executed stmtId), :meth:`Session.record_result`,
+:meth:`Sessions.note` (durable write), :meth:`Sessions.restore` (start-up).
 
 Transactions (``autocommit: false``; ``startTransaction: true`` on the first statement): writes
 go to per-collection overlays (:class:`TxnView`) that only the transaction's own statements
@@ -33,6 +47,17 @@ from shardsim.errors import MongoError
 from shard.storage import id_key
 
 TRANSIENT = ["TransientTransactionError"]
+
+
+class _NoCheckout:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+
+_NO_CHECKOUT = _NoCheckout()
 
 
 def _session_id(lsid: Any) -> bytes | None:
@@ -237,6 +262,19 @@ class Session:
         self.txn_number = -1
         self.txn: Transaction | None = None
         self.executed: dict[int, Any] = {}  # stmtId -> result, for txn_number
+        self.lock = asyncio.Lock()  # the session checkout (Sessions.checkout)
+
+    def lookup(self, stmt_id: int) -> Any:
+        """The recorded result of ``stmt_id`` when it was executed under the current
+        txnNumber (``TransactionParticipant::checkStatementExecuted``), else None. Results are
+        ``1`` (insert), the count deleted (delete), ``{n, m, u: [upserted _id]}`` (update) or
+        the reply body (findAndModify)."""
+        return self.executed.get(stmt_id)
+
+    def record_result(self, stmt_id: int, result: Any) -> None:
+        """Remember that ``stmt_id`` ran with ``result`` (see :meth:`lookup`); made durable by
+        :meth:`Sessions.note` with the rest of the command's writes."""
+        self.executed[stmt_id] = result
 
     def record(self) -> dict[str, Any]:
         """The persisted form: ``{lsid, txnNumber, stmts: [{i: stmtId, r: result}]}``."""
@@ -288,6 +326,14 @@ class Sessions:
     def lsids(self) -> list[Any]:
         """The lsid of every known session (killAllSessions)."""
         return [s.lsid for s in list(self._sessions.values())]
+
+    def checkout(self, lsid: Any) -> Any:
+        """``async with sessions.checkout(lsid):`` run one command of the session alone
+        (mongod's ``SessionCatalog::checkOutSession`` / ``OperationContextSession``): a second
+        command of the same session (a retry arriving while the first attempt still runs)
+        waits until the first one has finished. A no-op without a valid ``lsid.id``."""
+        s = self.get(lsid)
+        return s.lock if s is not None else _NO_CHECKOUT
 
     def get(self, lsid: Any) -> Session | None:
         """The session of ``lsid`` (created on first use), or None without a valid ``lsid.id``."""

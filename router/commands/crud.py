@@ -3,9 +3,9 @@
 
 The handlers only choose the path: the ``config``/``admin`` databases belong to the config
 server (:func:`router.commands.admin.config_write`); everything else is targeted by shard key
-and executed by :mod:`router.writes`, which also keeps retryable writes exactly-once
-(:mod:`router.retryable_writes`) and registers transaction participants
-(:mod:`router.transactions`).
+and executed by :mod:`router.writes`, which forwards a retryable write's ``lsid``/``txnNumber``/
+``stmtIds`` so the shards' session records keep it exactly-once (:mod:`router.retryable_writes`)
+and registers transaction participants (:mod:`router.transactions`).
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
         try:
             if retry is not None:
                 sid = stmt_id_of(req, i)
-                if sid in retry.executed:
+                if retry.lookup(sid) is not None:
                     retried.append(sid)
                     n += 1
                     continue
@@ -134,7 +134,7 @@ async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
                 storage.note_doc(coll, k, doc)
             node.log_op("i", coll, doc, coll.document_key(doc), ctx=ctx, size=raw_size)
             if retry is not None:
-                retry.executed[ctx.stmt_id] = 1
+                retry.record_result(ctx.stmt_id, 1)
             n += 1
         except MongoError as exc:
             errors.append(_write_error(i, exc))
@@ -236,17 +236,20 @@ async def update(node: ShardNode, req: Request) -> dict[str, Any]:
             done = None
             if retry is not None:
                 ctx.stmt_id = stmt_id_of(req, i)
-                done = retry.executed.get(ctx.stmt_id)
+                done = retry.lookup(ctx.stmt_id)
             if done is not None:
                 retried.append(ctx.stmt_id)
-                m, mod = int(done["n"]), int(done["m"])
-                up = done["u"][0] if done.get("u") else _NONE
+                if isinstance(done, dict):
+                    m, mod = int(done["n"]), int(done["m"])
+                    up = done["u"][0] if done.get("u") else _NONE
+                else:  # the delete/insert pair of an update that moved its document's shard
+                    m, mod, up = int(done), int(done), _NONE
             else:
                 coll = txn_view(node, storage.get(req.db, name), ctx)
                 m, mod, up = do_update(node, coll, req.db, name, stmt, ctx, i)
                 if retry is not None:
-                    retry.executed[ctx.stmt_id] = {"n": m, "m": mod,
-                                                   "u": [up] if up is not _NONE else []}
+                    retry.record_result(ctx.stmt_id, {"n": m, "m": mod,
+                                                      "u": [up] if up is not _NONE else []})
             n += m
             n_modified += mod
             if up is not _NONE:
@@ -304,9 +307,10 @@ async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
                 raise MongoError(14, "BSON field 'delete.deletes.q' is the wrong type, expected type 'object'")
             if retry is not None:
                 ctx.stmt_id = stmt_id_of(req, i)
-                if ctx.stmt_id in retry.executed:
+                done = retry.lookup(ctx.stmt_id)
+                if done is not None:
                     retried.append(ctx.stmt_id)
-                    n += int(retry.executed[ctx.stmt_id])
+                    n += int(done) if not isinstance(done, dict) else int(done.get("n", 0))
                     continue
             coll = txn_view(node, storage.get(req.db, name), ctx)
             deleted = 0
@@ -317,7 +321,7 @@ async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
                     break
             n += deleted
             if retry is not None:
-                retry.executed[ctx.stmt_id] = deleted
+                retry.record_result(ctx.stmt_id, deleted)
         except MongoError as exc:
             errors.append(_write_error(i, exc))
             if ordered or ctx.txn is not None:
@@ -358,8 +362,8 @@ async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
     ctx = begin_write(node, req)
     if ctx.retry is not None:
         ctx.stmt_id = int(body.get("stmtId", 0) or 0)
-        done = ctx.retry.executed.get(ctx.stmt_id)
-        if done is not None:
+        done = ctx.retry.lookup(ctx.stmt_id)
+        if isinstance(done, dict):
             return {**done, "retriedStmtId": ctx.stmt_id}
     coll = txn_view(node, storage.get(req.db, name), ctx)
     try:
@@ -401,6 +405,6 @@ async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
         raise
     reply = {"lastErrorObject": leo, "value": value}
     if ctx.retry is not None:
-        ctx.retry.executed[ctx.stmt_id] = reply
+        ctx.retry.record_result(ctx.stmt_id, reply)
         node.sessions.note(ctx.retry)
     return reply

@@ -10,7 +10,7 @@ import pytest
 
 from router.commands import FAMILIES, admin, sharding, transactions
 from router.node import RouterNode
-from router.retryable_writes import RetryCache
+from router import retryable_writes as rw
 from router.transactions import TransactionRouter
 from shardsim.commands import ConnectionInfo, Request
 from shardsim.errors import MongoError
@@ -44,20 +44,29 @@ def test_transaction_router_keeps_one_shard_per_transaction() -> None:
     assert txns.shard_of(_txn("abortTransaction", 2)) is None
 
 
-def test_retry_cache_key_record_and_lru() -> None:
-    assert RetryCache.key({"insert": "c"}) is None
-    assert RetryCache.key({"lsid": LSID, "txnNumber": 3, "autocommit": False}) is None
-    key = RetryCache.key({"lsid": LSID, "txnNumber": 3})
-    assert key == (b"\x01" * 16, 3)
-    cache = RetryCache(size=2)
-    rec = cache.record(key)
-    assert rec == {"done": set(), "n": 0, "nModified": 0, "upserted": []}
-    rec["done"].add(0)
-    assert cache.record(key) is rec
-    cache.put((b"", 1), {"value": 1})
-    cache.get(key)  # key is now the most recently used
-    cache.put((b"", 2), {"value": 2})
-    assert cache.get((b"", 1)) is None and cache.get(key) is rec
+def test_retryable_write_stmt_ids_and_idempotent_send() -> None:
+    assert not rw.is_retryable({"insert": "c"})
+    assert not rw.is_retryable({"lsid": LSID, "txnNumber": 3, "autocommit": False})
+    assert rw.is_retryable({"lsid": LSID, "txnNumber": 3})
+    # write_ops::getStmtIdForWriteAt: stmtIds[i], else stmtId + i, else i.
+    assert rw.stmt_id_at({"stmtIds": [7, 9]}, 1) == 9
+    assert rw.stmt_id_at({"stmtId": 10}, 2) == 12
+    assert rw.stmt_id_at({}, 4) == 4
+    calls: list[int] = []
+
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise MongoError(6, "connection refused")
+        return "ok"
+    assert asyncio.run(rw.send_idempotent(flaky, True)) == "ok" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(MongoError):  # not retryable: one attempt
+        asyncio.run(rw.send_idempotent(flaky, False))
+    assert len(calls) == 1
+    err = rw.unavailable_error(4, "shard1", MongoError(6, "boom"))
+    assert err == {"index": 4, "code": 6,
+                   "errmsg": "Write results unavailable from shard1 :: caused by :: boom"}
 
 
 class _StubNode:

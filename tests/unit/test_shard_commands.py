@@ -69,3 +69,40 @@ def test_common_handlers_alone():
         == {"you": "127.0.0.1:1234"}
     # the base node's session commands are the common no-ops
     assert node.commands.lookup("endSessions").__wrapped__ is node_commands.end_sessions
+
+
+def test_a_retry_waits_for_the_session_checkout_and_answers_from_the_record():
+    """mongod's SessionCatalog::checkOutSession: a retry arriving while the first attempt still
+    holds the session waits, then finds the statement executed (n/nModified/upserted as the
+    first time, ``retriedStmtIds``) and writes no second oplog entry."""
+    node = ShardNode(shard_name="direct")
+    lsid = {"id": b"\x05" * 16}
+
+    def update() -> Request:
+        return _req("update", "db", {"update": "c", "lsid": lsid, "txnNumber": 4,
+                                     "updates": [{"q": {"_id": 1}, "u": {"$inc": {"x": 1}},
+                                                  "upsert": True},
+                                                 {"q": {"_id": 2}, "u": {"$inc": {"x": 1}}}]})
+
+    async def main() -> None:
+        checkout = node.sessions.checkout(lsid)
+        await checkout.acquire()  # the first attempt holds the session
+        retry = asyncio.ensure_future(node.run_command(update()))
+        await asyncio.sleep(0.05)
+        assert not retry.done()
+        first = await crud.update(node, update())
+        checkout.release()
+        again = await retry
+        assert first == {"n": 1, "upserted": [{"index": 0, "_id": 1}], "nModified": 0}
+        assert again["n"] == 1 and again["upserted"] == first["upserted"]
+        assert again["retriedStmtIds"] == [0, 1]
+        ops = [e["op"] for e in node.oplog.entries_from(0) if e["ns"] == "db.c"]
+        assert ops == ["i"]
+        # an older txnNumber: TransactionTooOld (225)
+        old = _req("update", "db", {"update": "c", "lsid": lsid, "txnNumber": 3,
+                                    "updates": [{"q": {"_id": 1}, "u": {"$inc": {"x": 1}}}]})
+        with pytest.raises(MongoError) as exc:
+            await crud.update(node, old)
+        assert exc.value.code == 225
+
+    asyncio.run(main())
