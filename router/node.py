@@ -73,7 +73,7 @@ class RouterNode(Node):
         self.catalog = CatalogCache(self.config_pool, self.clock)
         self._pools: dict[str, tuple[tuple[str, int], Pool]] = {}
         self._refresher: asyncio.Task | None = None
-        self.transactions = TransactionRouter()
+        self.transactions = TransactionRouter(self.clock)
         self.promise_requests = PromiseRequests(self.clock)
         self.write_gates: dict[str, NamespaceGate] = {}
         self.commands.install(self, *FAMILIES)
@@ -115,7 +115,11 @@ class RouterNode(Node):
 
     async def shard_command(self, shard: str, db: str, cmd: dict[str, Any], *, raw: bool = False,
                             check: bool = True, timeout: float | None = None) -> Any:
-        """Run ``cmd`` on ``shard`` with cluster-time gossip (MongoError on failure)."""
+        """Run ``cmd`` on ``shard`` with cluster-time gossip (MongoError on failure). A command
+        inside a transaction gets the fields its participant needs
+        (:meth:`router.transactions.TransactionRouter.attach`)."""
+        if cmd.get("autocommit") is False:
+            cmd = self.transactions.attach(shard, cmd)
         return await gossip_command(self.clock, self.pool_for(shard), db, cmd, raw=raw,
                                     check=check, timeout=timeout)
 
@@ -150,9 +154,14 @@ class RouterNode(Node):
         (:data:`shardsim.gossip.OPERATION_TIME`)."""
         token = OPERATION_TIME.set([None])
         try:
-            return await super().run_command(req)
+            reply = await super().run_command(req)
         finally:
             OPERATION_TIME.reset(token)
+        if req.body.get("autocommit") is False and isinstance(reply, dict):
+            rt = self.transactions.recovery_token(req)
+            if rt is not None and "recoveryToken" not in reply:
+                reply["recoveryToken"] = rt
+        return reply
 
     def cluster_time_fields(self, req: Request | None, reply: dict[str, Any]) -> None:
         """As the base class, with ``operationTime`` the newest of the shard replies used."""
@@ -177,6 +186,11 @@ class RouterNode(Node):
             elif name in ("commitTransaction", "abortTransaction") and \
                     exc.code in RETRYABLE_WRITE_CODES and "RetryableWriteError" not in labels:
                 labels.append("RetryableWriteError")
+            if name == "commitTransaction" and "UnknownTransactionCommitResult" not in labels and \
+                    (exc.code in RETRYABLE_WRITE_CODES or exc.code in NETWORK_CODES or
+                     exc.code in (50, 64, 225, 262)):
+                # isCommitResultUnknown (transaction_router.cpp) / error_labels.cpp
+                labels.append("UnknownTransactionCommitResult")
         elif "txnNumber" in body and name in RETRYABLE_WRITE_COMMANDS and \
                 exc.code in RETRYABLE_WRITE_CODES and "RetryableWriteError" not in labels:
             labels.append("RetryableWriteError")

@@ -358,7 +358,7 @@ class WriteExecutor:
         Raises TypeMismatch (14) / IDLFailedToParse (40414) for a bad statement list,
         InvalidNamespace (73), ShardNotFound (70) and network errors met while targeting;
         inside a transaction a shard's network error fails the command (TransientTransaction-
-        Error, ``processErrorResponseFromLocal``) and a transaction spanning shards raises 263
+        Error, ``processErrorResponseFromLocal``); a transaction may span shards
         (:mod:`router.transactions`). Everything else, a shard that is down included, becomes
         ``writeErrors`` next to the counts of what was applied."""
         ops = self.statements()
@@ -499,8 +499,7 @@ async def find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]:
     a match (behind the same write gates as :func:`run_write`). Returns the shard's reply body
     (``{lastErrorObject, value}``); a retryable findAndModify goes with its ``lsid``/
     ``txnNumber``/``stmtId`` and the shard answers a retry from its session record. An
-    untargetable upsert fails with ShardKeyNotFound (61); a second shard in a transaction with
-    263."""
+    untargetable upsert fails with ShardKeyNotFound (61)."""
     db_gate, gate = gate_for(router, req.db), gate_for(router, f"{req.db}.{req.arg}")
     await db_gate.enter()
     try:

@@ -37,7 +37,8 @@ from shard.durable import DurableStore
 from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
 from shardsim.query import select
-from shard.sessions import Sessions
+from shard.sessions import Sessions, full_lsid
+from shard.transaction_coordinator import Coordinators
 from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
                            validate_db_name)
 from shard.write_context import NO_CONTEXT, WriteContext
@@ -87,6 +88,8 @@ class ShardNode(Node):
         self._depth = 0
         self._req_txn: dict[int, Any] = {}
         self.sessions = Sessions(self)
+        # Two-phase commits this shard coordinates (shard/transaction_coordinator.py).
+        self.coordinators = Coordinators(self)
         # Promise requests from the router (_shardsimAdvanceClusterTime) and the change-stream
         # cursors waiting for them (shard/change_stream/cursor.py).
         self.cs_promise_waiters = cs_cursor.PromiseWaiters()
@@ -178,14 +181,17 @@ class ShardNode(Node):
         and ``txnNumber`` first checks its session out
         (:meth:`shard.sessions.Sessions.checkout`): a retry waits for the attempt still
         running."""
-        if req.body.get("txnNumber") is not None and isinstance(req.body.get("lsid"), dict):
+        if req.body.get("txnNumber") is not None and isinstance(req.body.get("lsid"), dict) \
+                and req.name != "coordinateCommitTransaction":  # it prepares this very session
             async with self.sessions.checkout(req.body["lsid"]):
                 return await self._run_command(req)
         return await self._run_command(req)
 
     async def _run_command(self, req: Request) -> dict[str, Any]:
         if req.body.get("autocommit") is False and \
-                self.commands.canonical(req.name) not in ("commitTransaction", "abortTransaction"):
+                self.commands.canonical(req.name) not in ("commitTransaction", "abortTransaction",
+                                                          "prepareTransaction",
+                                                          "coordinateCommitTransaction"):
             # Any statement (read or write) may start or continue a transaction.
             try:
                 self.gossip_in(req)
@@ -239,7 +245,8 @@ class ShardNode(Node):
         lsid = req.body.get("lsid")
         txn_number = req.body.get("txnNumber")
         txn = self._req_txn.get(id(req)) if req.body.get("autocommit") is False else None
-        return WriteContext(lsid if txn_number is not None else None, txn_number, from_migrate, txn)
+        return WriteContext(full_lsid(lsid) if txn_number is not None else None, txn_number,
+                            from_migrate, txn)
 
     def txn_of(self, req: Request) -> Any:
         """The transaction a request runs in (``autocommit: false``), or None."""
@@ -376,10 +383,12 @@ class ShardNode(Node):
         await super().startup()
         noop_writer.start(self)  # periodic no-ops (change streams)
         self.sessions.start_reaper()  # abort transactions past transactionLifetimeLimitSeconds
+        self.coordinators.recover()  # finish the two-phase commits decided before a restart
 
     async def shutdown(self) -> None:
         """Close cursors, then flush and close the durable store."""
         await super().shutdown()
+        self.coordinators.close()
         if self.durable is not None:
             try:
                 self.flush()

@@ -36,6 +36,7 @@ wrote was changed by someone else meanwhile, a unique key was taken, or the coll
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from typing import Any
 
@@ -47,6 +48,31 @@ from shardsim.errors import MongoError
 from shard.storage import id_key
 
 TRANSIENT = ["TransientTransactionError"]
+# The uid of a session of an unauthenticated client: SHA-256 of the empty string
+# (``kNoAuthDigest``, ``logical_session_id_helpers.cpp``); an authenticated user's is
+# SHA-256("user@db").
+NO_AUTH_UID = Binary(hashlib.sha256(b"").digest(), 0)
+
+
+def full_lsid(lsid: Any) -> Any:
+    """``lsid`` as mongod stores it: ``{id, uid}`` (``makeLogicalSessionId``,
+    ``logical_session_id_helpers.cpp``); a client's ``{id}`` gets the no-auth uid. Anything
+    that is not a dict is returned as it is."""
+    if isinstance(lsid, dict) and "uid" not in lsid and "id" in lsid:
+        out = {"id": lsid["id"], "uid": NO_AUTH_UID}
+        out.update({k: v for k, v in lsid.items() if k not in ("id", "uid")})
+        return out
+    return lsid
+
+
+def prepare_conflict(ns: str) -> MongoError:
+    """WriteConflict (112, TransientTransactionError) for a write meeting a document of a
+    prepared, undecided transaction (``transaction_participant.cpp``: prepared documents stay
+    locked until commitTransaction/abortTransaction)."""
+    return MongoError(112, f"Write conflict during plan execution and yielding is disabled. :: "
+                           f"Please retry your operation or multi-document transaction. "
+                           f"(a prepared transaction holds a document of {ns})",
+                      labels=TRANSIENT)
 
 
 class _NoCheckout:
@@ -68,6 +94,16 @@ def _session_id(lsid: Any) -> bytes | None:
     return None
 
 
+def _refuse_if_prepared(s: "Session") -> None:
+    """PreparedTransactionInProgress (267) when ``s`` has a prepared, undecided transaction: a
+    newer txnNumber cannot start before it is decided (``transaction_participant.cpp``,
+    ``beginOrContinue``)."""
+    if s.txn is not None and s.txn.state == "prepared":
+        raise MongoError(267, f"Cannot start a new transaction or retryable write on session "
+                              f"{_session_id(s.lsid).hex()}: transaction {s.txn_number} is "
+                              f"prepared and not yet committed or aborted")
+
+
 class Transaction:
     """One open transaction: per-collection overlays of its writes (:class:`TxnView`) and the
     buffered oplog operations (``applyOps``) with their pre-images."""
@@ -75,8 +111,9 @@ class Transaction:
     def __init__(self, session: "Session", txn_number: int) -> None:
         self.session = session
         self.txn_number = txn_number
-        self.state = "in_progress"  # in_progress | committed | aborted
+        self.state = "in_progress"  # in_progress | prepared | committed | aborted
         self.started = time.monotonic()
+        self.prepare_ts: Any = None  # Timestamp of the prepare entry once prepared
         self.ops: list[dict[str, Any]] = []
         self.pre_images: list[tuple[bytes, int, dict[str, Any]]] = []
         self.views: dict[bytes, TxnView] = {}
@@ -86,6 +123,7 @@ class Transaction:
         v = self.views.get(coll.uuid)
         if v is None or v.coll is not coll:
             v = self.views[coll.uuid] = TxnView(coll)
+            v.txn = self
         return v
 
     def add_op(self, op: str, coll: Any, o: dict[str, Any], o2: dict[str, Any] | None,
@@ -98,10 +136,40 @@ class Transaction:
             self.pre_images.append((coll.uuid, len(self.ops), pre_image))
         self.ops.append(entry)
 
-    def apply(self, storage: Any) -> None:
+    def check(self, storage: Any) -> None:
+        """What :meth:`apply` would refuse, without applying (``prepareTransaction``): raises
+        WriteConflict (112, TransientTransactionError) when a collection was dropped or a
+        document the transaction wrote was changed by another writer since."""
+        for v in self.views.values():
+            base = v.coll
+            if not v.overlay:
+                continue
+            if storage.by_uuid.get(base.uuid) is not base:
+                raise prepare_conflict(base.ns)
+            for key in v.overlay:
+                if base.docs.get(key) is not v.seen.get(key) or \
+                        base.prepared.get(key, self) is not self:
+                    raise prepare_conflict(base.ns)
+
+    def lock(self) -> None:
+        """Hold every document the transaction writes against other writers until it is
+        decided (a prepared transaction's documents: WriteConflict 112 for the others)."""
+        for v in self.views.values():
+            for key in v.overlay:
+                v.coll.prepared[key] = self
+
+    def unlock(self) -> None:
+        """Release what :meth:`lock` took."""
+        for v in self.views.values():
+            for key in v.overlay:
+                if v.coll.prepared.get(key) is self:
+                    del v.coll.prepared[key]
+
+    def apply(self, storage: Any, *, force: bool = False) -> None:
         """Commit the overlays to the collections (all or nothing). Raises WriteConflict (112,
         TransientTransactionError) when a collection was dropped or a unique key was taken by
-        another writer since the transaction wrote."""
+        another writer since the transaction wrote. ``force``: a prepared transaction's commit,
+        which cannot fail (its documents were locked since the prepare)."""
         applied: list[tuple[Any, Any, dict[str, Any] | None]] = []
         try:
             for v in self.views.values():
@@ -109,10 +177,12 @@ class Transaction:
                 if not v.overlay:
                     continue
                 if storage.by_uuid.get(base.uuid) is not base:
+                    if force:
+                        continue
                     raise MongoError(112, "Collection dropped during the transaction")
                 for key, doc in v.overlay.items():
                     old = base.docs.get(key)
-                    if old is not v.seen.get(key):
+                    if not force and old is not v.seen.get(key):
                         # Another writer changed this document after the transaction read it
                         # (stored documents are never mutated, so identity tells).
                         raise MongoError(112, "document changed by another writer")
@@ -140,6 +210,7 @@ class Transaction:
 
     def rollback(self, storage: Any = None) -> None:
         """Forget the transaction's writes (nothing was applied to the collections)."""
+        self.unlock()
         self.views.clear()
         self.ops.clear()
         self.pre_images.clear()
@@ -203,8 +274,12 @@ class TxnView:
         self.overlay: dict[Any, dict[str, Any] | None] = {}
         self.seen: dict[Any, dict[str, Any] | None] = {}  # committed doc when first written
         self.docs = _MergedDocs(coll.docs, self.overlay)
+        self.txn: Transaction | None = None
 
     def _remember(self, key: Any) -> None:
+        holder = self.coll.prepared.get(key)
+        if holder is not None and holder is not self.txn:
+            raise prepare_conflict(self.coll.ns)
         if key not in self.seen:
             self.seen[key] = self.coll.docs.get(key)
 
@@ -258,7 +333,7 @@ class Session:
     txnNumber already ran (retryable writes, by stmtId, with their results)."""
 
     def __init__(self, lsid: dict[str, Any]) -> None:
-        self.lsid = lsid
+        self.lsid = full_lsid(lsid)
         self.txn_number = -1
         self.txn: Transaction | None = None
         self.executed: dict[int, Any] = {}  # stmtId -> result, for txn_number
@@ -277,9 +352,24 @@ class Session:
         self.executed[stmt_id] = result
 
     def record(self) -> dict[str, Any]:
-        """The persisted form: ``{lsid, txnNumber, stmts: [{i: stmtId, r: result}]}``."""
-        return {"lsid": self.lsid, "txnNumber": Int64(self.txn_number),
-                "stmts": [{"i": k, "r": v} for k, v in self.executed.items()]}
+        """The persisted form: ``{lsid, txnNumber, stmts: [{i: stmtId, r: result}],
+        prepared?}``; ``prepared`` (a prepared, undecided transaction, which must survive a
+        restart like mongod's prepared transactions recovered from the oplog) is
+        ``{prepareTs, ops, writes: [{ui, _id, doc|null, seen|null}], preImages: [...]}``."""
+        rec: dict[str, Any] = {"lsid": self.lsid, "txnNumber": Int64(self.txn_number),
+                               "stmts": [{"i": k, "r": v} for k, v in self.executed.items()]}
+        txn = self.txn
+        if txn is not None and txn.state == "prepared":
+            writes = []
+            for v in txn.views.values():
+                for key, doc in v.overlay.items():
+                    seen = v.seen.get(key)
+                    _id = (doc or seen or {}).get("_id")
+                    writes.append({"ui": Binary(v.coll.uuid, 4), "_id": _id, "doc": doc})
+            rec["prepared"] = {"prepareTs": txn.prepare_ts, "ops": txn.ops, "writes": writes,
+                               "preImages": [{"ui": Binary(u, 4), "i": i, "doc": d}
+                                             for u, i, d in txn.pre_images]}
+        return rec
 
 
 class Sessions:
@@ -318,6 +408,9 @@ class Sessions:
         """endSessions/killSessions: abort their open transactions and forget them."""
         for lsid in lsids:
             sid = _session_id(lsid)
+            s = self._sessions.get(sid) if sid is not None else None
+            if s is not None and s.txn is not None and s.txn.state == "prepared":
+                continue  # a prepared transaction outlives its session until decided
             s = self._sessions.pop(sid, None) if sid is not None else None
             if s is not None and s.txn is not None and s.txn.state == "in_progress":
                 s.txn.rollback(self.node.storage)
@@ -364,6 +457,7 @@ class Sessions:
                                   f"{_session_id(s.lsid).hex()} because a newer retryable write with "
                                   f"txnNumber {s.txn_number} has already started on this session.")
         if tn > s.txn_number:
+            _refuse_if_prepared(s)
             if s.txn is not None and s.txn.state == "in_progress":
                 s.txn.rollback(self.node.storage)
                 s.txn.state = "aborted"
@@ -384,6 +478,32 @@ class Sessions:
         if s is not None:
             s.txn_number = int(rec["txnNumber"])
             s.executed = {int(x["i"]): x["r"] for x in rec.get("stmts", [])}
+            prep = rec.get("prepared")
+            if prep:
+                self._restore_prepared(s, prep)
+
+    def _restore_prepared(self, s: Session, prep: dict[str, Any]) -> None:
+        """Rebuild a prepared transaction after a restart: its overlays, locked again."""
+        txn = Transaction(s, s.txn_number)
+        txn.state = "prepared"
+        txn.prepare_ts = prep["prepareTs"]
+        txn.ops = list(prep.get("ops") or [])
+        txn.pre_images = [(bytes(p["ui"]), int(p["i"]), p["doc"]) for p in prep.get("preImages", [])]
+        for w in prep.get("writes", []):
+            coll = self.node.storage.by_uuid.get(bytes(w["ui"]))
+            if coll is None:
+                continue
+            v = txn.view(coll)
+            key = id_key(w["_id"])
+            v.seen[key] = coll.docs.get(key)
+            v.overlay[key] = w.get("doc")
+        txn.lock()
+        s.txn = txn
+
+    def prepared(self) -> list[Transaction]:
+        """The prepared, undecided transactions of this shard."""
+        return [s.txn for s in self._sessions.values()
+                if s.txn is not None and s.txn.state == "prepared"]
 
     # -- transactions -------------------------------------------------------------------------
     def transaction_for(self, req: Request) -> Transaction:
@@ -409,6 +529,7 @@ class Sessions:
                 raise MongoError(251, f"Given transaction number {tn} does not match any "
                                       f"in-progress transactions. The active transaction number is "
                                       f"{s.txn_number}", labels=TRANSIENT)
+            _refuse_if_prepared(s)
             if s.txn is not None and s.txn.state == "in_progress":
                 s.txn.rollback(self.node.storage)
             s.txn_number = tn
@@ -424,6 +545,8 @@ class Sessions:
                              labels=TRANSIENT)
         if s.txn.state == "committed":
             raise MongoError(256, f"Transaction with {{ txnNumber: {tn} }} has been committed.")
+        if s.txn.state == "prepared":
+            raise MongoError(267, "Cannot run a statement of a prepared transaction")
         return s.txn
 
     def abort_on_error(self, req: Request) -> None:

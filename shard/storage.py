@@ -106,6 +106,15 @@ def _unique_values(values: list[Any]) -> list[Any]:
     return out
 
 
+def _prepared_conflict(ns: str) -> MongoError:
+    # mongod makes such a writer wait for the prepared transaction's decision (a prepare
+    # conflict); shardsim fails it with WriteConflict (112), see docs/transactions.md.
+    return MongoError(112, f"Write conflict during plan execution and yielding is disabled. :: "
+                           f"Please retry your operation or multi-document transaction. "
+                           f"(a prepared transaction holds a document of {ns})",
+                      labels=["TransientTransactionError"])
+
+
 class Collection:
     """One collection: identity (``db``, ``name``, ``uuid`` 16 bytes), ``options`` (as given to
     create, shown by listCollections), ``shard_key`` (dict or None), indexes and documents."""
@@ -120,6 +129,9 @@ class Collection:
         self.shard_key = shard_key
         self.docs: dict[Any, dict[str, Any]] = {}
         self.indexes: dict[str, Index] = {"_id_": Index(dict(ID_INDEX))}
+        # id_key -> the prepared, undecided transaction holding the document
+        # (shard.sessions.Transaction.lock): other writers get WriteConflict (112).
+        self.prepared: dict[Any, Any] = {}
 
     @property
     def ns(self) -> str:
@@ -188,6 +200,8 @@ class Collection:
         """Insert (``_id`` must be set); DuplicateKey (11000) on a clash. Returns the id_key."""
         regs = self.check_unique(doc)
         k = id_key(doc["_id"])
+        if self.prepared and k in self.prepared:
+            raise _prepared_conflict(self.ns)
         self.docs[k] = doc
         for idx, hk in regs:
             idx.entries[hk] = k
@@ -196,6 +210,8 @@ class Collection:
     def replace(self, key: Any, new: dict[str, Any]) -> dict[str, Any]:
         """Replace the document at ``key`` by ``new`` (same _id); returns the old document."""
         old = self.docs[key]
+        if self.prepared and key in self.prepared:
+            raise _prepared_conflict(self.ns)
         regs = self.check_unique(new, own_key=key)
         self._unindex(key, old)
         self.docs[key] = new
@@ -205,6 +221,8 @@ class Collection:
 
     def delete(self, key: Any) -> dict[str, Any]:
         """Remove and return the document at ``key``."""
+        if self.prepared and key in self.prepared:
+            raise _prepared_conflict(self.ns)
         old = self.docs.pop(key)
         self._unindex(key, old)
         return old

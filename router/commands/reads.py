@@ -45,15 +45,15 @@ _ROUTER_FIND_OPTS = ("batchSize", "singleBatch", "noCursorTimeout", "tailable", 
 
 async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> list[str]:
     """The shards a read of ``ns`` with filter ``filt`` must visit (``[]`` when there is no
-    shard). Inside a transaction they become its participant (263 if that is a second
-    shard, :mod:`router.transactions`)."""
+    shard). Inside a transaction a ``startTransaction`` statement begins it on the router
+    (:mod:`router.transactions`); the shards become participants when they are sent to."""
     info = node.catalog.collection(ns)
     if info is None:
         shard = node.read_primary(ns.split(".", 1)[0])
         shards = [shard] if shard else []
     else:
         shards = info.chunks.shards_for_query(filt if isinstance(filt, dict) else {})
-    if req.get("autocommit") is False and shards:
+    if req.get("autocommit") is False:
         node.transactions.participant(req, set(shards))
     return shards
 

@@ -1,17 +1,25 @@
 """Ending a transaction through the router: ``commitTransaction``, ``abortTransaction``
-(mongos' ``cluster_commit_transaction_cmd.cpp`` / ``cluster_abort_transaction_cmd.cpp``).
+(mongos' ``cluster_commit_transaction_cmd.cpp`` / ``cluster_abort_transaction_cmd.cpp`` over
+``TransactionRouter::Router::commitTransaction``/``abortTransaction``,
+``src/mongo/s/transaction_router.cpp``).
 
-A transaction through the router uses one shard (the state is
-:class:`router.transactions.TransactionRouter`, ``RouterNode.transactions``); both commands are
-forwarded to that shard. ``startTransaction`` needs no command of its own: it rides on the
-transaction's first statement, which the read and write paths forward.
+Commit paths (``_commitTransaction``): no participant -> ``{}``; one participant -> its
+``commitTransaction``; only read-only participants -> ``commitTransaction`` to each; one
+writing participant -> the read-only ones first, then it; several writing participants ->
+two-phase commit handed to the coordinator (the first participant) with
+``coordinateCommitTransaction {participants}`` (``_handOffCommitToCoordinator``). A commit
+this router never saw start is recovered with the client's ``recoveryToken``
+(``_commitWithRecoveryToken``: ``coordinateCommitTransaction`` with no participants on the
+recovery shard); without a token: 50940. ``abortTransaction`` goes to every participant and
+answers the first error (NoSuchTransaction 251 when the router sent nothing).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
-from router.forwarding import forwardable, reply_body
+from router.forwarding import reply_body
 from shardsim.commands import CommandFamily, Request
 from shardsim.errors import MongoError
 
@@ -21,26 +29,91 @@ if TYPE_CHECKING:  # pragma: no cover
 commands = CommandFamily("transactions")
 
 
+def _session(req: Request) -> dict[str, Any]:
+    return {"lsid": req.get("lsid"), "txnNumber": req.get("txnNumber"), "autocommit": False}
+
+
+def _end_cmd(req: Request, name: str) -> dict[str, Any]:
+    cmd: dict[str, Any] = {name: 1, **_session(req)}
+    if isinstance(req.get("writeConcern"), dict):
+        cmd["writeConcern"] = req.get("writeConcern")
+    return cmd
+
+
+async def _commit_each(node: "RouterNode", req: Request, shards: list[str]) -> dict[str, Any]:
+    """``sendCommitDirectlyToShards``: commit on every shard; the first error is raised."""
+    replies = await asyncio.gather(
+        *(node.shard_command(s, "admin", _end_cmd(req, "commitTransaction")) for s in shards),
+        return_exceptions=True)
+    for r in replies:
+        if isinstance(r, BaseException):
+            raise r
+    return reply_body(replies[-1]) if replies else {}
+
+
+def _participant_list(node: "RouterNode", shards: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for s in shards:
+        addr = node.catalog.shard_address(s)
+        if addr is None:
+            raise MongoError(70, f"Shard {s} not found")
+        out.append({"shardId": s, "host": f"{addr[0]}:{addr[1]}"})
+    return out
+
+
 @commands.handler("commitTransaction")
 async def commit_transaction(node: "RouterNode", req: Request) -> dict[str, Any]:
-    """Commit on the transaction's shard and return its reply body; ``{}`` for a transaction
-    that touched no shard (nothing to commit)."""
-    shard = node.transactions.shard_of(req)
-    if shard is None:
+    """Commit the transaction (module docstring for the paths); returns the (last) shard's
+    reply body. Errors: the participants' (NoSuchTransaction 251 with
+    TransientTransactionError when the coordinator aborted), 50940 when a transaction this
+    router does not know comes without a ``recoveryToken``."""
+    txn = node.transactions.get(req)
+    if txn is None:
+        token = req.get("recoveryToken")
+        shard = token.get("recoveryShardId") if isinstance(token, dict) else None
+        if not isinstance(token, dict):
+            raise MongoError(50940, "Cannot recover the transaction decision without a "
+                                    "recoveryToken")
+        if shard is None:
+            return {}  # a read-only transaction: nothing to recover
+        cmd = {"coordinateCommitTransaction": 1,
+               "participants": _participant_list(node, [shard]), **_session(req)}
+        return reply_body(await node.shard_command(shard, "admin", cmd))
+    if not txn.participants:
         return {}
-    return reply_body(await node.shard_command(shard, "admin", forwardable(req.body)))
+    txn.commit_started = True
+    shards = list(txn.participants)
+    writers = [s for s in shards if not txn.participants[s]["read_only"]]
+    readers = [s for s in shards if txn.participants[s]["read_only"]]
+    if len(shards) == 1:
+        return await _commit_each(node, req, shards)
+    if len(writers) <= 1:
+        if readers:
+            await _commit_each(node, req, readers)
+        return await _commit_each(node, req, writers) if writers else {}
+    coordinator = txn.coordinator
+    cmd = {"coordinateCommitTransaction": 1, "participants": _participant_list(node, shards),
+           **_session(req)}
+    if isinstance(req.get("writeConcern"), dict):
+        cmd["writeConcern"] = req.get("writeConcern")
+    return reply_body(await node.shard_command(coordinator, "admin", cmd))
 
 
 @commands.handler("abortTransaction")
 async def abort_transaction(node: "RouterNode", req: Request) -> dict[str, Any]:
-    """Abort on the transaction's shard, forget the transaction, return the shard's reply body.
-    NoSuchTransaction (251, TransientTransactionError) for a transaction that touched no shard;
-    the shard's error as it is (the transaction is then kept)."""
-    shard = node.transactions.shard_of(req)
-    if shard is None:
+    """Abort on every participant, forget the transaction, return the last reply body or
+    raise the first participant error. NoSuchTransaction (251, TransientTransactionError)
+    when the router sent the transaction to no shard."""
+    txn = node.transactions.get(req)
+    if txn is None or not txn.participants:
         txn_number = node.transactions.key(req)[1]
         raise MongoError(251, f"Transaction with {{ txnNumber: {txn_number} }} has been aborted.",
                          labels=["TransientTransactionError"])
-    reply = await node.shard_command(shard, "admin", forwardable(req.body))
+    replies = await asyncio.gather(
+        *(node.shard_command(s, "admin", _end_cmd(req, "abortTransaction"))
+          for s in txn.participants), return_exceptions=True)
     node.transactions.end(req)
-    return reply_body(reply)
+    for r in replies:
+        if isinstance(r, BaseException):
+            raise r
+    return reply_body(replies[-1])

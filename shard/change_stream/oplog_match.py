@@ -87,7 +87,13 @@ def build(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
             return False
         name = next(iter(o))
         db = entry.get("ns", "").partition(".")[0]
+        if name == "commitTransaction":
+            # A prepared transaction's commit: its operations are in the prepare entry (the
+            # unwind stage looks them up and filters them).
+            return True
         if name == "applyOps":
+            if o.get("prepare"):
+                return False  # not decided yet: its events come with the commitTransaction
             ops = o.get("applyOps")
             return isinstance(ops, list) and any(isinstance(op, dict) and op_ok(op) for op in ops)
         if entry.get("fromMigrate"):

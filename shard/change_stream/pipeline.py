@@ -50,6 +50,7 @@ from shardsim.change_stream_spec import StreamSpec
 from shard.change_stream.split_large_event import SplitLargeEvent, event_size_limit
 from shard.change_stream.transform import Transform
 from shard.change_stream.unwind_transaction import UnwindTransaction
+from shardsim.clock import ts_key
 from shard.change_stream.user_stages import UserStages
 
 __all__ = ["build_pipeline", "ShardPipeline", "fused_crud"]
@@ -64,7 +65,9 @@ def build_pipeline(node: Any, spec: StreamSpec) -> list[Any]:
     user stages' parse errors (:class:`.user_stages.UserStages`) and the resume token's decode
     errors, as opening the stream does.
     """
-    stages: list[Any] = [OplogMatch(spec), UnwindTransaction(crud_predicate(spec)),
+    oplog = getattr(node, "oplog", None)
+    lookup = (lambda ts: oplog.get(ts_key(ts))) if oplog is not None else None
+    stages: list[Any] = [OplogMatch(spec), UnwindTransaction(crud_predicate(spec), lookup),
                          Transform(spec)]
     if spec.kind != "cluster":
         stages.append(CheckInvalidate(spec))

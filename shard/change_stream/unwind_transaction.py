@@ -6,6 +6,14 @@ Each operation inherits the commit entry's ``ts``, ``wall``, ``lsid`` and ``txnN
 transaction stay ordered), ``applyOpsIndex`` and ``applyOpsTs`` (the key of its pre-image).
 Operations on namespaces the stream does not watch are dropped; their positions still count.
 An aborted transaction writes no entry, so it produces nothing.
+
+A prepared transaction (two-phase commit) writes ``{applyOps: [...], prepare: true}`` at
+prepare time and ``{commitTransaction: 1, commitTimestamp}`` (with ``prevOpTime`` naming the
+prepare entry) at commit: the stage unwinds the prepare entry's operations when it meets the
+commit entry, and they take the commit entry's ``ts`` (``TransactionOpIterator``, which
+collects the transaction's applyOps entries through ``prevOpTime``); ``applyOpsTs`` stays the
+prepare entry's ts (where the pre-images are). A prepared transaction that is aborted
+produces nothing (``abortTransaction`` entries are not matched).
 """
 
 from __future__ import annotations
@@ -23,19 +31,33 @@ class UnwindTransaction:
     """
 
     name = "$_internalChangeStreamUnwindTransaction"
-    __slots__ = ("_op_ok",)
+    __slots__ = ("_op_ok", "_lookup")
 
-    def __init__(self, op_ok: Callable[[dict[str, Any]], bool]) -> None:
+    def __init__(self, op_ok: Callable[[dict[str, Any]], bool],
+                 lookup: Callable[[Any], dict[str, Any] | None] | None = None) -> None:
         self._op_ok = op_ok
+        self._lookup = lookup  # Timestamp -> the oplog entry at that ts (prepared txns)
 
     def process(self, entry: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Yield the entry itself, or for an applyOps entry the watched inner operations."""
         o = entry.get("o")
-        if entry.get("op") != "c" or not isinstance(o, dict) or "applyOps" not in o:
+        if entry.get("op") != "c" or not isinstance(o, dict):
             yield entry
             return
+        ops_ts = entry["ts"]
+        if "commitTransaction" in o:
+            prev = (entry.get("prevOpTime") or {}).get("ts")
+            prepare = self._lookup(prev) if self._lookup is not None and prev else None
+            if prepare is None:
+                return
+            ops = (prepare.get("o") or {}).get("applyOps") or []
+            ops_ts = prepare["ts"]
+        elif "applyOps" not in o:
+            yield entry
+            return
+        else:
+            ops = o.get("applyOps") or []
         op_ok = self._op_ok
-        ops = o.get("applyOps") or []
         for index, op in enumerate(ops):
             if not op_ok(op):
                 continue
@@ -50,7 +72,7 @@ class UnwindTransaction:
                 out["txnNumber"] = entry["txnNumber"]
             out["txnOpIndex"] = index
             out["applyOpsIndex"] = index
-            out["applyOpsTs"] = entry["ts"]
+            out["applyOpsTs"] = ops_ts
             yield out
 
 

@@ -1,5 +1,15 @@
-"""The shard's transaction and session commands: commitTransaction, abortTransaction,
-endSessions, killSessions, killAllSessions (they override the common no-op session commands).
+"""The shard's transaction and session commands: prepareTransaction, commitTransaction,
+abortTransaction, coordinateCommitTransaction, endSessions, killSessions, killAllSessions (they
+override the common no-op session commands).
+
+Prepared transactions (two-phase commit, ``transaction_participant.cpp``
+``prepareTransaction``/``commitPreparedTransaction``/``abortTransaction``): the prepare writes
+``{op: "c", ns: "admin.$cmd", o: {applyOps: [...], prepare: true}, lsid, txnNumber}`` and
+answers ``prepareTimestamp`` (that entry's ts); the transaction's documents stay invisible to
+readers and locked against writers (WriteConflict 112) until ``commitTransaction
+{commitTimestamp}`` writes ``{o: {commitTransaction: 1, commitTimestamp}, prevOpTime: <the
+prepare>}`` and applies them, or ``abortTransaction`` writes ``{o: {abortTransaction: 1}}``.
+The prepared state is part of the durable session record, so it survives a restart.
 
 The state is the node's :class:`shard.sessions.Sessions` (``node.sessions``, declared in
 ``ShardNode.__init__``). A commit applies the transaction's overlays and writes ONE ``applyOps``
@@ -12,9 +22,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bson import Timestamp
+from bson.int64 import Int64
+
 from shardsim.commands import CommandFamily, Request
 from shardsim.errors import MongoError
-from shard.sessions import TRANSIENT
+from shard.sessions import TRANSIENT, full_lsid
 from shard.write_context import WriteContext
 
 if TYPE_CHECKING:
@@ -31,11 +44,16 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     transaction, TransactionTooOld (225), 50768 (no session / autocommit), WriteConflict (112,
     TransientTransactionError) when the commit conflicts (the transaction is then aborted)."""
     s, txn = node.sessions.txn_for_end(req)
+    commit_ts = req.body.get("commitTimestamp")
     if txn.state == "committed":
         return {}
     if txn.state == "aborted":
         raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
                               f"been aborted.", labels=TRANSIENT)
+    if txn.state == "prepared":
+        return commit_prepared(node, s, txn, commit_ts)
+    if commit_ts is not None:
+        raise MongoError(72, "commitTimestamp may only be given for a prepared transaction")
     try:
         txn.apply(node.storage)
     except MongoError:
@@ -67,9 +85,98 @@ async def abort_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     if txn.state == "aborted":
         raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
                               f"been aborted.", labels=TRANSIENT)
+    prepared = txn.state == "prepared"
     txn.rollback(node.storage)
     txn.state = "aborted"
+    if prepared:
+        entry = node.make_entry("c", "admin.$cmd", None, {"abortTransaction": 1},
+                                ctx=WriteContext(s.lsid, txn.txn_number))
+        entry["prevOpTime"] = {"ts": txn.prepare_ts, "t": Int64(1)}
+        node.append_entry(entry)
+        node.sessions.note(s)
+        return {"__operationTime": entry["ts"]}
     return {}
+
+
+@commands.handler("prepareTransaction")
+async def prepare_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``prepareTransaction`` (internal, from a coordinator; ``lsid``, ``txnNumber``,
+    ``autocommit: false``) -> ``{prepareTimestamp}``; again the same for a transaction already
+    prepared. Errors: NoSuchTransaction (251) for an aborted or unknown one, TransactionCommitted
+    (256), WriteConflict (112, the transaction is then aborted), 225, 50768."""
+    s, txn = node.sessions.txn_for_end(req)
+    if txn.state == "prepared":
+        return {"prepareTimestamp": txn.prepare_ts}
+    if txn.state == "committed":
+        raise MongoError(256, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
+                              f"been committed.")
+    if txn.state == "aborted":
+        raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
+                              f"been aborted.", labels=TRANSIENT)
+    try:
+        txn.check(node.storage)
+    except MongoError:
+        txn.rollback(node.storage)
+        txn.state = "aborted"
+        raise
+    entry = node.make_entry("c", "admin.$cmd", None, {"applyOps": txn.ops, "prepare": True},
+                            ctx=WriteContext(s.lsid, txn.txn_number))
+    node.append_entry(entry)
+    txn.prepare_ts = entry["ts"]
+    for uuid, idx, doc in txn.pre_images:
+        node.put_pre_image(uuid, entry["ts"], idx, doc)
+    txn.lock()
+    txn.state = "prepared"
+    node.sessions.note(s)
+    return {"prepareTimestamp": entry["ts"], "__operationTime": entry["ts"]}
+
+
+def commit_prepared(node: ShardNode, s: Any, txn: Any, commit_ts: Any) -> dict[str, Any]:
+    """Commit a prepared transaction at ``commit_ts`` (``commitPreparedTransaction``): apply
+    its documents and write the ``commitTransaction`` entry (its own, newer ts; the change
+    events of the transaction take that ts, ``document_source_change_stream_unwind_transaction
+    .cpp``). InvalidOptions (72) without ``commitTimestamp`` or with one older than the
+    prepare."""
+    if not isinstance(commit_ts, Timestamp):
+        raise MongoError(72, "commitTransaction for a prepared transaction cannot be run "
+                             "without a commitTimestamp")
+    if (commit_ts.time, commit_ts.inc) < (txn.prepare_ts.time, txn.prepare_ts.inc):
+        raise MongoError(72, f"commitTimestamp {commit_ts} cannot be less than the "
+                             f"prepareTimestamp {txn.prepare_ts}")
+    node.clock.restore(commit_ts)
+    txn.unlock()
+    txn.apply(node.storage, force=True)
+    txn.state = "committed"
+    entry = node.make_entry("c", "admin.$cmd", None,
+                            {"commitTransaction": 1, "commitTimestamp": commit_ts},
+                            ctx=WriteContext(s.lsid, txn.txn_number))
+    entry["prevOpTime"] = {"ts": txn.prepare_ts, "t": Int64(1)}
+    node.append_entry(entry)
+    txn.views.clear()
+    node.sessions.note(s)
+    return {"__operationTime": entry["ts"]}
+
+
+@commands.handler("coordinateCommitTransaction")
+async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
+    """``coordinateCommitTransaction {participants: [{shardId, host}]}`` with ``lsid``,
+    ``txnNumber``, ``autocommit: false`` (from the router): run two-phase commit
+    (:mod:`shard.transaction_coordinator`) and answer ``{}`` once committed everywhere, else
+    the abort reason (NoSuchTransaction 251 with TransientTransactionError when a participant
+    could not prepare, ``txn_two_phase_commit_cmds.cpp``). BadValue (2) for a bad list."""
+    parts = req.get("participants")
+    if not isinstance(parts, list) or not parts or \
+            not all(isinstance(p, dict) and isinstance(p.get("host"), str) for p in parts):
+        raise MongoError(2, "coordinateCommitTransaction needs participants [{shardId, host}]")
+    lsid = req.get("lsid")
+    if not isinstance(lsid, dict) or req.get("txnNumber") is None:
+        raise MongoError(50768, "coordinateCommitTransaction must be run within a transaction")
+    decision = await node.coordinators.coordinate(full_lsid(lsid), int(req.get("txnNumber")),
+                                                  parts)
+    if decision["decision"] == "commit":
+        return {}
+    raise MongoError(251, f"Transaction was aborted :: caused by :: "
+                          f"{decision['abortStatus'].get('errmsg', '')}", labels=TRANSIENT)
 
 
 @commands.handler("endSessions")

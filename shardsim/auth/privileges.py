@@ -201,6 +201,8 @@ TABLE: dict[str, Any] = {
                               "abortTransaction", "listCommands", "whatsmyuri", "isdbgrid",
                               "configureFailPoint", "listDatabases")},
     "killAllSessions": _on_cluster("killAnySession"),
+    # two-phase commit between router and shards (txn_two_phase_commit_cmds.cpp: internal)
+    "prepareTransaction": INTERNAL, "coordinateCommitTransaction": INTERNAL,
     # reads
     "find": _on_coll("find"), "count": _on_coll("find"), "distinct": _on_coll("find"),
     "aggregate": _aggregate, "listIndexes": _on_coll("listIndexes"),

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from bson import Timestamp
 
 from router.commands import FAMILIES, admin, sharding, transactions
 from router.node import RouterNode
@@ -27,21 +28,30 @@ def _txn(name: str, txn_number: int, **fields: Any) -> Request:
     return _req(name, db="d", lsid=LSID, txnNumber=txn_number, autocommit=False, **fields)
 
 
-def test_transaction_router_keeps_one_shard_per_transaction() -> None:
+def test_transaction_router_attaches_start_fields_per_participant() -> None:
+    """attachTxnFieldsIfNeeded: the first command to each shard starts the transaction there
+    with the transaction's read concern (snapshot gets atClusterTime); later ones do not."""
     txns = TransactionRouter()
-    first = _txn("insert", 1, startTransaction=True)
-    assert txns.participant(first, set()) is None  # no shard yet
-    assert txns.participant(first, {"shard0"}) == "shard0"
-    assert txns.participant(_txn("find", 1), {"shard0"}) == "shard0"
-    with pytest.raises(MongoError) as err:
-        txns.participant(_txn("find", 1), {"shard1"})
-    assert err.value.code == 263
-    assert txns.shard_of(_txn("commitTransaction", 1)) == "shard0"
+    first = _txn("insert", 1, startTransaction=True,
+                 readConcern={"level": "snapshot", "atClusterTime": Timestamp(5, 1)})
+    txns.participant(first, {"shard0", "shard1"})
+    a = txns.attach("shard0", dict(first.body))
+    assert a["startTransaction"] is True and a["readConcern"]["atClusterTime"] == Timestamp(5, 1)
+    b = txns.attach("shard1", dict(first.body))
+    assert b["startTransaction"] is True and b["autocommit"] is False
+    again = txns.attach("shard0", dict(_txn("find", 1).body))
+    assert "startTransaction" not in again and "readConcern" not in again
+    txn = txns.get(_txn("commitTransaction", 1))
+    assert list(txn.participants) == ["shard0", "shard1"] and txn.coordinator == "shard0"
+    assert txn.recovery_shard == "shard0"
+    # commit/abort commands pass through untouched
+    end = {"commitTransaction": 1, "lsid": LSID, "txnNumber": 1, "autocommit": False}
+    assert txns.attach("shard1", end) is end
     # A newer transaction of the session forgets the older one.
-    assert txns.participant(_txn("insert", 2, startTransaction=True), {"shard1"}) == "shard1"
-    assert txns.shard_of(_txn("commitTransaction", 1)) is None
+    txns.participant(_txn("insert", 2, startTransaction=True), {"shard1"})
+    assert txns.get(_txn("commitTransaction", 1)) is None
     txns.end(_txn("abortTransaction", 2))
-    assert txns.shard_of(_txn("abortTransaction", 2)) is None
+    assert txns.get(_txn("abortTransaction", 2)) is None
 
 
 def test_retryable_write_stmt_ids_and_idempotent_send() -> None:
@@ -78,24 +88,33 @@ class _StubNode:
         self.address = "127.0.0.1:27017"
 
     async def shard_command(self, shard: str, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        if cmd.get("autocommit") is False:
+            cmd = self.transactions.attach(shard, cmd)
         self.sent.append((shard, db, cmd))
         return {"ok": 1.0, "operationTime": 5, "$clusterTime": {}}
 
 
 def test_end_transaction_handlers_on_a_stub_node() -> None:
     node = _StubNode()
-    # No statement reached a shard: commit is a no-op, abort is NoSuchTransaction.
+    # A commit of a transaction this router never saw needs a recoveryToken (50940); one
+    # that started but reached no shard commits as a no-op; abort is NoSuchTransaction.
+    with pytest.raises(MongoError) as err:
+        asyncio.run(transactions.commit_transaction(node, _txn("commitTransaction", 7)))
+    assert err.value.code == 50940
+    node.transactions.participant(_txn("find", 7, startTransaction=True), set())
     assert asyncio.run(transactions.commit_transaction(node, _txn("commitTransaction", 7))) == {}
     with pytest.raises(MongoError) as err:
         asyncio.run(transactions.abort_transaction(node, _txn("abortTransaction", 7)))
     assert err.value.code == 251 and err.value.labels == ["TransientTransactionError"]
     assert node.sent == []
-    node.transactions.participant(_txn("insert", 8, startTransaction=True), {"shard1"})
+    insert = _txn("insert", 8, startTransaction=True)
+    node.transactions.participant(insert, {"shard1"})
+    asyncio.run(node.shard_command("shard1", "d", dict(insert.body)))
     assert asyncio.run(transactions.commit_transaction(node, _txn("commitTransaction", 8))) == {}
     shard, db, cmd = node.sent[-1]
     assert (shard, db, cmd["commitTransaction"]) == ("shard1", "admin", 1) and "$db" not in cmd
     assert asyncio.run(transactions.abort_transaction(node, _txn("abortTransaction", 8))) == {}
-    assert node.transactions.shard_of(_txn("abortTransaction", 8)) is None
+    assert node.transactions.get(_txn("abortTransaction", 8)) is None
 
 
 def test_admin_and_sharding_handlers_on_a_stub_node() -> None:

@@ -1,0 +1,213 @@
+"""The transaction coordinator of a shard: two-phase commit of a cross-shard transaction
+(mongod's ``TransactionCoordinator``, ``src/mongo/db/s/transaction_coordinator.cpp``, its
+steps in ``transaction_coordinator_util.cpp``).
+
+The router hands the commit of a transaction that wrote on several shards to its first
+participant with ``coordinateCommitTransaction {participants: [{shardId, host}]}``
+(``TransactionRouter::Router::_handOffCommitToCoordinator``). The coordinator then:
+
+1. persists the participant list (``persistParticipantsList``) in
+   ``config.transaction_coordinators`` (a document ``{_id: {lsid, txnNumber}, participants}``;
+   durable with ``--dbpath`` like every collection);
+2. sends ``prepareTransaction`` to every participant (``sendPrepare``); the decision is commit
+   at ``commitTimestamp`` = the newest ``prepareTimestamp`` when all of them prepared, abort as
+   soon as one fails (its error is the abort reason);
+3. persists the decision (``persistDecision``: ``decision: {decision: "commit",
+   commitTimestamp}`` or ``{decision: "abort", abortStatus}``);
+4. sends ``commitTransaction {commitTimestamp}`` or ``abortTransaction`` to every participant
+   until each has answered (``sendCommit``/``sendAbort``, retried on network errors);
+5. deletes its document (``deleteCoordinatorDoc``).
+
+A coordinator shard that restarts finds its documents (:meth:`Coordinators.recover`,
+``transaction_coordinator_service.cpp``): with a decision it delivers it, without one it
+aborts (no participant may have been told to commit). A retried ``coordinateCommitTransaction``
+(or one for a transaction this coordinator already finished) joins the running coordination or
+answers from the decision; for one it does not know it answers NoSuchTransaction (251), as
+``coordinateCommitTransaction`` does when no coordinator exists.
+
+shardsim differences: the participants' addresses travel with the shard ids (a shard does not
+keep a shard registry), and shard-to-shard commands carry no internal authentication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from bson import Timestamp
+from bson.int64 import Int64
+
+from shardsim.client import Pool, parse_address
+from shardsim.errors import MongoError, code_name
+from shardsim.gossip import gossip_command
+from shardsim.values import id_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shard.node import ShardNode
+
+log = logging.getLogger("shardsim.coordinator")
+
+COORDINATORS_NS = ("config", "transaction_coordinators")
+# Errors after which a participant is asked again (network, shutdown, not primary).
+_RETRY_CODES = frozenset({6, 7, 89, 9001, 91, 11600, 189, 10107, 13436})
+
+
+class Coordinators:
+    """All coordinations of one shard (``node.coordinators``)."""
+
+    def __init__(self, node: "ShardNode") -> None:
+        self.node = node
+        self._running: dict[tuple[bytes, int], asyncio.Task] = {}
+        self._pools: dict[str, Pool] = {}
+        # Test hook: seconds to sleep between the persisted decision and its delivery.
+        self.pause_after_decision_s = 0.0
+
+    # -- persistence ---------------------------------------------------------------------------
+    def _coll(self) -> Any:
+        return self.node.ensure_collection(*COORDINATORS_NS)
+
+    def _save(self, doc: dict[str, Any]) -> None:
+        coll = self._coll()
+        key = id_key(doc["_id"])
+        if key in coll.docs:
+            coll.replace(key, doc)
+        else:
+            coll.insert(doc)
+        self.node.storage.note_doc(coll, key, doc)
+        self.node.flush()
+
+    def _delete(self, _id: dict[str, Any]) -> None:
+        coll = self._coll()
+        key = id_key(_id)
+        if key in coll.docs:
+            coll.delete(key)
+            self.node.storage.note_doc(coll, key, None)
+            self.node.flush()
+
+    def documents(self) -> list[dict[str, Any]]:
+        """The coordinator documents of ``config.transaction_coordinators``."""
+        coll = self.node.storage.get(*COORDINATORS_NS)
+        return list(coll.docs.values()) if coll is not None else []
+
+    # -- talking to participants ---------------------------------------------------------------
+    def _pool(self, host: str) -> Pool:
+        pool = self._pools.get(host)
+        if pool is None:
+            pool = self._pools[host] = Pool(*parse_address(host))
+        return pool
+
+    async def _send(self, host: str, cmd: dict[str, Any], *, retry: bool) -> dict[str, Any]:
+        delay = 0.05
+        while True:
+            try:
+                return await gossip_command(self.node.clock, self._pool(host), "admin", cmd,
+                                            timeout=30.0)
+            except MongoError as exc:
+                if not retry or exc.code not in _RETRY_CODES:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    # -- the protocol ---------------------------------------------------------------------------
+    async def coordinate(self, lsid: dict[str, Any], txn_number: int,
+                         participants: list[dict[str, Any]]) -> dict[str, Any]:
+        """Run (or join) the two-phase commit of ``(lsid, txn_number)``; returns the decision
+        ``{decision: "commit", commitTimestamp}`` or ``{decision: "abort", abortStatus: {code,
+        codeName, errmsg}}`` once every participant has been told."""
+        key = (bytes(lsid["id"]), int(txn_number))
+        task = self._running.get(key)
+        if task is None:
+            doc = self._find(lsid, txn_number)
+            if doc is None:
+                doc = {"_id": {"lsid": lsid, "txnNumber": Int64(txn_number)},
+                       "participants": participants}
+                self._save(doc)
+            task = asyncio.get_running_loop().create_task(self._run(doc))
+            self._running[key] = task
+            task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
+        return await asyncio.shield(task)
+
+    def _find(self, lsid: dict[str, Any], txn_number: int) -> dict[str, Any] | None:
+        for doc in self.documents():
+            _id = doc["_id"]
+            if bytes(_id["lsid"]["id"]) == bytes(lsid["id"]) and int(_id["txnNumber"]) == txn_number:
+                return doc
+        return None
+
+    def _txn_fields(self, doc: dict[str, Any]) -> dict[str, Any]:
+        _id = doc["_id"]
+        return {"lsid": _id["lsid"], "txnNumber": Int64(_id["txnNumber"]), "autocommit": False}
+
+    async def _run(self, doc: dict[str, Any]) -> dict[str, Any]:
+        decision = doc.get("decision")
+        if decision is None:
+            decision = await self._prepare_all(doc)
+            doc = dict(doc, decision=decision)
+            self._save(doc)
+        if self.pause_after_decision_s:
+            await asyncio.sleep(self.pause_after_decision_s)
+        await self._deliver(doc, decision)
+        self._delete(doc["_id"])
+        return decision
+
+    async def _prepare_all(self, doc: dict[str, Any]) -> dict[str, Any]:
+        cmd = {"prepareTransaction": 1, **self._txn_fields(doc)}
+
+        async def prepare(p: dict[str, Any]) -> Timestamp:
+            reply = await self._send(p["host"], cmd, retry=True)
+            return reply["prepareTimestamp"]
+
+        tasks = [asyncio.ensure_future(prepare(p)) for p in doc["participants"]]
+        try:
+            stamps = await asyncio.gather(*tasks)
+        except MongoError as exc:
+            for t in tasks:
+                t.cancel()
+            return {"decision": "abort",
+                    "abortStatus": {"code": exc.code, "codeName": code_name(exc.code),
+                                    "errmsg": exc.errmsg}}
+        commit_ts = max(stamps, key=lambda t: (t.time, t.inc))
+        return {"decision": "commit", "commitTimestamp": commit_ts}
+
+    async def _deliver(self, doc: dict[str, Any], decision: dict[str, Any]) -> None:
+        fields = self._txn_fields(doc)
+        if decision["decision"] == "commit":
+            cmd = {"commitTransaction": 1, "commitTimestamp": decision["commitTimestamp"], **fields}
+            ok_codes = {256}  # already committed (a retried delivery)
+        else:
+            cmd = {"abortTransaction": 1, **fields}
+            ok_codes = {251}  # already aborted / never prepared there
+
+        async def send(p: dict[str, Any]) -> None:
+            try:
+                await self._send(p["host"], cmd, retry=True)
+            except MongoError as exc:
+                if exc.code not in ok_codes:
+                    log.warning("participant %s answered %s to %s", p.get("shardId"),
+                                exc.errmsg, next(iter(cmd)))
+
+        await asyncio.gather(*(send(p) for p in doc["participants"]))
+
+    def recover(self) -> None:
+        """After a restart: finish every coordination found in
+        ``config.transaction_coordinators`` (deliver a persisted decision; abort one that never
+        reached a decision), in the background."""
+        for doc in self.documents():
+            if doc.get("decision") is None:
+                doc = dict(doc, decision={"decision": "abort", "abortStatus": {
+                    "code": 251, "codeName": "NoSuchTransaction",
+                    "errmsg": "the coordinator restarted before reaching a decision"}})
+                self._save(doc)
+            _id = doc["_id"]
+            key = (bytes(_id["lsid"]["id"]), int(_id["txnNumber"]))
+            task = asyncio.get_running_loop().create_task(self._run(doc))
+            self._running[key] = task
+            task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
+
+    def close(self) -> None:
+        """Stop the coordinations and close the pools (shutdown)."""
+        for task in list(self._running.values()):
+            task.cancel()
+        for pool in self._pools.values():
+            pool.close()

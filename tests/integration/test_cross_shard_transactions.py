@@ -1,0 +1,168 @@
+"""Cross-shard transactions through the router: two-phase commit, prepared-transaction oplog
+entries, change events (lsid {id, uid}, txnNumber, nothing of aborted ones), and a
+coordinator restart between its decision and its delivery."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from typing import Any
+
+import pymongo
+from bson import Binary
+
+from shardsim.testing import ShardedCluster
+
+NO_AUTH_UID = hashlib.sha256(b"").digest()
+
+
+def _two_shard_collection(client: pymongo.MongoClient, ns: str) -> tuple[str, str]:
+    db, coll = ns.split(".")
+    client.admin.command("enableSharding", db)
+    primary = client.config.databases.find_one({"_id": db})["primary"]
+    other = next(s["_id"] for s in client.admin.command("listShards")["shards"] if s["_id"] != primary)
+    client.admin.command("shardCollection", ns, key={"x": 1})
+    client.admin.command("split", ns, middle={"x": 0})
+    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
+    return primary, other
+
+
+def _read(stream: Any, want: int, timeout: float = 20.0) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < want and time.monotonic() < deadline:
+        ev = stream.try_next()
+        if ev is not None:
+            out.append(ev)
+    return out
+
+
+def _shard_oplog(c: ShardedCluster, name: str) -> list[dict[str, Any]]:
+    direct = pymongo.MongoClient(f"mongodb://{c.shard_address(name)}/?directConnection=true")
+    try:
+        return list(direct.local["oplog.rs"].find({"ns": "admin.$cmd"}))
+    finally:
+        direct.close()
+
+
+def test_two_phase_commit_events_and_oplog() -> None:
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        primary, other = _two_shard_collection(client, "t.c")
+        coll = client.t.c
+        with coll.watch() as stream:
+            with client.start_session() as s:
+                with s.start_transaction():
+                    coll.insert_one({"_id": 1, "x": -5}, session=s)
+                    coll.insert_one({"_id": 2, "x": 5}, session=s)
+                    coll.insert_one({"_id": 3, "x": -6}, session=s)
+                # an aborted one leaves nothing
+                s.start_transaction()
+                coll.insert_one({"_id": 10, "x": -1}, session=s)
+                coll.insert_one({"_id": 11, "x": 1}, session=s)
+                s.abort_transaction()
+            coll.insert_one({"_id": 99, "x": 0})
+            events = _read(stream, 4)
+        assert [e["documentKey"]["_id"] for e in events] == [1, 3, 2, 99] or \
+            [e["documentKey"]["_id"] for e in events] == [2, 1, 3, 99]
+        txn_events = [e for e in events if e["documentKey"]["_id"] != 99]
+        for e in txn_events:
+            assert set(e["lsid"]) == {"id", "uid"} and bytes(e["lsid"]["uid"]) == NO_AUTH_UID
+            assert e["txnNumber"] == 1
+        assert "lsid" not in events[-1]
+        assert sorted(d["_id"] for d in coll.find()) == [1, 2, 3, 99]
+        # The participants wrote a prepare entry and a commitTransaction entry.
+        for name in (primary, other):
+            cmds = [next(iter(e["o"])) for e in _shard_oplog(c, name)
+                    if e.get("lsid", {}).get("id") == txn_events[0]["lsid"]["id"]]
+            assert cmds[:2] == ["applyOps", "commitTransaction"], cmds
+            prep = [e for e in _shard_oplog(c, name) if e["o"].get("prepare")][0]
+            commit = [e for e in _shard_oplog(c, name) if "commitTransaction" in e["o"]][0]
+            assert commit["prevOpTime"]["ts"] == prep["ts"]
+            assert commit["o"]["commitTimestamp"] >= prep["ts"]
+            aborts = [e for e in _shard_oplog(c, name) if "abortTransaction" in e["o"]]
+            assert len(aborts) == 0  # the aborted transaction was never prepared
+
+
+def test_snapshot_readers_see_transactions_atomically_and_stream_agrees() -> None:
+    """Seeded: concurrent cross-shard transfers (committed and aborted) between documents on
+    both shards keep the total constant for every snapshot reader; every committed
+    transaction's events arrive once, per shard at one cluster time, nothing of aborted ones,
+    tokens strictly increasing."""
+    rnd = random.Random(1515)
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        _two_shard_collection(client, "bank.acct")
+        coll = client.bank.acct
+        ids = list(range(-4, 0)) + list(range(1, 5))
+        coll.insert_many([{"_id": i, "x": i, "bal": 100} for i in ids])
+        committed: dict[int, int] = {}
+        aborted: set[int] = set()
+        with coll.watch() as stream:
+            with client.start_session() as s:
+                for n in range(12):
+                    a = rnd.choice(ids[:4])
+                    b = rnd.choice(ids[4:])
+                    amount = rnd.randint(1, 10)
+                    s.start_transaction()
+                    coll.update_one({"_id": a, "x": a}, {"$inc": {"bal": -amount}}, session=s)
+                    coll.update_one({"_id": b, "x": b}, {"$inc": {"bal": amount}}, session=s)
+                    tn = s._server_session.transaction_id
+                    if rnd.random() < 0.3:
+                        s.abort_transaction()
+                        aborted.add(tn)
+                    else:
+                        s.commit_transaction()
+                        committed[tn] = 2
+                    total = sum(d["bal"] for d in coll.find())
+                    assert total == 800
+            events = _read(stream, 2 * len(committed))
+            assert _read(stream, 1, timeout=1.0) == []
+        tokens = [e["_id"]["_data"] for e in events]
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+        seen: dict[int, list[dict[str, Any]]] = {}
+        for e in events:
+            seen.setdefault(int(e["txnNumber"]), []).append(e)
+        assert set(seen) == set(committed) and not (set(seen) & aborted)
+        for tn, evs in seen.items():
+            assert len(evs) == 2
+            assert all(isinstance(e["lsid"]["uid"], (bytes, Binary)) for e in evs)
+
+
+def test_coordinator_restart_after_decision_finishes_the_commit(tmp_path) -> None:
+    """kill -9 of the coordinator shard after its durable decision, before delivering it: the
+    restarted coordinator commits on every participant and the stream shows the events."""
+    with ShardedCluster(shards=2, dbpath=str(tmp_path)) as c:
+        client = c.client()
+        primary, other = _two_shard_collection(client, "k.c")
+        coll = client.k.c
+        node = c.node(primary)
+        with coll.watch() as stream:
+            node.coordinators.pause_after_decision_s = 30.0
+            s = client.start_session()
+            s.start_transaction()
+            coll.insert_one({"_id": 1, "x": -1}, session=s)
+            coll.insert_one({"_id": 2, "x": 1}, session=s)
+
+            def commit() -> None:
+                try:
+                    s.commit_transaction()
+                except pymongo.errors.PyMongoError:
+                    pass  # the coordinator died: the commit's result is unknown
+            t = threading.Thread(target=commit)
+            t.start()
+            deadline = time.monotonic() + 10
+            while not any(d.get("decision") for d in node.coordinators.documents()):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            c.kill_shard(primary)
+            c.restart_shard(primary)
+            t.join(30)
+            deadline = time.monotonic() + 20
+            while coll.count_documents({}) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert sorted(d["_id"] for d in coll.find()) == [1, 2]
+            events = _read(stream, 2)
+        assert sorted(e["documentKey"]["_id"] for e in events) == [1, 2]
