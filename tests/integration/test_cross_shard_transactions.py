@@ -65,8 +65,11 @@ def test_two_phase_commit_events_and_oplog() -> None:
                 s.abort_transaction()
             coll.insert_one({"_id": 99, "x": 0})
             events = _read(stream, 4)
-        assert [e["documentKey"]["_id"] for e in events] == [1, 3, 2, 99] or \
-            [e["documentKey"]["_id"] for e in events] == [2, 1, 3, 99]
+        ids = [e["documentKey"]["_id"] for e in events]
+        assert sorted(ids[:3]) == [1, 2, 3] and ids[3] == 99
+        assert ids.index(1) < ids.index(3)  # statement order within a shard
+        tokens = [e["_id"]["_data"] for e in events]
+        assert tokens == sorted(tokens)
         txn_events = [e for e in events if e["documentKey"]["_id"] != 99]
         for e in txn_events:
             assert set(e["lsid"]) == {"id", "uid"} and bytes(e["lsid"]["uid"]) == NO_AUTH_UID
@@ -138,7 +141,7 @@ def test_coordinator_restart_after_decision_finishes_the_commit(tmp_path) -> Non
         client = c.client()
         primary, other = _two_shard_collection(client, "k.c")
         coll = client.k.c
-        node = c.node(primary)
+        node = c.cluster.node(primary)
         with coll.watch() as stream:
             node.coordinators.pause_after_decision_s = 30.0
             s = client.start_session()
