@@ -12,6 +12,7 @@ of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
 ``transactions``          commitTransaction, abortTransaction, endSessions, killSessions,
                           killAllSessions
 ``internal``              _shardsimEnsureCollection, _shardsimNoop (shardsim's own)
+``balancing``             _shardsvrGetStatsForBalancing, autoSplitVector (for the balancer)
 ========================  ===================================================================
 
 ``helpers`` holds what several families share (namespace checks, the write context of a batch,
@@ -22,7 +23,7 @@ the common no-ops.
 
 from __future__ import annotations
 
-from shard.commands import catalog, crud, ddl, internal, oplog, reads, transactions
+from shard.commands import balancing, catalog, crud, ddl, internal, oplog, reads, transactions
 
 FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,
-            transactions.commands, internal.commands)
+            transactions.commands, internal.commands, balancing.commands)

@@ -224,6 +224,7 @@ TABLE: dict[str, Any] = {
     "balancerStart": lambda req: [(("ns", "config", "settings"), ["update"])],
     "balancerStop": lambda req: [(("ns", "config", "settings"), ["update"])],
     "balancerStatus": lambda req: [(("ns", "config", "settings"), ["find"])],
+    "balancerCollectionStatus": _on_full_ns("enableSharding"),
     # server administration
     "serverStatus": _on_cluster("serverStatus"), "getParameter": _on_cluster("getParameter"),
     "setParameter": _on_cluster("setParameter"), "getCmdLineOpts": _on_cluster("getCmdLineOpts"),
