@@ -225,6 +225,8 @@ TABLE: dict[str, Any] = {
     "balancerStop": lambda req: [(("ns", "config", "settings"), ["update"])],
     "balancerStatus": lambda req: [(("ns", "config", "settings"), ["find"])],
     "balancerCollectionStatus": _on_full_ns("enableSharding"),
+    # auto_split_vector_command.cpp: splitVector on the namespace
+    "autoSplitVector": _on_coll("splitVector"),
     # server administration
     "serverStatus": _on_cluster("serverStatus"), "getParameter": _on_cluster("getParameter"),
     "setParameter": _on_cluster("setParameter"), "getCmdLineOpts": _on_cluster("getCmdLineOpts"),
