@@ -14,8 +14,8 @@ Settings, read at the start of every round from ``config.settings`` (as
   ``kBalanceRoundDefaultInterval``/``kShortBalanceRoundInterval``; tests make it short).
 
 A round (``Balancer::_doBalanceRound``): skip collections with ``noBalance``,
-``allowMigrations: false`` or ``unsplittable``; ask every shard once for the collections'
-data sizes (``_shardsvrGetStatsForBalancing``); choose migrations
+``permitMigrations: false`` (``setAllowMigrations``), ``unsplittable`` or being resharded;
+ask every shard once for the collections' data sizes (``_shardsvrGetStatsForBalancing``); choose migrations
 (:mod:`configsvr.balancer_policy`); run each as ``moveRange`` with only ``min``: the donor
 gives split points for one chunk size from the range's data (``autoSplitVector``, limit 1),
 the chunk is split there (``_configsvrSplitChunk``) and the lower piece moved
@@ -170,8 +170,8 @@ class Balancer:
         draining = {s["_id"] for s in shard_docs if s.get("draining")}
         filt: dict[str, Any] = {"_id": only} if only else {}
         colls = [c for c in await node.find_all("collections", filt)
-                 if only or (not c.get("noBalance") and c.get("allowMigrations", True)
-                             and not c.get("unsplittable"))]
+                 if only or (not c.get("noBalance") and c.get("permitMigrations", True)
+                             and not c.get("unsplittable") and c["_id"] not in node.reshardings)]
         if not colls or len(shards) < 2:
             return [], {"violation": None}
         sizes = await self.collection_sizes(colls, shards)

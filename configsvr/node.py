@@ -62,6 +62,7 @@ class ConfigServerNode(ShardNode):
         self.ddl_lock = asyncio.Lock()
         self.shard_pools: dict[str, Pool] = {}
         self.balancer = Balancer(self)
+        self.reshardings: dict[str, Any] = {}  # ns -> configsvr.resharding.ReshardOp
         self.commands.install(self, *FAMILIES)
 
     async def startup(self) -> None:

@@ -12,7 +12,11 @@ module            commands
 ``ddl``           create, drop, renameCollection, dropDatabase, createIndexes, dropIndexes,
                   collMod, listDatabases, listCollections, listIndexes
 ``sharding``      addShard, listShards, removeShard, enableSharding, shardCollection, split,
-                  moveChunk, movePrimary, flushRouterConfig, balancerStatus/Start/Stop
+                  moveChunk, movePrimary, flushRouterConfig, balancerStatus/Start/Stop,
+                  balancerCollectionStatus
+``sharding_ddl``  reshardCollection, moveCollection, unshardCollection,
+                  refineCollectionShardKey, mergeChunks, setAllowMigrations,
+                  checkMetadataConsistency
 ``transactions``  commitTransaction, abortTransaction (state: :mod:`router.transactions`)
 ``users``         createUser, usersInfo, ... forwarded to the config server (user cache)
 ``admin``         isdbgrid, dbStats, collStats, dataSize, validate; the passthrough of the
@@ -27,9 +31,11 @@ also call ``await crud.insert(node, request)`` directly.
 
 from __future__ import annotations
 
-from router.commands import admin, crud, ddl, reads, sharding, transactions, users
+from router.commands import (admin, crud, ddl, reads, sharding, sharding_ddl, transactions,
+                             users)
 
 FAMILIES = (transactions.commands, crud.commands, reads.commands, ddl.commands, admin.commands,
-            sharding.commands, users.commands)
+            sharding.commands, sharding_ddl.commands, users.commands)
 
-__all__ = ["FAMILIES", "admin", "crud", "ddl", "reads", "sharding", "transactions", "users"]
+__all__ = ["FAMILIES", "admin", "crud", "ddl", "reads", "sharding", "sharding_ddl", "transactions",
+           "users"]

@@ -225,6 +225,14 @@ TABLE: dict[str, Any] = {
     "balancerStop": lambda req: [(("ns", "config", "settings"), ["update"])],
     "balancerStatus": lambda req: [(("ns", "config", "settings"), ["find"])],
     "balancerCollectionStatus": _on_full_ns("enableSharding"),
+    # the 8.0 sharding DDL (cluster_*_cmd.cpp' checkAuthForOperation)
+    "reshardCollection": _on_full_ns("reshardCollection"),
+    "moveCollection": _on_full_ns("moveCollection"),
+    "unshardCollection": _on_full_ns("unshardCollection"),
+    "refineCollectionShardKey": _on_full_ns("refineCollectionShardKey"),
+    "mergeChunks": _on_full_ns("splitChunk"),
+    "setAllowMigrations": _on_full_ns("setAllowMigrations"),
+    "checkMetadataConsistency": _on_cluster("checkMetadataConsistency"),
     # auto_split_vector_command.cpp: splitVector on the namespace
     "autoSplitVector": _on_coll("splitVector"),
     # server administration
