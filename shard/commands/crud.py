@@ -46,10 +46,12 @@ def _write_error(index: int, exc: MongoError) -> dict[str, Any]:
 
 
 def _check_writable(req: Request, name: str) -> None:
-    """InvalidNamespace (73) for the oplog, ``system.*`` (but ``system.js``) and the empty db."""
+    """InvalidNamespace (73) for the oplog, ``system.*`` (but ``system.js``, and resharding's
+    own ``fromMigrate`` writes to ``system.resharding.*``) and the empty db."""
     if req.db == "local" and name == "oplog.rs":
         raise MongoError(73, "cannot write to 'local.oplog.rs'")
-    if name.startswith("system.") and name not in ("system.js",):
+    if name.startswith("system.") and name not in ("system.js",) and not (
+            name.startswith("system.resharding.") and req.body.get("fromMigrate") is True):
         raise MongoError(73, f"cannot write to '{req.db}.{name}'")
     if req.db == "":
         raise MongoError(73, "Invalid database name: ''")
