@@ -231,3 +231,25 @@ def test_check_metadata_consistency_finds_misplaced(client, ddl_cluster) -> None
     direct.cm.stray.drop()
     direct.close()
     assert client.cm.command("checkMetadataConsistency")["cursor"]["firstBatch"] == []
+
+
+def test_move_primary_moves_views(client, ddl_cluster) -> None:
+    admin = client.admin
+    admin.command("enableSharding", "mpv", primaryShard="shard0")
+    client.mpv.src.insert_many([{"_id": i, "x": i} for i in range(5)])
+    client.mpv.create_collection("big", viewOn="src", pipeline=[{"$match": {"x": {"$gte": 3}}}])
+    with client.mpv.watch(max_await_time_ms=200) as stream:
+        admin.command("movePrimary", "mpv", to="shard1")
+        client.mpv.src.insert_one({"_id": 9, "x": 9})
+        events = _drain(stream, 1)
+    assert [e["operationType"] for e in events] == ["insert"]
+    assert sorted(d["_id"] for d in client.mpv.big.find()) == [3, 4, 9]
+    old = pymongo.MongoClient(f"mongodb://{ddl_cluster.shard('shard0').address}/",
+                              directConnection=True)
+    new = pymongo.MongoClient(f"mongodb://{ddl_cluster.shard('shard1').address}/",
+                              directConnection=True)
+    assert set(old.mpv.list_collection_names()) <= {"system.views"}
+    info = new.mpv.list_collections(filter={"name": "big"}).next()
+    assert info["type"] == "view" and info["options"]["viewOn"] == "src"
+    old.close()
+    new.close()
