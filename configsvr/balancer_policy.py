@@ -101,4 +101,6 @@ def first_violation(pattern: KeyPattern, chunks: list[dict[str, Any]], sizes: di
     (``BalancerCommandsScheduler``/``Balancer::getBalancerStatusForNs``)."""
     found = select_for_collection("", pattern, chunks, sizes, shards, draining, chunk_size,
                                   set(shards))
-    return found[0].reason if found else None
+    if not found:
+        return None
+    return "draining" if found[0].reason == "drain" else found[0].reason
