@@ -103,7 +103,7 @@ def test_reshard_collection_under_concurrent_writes(client) -> None:
         wc = pymongo.MongoClient(client.address[0], client.address[1], retryWrites=True)
         i = 10000
         while not stop.is_set():
-            wc.rs2.c.insert_one({"_id": i, "a": i, "b": -i})
+            wc.rs2.c.insert_one({"_id": i, "a": i, "b": (i * 7919) % 2000 - 2000})
             wc.rs2.c.update_one({"_id": i - 9000}, {"$inc": {"n": 1}}) if i < 11000 else None
             written.append(i)
             i += 1
@@ -132,6 +132,9 @@ def test_reshard_collection_under_concurrent_writes(client) -> None:
     for i in written:
         if i < 11000:
             assert coll.find_one({"_id": i - 9000})["n"] == 1
+    # the writes after the commit went to every new owner, and the stream saw them
+    entry = client.config.collections.find_one({"_id": "rs2.c"})
+    assert len({c["shard"] for c in client.config.chunks.find({"uuid": entry["uuid"]})}) == 3
 
 
 def test_reshard_errors(client) -> None:
