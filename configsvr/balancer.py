@@ -12,6 +12,8 @@ Settings, read at the start of every round from ``config.settings`` (as
 * shardsim's own: ``{_id: "balancer", _shardsimRoundIntervalMs: N}`` -- the pause between
   rounds (the server's is 10 s, 1 s after a round that moved something,
   ``kBalanceRoundDefaultInterval``/``kShortBalanceRoundInterval``; tests make it short).
+* ``enableAutoMerge`` (default true) and shardsim's ``_shardsimAutoMergerIntervalMs``: the
+  auto-merger after the rounds (:mod:`configsvr.auto_merger`).
 
 A round (``Balancer::_doBalanceRound``): skip collections with ``noBalance``,
 ``permitMigrations: false`` (``setAllowMigrations``), ``unsplittable`` or being resharded;
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
 
+from configsvr import auto_merger
 from configsvr.balancer_policy import Migration, first_violation, select_for_collection
 from shardsim.errors import MongoError
 from shardsim.shard_key import KeyPattern
@@ -73,6 +76,8 @@ class Balancer:
         self.in_round = False
         self.rounds = 0
         self.migrations = 0
+        self.merges = 0
+        self._last_merge = 0.0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -92,7 +97,13 @@ class Balancer:
         ms = bal.get("_shardsimRoundIntervalMs")
         if isinstance(ms, (int, float)) and ms > 0:
             interval = short = ms / 1000.0
+        merge_every, merge_age = auto_merger.DEFAULT_INTERVAL, auto_merger.DEFAULT_MIN_AGE
+        ms = bal.get("_shardsimAutoMergerIntervalMs")
+        if isinstance(ms, (int, float)) and ms > 0:
+            merge_every = merge_age = ms / 1000.0
         return {"mode": mode, "activeWindow": bal.get("activeWindow"),
+                "auto_merge": bal.get("enableAutoMerge", True) is not False,
+                "merge_every": merge_every, "merge_age": merge_age,
                 "chunk_size": int(mb * 1024 * 1024), "interval": interval, "short": short}
 
     async def set_mode(self, mode: str) -> None:
@@ -136,6 +147,7 @@ class Balancer:
                 if settings["mode"] == "full" and in_window(settings["activeWindow"],
                                                             datetime.datetime.now()):
                     moved = await self.round(settings)
+                    await self._maybe_merge(settings)
                 interval = settings["short"] if moved else settings["interval"]
             except asyncio.CancelledError:
                 raise
@@ -206,6 +218,15 @@ class Balancer:
         finally:
             self.in_round = False
             self.rounds += 1
+
+    async def _maybe_merge(self, settings: dict[str, Any]) -> None:
+        """The auto-merger (:mod:`configsvr.auto_merger`) when it is due."""
+        now = asyncio.get_running_loop().time()
+        if not self._last_merge:
+            self._last_merge = now
+        if settings["auto_merge"] and now - self._last_merge >= settings["merge_every"]:
+            self._last_merge = now
+            self.merges += await auto_merger.merge_round(self.node, settings["merge_age"])
 
     async def move_range(self, m: Migration, chunk_size: int) -> None:
         """``moveRange`` with only ``min``: cut the chunk at about one chunk size from its

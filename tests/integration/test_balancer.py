@@ -10,6 +10,7 @@ from typing import Any
 
 import pymongo
 import pytest
+from bson import MaxKey, MinKey
 from bson.int64 import Int64
 from pymongo.errors import OperationFailure
 
@@ -144,4 +145,24 @@ def test_remove_shard_drains_to_completed(cluster_factory) -> None:
     assert [s["_id"] for s in admin.command("listShards")["shards"]] == ["shard0"]
     assert client.dr.c.count_documents({}) == 300
     assert client.dr.u.find_one() == {"_id": "unsharded"}
+    client.close()
+
+
+def test_auto_merger_merges_contiguous_chunks(cluster_factory) -> None:
+    cluster = cluster_factory(shards=2)
+    client = pymongo.MongoClient(cluster.router_uri)
+    admin = client.admin
+    admin.command("enableSharding", "am", primaryShard="shard0")
+    admin.command("shardCollection", "am.c", key={"k": 1})
+    for m in (10, 20, 30):
+        admin.command("split", "am.c", middle={"k": m})
+    uuid = client.config.collections.find_one({"_id": "am.c"})["uuid"]
+    assert client.config.chunks.count_documents({"uuid": uuid}) == 4
+    client.config.settings.update_one({"_id": "balancer"}, {"$set": {
+        "_shardsimRoundIntervalMs": 100, "_shardsimAutoMergerIntervalMs": 300}}, upsert=True)
+    admin.command("balancerStart")
+    _wait(lambda: client.config.chunks.count_documents({"uuid": uuid}) == 1, 20)
+    chunk = client.config.chunks.find_one({"uuid": uuid})
+    assert (chunk["min"], chunk["max"], chunk["shard"]) == ({"k": MinKey()}, {"k": MaxKey()},
+                                                             "shard0")
     client.close()

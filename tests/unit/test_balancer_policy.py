@@ -69,3 +69,18 @@ def test_active_window() -> None:
     assert in_window({"start": "23:00", "stop": "06:00"}, at)
     assert not in_window({"start": "01:00", "stop": "06:00"}, at)
     assert in_window({"start": "bad"}, at)
+
+
+def test_auto_merger_runs() -> None:
+    from bson.timestamp import Timestamp
+
+    from configsvr.auto_merger import mergeable_runs
+
+    def c(lo, hi, shard, since):
+        return {**_chunk(lo, hi, shard), "onCurrentShardSince": Timestamp(since, 1)}
+
+    chunks = [c(MinKey(), 0, "a", 10), c(0, 5, "a", 10), c(5, 8, "a", 995), c(8, 9, "a", 10),
+              c(9, 20, "a", 10), c(20, 30, "b", 10), c(30, MaxKey(), "a", 10)]
+    runs = mergeable_runs(P, list(reversed(chunks)), 1000, 300)
+    assert [[(r["min"]["k"], r["max"]["k"]) for r in run] for run in runs] == [
+        [(MinKey(), 0), (0, 5)], [(8, 9), (9, 20)]]
