@@ -20,8 +20,8 @@ A round (``Balancer::_doBalanceRound``): skip collections with ``noBalance``,
 ask every shard once for the collections' data sizes (``_shardsvrGetStatsForBalancing``);
 choose migrations (:mod:`configsvr.balancer_policy`); run each as ``moveRange`` with only
 ``min``: the donor gives split points for one chunk size from the range's data
-(``autoSplitVector``, limit 1), the chunk is split there (``_configsvrSplitChunk``) and the lower piece moved
-(``_configsvrMoveChunk``, the same migration as ``moveChunk``: ``fromMigrate`` writes, so
+(``autoSplitVector``, limit 1), the chunk is split there (``_configsvrSplitChunk``) and the
+lower piece moved (``_configsvrMoveChunk``, the same migration as ``moveChunk``: ``fromMigrate`` writes, so
 change streams never see it). An idle round costs one local read of the catalog and one
 small command per shard; with no sharded collection, no command at all.
 """
