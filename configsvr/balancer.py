@@ -16,14 +16,14 @@ Settings, read at the start of every round from ``config.settings`` (as
   auto-merger after the rounds (:mod:`configsvr.auto_merger`).
 
 A round (``Balancer::_doBalanceRound``): skip collections with ``noBalance``,
-``permitMigrations: false`` (``setAllowMigrations``), ``unsplittable`` or being resharded;
-ask every shard once for the collections' data sizes (``_shardsvrGetStatsForBalancing``);
-choose migrations (:mod:`configsvr.balancer_policy`); run each as ``moveRange`` with only
-``min``: the donor gives split points for one chunk size from the range's data
-(``autoSplitVector``, limit 1), the chunk is split there (``_configsvrSplitChunk``) and the
-lower piece moved (``_configsvrMoveChunk``, the same migration as ``moveChunk``: ``fromMigrate`` writes, so
-change streams never see it). An idle round costs one local read of the catalog and one
-small command per shard; with no sharded collection, no command at all.
+``permitMigrations: false`` (``setAllowMigrations``), ``unsplittable`` or being resharded; ask
+every shard once for the collections' data sizes (``_shardsvrGetStatsForBalancing``); choose
+migrations (:mod:`configsvr.balancer_policy`); run each as ``moveRange`` with only ``min``: the
+donor gives split points for one chunk size from the range's data (``autoSplitVector``, limit
+1), the chunk is split there (``_configsvrSplitChunk``) and the lower piece moved
+(``_configsvrMoveChunk``, the same migration as ``moveChunk``: ``fromMigrate`` writes, so change
+streams never see it). An idle round costs one local read of the catalog and one small command
+per shard; with no sharded collection, no command at all.
 """
 
 from __future__ import annotations
