@@ -50,6 +50,10 @@ class Oplog:
     this many seconds are truncated even under the size cap (``None`` = no age limit).
     """
 
+    # scoped_batch returns fewer entries than asked only at the end of its scope (the disk oplog,
+    # shard.oplog_disk, also after a few megabytes read from disk).
+    short_reads = False
+
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES,
                  min_retention_s: float = DEFAULT_MIN_RETENTION_S,
                  max_age_s: float | None = DEFAULT_MAX_AGE_S,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import sqlite3
 from typing import Any, Iterator
 
@@ -61,6 +62,7 @@ PUT_OPLOG = "INSERT OR REPLACE INTO oplog (ts, cmd, ns, db, size, entry) VALUES 
 _WINDOW = 256  # (ts_key, size) pairs of the oldest disk entries read ahead for truncation
 _BATCH = 256  # entries per disk read of the iterators
 _IN_CHUNK = 500  # keys per "ts IN (...)" query (below every SQLite's variable limit)
+READ_BYTES = 4 * 1024 * 1024  # a disk read stops after this many bytes of entries
 
 
 def oplog_row(entry: dict[str, Any], raw: bytes, size: int | None = None) -> tuple:
@@ -102,16 +104,16 @@ def migrate(conn: sqlite3.Connection) -> None:
         raise
 
 
-def _decode_all(raws: list[bytes]) -> list[dict[str, Any]]:
-    return bson.decode_all(b"".join(raws), CODEC) if raws else []
-
-
 class DiskOplog(Oplog):
     """An :class:`shard.oplog.Oplog` whose older entries live only in the SQLite table (see the
     module docstring). ``conn`` — the shard's SQLite connection (:class:`shard.durable.
     DurableStore`); ``cache_bytes`` — the cache's size in bytes (committed entries); the other
     keywords as :class:`~shard.oplog.Oplog`. Call :meth:`load_from_disk` once at start-up and
     :meth:`mark_durable` after every successful commit."""
+
+    # scoped_batch may return fewer entries than asked (never none) while more follow: a read
+    # from disk stops after READ_BYTES, so large entries are read a few megabytes at a time.
+    short_reads = True
 
     def __init__(self, conn: sqlite3.Connection, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  **kwargs: Any) -> None:
@@ -123,6 +125,7 @@ class DiskOplog(Oplog):
         self._disk_from = 0  # disk-only entries: ts_key in [_disk_from, cache's first key)
         self._window: collections.deque[tuple[int, int]] = collections.deque()
         self.disk_rows_read = 0  # entries read back from disk (serverStatus, tests)
+        self._capped = False  # the last disk read stopped at READ_BYTES
 
     # -- start-up -----------------------------------------------------------------------------
     def load_from_disk(self) -> None:
@@ -131,19 +134,19 @@ class DiskOplog(Oplog):
             "SELECT count(*), coalesce(sum(size), 0), min(ts), max(ts) FROM oplog").fetchone()
         if not count:
             return
-        tail: list[tuple[int, int, bytes]] = []
+        tail: list[tuple[int, int, dict[str, Any]]] = []
         cached = 0
         for key, size, raw in self._conn.execute(
                 "SELECT ts, size, entry FROM oplog ORDER BY ts DESC"):
             if tail and cached + size > self.cache_bytes:
                 break
-            tail.append((key, size, raw))
+            tail.append((key, size, bson.decode(raw, CODEC)))
             cached += size
         tail.reverse()
         self._disk_count = count - len(tail)
         self._disk_bytes = total - cached
         self._disk_from = first
-        for (key, size, _), entry in zip(tail, _decode_all([r[2] for r in tail])):
+        for key, size, entry in tail:
             self._keys.append(key)
             self._entries.append(entry)
             self._sizes.append(size)
@@ -197,12 +200,14 @@ class DiskOplog(Oplog):
     def scoped_batch(self, key: int, limit: int, *, ns: str | None = None,
                      db: str | None = None) -> tuple[Any, Any]:
         """As :meth:`shard.oplog.Oplog.scoped_batch`: the disk part first (read from SQLite in
-        ts order, at most ``limit`` entries), then the cache."""
+        ts order, at most ``limit`` entries and about :data:`READ_BYTES`), then the cache. Unlike
+        the in-memory oplog's, a batch may be shorter than ``limit`` while more entries follow
+        (:attr:`short_reads`); it is empty only when the scope has no entry at or after ``key``."""
         first = self._cache_first()
         if key >= first or not self._disk_count:
             return super().scoped_batch(key, limit, ns=ns, db=db)
         keys, entries = self._read_disk(max(key, self._disk_from), first, limit, ns, db)
-        if len(keys) < limit:
+        if len(keys) < limit and not self._capped:
             more_keys, more = super().scoped_batch(first, limit - len(keys), ns=ns, db=db)
             keys.extend(more_keys)
             entries.extend(more)
@@ -214,8 +219,8 @@ class DiskOplog(Oplog):
         ``limit``, from SQLite."""
         conn = self._conn
         if ns is None and db is None:
-            rows = conn.execute("SELECT ts, entry FROM oplog WHERE ts >= ? AND ts < ? "
-                                "ORDER BY ts LIMIT ?", (lo, hi, limit)).fetchall()
+            rows: Any = conn.execute("SELECT ts, entry FROM oplog WHERE ts >= ? AND ts < ? "
+                                     "ORDER BY ts LIMIT ?", (lo, hi, limit))
         else:
             col, name = ("ns", ns) if ns is not None else ("db", db)
             cmds = [k for (k,) in conn.execute(
@@ -223,21 +228,34 @@ class DiskOplog(Oplog):
                 (lo, hi, limit))]
             if not cmds:
                 rows = conn.execute(f"SELECT ts, entry FROM oplog WHERE {col} = ? AND ts >= ? "
-                                    f"AND ts < ? ORDER BY ts LIMIT ?",
-                                    (name, lo, hi, limit)).fetchall()
+                                    f"AND ts < ? ORDER BY ts LIMIT ?", (name, lo, hi, limit))
             else:
                 mine = [k for (k,) in conn.execute(
                     f"SELECT ts FROM oplog WHERE {col} = ? AND ts >= ? AND ts < ? "
                     f"ORDER BY ts LIMIT ?", (name, lo, hi, limit))]
                 want = sorted(cmds + mine)[:limit]
-                rows = []
-                for i in range(0, len(want), _IN_CHUNK):
-                    part = want[i:i + _IN_CHUNK]
-                    rows += conn.execute(
-                        f"SELECT ts, entry FROM oplog WHERE ts IN ({','.join('?' * len(part))}) "
-                        f"ORDER BY ts", part).fetchall()
-        self.disk_rows_read += len(rows)
-        return [r[0] for r in rows], _decode_all([r[1] for r in rows])
+                rows = itertools.chain.from_iterable(
+                    conn.execute(f"SELECT ts, entry FROM oplog WHERE ts IN "
+                                 f"({','.join('?' * len(part))}) ORDER BY ts", part)
+                    for part in (want[i:i + _IN_CHUNK] for i in range(0, len(want), _IN_CHUNK)))
+        return self._decoded(rows)
+
+    def _decoded(self, rows: Any) -> tuple[list[int], list[dict[str, Any]]]:
+        """``(keys, entries)`` of ``(ts, entry BLOB)`` rows, stopping after
+        :data:`READ_BYTES` of BLOBs (at least one row; see :attr:`short_reads`)."""
+        keys: list[int] = []
+        entries: list[dict[str, Any]] = []
+        total = 0
+        self._capped = False
+        for key, raw in rows:
+            keys.append(key)
+            entries.append(bson.decode(raw, CODEC))
+            total += len(raw)
+            if total >= READ_BYTES:
+                self._capped = True
+                break
+        self.disk_rows_read += len(keys)
+        return keys, entries
 
     def scoped_entries_from(self, key: int, *, ns: str | None = None,
                             db: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -278,9 +296,9 @@ class DiskOplog(Oplog):
             if not rows:
                 return
             self.disk_rows_read += len(rows)
-            for (key, _), entry in zip(rows, _decode_all([r[1] for r in rows])):
+            for key, raw in rows:
                 hi = key
-                yield entry
+                yield bson.decode(raw, CODEC)
 
     def _bisect(self, key: int) -> int:
         return bisect.bisect_left(self._keys, key, self._head)

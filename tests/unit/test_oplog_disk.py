@@ -13,6 +13,7 @@ from bson import Timestamp
 
 from shardsim.clock import ts_key
 from shard.oplog import Oplog
+from shard import oplog_disk
 from shard.oplog_disk import PUT_OPLOG, DiskOplog, migrate, oplog_row
 
 SIZE = 100  # accounted bytes per entry
@@ -62,7 +63,7 @@ def _batches(log, key: int, limit: int, **scope) -> list:
         keys, entries = log.scoped_batch(key, limit, **scope)
         assert len(keys) == len(entries) <= limit
         out += list(zip(keys, entries))
-        if len(keys) < limit:
+        if not keys or (len(keys) < limit and not log.short_reads):
             return out
         key = keys[-1] + 1
 
@@ -91,7 +92,9 @@ def conn(tmp_path):
     c.close()
 
 
-def test_disk_oplog_reads_like_the_in_memory_oplog(conn):
+@pytest.mark.parametrize("read_bytes", [4 << 20, 500])  # 500: disk reads stop after ~5 entries
+def test_disk_oplog_reads_like_the_in_memory_oplog(conn, monkeypatch, read_bytes):
+    monkeypatch.setattr(oplog_disk, "READ_BYTES", read_bytes)
     rng = random.Random(7)
     cap = SIZE * 4000
     ref = Oplog(max_bytes=cap)
