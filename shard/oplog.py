@@ -2,8 +2,9 @@
 
 The oplog is an in-memory, append-only list of MongoDB oplog entries ordered by ``ts`` (a BSON
 ``Timestamp``), indexed by :func:`shardsim.clock.ts_key`. It is what the change-stream stages
-scan and what ``find`` on ``local.oplog.rs`` reads. Durable shards persist entries through
-:mod:`shard.durable` and reload them here at start-up.
+scan and what ``find`` on ``local.oplog.rs`` reads. Durable shards use its subclass
+:class:`shard.oplog_disk.DiskOplog`: the entries live in SQLite (:mod:`shard.durable`) and these
+lists hold only a bounded cache of the newest ones.
 
 Retention works like a capped oplog with ``oplogMinRetentionHours``: entries are truncated from
 the oldest end while the oplog is larger than ``max_bytes`` (``replication.oplogSizeMB``) AND
