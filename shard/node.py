@@ -36,6 +36,7 @@ from shard.auth_store import LocalUserStore
 from shard.durable import DurableStore
 from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
+from shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
 from shardsim.query import select
 from shard.sessions import Sessions
 from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
@@ -64,7 +65,8 @@ def wall_now() -> datetime.datetime:
 class ShardNode(Node):
     """A shard. ``options``: ``shard_name``, ``dbpath`` (None = in memory),
     ``noop_interval_ms``, ``promise_mode`` (``clock``|``mongod``), ``oplog_size_mb``,
-    ``oplog_min_retention_hours``, ``oplog_max_age_s``, ``sync`` (``normal``|``full``)."""
+    ``oplog_min_retention_hours``, ``oplog_max_age_s``, ``oplog_cache_mb`` (durable shards: MiB
+    of newest oplog entries kept in memory, default 64), ``sync`` (``normal``|``full``)."""
 
     role = "shard"
 
@@ -78,11 +80,19 @@ class ShardNode(Node):
         min_ret_h = float(self.options.get("oplog_min_retention_hours") or 0)
         max_age = self.options.get("oplog_max_age_s")
         self.storage = Storage()
-        self.oplog = Oplog(max_bytes=int(size_mb * 1024 * 1024), min_retention_s=min_ret_h * 3600,
-                           max_age_s=float(max_age) if max_age else None)
+        retention = {"max_bytes": int(size_mb * 1024 * 1024), "min_retention_s": min_ret_h * 3600,
+                     "max_age_s": float(max_age) if max_age else None}
+        dbpath = self.options.get("dbpath")
+        self.durable = None
+        if dbpath:  # the oplog on disk with a bounded cache of its newest entries
+            self.durable = DurableStore(dbpath, sync=self.options.get("sync") or "normal")
+            cache_mb = float(self.options.get("oplog_cache_mb") or DEFAULT_CACHE_BYTES / 2**20)
+            self.oplog: Oplog = DiskOplog(self.durable.conn, cache_bytes=int(cache_mb * 2**20),
+                                          **retention)
+        else:
+            self.oplog = Oplog(**retention)
         self.pre_images = PreImages()
         self.oplog.truncated_callbacks.append(self._on_oplog_truncated)
-        self.durable = None
         self._unflushed: list[tuple] = []  # journal records of failed commits, retried first
         self._depth = 0
         self._req_txn: dict[int, Any] = {}
@@ -92,9 +102,7 @@ class ShardNode(Node):
         self.cs_promise_waiters = cs_cursor.PromiseWaiters()
         # The periodic no-op writer's asyncio task once started (shard/noop_writer.py).
         self.noop_writer_task: Any = None
-        dbpath = self.options.get("dbpath")
-        if dbpath:
-            self.durable = DurableStore(dbpath, sync=self.options.get("sync") or "normal")
+        if self.durable is not None:
             self.storage.journal = []
             self.durable.load(self)
         self.commands.install(self, *shard_commands.FAMILIES,  # after the common family
@@ -167,6 +175,11 @@ class ShardNode(Node):
                       "hosts": [self.address], "primary": self.address, "me": self.address}
         st["oplog"] = {"entries": Int64(len(self.oplog)), "sizeBytes": Int64(self.oplog.size_bytes),
                        "earliestOptime": first, "latestOptime": last}
+        if isinstance(self.oplog, DiskOplog):  # shardsim's own: the in-memory part
+            st["oplog"].update({"cacheMaxBytes": Int64(self.oplog.cache_bytes),
+                                "cachedBytes": Int64(self.oplog.cached_bytes),
+                                "cachedEntries": Int64(self.oplog.cached_entries),
+                                "diskEntriesRead": Int64(self.oplog.disk_rows_read)})
         st["storageEngine"] = {"name": "sqlite" if self.durable else "inMemory",
                                "persistent": bool(self.durable)}
         return st
@@ -231,6 +244,7 @@ class ShardNode(Node):
                     "durable commit failed; %d records kept for the next commit", len(journal),
                     exc_info=True)
                 raise
+            self.oplog.mark_durable(self.oplog.latest_key)  # the cache may let them go now
 
     # -- the write path -----------------------------------------------------------------------
     def write_context(self, req: Request) -> WriteContext:
@@ -274,9 +288,9 @@ class ShardNode(Node):
 
     def append_entry(self, entry: dict[str, Any], size: int | None = None) -> None:
         """Append to the oplog (and the durable journal)."""
-        self.oplog.append(entry, size)
+        size = self.oplog.append(entry, size)
         if self.storage.journal is not None:
-            self.storage.journal.append(("oplog", entry))
+            self.storage.journal.append(("oplog", entry, size))
             if self._depth == 0:
                 try:
                     self.flush()
