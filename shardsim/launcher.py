@@ -325,13 +325,15 @@ class Cluster:
 
     # -- detached state -----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """What ``shardsim status``/``down`` need: the router URI and every process."""
+        """What ``shardsim status``/``down``/``fault`` need: the router URI and every process
+        (``args``: its command line after ``-m module``, ports pinned, for a restart)."""
         return {
             "router_uri": self.router_uri,
             "base_dir": self.base_dir,
             "started": time.time(),
             "processes": [{"name": p.name, "module": p.module, "pid": p.pid, "host": p.host,
-                           "port": p.port, "log": p.log_path} for p in self.processes],
+                           "port": p.port, "log": p.log_path, "args": list(p.args)}
+                          for p in self.processes],
         }
 
 
