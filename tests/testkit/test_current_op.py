@@ -144,3 +144,24 @@ def test_current_op_needs_admin_and_aggregate_1(cluster: Any) -> None:
     with pytest.raises(OperationFailure) as info:
         client.why.command("aggregate", 1, pipeline=[{"$currentOp": {}}], cursor={})
     assert info.value.code == 73
+
+
+def test_load_wait_sampler_names_the_paused_shard(cluster: Any) -> None:
+    from shardsim.load.watch import WaitSampler
+    client = cluster.client()
+    primary, other = split(client, "waits.c")
+    coll = client.waits.c
+    sampler = WaitSampler(cluster.uri, "waits", interval=0.05)
+    with coll.watch(max_await_time_ms=100) as stream:
+        sampler.start()
+        cluster.pause_shard(other)
+        try:
+            coll.insert_one({"x": -1})
+            read(stream, 1, 0.6)                          # held: the paused shard promised nothing
+        finally:
+            cluster.resume_shard(other)
+        assert len(read(stream, 1, 10)) == 1
+        sampler.stop()
+        sampler.join(5)
+    assert sampler.error is None
+    assert sampler.longest() is not None and sampler.longest()[0] == other, sampler.held_s
