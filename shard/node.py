@@ -110,6 +110,8 @@ class ShardNode(Node):
         self.security.store = LocalUserStore(self)  # shard-local admin.system.users/roles
         cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
         failpoints.install(self)  # configureFailPoint, with test commands only
+        if self.test_commands:
+            self.commands.install(self, shard_commands.testing.commands)  # _shardsimTruncateOplog
 
     # -- identity -----------------------------------------------------------------------------
     def hello(self, req: Request) -> dict[str, Any]:
@@ -138,7 +140,7 @@ class ShardNode(Node):
             "oplogSizeMB": Int64(self.oplog.max_bytes // (1024 * 1024)),
             "oplogMinRetentionHours": self.oplog.min_retention_s / 3600,
             "transactionLifetimeLimitSeconds": self.sessions.lifetime_s,
-            "periodicNoopIntervalSecs": max(1, int(self.options.get("noop_interval_ms") or 1000) // 1000),
+            "periodicNoopIntervalSecs": _noop_secs(self.options.get("noop_interval_ms")),
         })
         return params
 
@@ -151,6 +153,8 @@ class ShardNode(Node):
             self.oplog.truncate()
         elif name == "transactionLifetimeLimitSeconds":
             self.sessions.lifetime_s = int(value)
+        elif name == "periodicNoopIntervalSecs" and self.test_commands:
+            self._set_noop_interval(value)
         elif name == "oplogMinRetentionHours":
             hours = oplog_settings.check_min_retention_hours(value,
                                                              "setParameter.oplogMinRetentionHours")
@@ -158,6 +162,16 @@ class ShardNode(Node):
             self.oplog.truncate()
         else:
             super().set_parameter(name, value)
+
+    def _set_noop_interval(self, value: Any) -> None:
+        """``periodicNoopIntervalSecs`` at runtime (shardsim, test commands only; mongod sets it
+        at startup): a positive number of seconds, fractions allowed; the writer restarts with
+        it. BadValue (2) otherwise."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise MongoError(2, f"periodicNoopIntervalSecs must be a positive number, not {value!r}")
+        self.options["noop_interval_ms"] = max(1, int(round(float(value) * 1000)))
+        noop_writer.stop(self)
+        noop_writer.start(self)
 
     def parsed_options(self) -> dict[str, Any]:
         """getCmdLineOpts ``parsed``: clusterRole shardsvr, replSet, dbPath."""
@@ -400,3 +414,10 @@ class ShardNode(Node):
             except MongoError:
                 pass  # not durable: like an unacknowledged write at kill -9
             self.durable.close()
+
+
+def _noop_secs(ms: Any) -> Any:
+    """``periodicNoopIntervalSecs`` of a no-op interval in ms: whole seconds as an int (as
+    mongod reports it), a fraction as a double (shardsim's sub-second intervals)."""
+    ms = int(ms or 1000)
+    return ms // 1000 if ms % 1000 == 0 else ms / 1000

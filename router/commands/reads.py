@@ -10,7 +10,8 @@ read on the database's primary shard. The ``config``/``admin`` databases are the
 server's (:func:`router.commands.admin.config_read`).
 
 An aggregate starting with ``$changeStream`` is handed to
-:func:`router.change_stream.aggregate_change_stream`.
+:func:`router.change_stream.aggregate_change_stream`, one starting with ``$currentOp`` to
+:func:`router.current_op.aggregate_current_op`.
 
 Views: a read of a view goes to the primary shard like any unsharded namespace. When the view's
 source is sharded, the shard answers 169 with ``resolvedView: {ns, pipeline}`` and the router
@@ -25,6 +26,8 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from router import change_stream
+from router.current_op import aggregate_current_op
+from shardsim import current_op
 from router.commands.admin import CONFIG_DATABASES, config_read
 from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
 from shardsim.shard_key import compare
@@ -236,6 +239,8 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
     if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
         return await change_stream.aggregate_change_stream(node, req)
     cursor_opt = req.get("cursor")
+    if current_op.is_current_op(pipeline) and cursor_opt is not None:
+        return await aggregate_current_op(node, req)
     if cursor_opt is None and not req.get("explain"):
         raise MongoError(9, "The 'cursor' option is required, except for aggregate with the "
                             "explain argument")

@@ -17,6 +17,7 @@ from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
 from shardsim import query as q
 from shard.change_stream import aggregate_change_stream
+from shardsim import current_op
 from shard.commands.helpers import Database, check_fields, coll_name, txn_view, view_docs
 from shard.commands.oplog_cursor import oplog_cursor
 from shardsim.errors import view_error
@@ -176,7 +177,12 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
     if req.body.get("explain"):
         raise MongoError(238, "explain is not supported by shardsim")
     target = req.arg
-    if target == 1 or isinstance(target, (int, float)) and not isinstance(target, bool):
+    if current_op.is_current_op(pipeline):
+        # $currentOp: this shard's cursors (shardsim/current_op.py)
+        docs = current_op.local_operations(node, current_op.parse(req.db, target, pipeline))
+        pipeline = pipeline[1:]
+        ns = f"{req.db}.$cmd.aggregate"
+    elif target == 1 or isinstance(target, (int, float)) and not isinstance(target, bool):
         if pipeline and isinstance(pipeline[0], dict) and "$documents" in pipeline[0]:
             docs = list(pipeline[0]["$documents"])
             pipeline = pipeline[1:]
