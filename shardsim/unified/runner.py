@@ -520,7 +520,8 @@ class Runner:
                     raise MatchError(f"expected a server error response, got {desc}")
                 ctx.matcher.match(want, reply, root=True, path="errorResponse")
             elif key == "expectResult":
-                partial = getattr(exc, "details", None)
+                from .operations_extra import error_result
+                partial = error_result(exc)
                 ctx.matcher.match(want, partial if partial is not None else ops_missing(),
                                   root=True, path="error.result")
             else:
