@@ -23,8 +23,11 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from bson import MaxKey, MinKey, Regex, Timestamp
 
+from shardsim import expressions
 from shardsim.errors import MongoError
 from shardsim.values import id_key
+
+expressions.install()  # let variables, $getField/$setField
 
 MM_SCRATCH = mongomock.MongoClient().get_database("shardsim").get_collection("scratch")
 
@@ -83,6 +86,10 @@ def matches(filt: dict[str, Any] | None, doc: dict[str, Any]) -> bool:
         return True
     try:
         return mm_filtering.filter_applies(filt, doc)
+    except KeyError:
+        # mongomock's $expr raises for a missing field path or variable operand; mongod
+        # evaluates it to "missing", which does not satisfy the comparison here
+        return False
     except Exception as exc:  # mongomock raises OperationFailure/NotImplementedError/TypeError
         raise translate_error(exc) from None
 

@@ -88,6 +88,26 @@ def error_result(exc: BaseException) -> dict[str, Any] | None:
     return details
 
 
+def check_client_bulk_error(ctx: "TestContext", key: str, want: Any, exc: BaseException) -> None:
+    """``expectError.writeErrors`` (``{"<index>": error}``, exactly those indexes) and
+    ``expectError.writeConcernErrors`` (a list) of a ClientBulkWriteException."""
+    from .matcher import MatchError
+    if type(exc).__name__ != "ClientBulkWriteException":
+        raise MatchError(f"expected a client bulk write error with {key}, got "
+                         f"{type(exc).__name__}: {exc}")
+    if key == "writeErrors":
+        got = {str(e["idx"]): {k: v for k, v in e.items() if k not in ("idx", "op")}
+               for e in exc.write_errors or []}
+        if sorted(got) != sorted(want):
+            raise MatchError(f"expected write errors at {sorted(want)}, got {sorted(got)}")
+        for i, spec in want.items():
+            ctx.matcher.match(spec, got[i], root=True, path=f"writeErrors.{i}")
+        return
+    got_wce = [{"code": e.get("code"), "message": e.get("errmsg"), **e}
+               for e in exc.write_concern_errors or []]
+    ctx.matcher.match(want, got_wce, root=True, path="writeConcernErrors")
+
+
 def collection_extra(ctx: "TestContext", coll: Any, name: str, a: Args) -> OpResult | None:
     """The collection operations :func:`operations.collection_op` does not know."""
     if name == "count":
