@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import random
 import re
 from typing import Any, Iterator
 
@@ -33,6 +34,9 @@ LET_VARS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("shard
                                                                          default={})
 _NAME = re.compile(r"^[a-z\x80-\xff][A-Za-z0-9_\x80-\xff]*$")
 _installed = False
+# Variables every expression may read (Variables::kBuiltin... in variables.cpp).
+_SYSTEM_VARS = frozenset({"ROOT", "CURRENT", "REMOVE", "NOW", "CLUSTER_TIME", "DESCEND",
+                          "PRUNE", "KEEP", "SEARCH_META", "USER_ROLES"})
 
 
 def evaluate_let(let: Any) -> dict[str, Any]:
@@ -159,6 +163,14 @@ def install() -> None:
                 return _get_field(self, expression[op])
             if op == "$setField":
                 return _set_field(self, expression[op])
+            if op == "$rand":
+                if expression[op] != {}:
+                    raise MongoError(3040501, "$rand does not currently accept arguments")
+                return random.random()
+        elif isinstance(expression, str) and expression.startswith("$$"):
+            name = expression[2:].split(".", 1)[0]
+            if name not in self._user_vars and name not in _SYSTEM_VARS:
+                raise MongoError(17276, f"Use of undefined variable: {name}")
         return orig_parse(self, expression)
 
     parser_cls.__init__ = __init__

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 import mongomock
 from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
-from bson import MaxKey, MinKey, Regex, Timestamp
+from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
 from shardsim import expressions
 from shardsim.errors import MongoError
@@ -49,6 +49,37 @@ def _compare_type(val: Any) -> int:
 
 
 mm_filtering._get_compare_type = _compare_type
+
+# $type names mongomock lists but does not implement (bsontypes.h / "$type" aliases).
+for _name, _test in {
+        "null": lambda v: v is None,
+        "regex": lambda v: isinstance(v, (Regex, re.Pattern)),
+        "timestamp": lambda v: isinstance(v, Timestamp),
+        "minKey": lambda v: isinstance(v, MinKey),
+        "maxKey": lambda v: isinstance(v, MaxKey),
+        "javascript": lambda v: isinstance(v, Code) and v.scope is None,
+        "javascriptWithScope": lambda v: isinstance(v, Code) and v.scope is not None}.items():
+    if mm_filtering.TYPE_MAP.get(_name, 0) is None:
+        mm_filtering.TYPE_MAP[_name] = _test
+# $type by number (BSONType codes) as mongod accepts it; arrays of types match any of them.
+_TYPE_CODES = {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData", 6: "undefined",
+               7: "objectId", 8: "bool", 9: "date", 10: "null", 11: "regex", 12: "dbPointer",
+               13: "javascript", 14: "symbol", 15: "javascriptWithScope", 16: "int",
+               17: "timestamp", 18: "long", 19: "decimal", -1: "minKey", 127: "maxKey"}
+
+
+def _type_op(doc_val: Any, search_val: Any) -> bool:
+    if isinstance(search_val, list):
+        return any(_type_op(doc_val, v) for v in search_val)
+    if isinstance(search_val, (int, float)) and not isinstance(search_val, bool):
+        if search_val not in _TYPE_CODES:
+            raise MongoError(2, f"Invalid numerical type code: {search_val}")
+        search_val = _TYPE_CODES[int(search_val)]
+    return _mm_type_op(doc_val, search_val)
+
+
+_mm_type_op = mm_filtering._type_op
+mm_filtering._filterer_inst._operator_map["$type"] = _type_op
 
 
 

@@ -81,6 +81,10 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
         return await config_read(node, req, "find")
     ns = f"{db}.{coll}"
     filt = req.get("filter") or {}
+    for field, label in (("skip", "Skip"), ("limit", "LimitValue")):
+        v = check_type(req, field, (int, float), "long")
+        if v is not None and v < 0:  # find_command.idl validators (mongos parses the same IDL)
+            raise MongoError(51024, f"{label} value must be non-negative, but received: {v}")
     shards = await read_targets(node, req, ns, filt)
     batch_size = req.get("batchSize")
     single = bool(req.get("singleBatch"))
@@ -235,6 +239,9 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
         check_type(req, "pipeline", list, "array", required=True)
     if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
         return await change_stream.aggregate_change_stream(node, req)
+    if any(isinstance(st, dict) and "$changeStream" in st for st in pipeline[1:]):
+        # DocumentSourceChangeStream's position constraint (Pipeline::validateCommon)
+        raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
     cursor_opt = req.get("cursor")
     if cursor_opt is None and not req.get("explain"):
         raise MongoError(9, "The 'cursor' option is required, except for aggregate with the "

@@ -103,7 +103,8 @@ def check_client_bulk_error(ctx: "TestContext", key: str, want: Any, exc: BaseEx
         for i, spec in want.items():
             ctx.matcher.match(spec, got[i], root=True, path=f"writeErrors.{i}")
         return
-    got_wce = [{"code": e.get("code"), "message": e.get("errmsg"), **e}
+    got_wce = [{"code": e.get("code"), "message": e.get("errmsg"),
+                **({"details": e["errInfo"]} if "errInfo" in e else {})}
                for e in exc.write_concern_errors or []]
     ctx.matcher.match(want, got_wce, root=True, path="writeConcernErrors")
 
