@@ -24,7 +24,7 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
-from router import change_stream
+from router import aggregate_write, change_stream
 from router.commands.admin import CONFIG_DATABASES, config_read
 from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
 from shardsim.shard_key import compare
@@ -221,8 +221,8 @@ async def aggregate(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{aggregate, pipeline, cursor}`` -> ``{cursor: {id, ns, firstBatch}}``. A
     ``$changeStream`` pipeline opens a change stream (:mod:`router.change_stream`). Raises
     TypeMismatch (14) / IDLFailedToParse (40414) for a bad pipeline, FailedToParse (9) without
-    ``cursor``, InvalidNamespace (73), 115 for ``$out``/``$merge`` over several shards; views
-    over sharded collections re-run."""
+    ``cursor``, InvalidNamespace (73); a final ``$out``/``$merge`` writes through the router
+    (:mod:`router.aggregate_write`); views over sharded collections re-run."""
     try:
         return await aggregate_on_shards(node, req)
     except MongoError as exc:
@@ -260,11 +260,10 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
     body = forwardable(req.body)
     body["cursor"] = {"batchSize": BIG_BATCH}
     sess = session_fields(req)
-    writes_out = any(isinstance(s, dict) and ("$out" in s or "$merge" in s) for s in pipeline)
-    if len(shards) == 1 or writes_out:
-        if writes_out and len(shards) > 1:
-            raise MongoError(115, "shardsim: $out/$merge over a sharded collection is not "
-                                  "supported through the router")
+    if aggregate_write.write_stage(pipeline) is not None:
+        return await aggregate_write.aggregate_with_write(node, req, functools.partial(
+            _read_all, node))
+    if len(shards) == 1:
         _, docs = await node.drain(shards[0], db, body, session=sess)
         return await node.cursor_reply(ns, docs, req, batch_size)
     split = 0
@@ -278,6 +277,17 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
         from shardsim.query import run_pipeline
         docs = run_pipeline(docs, pipeline[split:], None)
     return await node.cursor_reply(ns, docs, req, batch_size)
+
+
+async def _read_all(node: "RouterNode", req: Request) -> list[dict[str, Any]]:
+    """Every document an aggregate ``req`` (no write stage) returns, its cursor drained."""
+    body = dict(req.body)
+    body["cursor"] = {"batchSize": BIG_BATCH}
+    reply = await aggregate_on_shards(node, Request(req.name, req.db, body, req.conn))
+    docs = list(reply["cursor"]["firstBatch"])
+    if reply["cursor"].get("id"):
+        await node.cursors.kill([int(reply["cursor"]["id"])])
+    return docs
 
 
 async def _aggregate_database(node: "RouterNode", req: Request, batch_size: Any) -> dict[str, Any]:

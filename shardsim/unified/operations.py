@@ -114,10 +114,8 @@ def make_read_pref(doc: dict) -> Any:
     mode = read_pref_mode_from_name(name)
     if mode == 0:
         return ReadPreference.PRIMARY
-    kw: dict[str, Any] = {"max_staleness": doc.get("maxStalenessSeconds", -1)}
-    if doc.get("tagSets") is not None:
-        kw["tag_sets"] = doc["tagSets"]
-    return make_read_preference(mode, **kw)
+    return make_read_preference(mode, doc.get("tagSets"),
+                                doc.get("maxStalenessSeconds", -1))
 
 
 def collection_options(doc: dict | None) -> dict[str, Any]:
