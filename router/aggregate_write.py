@@ -168,6 +168,9 @@ async def aggregate_with_write(node: "RouterNode", req: Request, read: Reader
     stage = write_stage(pipeline)
     assert stage is not None
     name, spec = stage
+    level = (req.get("readConcern") or {}).get("level")
+    if level == "linearizable":  # DocumentSourceOut/Merge constraints
+        raise MongoError(72, f"{name} cannot be used with a 'linearizable' read concern level")
     body = dict(req.body)
     body["pipeline"] = pipeline[:-1]
     body.pop("writeConcern", None)

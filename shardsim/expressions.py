@@ -175,3 +175,6 @@ def install() -> None:
 
     parser_cls.__init__ = __init__
     parser_cls.parse = parse
+
+
+install()  # importing this module (every node does) patches mongomock once

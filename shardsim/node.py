@@ -22,7 +22,7 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim import expressions, node_commands, request_checks
+from shardsim import collation, expressions, node_commands, request_checks
 from shardsim.auth import commands as auth_commands
 from shardsim.auth.security import Security
 from shardsim.clock import HybridLogicalClock
@@ -146,8 +146,9 @@ class Node:
                 await self.security.authorize(req)
             # maxTimeMS, writeConcern and write batch shapes (shardsim/request_checks.py)
             request_checks.check_request(self.commands.canonical(req.name), req.body)
-            if "let" in req.body and req.name != "bulkWrite":
-                with expressions.let_scope(req.body["let"]):
+            if ("let" in req.body or "collation" in req.body) and req.name != "bulkWrite":
+                with expressions.let_scope(req.body.get("let")), \
+                        collation.collation_scope(req.body.get("collation")):
                     reply = await handler(req)
             else:
                 reply = await handler(req)

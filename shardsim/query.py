@@ -23,7 +23,7 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
-from shardsim import expressions
+from shardsim import collation, expressions
 from shardsim.errors import MongoError
 from shardsim.values import id_key
 
@@ -115,6 +115,8 @@ def matches(filt: dict[str, Any] | None, doc: dict[str, Any]) -> bool:
     """True if ``doc`` satisfies the query ``filt``; BadValue (2) for an invalid query."""
     if not filt:
         return True
+    if collation.active():
+        filt, doc = collation.fold(filt), collation.fold(doc)
     try:
         return mm_filtering.filter_applies(filt, doc)
     except KeyError:
@@ -162,6 +164,8 @@ def select(coll: Any, filt: dict[str, Any] | None) -> Iterator[tuple[Any, dict[s
     """
     filt = filt or {}
     exact, value = _exact_id(filt)
+    if exact and isinstance(value, str) and collation.active():
+        exact = False  # a string _id may equal others under the collation: scan
     if not exact and filt:
         matches(filt, {})  # parse errors surface even when nothing is scanned (as mongod)
     if coll is None:
@@ -208,12 +212,14 @@ def sort_docs(docs: list[dict[str, Any]], sort: dict[str, Any] | None) -> list[d
         elif v not in (1, -1) or isinstance(v, bool):
             raise MongoError(15975, "$sort key ordering must be 1 (for ascending) or -1 (for descending)")
     out = list(docs)
+    folded = collation.active()
     try:
         for path, direction in reversed(list(sort.items())):
             if isinstance(direction, dict):
                 continue  # {$meta: ...}: no text scores here, keep the order
             desc = direction < 0
-            out.sort(key=lambda d, p=path, r=desc: _SortKey(_sort_value(d, p, r)), reverse=desc)
+            out.sort(key=lambda d, p=path, r=desc: _SortKey(_sort_value(
+                collation.fold(d) if folded else d, p, r)), reverse=desc)
     except MongoError:
         raise
     except Exception as exc:
@@ -454,7 +460,7 @@ def distinct_values(docs: Iterable[dict[str, Any]], key: str) -> list[Any]:
                 continue
             vals = v if isinstance(v, list) else [v]
             for x in vals:
-                k = id_key(x)
+                k = id_key(collation.fold(x))  # equal under the collation: one value
                 if k not in seen:
                     seen.add(k)
                     out.append(x)

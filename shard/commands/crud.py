@@ -17,6 +17,7 @@ from bson import ObjectId, Regex
 
 from shardsim.bson_limits import check_insert_depth, check_update_depth
 from shardsim.commands import CommandFamily, Request, check_type
+from shardsim.collation import collation_scope
 from shardsim.expressions import let_scope
 from shardsim.errors import MongoError
 from shardsim import query as q
@@ -171,12 +172,10 @@ def do_update(node: ShardNode, coll: Collection | None, db: str, name: str, stmt
         raise MongoError(9, "multi update is not supported for replacement-style update")
     array_filters = stmt.get("arrayFilters")
     update_lang.parse_array_filters(array_filters)
-    if "c" in stmt:  # a statement's constants: $$ variables of its pipeline (8.0 bulkWrite)
-        with let_scope(stmt["c"]):
-            return _do_update(node, coll, db, name, stmt, ctx, filt, upd, multi, upsert, kind,
-                              array_filters)
-    return _do_update(node, coll, db, name, stmt, ctx, filt, upd, multi, upsert, kind,
-                      array_filters)
+    # a statement's constants ($$ variables of its pipeline, 8.0 bulkWrite) and collation
+    with let_scope(stmt.get("c")), collation_scope(stmt.get("collation")):
+        return _do_update(node, coll, db, name, stmt, ctx, filt, upd, multi, upsert, kind,
+                          array_filters)
 
 
 def _candidates(coll: Collection | None, filt: dict[str, Any], sort: Any) -> Any:
@@ -336,7 +335,11 @@ async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
                     continue
             coll = txn_view(node, storage.get(req.db, name), ctx)
             deleted = 0
-            for key, _doc in q.select(coll, stmt["q"]):
+            matched: Any = q.select(coll, stmt["q"])
+            if stmt.get("collation") is not None:
+                with collation_scope(stmt["collation"]):
+                    matched = list(matched)
+            for key, _doc in matched:
                 delete_doc(node, coll, key, ctx)
                 deleted += 1
                 if limit == 1:
