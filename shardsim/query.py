@@ -409,6 +409,13 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]], dat
     "Unrecognized pipeline stage name" (40324).
     """
     pipeline = [rewrite_stage(stage) for stage in pipeline]
+    if collation.active() and any("$match" in st for st in pipeline):
+        # mongomock's $match does not go through matches(): run the $match stages here
+        for i, st in enumerate(pipeline):
+            if "$match" in st:
+                head = run_pipeline(docs, pipeline[:i], database) if i else docs
+                kept = [d for d in head if matches(st["$match"], d)]
+                return run_pipeline(kept, pipeline[i + 1:], database)
     try:
         return list(mm_aggregate.process_pipeline(docs, database, pipeline, None))
     except MongoError:

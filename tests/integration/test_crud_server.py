@@ -143,3 +143,38 @@ def test_let_get_field_set_field_and_type_codes(router_client: pymongo.MongoClie
     with pytest.raises(OperationFailure) as info:
         list(coll.find({"$expr": {"$eq": ["$_id", "$$undefined"]}}))
     assert info.value.code == 17276
+
+
+def test_collation_strengths(router_client: pymongo.MongoClient) -> None:
+    coll = router_client.crud_collation.c
+    coll.drop()
+    coll.insert_many([{"_id": 1, "x": "ping"}, {"_id": 2, "x": "PING"}, {"_id": 3, "x": "píng"}])
+    case_insensitive = {"locale": "en_US", "strength": 2}
+    assert coll.count_documents({"x": "Ping"}, collation=case_insensitive) == 2
+    assert coll.count_documents({"x": "Ping"}, collation={"locale": "fr", "strength": 1}) == 3
+    assert coll.count_documents({"x": "Ping"}, collation={"locale": "simple"}) == 0
+    assert coll.distinct("x", collation=case_insensitive) == ["ping", "píng"]
+    assert [d["_id"] for d in coll.aggregate([{"$match": {"x": "PING"}}],
+                                             collation=case_insensitive)] == [1, 2]
+    assert coll.delete_many({"x": "PiNg"}, collation=case_insensitive).deleted_count == 2
+    with pytest.raises(OperationFailure) as info:
+        coll.find_one({}, collation={"strength": 2})
+    assert info.value.code == 40414
+
+
+def test_out_and_merge_with_sharded_input_and_output(router_client: pymongo.MongoClient) -> None:
+    db = "crud_out_merge"
+    router_client.drop_database(db)
+    _sharded(router_client, db, "src")
+    _sharded(router_client, db, "dst")
+    router_client[db].src.insert_many([{"_id": i, "k": i * 5, "v": i} for i in range(6)])
+    router_client[db].dst.insert_one({"_id": 0, "k": 0, "old": True})
+    router_client[db].src.aggregate([{"$match": {"v": {"$gte": 1}}}, {"$out": "plain"}])
+    assert sorted(d["_id"] for d in router_client[db].plain.find()) == [1, 2, 3, 4, 5]
+    router_client[db].src.aggregate([{"$project": {"k": 1, "v": 1}},
+                                     {"$merge": {"into": "dst", "on": ["k", "_id"]}}])
+    assert router_client[db].dst.count_documents({}) == 6
+    assert router_client[db].dst.find_one({"_id": 0}) == {"_id": 0, "k": 0, "old": True, "v": 0}
+    with pytest.raises(OperationFailure) as info:
+        router_client[db].src.aggregate([{"$out": "dst"}])
+    assert info.value.code == 28769
