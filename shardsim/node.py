@@ -22,7 +22,7 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim import node_commands
+from shardsim import collation, expressions, node_commands, request_checks
 from shardsim.auth import commands as auth_commands
 from shardsim.auth.security import Security
 from shardsim.clock import HybridLogicalClock
@@ -144,10 +144,14 @@ class Node:
             handler = self.commands.lookup(req.name)
             if self.security.enabled:
                 await self.security.authorize(req)
-            mt = req.body.get("maxTimeMS")
-            if mt is not None and (isinstance(mt, bool) or not isinstance(mt, (int, float)) or mt < 0):
-                raise MongoError(2, f"{mt} value for maxTimeMS is out of range [0, 2147483647]")
-            reply = await handler(req)
+            # maxTimeMS, writeConcern and write batch shapes (shardsim/request_checks.py)
+            request_checks.check_request(self.commands.canonical(req.name), req.body)
+            if ("let" in req.body or "collation" in req.body) and req.name != "bulkWrite":
+                with expressions.let_scope(req.body.get("let")), \
+                        collation.collation_scope(req.body.get("collation")):
+                    reply = await handler(req)
+            else:
+                reply = await handler(req)
             if "ok" not in reply:
                 reply["ok"] = 1.0
         except MongoError as exc:

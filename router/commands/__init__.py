@@ -6,6 +6,7 @@ server's ``src/mongo/s/commands/cluster_*_cmd.cpp``:
 module            commands
 ================  ===========================================================================
 ``crud``          insert, update, delete, findAndModify (targeting in :mod:`router.writes`)
+``bulk_write``    bulkWrite (8.0's client bulk write across namespaces, on that targeting)
 ``reads``         find, count, distinct, aggregate (``$changeStream``:
                   :mod:`router.change_stream`), and the re-run of reads of views over sharded
                   collections
@@ -27,9 +28,9 @@ also call ``await crud.insert(node, request)`` directly.
 
 from __future__ import annotations
 
-from router.commands import admin, crud, ddl, reads, sharding, transactions, users
+from router.commands import admin, bulk_write, crud, ddl, reads, sharding, transactions, users
 
-FAMILIES = (transactions.commands, crud.commands, reads.commands, ddl.commands, admin.commands,
+FAMILIES = (transactions.commands, crud.commands, bulk_write.commands, reads.commands, ddl.commands, admin.commands,
             sharding.commands, users.commands)
 
-__all__ = ["FAMILIES", "admin", "crud", "ddl", "reads", "sharding", "transactions", "users"]
+__all__ = ["FAMILIES", "admin", "bulk_write", "crud", "ddl", "reads", "sharding", "transactions", "users"]

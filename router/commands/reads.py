@@ -25,7 +25,7 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
-from router import change_stream
+from router import aggregate_write, change_stream
 from router.current_op import aggregate_current_op
 from shardsim import current_op
 from router.commands.admin import CONFIG_DATABASES, config_read
@@ -84,6 +84,10 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
         return await config_read(node, req, "find")
     ns = f"{db}.{coll}"
     filt = req.get("filter") or {}
+    for field, label in (("skip", "Skip"), ("limit", "LimitValue")):
+        v = check_type(req, field, (int, float), "long")
+        if v is not None and v < 0:  # find_command.idl validators (mongos parses the same IDL)
+            raise MongoError(51024, f"{label} value must be non-negative, but received: {v}")
     shards = await read_targets(node, req, ns, filt)
     batch_size = req.get("batchSize")
     single = bool(req.get("singleBatch"))
@@ -220,8 +224,8 @@ async def aggregate(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{aggregate, pipeline, cursor}`` -> ``{cursor: {id, ns, firstBatch}}``. A
     ``$changeStream`` pipeline opens a change stream (:mod:`router.change_stream`). Raises
     TypeMismatch (14) / IDLFailedToParse (40414) for a bad pipeline, FailedToParse (9) without
-    ``cursor``, InvalidNamespace (73), 115 for ``$out``/``$merge`` over several shards; views
-    over sharded collections re-run."""
+    ``cursor``, InvalidNamespace (73); a final ``$out``/``$merge`` writes through the router
+    (:mod:`router.aggregate_write`); views over sharded collections re-run."""
     try:
         return await aggregate_on_shards(node, req)
     except MongoError as exc:
@@ -238,6 +242,9 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
         check_type(req, "pipeline", list, "array", required=True)
     if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
         return await change_stream.aggregate_change_stream(node, req)
+    if any(isinstance(st, dict) and "$changeStream" in st for st in pipeline[1:]):
+        # DocumentSourceChangeStream's position constraint (Pipeline::validateCommon)
+        raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
     cursor_opt = req.get("cursor")
     if current_op.is_current_op(pipeline) and cursor_opt is not None:
         return await aggregate_current_op(node, req)
@@ -258,11 +265,10 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
     body = forwardable(req.body)
     body["cursor"] = {"batchSize": BIG_BATCH}
     sess = session_fields(req)
-    writes_out = any(isinstance(s, dict) and ("$out" in s or "$merge" in s) for s in pipeline)
-    if len(shards) == 1 or writes_out:
-        if writes_out and len(shards) > 1:
-            raise MongoError(115, "shardsim: $out/$merge over a sharded collection is not "
-                                  "supported through the router")
+    if aggregate_write.write_stage(pipeline) is not None:
+        return await aggregate_write.aggregate_with_write(node, req, functools.partial(
+            _read_all, node))
+    if len(shards) == 1:
         _, docs = await node.drain(shards[0], db, body, session=sess)
         return await node.cursor_reply(ns, docs, req, batch_size)
     split = 0
@@ -276,6 +282,17 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
         from shardsim.query import run_pipeline
         docs = run_pipeline(docs, pipeline[split:], None)
     return await node.cursor_reply(ns, docs, req, batch_size)
+
+
+async def _read_all(node: "RouterNode", req: Request) -> list[dict[str, Any]]:
+    """Every document an aggregate ``req`` (no write stage) returns, its cursor drained."""
+    body = dict(req.body)
+    body["cursor"] = {"batchSize": BIG_BATCH}
+    reply = await aggregate_on_shards(node, Request(req.name, req.db, body, req.conn))
+    docs = list(reply["cursor"]["firstBatch"])
+    if reply["cursor"].get("id"):
+        await node.cursors.kill([int(reply["cursor"]["id"])])
+    return docs
 
 
 async def _aggregate_database(node: "RouterNode", req: Request, batch_size: Any) -> dict[str, Any]:

@@ -54,8 +54,9 @@ def _int_opt(req: Request, field: str, minimum: int = 0) -> int:
     if v is None:
         return 0
     if v < minimum:
-        raise MongoError(51024, f"{field} value must be non-negative, but received: {v}") \
-            if field == "batchSize" else MongoError(2, f"{field} value must be non-negative")
+        label = {"batchSize": "BatchSize", "skip": "Skip"}.get(field, field)
+        raise MongoError(51024, f"{label} value must be non-negative, but received: {v}") \
+            if field in ("batchSize", "skip") else MongoError(2, f"{field} value must be non-negative")
     return int(v)
 
 

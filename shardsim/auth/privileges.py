@@ -72,6 +72,33 @@ def _insert(req: Request) -> Needed:
     return [(_coll_ns(req), _with_bypass(req, ["insert"]))]
 
 
+def _bulk_write(req: Request) -> Needed:
+    """bulkWrite (``bulk_write.cpp`` ``checkAuthForOperation``): per ``nsInfo`` namespace the
+    actions of the ops naming it (insert; update, plus insert for an upsert; remove), plus
+    bypassDocumentValidation when asked."""
+    info = req.get("nsInfo")
+    ops = req.get("ops")
+    namespaces = [e.get("ns") if isinstance(e, dict) else None
+                  for e in (info if isinstance(info, list) else [])]
+    actions: dict[int, set[str]] = {}
+    for op in ops if isinstance(ops, list) else []:
+        if not isinstance(op, dict):
+            continue
+        for kind, action in (("insert", "insert"), ("update", "update"), ("delete", "remove")):
+            i = op.get(kind)
+            if isinstance(i, int) and not isinstance(i, bool):
+                acts = actions.setdefault(i, set())
+                acts.add(action)
+                if kind == "update" and op.get("upsert"):
+                    acts.add("insert")
+    out: Needed = []
+    for i, acts in sorted(actions.items()):
+        if 0 <= i < len(namespaces) and isinstance(namespaces[i], str):
+            db, _, coll = namespaces[i].partition(".")
+            out.append((("ns", db, coll), _with_bypass(req, sorted(acts))))
+    return out
+
+
 def _find_and_modify(req: Request) -> Needed:
     b = req.body
     actions = ["find", "remove"] if b.get("remove") else ["find", "update"]
@@ -209,7 +236,7 @@ TABLE: dict[str, Any] = {
     "validate": _on_coll("validate"),
     # writes
     "insert": _insert, "update": _update, "delete": _on_coll("remove"),
-    "findAndModify": _find_and_modify,
+    "findAndModify": _find_and_modify, "bulkWrite": _bulk_write,
     # DDL
     "create": _on_coll("createCollection"), "drop": _on_coll("dropCollection"),
     "dropDatabase": _on_db("dropDatabase"), "createIndexes": _on_coll("createIndex"),

@@ -478,6 +478,11 @@ class Runner:
             ctx.matcher.match(expected, result.value, root=True, path="result")
 
     def _check_error(self, ctx: TestContext, spec: Mapping, exc: BaseException) -> None:
+        from .operations_extra import check_client_bulk_error, error_result
+        outer = exc
+        if type(exc).__name__ == "ClientBulkWriteException" and \
+                getattr(exc, "error", None) is not None:
+            exc = exc.error  # the top-level error is what errorCode etc. describe
         reply = ops.server_reply(exc)
         from_server = ops.error_is_from_server(exc)
         desc = f"{type(exc).__name__}: {exc}"
@@ -519,8 +524,10 @@ class Runner:
                 if reply is None:
                     raise MatchError(f"expected a server error response, got {desc}")
                 ctx.matcher.match(want, reply, root=True, path="errorResponse")
+            elif key in ("writeErrors", "writeConcernErrors"):
+                check_client_bulk_error(ctx, key, want, outer)
             elif key == "expectResult":
-                partial = getattr(exc, "details", None)
+                partial = error_result(outer)
                 ctx.matcher.match(want, partial if partial is not None else ops_missing(),
                                   root=True, path="error.result")
             else:
