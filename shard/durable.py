@@ -106,7 +106,7 @@ class DurableStore:
                 coll.docs[id_key(doc["_id"])] = doc
         for uuid, coll in colls.items():
             for spec in specs[uuid]:
-                if spec.get("name") != "_id_":
+                if spec.get("name") != "_id_" and not spec.get("clustered"):
                     coll.add_index(spec)
         rows = [(_dec(raw), len(raw)) for (raw,) in
                 self.conn.execute("SELECT entry FROM oplog ORDER BY ts")]

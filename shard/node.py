@@ -336,7 +336,8 @@ class ShardNode(Node):
         self.storage.add(coll)
         o = {"create": name}
         o.update(coll.options)
-        o["idIndex"] = dict(ID_INDEX_SPEC)
+        if "clusteredIndex" not in coll.options and "timeseries" not in coll.options:
+            o["idIndex"] = dict(ID_INDEX_SPEC)  # oplog.cpp: no idIndex when clustered
         self.log_command(db, o, coll.ui, ctx=ctx)
         return coll
 

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from bson import Binary
 
+from shard.collection_kinds import check_measurement, id_index_spec, storage_key
 from shardsim.errors import MongoError
 from shardsim.values import format_value, get_path, id_key
 
@@ -63,7 +64,9 @@ class Index:
         self.spec = spec
         self.name: str = spec["name"]
         self.fields: list[str] = list(spec["key"].keys())
-        self.unique: bool = bool(spec.get("unique")) or self.name == "_id_"
+        # prepareUnique (collMod): new duplicate keys are refused like a unique index's
+        self.unique: bool = bool(spec.get("unique") or spec.get("prepareUnique")) \
+            or self.name == "_id_"
         self.sparse: bool = bool(spec.get("sparse"))
         self.partial: dict[str, Any] | None = spec.get("partialFilterExpression")
         self.entries: dict[Any, Any] = {}
@@ -119,7 +122,14 @@ class Collection:
         self.options: dict[str, Any] = dict(options or {})
         self.shard_key = shard_key
         self.docs: dict[Any, dict[str, Any]] = {}
-        self.indexes: dict[str, Index] = {"_id_": Index(dict(ID_INDEX))}
+        self.ts_seq = 0  # time series: storage keys of measurements (collection_kinds)
+        self.indexes: dict[str, Index] = {}
+        id_spec = id_index_spec(self.options)
+        if id_spec is not None:
+            idx = Index(id_spec)
+            idx.name = "_id_"  # a clustered index named otherwise still is the _id index
+            idx.unique = True
+            self.indexes["_id_"] = idx
 
     @property
     def ns(self) -> str:
@@ -186,8 +196,9 @@ class Collection:
     # -- document mutations (callers log oplog entries) ----------------------------------------
     def insert(self, doc: dict[str, Any]) -> Any:
         """Insert (``_id`` must be set); DuplicateKey (11000) on a clash. Returns the id_key."""
+        check_measurement(self.options, doc)
         regs = self.check_unique(doc)
-        k = id_key(doc["_id"])
+        k = storage_key(self, doc)
         self.docs[k] = doc
         for idx, hk in regs:
             idx.entries[hk] = k

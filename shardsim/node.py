@@ -22,7 +22,7 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim import node_commands
+from shardsim import node_commands, search_indexes
 from shardsim.auth import commands as auth_commands
 from shardsim.auth.security import Security
 from shardsim.clock import HybridLogicalClock
@@ -72,7 +72,8 @@ class Node:
         self.commands = CommandTable()
         self.started = time.time()
         self.started_mono = time.monotonic()
-        self.commands.install(self, node_commands.commands, auth_commands.commands)
+        self.commands.install(self, node_commands.commands, auth_commands.commands,
+                              search_indexes.commands)
         # roles install theirs after; --auth / --keyFile (key: the key file's content)
         self.security = Security(self, enabled=bool(self.options.get("auth")),
                                  key=self.options.get("key"))

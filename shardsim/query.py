@@ -24,6 +24,7 @@ from mongomock import filtering as mm_filtering
 from bson import MaxKey, MinKey, Regex, Timestamp
 
 from shardsim.errors import MongoError
+from shardsim.search_indexes import check_search_stages
 from shardsim.values import id_key
 
 MM_SCRATCH = mongomock.MongoClient().get_database("shardsim").get_collection("scratch")
@@ -380,6 +381,7 @@ def rewrite_stage(stage: Any) -> dict[str, Any]:
     if not isinstance(stage, dict) or len(stage) != 1:
         raise MongoError(40323, "A pipeline stage specification object must contain exactly one field.")
     name, arg = next(iter(stage.items()))
+    check_search_stages([stage])  # SearchNotEnabled (31082) before "unrecognized"
     if name not in mm_aggregate._PIPELINE_HANDLERS:
         raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
     if name == "$replaceWith":

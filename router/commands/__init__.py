@@ -15,6 +15,7 @@ module            commands
                   moveChunk, movePrimary, flushRouterConfig, balancerStatus/Start/Stop
 ``transactions``  commitTransaction, abortTransaction (state: :mod:`router.transactions`)
 ``users``         createUser, usersInfo, ... forwarded to the config server (user cache)
+``consistency``   checkMetadataConsistency (always an empty cursor)
 ``admin``         isdbgrid, dbStats, collStats, dataSize, validate; the passthrough of the
                   ``config``/``admin`` databases to the config server
 ================  ===========================================================================
@@ -27,9 +28,10 @@ also call ``await crud.insert(node, request)`` directly.
 
 from __future__ import annotations
 
-from router.commands import admin, crud, ddl, reads, sharding, transactions, users
+from router.commands import (admin, consistency, crud, ddl, reads, sharding, transactions,
+                             users)
 
 FAMILIES = (transactions.commands, crud.commands, reads.commands, ddl.commands, admin.commands,
-            sharding.commands, users.commands)
+            sharding.commands, users.commands, consistency.commands)
 
-__all__ = ["FAMILIES", "admin", "crud", "ddl", "reads", "sharding", "transactions", "users"]
+__all__ = ["FAMILIES", "admin", "consistency", "crud", "ddl", "reads", "sharding", "transactions", "users"]

@@ -30,6 +30,7 @@ from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
 from shardsim.shard_key import compare
 from shardsim.commands import CommandFamily, Request, check_type
 from shardsim.errors import MongoError
+from shardsim.search_indexes import check_search_stages
 
 if TYPE_CHECKING:  # pragma: no cover
     from router.node import RouterNode
@@ -235,6 +236,7 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
         check_type(req, "pipeline", list, "array", required=True)
     if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
         return await change_stream.aggregate_change_stream(node, req)
+    check_search_stages(pipeline)  # mongos parses the pipeline first: SearchNotEnabled 31082
     cursor_opt = req.get("cursor")
     if cursor_opt is None and not req.get("explain"):
         raise MongoError(9, "The 'cursor' option is required, except for aggregate with the "
