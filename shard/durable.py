@@ -99,6 +99,7 @@ class DurableStore:
             specs[bytes(uuid)] = r.get("indexes") or []
             storage.dbs.setdefault(coll.db, {})[coll.name] = coll
             storage.by_uuid[coll.uuid] = coll
+            coll.recorder = storage.history
         for uuid, raw in self.conn.execute("SELECT uuid, doc FROM docs ORDER BY seq"):
             coll = colls.get(bytes(uuid))
             if coll is not None:

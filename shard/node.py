@@ -36,6 +36,7 @@ from shard.auth_store import LocalUserStore
 from shard.durable import DurableStore
 from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
+from shard.read_concern import run_with_read_concern
 from shardsim.query import select
 from shard.sessions import Sessions
 from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
@@ -202,6 +203,10 @@ class ShardNode(Node):
                     self.cluster_time_fields(req, reply)
         return reply
 
+    async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
+        """The handler under the request's readConcern (:mod:`shard.read_concern`)."""
+        return await run_with_read_concern(self, handler, req)
+
     def flush(self) -> None:
         """Write the pending journal to SQLite in one transaction (durable shards).
 
@@ -264,8 +269,10 @@ class ShardNode(Node):
         return entry
 
     def append_entry(self, entry: dict[str, Any], size: int | None = None) -> None:
-        """Append to the oplog (and the durable journal)."""
+        """Append to the oplog (and the durable journal); the document changes made for it get
+        its ``ts`` in the snapshot history (:mod:`shard.snapshot`)."""
         self.oplog.append(entry, size)
+        self.storage.history.stamp(entry["ts"])
         if self.storage.journal is not None:
             self.storage.journal.append(("oplog", entry))
             if self._depth == 0:

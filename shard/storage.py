@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from bson import Binary
 
+from shard.snapshot import History
 from shard.collection_kinds import check_measurement, id_index_spec, storage_key
 from shardsim.errors import MongoError
 from shardsim.values import format_value, get_path, id_key
@@ -123,6 +124,11 @@ class Collection:
         self.shard_key = shard_key
         self.docs: dict[Any, dict[str, Any]] = {}
         self.ts_seq = 0  # time series: storage keys of measurements (collection_kinds)
+        # snapshot reads (shard.snapshot): the Storage's History, and this collection's
+        # stamped undo log [(ts, key, document before)] with the ts of the oldest dropped entry
+        self.recorder: Any = None
+        self.history: list[tuple[Any, Any, dict[str, Any] | None]] = []
+        self.history_floor: Any = None
         self.indexes: dict[str, Index] = {}
         id_spec = id_index_spec(self.options)
         if id_spec is not None:
@@ -199,6 +205,8 @@ class Collection:
         check_measurement(self.options, doc)
         regs = self.check_unique(doc)
         k = storage_key(self, doc)
+        if self.recorder is not None:
+            self.recorder.record(self, k, None)
         self.docs[k] = doc
         for idx, hk in regs:
             idx.entries[hk] = k
@@ -208,6 +216,8 @@ class Collection:
         """Replace the document at ``key`` by ``new`` (same _id); returns the old document."""
         old = self.docs[key]
         regs = self.check_unique(new, own_key=key)
+        if self.recorder is not None:
+            self.recorder.record(self, key, old)
         self._unindex(key, old)
         self.docs[key] = new
         for idx, hk in regs:
@@ -217,6 +227,8 @@ class Collection:
     def delete(self, key: Any) -> dict[str, Any]:
         """Remove and return the document at ``key``."""
         old = self.docs.pop(key)
+        if self.recorder is not None:
+            self.recorder.record(self, key, old)
         self._unindex(key, old)
         return old
 
@@ -249,6 +261,7 @@ class Storage:
         self.dbs: dict[str, dict[str, Collection]] = {}
         self.by_uuid: dict[bytes, Collection] = {}
         self.journal: list[tuple] | None = None
+        self.history = History()  # undo log for snapshot reads (shard.snapshot)
 
     def get(self, db: str, name: str) -> Collection | None:
         """The collection or None."""
@@ -263,6 +276,7 @@ class Storage:
             yield from list(colls.values())
 
     def add(self, coll: Collection) -> Collection:
+        coll.recorder = self.history
         self.dbs.setdefault(coll.db, {})[coll.name] = coll
         self.by_uuid[coll.uuid] = coll
         self.note_catalog(coll)

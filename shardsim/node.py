@@ -148,7 +148,7 @@ class Node:
             mt = req.body.get("maxTimeMS")
             if mt is not None and (isinstance(mt, bool) or not isinstance(mt, (int, float)) or mt < 0):
                 raise MongoError(2, f"{mt} value for maxTimeMS is out of range [0, 2147483647]")
-            reply = await handler(req)
+            reply = await self.invoke(handler, req)
             if "ok" not in reply:
                 reply["ok"] = 1.0
         except MongoError as exc:
@@ -161,6 +161,10 @@ class Node:
             reply = MongoError(1, f"{type(exc).__name__}: {exc}").to_reply()
         self.cluster_time_fields(req, reply)
         return reply
+
+    async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
+        """Run the command's handler (roles wrap it: readConcern on the router and shards)."""
+        return await handler(req)
 
     # -- parameters and status ------------------------------------------------------------
     def parameters(self) -> dict[str, Any]:
