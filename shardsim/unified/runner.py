@@ -37,6 +37,7 @@ from pymongo.write_concern import WriteConcern
 from . import operations as ops
 from . import operations_extra as ops_extra
 from .cmap import CMAP_EVENTS, CmapRecorder, match_cmap_events
+from .gridfs_ops import bucket_op, make_bucket
 from .entities import COMMAND_EVENTS, ClientEntity, CommandRecorder, EntityMap, RecordedEvent
 from .matcher import MatchError, Matcher, RunnerError, bson_type, is_operator
 from .requirements import ServerInfo, check_schema_version, parse_version, skip_reason
@@ -255,6 +256,8 @@ class Runner:
             reason = skip_reason(test.get("runOnRequirements"), self.info)
         if reason is None and test.get("skipReason"):
             reason = f"skipReason: {test['skipReason']}"
+        if reason is None:
+            reason = unsupported_feature(test)
         if reason is not None:
             return TestResult(fname, desc, "skipped", reason)
         started = time.monotonic()
@@ -349,6 +352,9 @@ class Runner:
                 session._snapshot_time = ctx.entities.get(snapshot_time, "bson")
             ctx.entities.add(eid, "session", session)
             ctx.entities.lsids[eid] = session.session_id
+        elif kind == "bucket":
+            db = ctx.entities.get(spec["database"], "database")
+            ctx.entities.add(eid, "bucket", make_bucket(db, spec.get("bucketOptions")))
         else:
             raise RunnerError(f"unsupported entity type {kind!r}")
 
@@ -435,6 +441,8 @@ class Runner:
             elif kind == "session":
                 result = ops.session_op(ctx, target, name, a,
                                         lambda nested: [self._run_op_inner(ctx, o) for o in nested])
+            elif kind == "bucket":
+                result = bucket_op(target, name, a)
             elif kind in ("changeStream", "findCursor", "commandCursor"):
                 a.done()
                 if name == "iterateUntilDocumentOrError":
@@ -681,6 +689,22 @@ class Runner:
                 self._kill_all_sessions()
             except PyMongoError:
                 pass
+
+
+# Operations whose server feature shardsim does not have (docs/spec-tests.md, "Not supported"):
+# the tests using them are skipped with this reason rather than failed.
+UNSUPPORTED_OPERATIONS = {
+    "mapReduce": "mapReduce (server-side JavaScript) is not supported by shardsim",
+}
+
+
+def unsupported_feature(test: Mapping) -> str | None:
+    """The skip reason for a test using an operation of :data:`UNSUPPORTED_OPERATIONS`."""
+    for op in test.get("operations") or []:
+        reason = UNSUPPORTED_OPERATIONS.get(op.get("name"))
+        if reason is not None:
+            return f"not supported: {reason}"
+    return None
 
 
 def session_options(opts: Mapping) -> dict[str, Any]:
