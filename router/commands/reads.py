@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from router import change_stream
 from router.commands.admin import CONFIG_DATABASES, config_read
+from router.remote_cursor import tailable_find
 from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
 from shardsim.shard_key import compare
 from shardsim.commands import CommandFamily, Request, check_type
@@ -92,6 +93,8 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
         body.pop(k, None)
     body["batchSize"] = BIG_BATCH
     sess = session_fields(req)
+    if req.get("tailable") and len(shards) == 1:  # a capped collection: one shard's cursor
+        return await tailable_find(node, req, shards[0])
     if len(shards) == 1:
         _, docs = await node.drain(shards[0], db, body, session=sess)
         return await node.cursor_reply(ns, docs, req, batch_size, single)
