@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from router import writes
-from shardsim.commands import Request
+from shardsim.commands import Request, bson_type_name
 from shardsim.errors import MongoError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,7 +59,7 @@ def _target(name: str, spec: Any, db: str) -> tuple[str, str]:
         return str(spec.get("db", db)), spec["coll"]
     code = 16990 if name == "$out" else 51178
     raise MongoError(code, f"{name} only supports a string or object argument, with 'coll' "
-                           f"(and optionally 'db'), got {type(spec).__name__}")
+                           f"(and optionally 'db'), got {bson_type_name(spec)}")
 
 
 async def _write(node: "RouterNode", req: Request, kind: str, db: str, coll: str,

@@ -103,6 +103,7 @@ class DurableStore:
             specs[bytes(uuid)] = r.get("indexes") or []
             storage.dbs.setdefault(coll.db, {})[coll.name] = coll
             storage.by_uuid[coll.uuid] = coll
+            coll.recorder = storage.history
         for uuid, raw in self.conn.execute("SELECT uuid, doc FROM docs ORDER BY seq"):
             coll = colls.get(bytes(uuid))
             if coll is not None:
@@ -110,7 +111,7 @@ class DurableStore:
                 coll.docs[id_key(doc["_id"])] = doc
         for uuid, coll in colls.items():
             for spec in specs[uuid]:
-                if spec.get("name") != "_id_":
+                if spec.get("name") != "_id_" and not spec.get("clustered"):
                     coll.add_index(spec)
         node.oplog.load_from_disk()  # only its newest entries (shard.oplog_disk.DiskOplog)
         for ts, uuid, idx, raw in self.conn.execute(

@@ -37,6 +37,7 @@ from shard.durable import DurableStore
 from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
 from shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
+from shard.read_concern import run_with_read_concern
 from shardsim.query import select
 from shard.sessions import Sessions
 from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
@@ -238,6 +239,10 @@ class ShardNode(Node):
                     self.cluster_time_fields(req, reply)
         return reply
 
+    async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
+        """The handler under the request's readConcern (:mod:`shard.read_concern`)."""
+        return await run_with_read_concern(self, handler, req)
+
     def flush(self) -> None:
         """Write the pending journal to SQLite in one transaction (durable shards).
 
@@ -301,8 +306,10 @@ class ShardNode(Node):
         return entry
 
     def append_entry(self, entry: dict[str, Any], size: int | None = None) -> None:
-        """Append to the oplog (and the durable journal)."""
+        """Append to the oplog (and the durable journal); the document changes made for it get
+        its ``ts`` in the snapshot history (:mod:`shard.snapshot`)."""
         size = self.oplog.append(entry, size)
+        self.storage.history.stamp(entry["ts"])
         if self.storage.journal is not None:
             self.storage.journal.append(("oplog", entry, size))
             if self._depth == 0:
@@ -373,7 +380,8 @@ class ShardNode(Node):
         self.storage.add(coll)
         o = {"create": name}
         o.update(coll.options)
-        o["idIndex"] = dict(ID_INDEX_SPEC)
+        if "clusteredIndex" not in coll.options and "timeseries" not in coll.options:
+            o["idIndex"] = dict(ID_INDEX_SPEC)  # oplog.cpp: no idIndex when clustered
         self.log_command(db, o, coll.ui, ctx=ctx)
         return coll
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 
 from bson import Regex
 
+from shardsim.commands import bson_type_name
 from shardsim.errors import MongoError
 
 # The active folding function (None: binary comparison).
@@ -52,7 +53,7 @@ def folder(spec: Any) -> Callable[[str], str] | None:
         return None
     if not isinstance(spec, dict):
         raise MongoError(14, f"BSON field 'collation' is the wrong type "
-                             f"'{type(spec).__name__}', expected type 'object'")
+                             f"'{bson_type_name(spec)}', expected type 'object'")
     for k in spec:
         if k not in _FIELDS:
             raise MongoError(40415, f"BSON field 'Collation.{k}' is an unknown field.")

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 
 from mongomock import aggregate as mm_aggregate
 
+from shardsim.commands import bson_type_name
 from shardsim.errors import MongoError
 
 LET_VARS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("shardsim_let",
@@ -46,7 +47,7 @@ def evaluate_let(let: Any) -> dict[str, Any]:
     if let is None:
         return {}
     if not isinstance(let, dict):
-        raise MongoError(14, f"BSON field 'let' is the wrong type '{type(let).__name__}', "
+        raise MongoError(14, f"BSON field 'let' is the wrong type '{bson_type_name(let)}', "
                              f"expected type 'object'")
     out: dict[str, Any] = {}
     for name, value in let.items():
@@ -84,7 +85,7 @@ def _field_arg(op: str, spec: Any) -> str:
     if not isinstance(field, str):
         code = 3041704 if op == "$getField" else 4161106
         raise MongoError(code, f"{op} requires 'field' to evaluate to type String, but got "
-                               f"{type(field).__name__}")
+                               f"{bson_type_name(field)}")
     if field.startswith("$") and not (isinstance(spec, dict) and
                                       isinstance(spec.get("field"), dict)):
         code = 5654602 if op == "$getField" else 4161108

@@ -25,6 +25,7 @@ from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
 from shardsim import collation, expressions
 from shardsim.errors import MongoError
+from shardsim.search_indexes import check_search_stages
 from shardsim.values import id_key
 
 expressions.install()  # let variables, $getField/$setField
@@ -431,6 +432,7 @@ def rewrite_stage(stage: Any) -> dict[str, Any]:
     if not isinstance(stage, dict) or len(stage) != 1:
         raise MongoError(40323, "A pipeline stage specification object must contain exactly one field.")
     name, arg = next(iter(stage.items()))
+    check_search_stages([stage])  # SearchNotEnabled (31082) before "unrecognized"
     if name not in mm_aggregate._PIPELINE_HANDLERS:
         raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
     if name == "$replaceWith":

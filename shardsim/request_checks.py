@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardsim.commands import bson_type_name
 from shardsim.errors import MongoError
 
 MAX_TIME_MS = 2**31 - 1
@@ -51,7 +52,7 @@ def check_write_concern(wc: Any) -> None:
         return
     if not isinstance(wc, dict):
         raise MongoError(14, f"BSON field 'writeConcern' is the wrong type "
-                             f"'{type(wc).__name__}', expected type 'object'")
+                             f"'{bson_type_name(wc)}', expected type 'object'")
     if "w" in wc:
         w = wc["w"]
         if _is_number(w):
@@ -67,12 +68,12 @@ def check_write_concern(wc: Any) -> None:
     for name in ("wtimeout", "wtimeoutMS"):
         if name in wc and not _is_number(wc[name]):
             raise MongoError(14, f"BSON field 'writeConcern.{name}' is the wrong type "
-                                 f"'{type(wc[name]).__name__}', expected types '[long, int, "
+                                 f"'{bson_type_name(wc[name])}', expected types '[long, int, "
                                  f"decimal, double]'")
     for name in ("j", "fsync"):
         if name in wc and not (isinstance(wc[name], bool) or _is_number(wc[name])):
             raise MongoError(14, f"BSON field 'writeConcern.{name}' is the wrong type "
-                                 f"'{type(wc[name]).__name__}', expected types '[bool, long, "
+                                 f"'{bson_type_name(wc[name])}', expected types '[bool, long, "
                                  f"int, decimal, double]'")
 
 
@@ -83,7 +84,7 @@ def check_write_batch(name: str, body: dict[str, Any]) -> None:
     ordered = body.get("ordered", True)
     if not isinstance(ordered, bool):
         raise MongoError(14, f"BSON field '{name}.ordered' is the wrong type "
-                             f"'{type(ordered).__name__}', expected type 'bool'")
+                             f"'{bson_type_name(ordered)}', expected type 'bool'")
     stmts = body.get(_STATEMENTS[name])
     if isinstance(stmts, list) and not 1 <= len(stmts) <= MAX_WRITE_BATCH:
         raise MongoError(16, f"Write batch sizes must be between 1 and {MAX_WRITE_BATCH}. "

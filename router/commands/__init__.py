@@ -16,6 +16,7 @@ module            commands
                   moveChunk, movePrimary, flushRouterConfig, balancerStatus/Start/Stop
 ``transactions``  commitTransaction, abortTransaction (state: :mod:`router.transactions`)
 ``users``         createUser, usersInfo, ... forwarded to the config server (user cache)
+``consistency``   checkMetadataConsistency (always an empty cursor)
 ``admin``         isdbgrid, dbStats, collStats, dataSize, validate; the passthrough of the
                   ``config``/``admin`` databases to the config server
 ================  ===========================================================================
@@ -28,9 +29,11 @@ also call ``await crud.insert(node, request)`` directly.
 
 from __future__ import annotations
 
-from router.commands import admin, bulk_write, crud, ddl, reads, sharding, transactions, users
+from router.commands import (admin, bulk_write, consistency, crud, ddl, reads, sharding,
+                             transactions, users)
 
-FAMILIES = (transactions.commands, crud.commands, bulk_write.commands, reads.commands, ddl.commands, admin.commands,
-            sharding.commands, users.commands)
+FAMILIES = (transactions.commands, crud.commands, bulk_write.commands, reads.commands,
+            ddl.commands, admin.commands, sharding.commands, users.commands, consistency.commands)
 
-__all__ = ["FAMILIES", "admin", "bulk_write", "crud", "ddl", "reads", "sharding", "transactions", "users"]
+__all__ = ["FAMILIES", "admin", "bulk_write", "consistency", "crud", "ddl", "reads", "sharding",
+           "transactions", "users"]

@@ -24,9 +24,9 @@ Execution is built on the router's write targeting (:class:`router.writes.WriteE
 consecutive inserts into one namespace form one ``insert`` child command, every update and
 delete its own ``update``/``delete``, each targeted by shard key like a plain write (sharded
 and unsharded namespaces alike) behind the namespace's write gates. A retryable bulk write
-(``lsid`` + ``txnNumber`` outside a transaction) remembers each op's reply item in the router's
-retry records (``RouterNode.retryable_writes``), so a retry applies only the ops an earlier
-attempt did not and answers with both attempts' items: nothing is applied twice.
+(``lsid`` + ``txnNumber`` outside a transaction) sends each op with its index in ``ops`` as its
+stmtId, so the shards' session records answer an op a retry repeats from its first execution:
+nothing is applied twice, and the router keeps no retry state (as mongos).
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Any
 from bson import ObjectId
 
 from router import writes
-from router.retryable_writes import RetryCache
-from shardsim.commands import CommandFamily, Request
+from shardsim.commands import CommandFamily, Request, bson_type_name
 from shardsim.errors import MongoError, code_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,7 +83,7 @@ def _check_type(name: str, value: Any, types: tuple[type, ...], tname: str) -> N
         ok = isinstance(value, types)
     if not ok:
         raise MongoError(14, f"BSON field 'bulkWrite.{name}' is the wrong type "
-                             f"'{type(value).__name__}', expected type '{tname}'")
+                             f"'{bson_type_name(value)}', expected type '{tname}'")
 
 
 def parse_op(i: int, op: Any, namespaces: list[str]) -> tuple[str, str, Any]:
@@ -215,13 +214,18 @@ async def _run_group(router: "RouterNode", req: Request, group: Group, ordered: 
         body["let"] = req.body["let"]
     if first and "startTransaction" in req.body:
         body["startTransaction"] = req.body["startTransaction"]
+    if "txnNumber" in req.body and req.get("autocommit") is None:
+        # A retryable bulkWrite: each op's stmtId is its index in ``ops``
+        # (bulk_write_common.cpp getStatementId), so the shards' session records answer a
+        # retried op from its first execution instead of applying it again.
+        body["stmtIds"] = list(group.idx)
     child = Request(group.kind, db, body, req.conn)
     db_gate, gate = writes.gate_for(router, db), writes.gate_for(router, group.ns)
     await db_gate.enter()
     try:
         await gate.enter()
         try:
-            reply = await writes.WriteExecutor(router, child, group.kind).execute(None)
+            reply = await writes.WriteExecutor(router, child, group.kind).execute()
         except MongoError as exc:
             if exc.code in (6, 7, 89, 9001, 251, 263) or req.get("autocommit") is False:
                 raise
@@ -286,15 +290,8 @@ async def bulk_write(node: "RouterNode", req: Request) -> dict[str, Any]:
     Command errors as :func:`parse_request`; network errors (6, 7, 89, 9001) and a
     transaction's errors are raised as such, every other failure becomes the op's reply item."""
     parsed, ordered, errors_only = parse_request(req)
-    key = RetryCache.key(req.body)
-    record: dict[str, Any] | None = None
-    if key is not None:
-        record = node.retryable_writes.get(key)
-        if record is None or "bulkItems" not in record:
-            record = {"bulkItems": {}}
-            node.retryable_writes.put(key, record)
-    done: dict[int, dict[str, Any]] = record["bulkItems"] if record is not None else {}
-    items: list[dict[str, Any]] = [done[i] for i in sorted(done)]
+    done: dict[int, dict[str, Any]] = {}
+    items: list[dict[str, Any]] = []
     wce = None
     stop = False
     for n, group in enumerate(group_ops(parsed, set(done))):

@@ -29,10 +29,12 @@ from router import aggregate_write, change_stream
 from router.current_op import aggregate_current_op
 from shardsim import current_op
 from router.commands.admin import CONFIG_DATABASES, config_read
+from router.remote_cursor import tailable_find
 from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
 from shardsim.shard_key import compare
 from shardsim.commands import CommandFamily, Request, check_type
 from shardsim.errors import MongoError
+from shardsim.search_indexes import check_search_stages
 
 if TYPE_CHECKING:  # pragma: no cover
     from router.node import RouterNode
@@ -98,6 +100,8 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
         body.pop(k, None)
     body["batchSize"] = BIG_BATCH
     sess = session_fields(req)
+    if req.get("tailable") and len(shards) == 1:  # a capped collection: one shard's cursor
+        return await tailable_find(node, req, shards[0])
     if len(shards) == 1:
         _, docs = await node.drain(shards[0], db, body, session=sess)
         return await node.cursor_reply(ns, docs, req, batch_size, single)
@@ -245,6 +249,7 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
     if any(isinstance(st, dict) and "$changeStream" in st for st in pipeline[1:]):
         # DocumentSourceChangeStream's position constraint (Pipeline::validateCommon)
         raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
+    check_search_stages(pipeline)  # mongos parses the pipeline first: SearchNotEnabled 31082
     cursor_opt = req.get("cursor")
     if current_op.is_current_op(pipeline) and cursor_opt is not None:
         return await aggregate_current_op(node, req)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from bson.int64 import Int64
 
 from shardsim.commands import CommandFamily, Request, check_type
+from shard.commands.capped_cursor import TailableCollectionCursor
 from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
 from shardsim import query as q
@@ -93,6 +94,9 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
     elif req.db == "config" and name == "system.preimages":
         docs = [d for d in node.pre_images.docs() if q.matches(filt, d)]
         cursor = ListCursor(ns, q.project(q.sort_docs(docs, sort)[skip:][:limit or None], projection))
+    elif tailable and (storage.get(req.db, name) is not None
+                       and storage.get(req.db, name).options.get("capped")):
+        cursor = TailableCollectionCursor(node, req.db, name, filt, projection, await_data)
     else:
         if tailable:
             raise MongoError(2, f"error processing query: ns={ns} tailable cursor requested on "

@@ -242,6 +242,14 @@ TABLE: dict[str, Any] = {
     "dropDatabase": _on_db("dropDatabase"), "createIndexes": _on_coll("createIndex"),
     "dropIndexes": _on_coll("dropIndex"), "collMod": _on_coll("collMod"),
     "renameCollection": _rename,
+    # search_index_commands.cpp: the action named like the command, on the collection
+    "createSearchIndexes": _on_coll("createSearchIndexes"),
+    "updateSearchIndex": _on_coll("updateSearchIndex"),
+    "dropSearchIndex": _on_coll("dropSearchIndex"),
+    # cluster_check_metadata_consistency_cmd.cpp: on the cluster (admin), the db or the ns
+    "checkMetadataConsistency": lambda req: [(
+        ("cluster",) if req.db == "admin" else _coll_ns(req) if isinstance(req.arg, str)
+        else ("db", req.db), ["checkMetadataConsistency"])],
     # sharding
     "addShard": _on_cluster("addShard"), "removeShard": _on_cluster("removeShard"),
     "listShards": _on_cluster("listShards"), "enableSharding": _on_full_ns("enableSharding"),

@@ -114,8 +114,7 @@ def make_read_pref(doc: dict) -> Any:
     mode = read_pref_mode_from_name(name)
     if mode == 0:
         return ReadPreference.PRIMARY
-    return make_read_preference(mode, doc.get("tagSets"),
-                                doc.get("maxStalenessSeconds", -1))
+    return make_read_preference(mode, doc.get("tagSets"), doc.get("maxStalenessSeconds", -1))
 
 
 def collection_options(doc: dict | None) -> dict[str, Any]:
@@ -280,7 +279,7 @@ def client_op(ctx: "TestContext", client_id: str, name: str, a: Args) -> OpResul
         a.done()
         return OpResult(client.list_database_names(**kw))
     if name == "dropDatabase":
-        db = a.req("databaseName")
+        db = a.req("database") if a.has("database") else a.req("databaseName")
         kw = a.kwargs(_COMMON)
         a.done()
         client.drop_database(db, **kw)
@@ -310,8 +309,12 @@ def database_op(ctx: "TestContext", db: Database, name: str, a: Args) -> OpResul
         batch = a.opt("batchSize")
         kw = a.kwargs({"session": "session", "readPreference": "read_preference",
                        "comment": "comment", "maxTimeMS": "max_await_time_ms"})
-        if a.has("cursorType") or a.has("timeoutMode"):
-            raise RunnerError(f"{name}: cursorType/timeoutMode are not supported by this runner")
+        # a tailable cursor is the server's business (the command says tailable/awaitData);
+        # pymongo's CommandCursor keeps a live cursor open across empty batches
+        if a.opt("cursorType") not in (None, "tailable", "tailableAwait"):
+            raise RunnerError(f"{name}: unknown cursorType")
+        if a.has("timeoutMode"):
+            raise RunnerError(f"{name}: timeoutMode is not supported by this runner")
         a.done()
         cursor = db.cursor_command(dict(command), **kw)
         if batch is not None:
@@ -333,7 +336,8 @@ def database_op(ctx: "TestContext", db: Database, name: str, a: Args) -> OpResul
         kw: dict[str, Any] = {}
         if session is not None:
             kw["session"] = ctx.entities.get(session, "session")
-        result = db.create_collection(coll, **kw, **opts)
+        # check_exists=False: the spec's create is one command (no listCollections first)
+        result = db.create_collection(coll, check_exists=False, **kw, **opts)
         return OpResult(result, kind="collection")
     if name == "dropCollection":
         coll = a.req("collection")
@@ -534,6 +538,11 @@ def session_op(ctx: "TestContext", session: Any, name: str, a: Args,
         a.done()
         session.abort_transaction()
         return OpResult()
+    if name == "getSnapshotTime":
+        a.done()
+        # pymongo keeps the snapshot time of a snapshot session (the first reply's
+        # atClusterTime) in _snapshot_time; it has no public accessor.
+        return OpResult(session._snapshot_time)
     if name == "endSession":
         a.done()
         session.end_session()

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pymongo import DeleteMany, DeleteOne, InsertOne, ReplaceOne, UpdateMany, UpdateOne
+from pymongo.operations import _Op
 
 from .operations import Args, OpResult, RunnerError, _COMMON, _FIND, _fix_find_kwargs, _sort_arg
 
@@ -119,8 +120,11 @@ def collection_extra(ctx: "TestContext", coll: Any, name: str, a: Args) -> OpRes
         cmd: dict[str, Any] = {"count": coll.name, "query": flt}
         session = kw.pop("session", None)
         cmd.update(kw)
-        reply = coll.database.command(cmd, session=session, read_preference=coll.read_preference)
-        return OpResult(int(reply["n"]))
+        # the count command as drivers run it: a retryable read (pymongo keeps the helper
+        # estimated_document_count uses; it has no public count with a filter)
+        return OpResult(coll._retryable_non_cursor_read(
+            lambda s, _server, conn, rp: coll._count_cmd(s, conn, rp, cmd, None),
+            session, _Op.COUNT))
     if name == "findOne":
         kw = _fix_find_kwargs(a.kwargs(_FIND))
         a.done()
