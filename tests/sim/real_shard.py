@@ -57,6 +57,7 @@ from shard.oplog import Oplog
 from shardsim import resume_token as rt
 from shardsim.clock import ts_from_key, ts_key
 from shardsim.cursors import CursorManager
+from shardsim.errors import MongoError
 
 from .scheduler import Scheduler
 from .shard_model import SimEvent, SimShard
@@ -242,7 +243,7 @@ class RealShard(SimShard):
         cur = h.cursor
         try:
             cur._scan(1)
-        except Exception:  # noqa: BLE001 - the getMore reports it
+        except MongoError:  # e.g. history lost: the getMore reports it at once
             return True
         return bool(cur.pending) or cur.closing or cur._can_promise_past_request()
 

@@ -95,7 +95,10 @@ def test_real_shards_run_the_shard_cursor(replay_seed):
                   if e["op"] == "i"}
         assert {e.meta["_id"] for st in world.streams for e in st.returned} <= logged
     assert all(counts.values()), counts
-    assert World(3).real is False and World(3, real_shards=True).real
+    assert World(3).real is False
+    forced = World(3, real_shards=True)
+    assert forced.real and isinstance(forced.shards[0], RealShard)
+    forced.loop.close()
 
 
 def test_deterministic(replay_seed):
