@@ -6,6 +6,7 @@ server's ``src/mongo/s/commands/cluster_*_cmd.cpp``:
 module            commands
 ================  ===========================================================================
 ``crud``          insert, update, delete, findAndModify (targeting in :mod:`router.writes`)
+``bulk_write``    bulkWrite (8.0's client bulk write across namespaces, on that targeting)
 ``reads``         find, count, distinct, aggregate (``$changeStream``:
                   :mod:`router.change_stream`), and the re-run of reads of views over sharded
                   collections
@@ -19,6 +20,7 @@ module            commands
                   checkMetadataConsistency
 ``transactions``  commitTransaction, abortTransaction (state: :mod:`router.transactions`)
 ``users``         createUser, usersInfo, ... forwarded to the config server (user cache)
+``consistency``   checkMetadataConsistency (always an empty cursor)
 ``admin``         isdbgrid, dbStats, collStats, dataSize, validate; the passthrough of the
                   ``config``/``admin`` databases to the config server
 ================  ===========================================================================
@@ -31,11 +33,12 @@ also call ``await crud.insert(node, request)`` directly.
 
 from __future__ import annotations
 
-from router.commands import (admin, crud, ddl, reads, sharding, sharding_ddl, transactions,
-                             users)
+from router.commands import (admin, bulk_write, crud, ddl, reads, sharding, sharding_ddl,
+                             transactions, users)
 
-FAMILIES = (transactions.commands, crud.commands, reads.commands, ddl.commands, admin.commands,
-            sharding.commands, sharding_ddl.commands, users.commands)
+FAMILIES = (transactions.commands, crud.commands, bulk_write.commands, reads.commands,
+            ddl.commands, admin.commands, sharding.commands, sharding_ddl.commands,
+            users.commands)
 
-__all__ = ["FAMILIES", "admin", "crud", "ddl", "reads", "sharding", "sharding_ddl", "transactions",
-           "users"]
+__all__ = ["FAMILIES", "admin", "bulk_write", "crud", "ddl", "reads", "sharding", "sharding_ddl",
+           "transactions", "users"]

@@ -106,13 +106,27 @@ async def set_allow_migrations(node: "RouterNode", req: Request) -> dict[str, An
 
 @commands.handler("checkMetadataConsistency")
 async def check_metadata_consistency(node: "RouterNode", req: Request) -> dict[str, Any]:
-    """``{checkMetadataConsistency: 1 | <coll>}`` on ``admin`` (the cluster), a database or
-    one collection -> a cursor of ``{type, description, details}`` documents, empty when the
-    catalog and the shards agree."""
-    target = req.arg if isinstance(req.arg, str) else 1
-    if req.db == "admin" and target != 1:
-        raise MongoError(73, "checkMetadataConsistency on a collection needs its database")
+    """``{checkMetadataConsistency: 1 | "<coll>", cursor?: {batchSize}}`` on ``admin`` (the
+    cluster), a database or one collection -> ``{cursor: {id, ns:
+    "<db>.$cmd.checkMetadataConsistency", firstBatch}}`` of ``{type, description, details}``
+    documents, empty when the catalog and the shards agree. Errors: InvalidNamespace (73) for
+    ``config``/``local`` or a collection level on ``admin``, NamespaceNotFound (26) for a
+    database the catalog does not know, TypeMismatch (14) for another argument type."""
+    db, arg = req.db, req.arg
+    if db in ("config", "local"):
+        raise MongoError(73, f"Invalid db name: {db}")
+    if isinstance(arg, str):
+        if db == "admin":
+            raise MongoError(73, "Cannot run collection-level checkMetadataConsistency on the "
+                                 "admin database")
+    elif isinstance(arg, bool) or not isinstance(arg, (int, float)) or arg != 1:
+        raise MongoError(14, "checkMetadataConsistency argument must be 1 or a collection name")
+    if db != "admin" and node.catalog.primary_shard(db) is None:
+        await node.catalog.refresh()
+        if node.catalog.primary_shard(db) is None:
+            raise MongoError(26, f"Database {db} not found")
     reply = reply_body(await node.config_command(
-        {"_configsvrCheckMetadataConsistency": target, "db": req.db}))
-    return {"cursor": {"id": 0, "ns": f"{req.db}.$cmd.checkMetadataConsistency",
-                       "firstBatch": reply["inconsistencies"]}}
+        {"_configsvrCheckMetadataConsistency": arg if isinstance(arg, str) else 1, "db": db}))
+    batch_size = (req.get("cursor") or {}).get("batchSize")
+    return await node.cursor_reply(f"{db}.$cmd.checkMetadataConsistency",
+                                   list(reply["inconsistencies"]), req, batch_size)
