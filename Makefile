@@ -8,7 +8,7 @@ SPEC_CACHE  ?= .cache/specs
 COMPOSE := $(shell if docker compose version >/dev/null 2>&1; then echo "docker compose"; elif command -v docker-compose >/dev/null 2>&1; then echo docker-compose; else echo "docker compose"; fi)
 COMPOSE_FILE := deploy/docker-compose.yml
 
-.PHONY: install run test unit integration spec load bench faults fetch-specs up down logs docker-base docker-build clean
+.PHONY: install run test unit integration spec load bench faults fetch-specs up up-auth down logs docker-base docker-build clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,8 +58,13 @@ docker-build: $(STAMP)
 up: docker-build
 	bash deploy/up.sh
 
+# The compose cluster with authentication: a root user from MONGO_INITDB_ROOT_USERNAME /
+# MONGO_INITDB_ROOT_PASSWORD (default root / root) and a key file shared by the members.
+up-auth: docker-build
+	SHARDSIM_AUTH=1 bash deploy/up.sh
+
 down:
-	$(COMPOSE) -f $(COMPOSE_FILE) down -v --remove-orphans
+	$(COMPOSE) -f $(COMPOSE_FILE) -f deploy/docker-compose.auth.yml down -v --remove-orphans
 
 logs:
 	$(COMPOSE) -f $(COMPOSE_FILE) logs --tail=200

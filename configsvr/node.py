@@ -30,6 +30,7 @@ from typing import Any
 
 from bson import Binary
 
+from configsvr.balancer import Balancer
 from configsvr.catalog import shard_host, split_ns
 from configsvr.commands import FAMILIES
 from shardsim.gossip import gossip_command
@@ -50,7 +51,8 @@ _INTERNAL_CONN = ConnectionInfo(id=0, peer="internal", auth=AuthSession(users=[S
 class ConfigServerNode(ShardNode):
     """``python -m configsvr``: a ShardNode named ``config`` with the catalog commands
     (:mod:`configsvr.commands`). ``ddl_lock`` serialises the catalog commands (the server's
-    DDL coordinators); ``shard_pools`` holds a connection pool per shard name."""
+    DDL coordinators); ``shard_pools`` holds a connection pool per shard name; ``balancer``
+    is the :class:`configsvr.balancer.Balancer` (started with the node)."""
 
     role = "configsvr"
 
@@ -59,6 +61,8 @@ class ConfigServerNode(ShardNode):
         super().__init__(**kw)
         self.ddl_lock = asyncio.Lock()
         self.shard_pools: dict[str, Pool] = {}
+        self.balancer = Balancer(self)
+        self.reshardings: dict[str, Any] = {}  # ns -> configsvr.resharding.ReshardOp
         self.commands.install(self, *FAMILIES)
 
     async def startup(self) -> None:
@@ -66,10 +70,12 @@ class ConfigServerNode(ShardNode):
         (:mod:`configsvr.keys`)."""
         await super().startup()
         await cluster_keys.start(self)
+        self.balancer.start()
 
     async def shutdown(self) -> None:
         """Stop handing out keys, stop as a shard does, then close the pools to the shards."""
         cluster_keys.stop(self)
+        await self.balancer.stop()
         await super().shutdown()
         for pool in self.shard_pools.values():
             pool.close()

@@ -5,11 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
-file=deploy/docker-compose.yml
-"${compose[@]}" -f "$file" up -d "$@"
-cid=$("${compose[@]}" -f "$file" ps -a -q init)
+files=(-f deploy/docker-compose.yml)
+# SHARDSIM_AUTH=1 (make up-auth): key file, --keyFile on every member, a root user from
+# MONGO_INITDB_ROOT_USERNAME / MONGO_INITDB_ROOT_PASSWORD (deploy/docker-compose.auth.yml).
+[[ -n ${SHARDSIM_AUTH:-} ]] && files+=(-f deploy/docker-compose.auth.yml)
+"${compose[@]}" "${files[@]}" up -d "$@"
+cid=$("${compose[@]}" "${files[@]}" ps -a -q init)
 [[ -n $cid ]] || { echo "up: no init container" >&2; exit 1; }
 rc=$(timeout "${SHARDSIM_UP_TIMEOUT:-180}" docker wait "$cid") || { echo "up: init did not finish" >&2; exit 1; }
-"${compose[@]}" -f "$file" logs --no-color init | tail -n 5
+"${compose[@]}" "${files[@]}" logs --no-color init | tail -n 5
 if [[ $rc != 0 ]]; then echo "up: init failed (exit $rc)" >&2; exit 1; fi
-echo "shardsim cluster ready: mongodb://${SHARDSIM_BIND:-127.0.0.1}:${SHARDSIM_PORT:-27017}/"
+if [[ -n ${SHARDSIM_AUTH:-} ]]; then
+    echo "shardsim cluster ready: mongodb://${MONGO_INITDB_ROOT_USERNAME:-root}:<password>@${SHARDSIM_BIND:-127.0.0.1}:${SHARDSIM_PORT:-27017}/"
+else
+    echo "shardsim cluster ready: mongodb://${SHARDSIM_BIND:-127.0.0.1}:${SHARDSIM_PORT:-27017}/"
+fi

@@ -30,6 +30,7 @@ from router.change_stream.promise_requests import PromiseRequests
 from router.commands import FAMILIES
 from router.forwarding import BIG_BATCH
 from shardsim.gossip import OPERATION_TIME, gossip_command
+from router.read_concern import run_with_read_concern
 from router.transactions import TransactionRouter
 from router.writes import NamespaceGate
 from shardsim.client import Pool, parse_address
@@ -162,6 +163,10 @@ class RouterNode(Node):
             if rt is not None and "recoveryToken" not in reply:
                 reply["recoveryToken"] = rt
         return reply
+
+    async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
+        """The handler under the request's readConcern (:mod:`router.read_concern`)."""
+        return await run_with_read_concern(self, handler, req)
 
     def cluster_time_fields(self, req: Request | None, reply: dict[str, Any]) -> None:
         """As the base class, with ``operationTime`` the newest of the shard replies used."""

@@ -86,20 +86,29 @@ class WriteExecutor:
     async def find_owner(self, q: Any, shards: list[str], extra: dict[str, Any]) -> str | None:
         """The first of ``shards`` (in catalog order) holding a document matching filter ``q``
         (one ``find`` with ``limit: 1`` per shard, concurrently; ``collation``/``hint``/``sort``
-        of ``extra`` go with it), or None. Raises what a shard raises (MongoError)."""
-        async def probe(shard: str) -> bool:
+        of ``extra`` go with it, and the command's ``let``), or None; with a ``sort``, the shard
+        whose first match sorts first. Raises what a shard raises (MongoError)."""
+        sort = extra.get("sort") if isinstance(extra.get("sort"), dict) else None
+
+        async def probe(shard: str) -> list[dict[str, Any]]:
             cmd: dict[str, Any] = {"find": self.coll, "filter": q, "limit": 1,
-                                   "projection": {"_id": 1}, "singleBatch": True}
+                                   "singleBatch": True}
+            if not sort:
+                cmd["projection"] = {"_id": 1}
             for k in ("collation", "hint", "sort"):
                 if k in extra:
                     cmd[k] = extra[k]
+            if "let" in self.req.body:
+                cmd["let"] = self.req.body["let"]
             reply = await self.router.shard_command(shard, self.db, cmd)
-            return bool(reply["cursor"]["firstBatch"])
+            return list(reply["cursor"]["firstBatch"])
         found = await asyncio.gather(*(probe(s) for s in shards))
-        for shard, hit in zip(shards, found):
-            if hit:
-                return shard
-        return None
+        hits = [(shard, docs[0]) for shard, docs in zip(shards, found) if docs]
+        if sort and len(hits) > 1:
+            from shardsim.query import sort_docs
+            first = sort_docs([d for _, d in hits], sort)[0]
+            return next(shard for shard, d in hits if d is first)
+        return hits[0][0] if hits else None
 
     async def target(self, op: Any) -> tuple[list[str], bool]:
         """``(shards, broadcast)`` for one statement ``op`` (a document for insert, an

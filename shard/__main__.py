@@ -28,6 +28,9 @@ from shardsim.server import run_node
 @click.option("--promise-mode", type=click.Choice(["clock", "mongod"]), default="clock",
               help="How empty change-stream batches advance postBatchResumeToken.")
 @click.option("--oplog-size-mb", type=click.FloatRange(min=0, min_open=True), default=1024.0, help="Oplog size cap (MiB).")
+@click.option("--oplog-cache-mb", type=click.FloatRange(min=0, min_open=True), default=64.0,
+              help="With --dbpath: MiB of the newest oplog entries kept in memory (older ones "
+                   "are read from disk).")
 @click.option("--oplog-min-retention-hours", type=click.FloatRange(min=0), default=0.0,
               help="Entries younger than this are kept even over the size cap (hours).")
 @click.option("--oplog-max-age-s", type=float, default=None,
@@ -38,7 +41,8 @@ from shardsim.server import run_node
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
 def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interval_ms: int,
-         promise_mode: str, oplog_size_mb: float, oplog_min_retention_hours: float,
+         promise_mode: str, oplog_size_mb: float, oplog_cache_mb: float,
+         oplog_min_retention_hours: float,
          oplog_max_age_s: float | None, sync: str, no_test_commands: bool, log_level: str,
          **security: Any) -> None:
     """Run a shardsim shard (a mongod --shardsvr look-alike)."""
@@ -47,7 +51,8 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
     from shard.node import ShardNode
     options = {
         "dbpath": dbpath, "noop_interval_ms": noop_interval_ms, "promise_mode": promise_mode,
-        "oplog_size_mb": oplog_size_mb, "oplog_min_retention_hours": oplog_min_retention_hours,
+        "oplog_size_mb": oplog_size_mb, "oplog_cache_mb": oplog_cache_mb,
+        "oplog_min_retention_hours": oplog_min_retention_hours,
         "oplog_max_age_s": oplog_max_age_s, "sync": sync,
     }
     sec_options, tls = apply_security("shard", **security)

@@ -2,8 +2,11 @@
 
 One file ``DIR/shard.sqlite`` holds five tables: ``catalog`` (collection UUID -> BSON catalog
 record: name, options, shard key, index specs), ``docs`` (one row per document, BSON, in
-insertion order so a reload keeps ``$natural`` order), ``oplog`` (ts_key -> BSON entry),
-``preimages`` and ``sessions`` (retryable-write history, like ``config.transactions``). The node keeps everything in memory and journals each mutation
+insertion order so a reload keeps ``$natural`` order), ``oplog`` (ts_key -> BSON entry, with its
+scope and size columns, see :mod:`shard.oplog_disk`), ``preimages`` and ``sessions``
+(retryable-write history, like ``config.transactions``). The node keeps the documents, catalog,
+pre-images and sessions in memory, and of the oplog only a bounded cache of its newest entries
+(:class:`shard.oplog_disk.DiskOplog` reads older ones from the table); it journals each mutation
 (:attr:`shard.storage.Storage.journal`); :meth:`DurableStore.commit` writes a command's whole
 journal in ONE SQLite transaction before the reply is sent, so an acknowledged write, its oplog
 entry and its pre-image are on disk together or not at all.
@@ -11,7 +14,8 @@ entry and its pre-image are on disk together or not at all.
 ``synchronous=NORMAL`` (default) in WAL mode writes every commit to the WAL file without fsync:
 it survives ``kill -9`` of the process (the OS has the pages) but not a power loss;
 ``--sync full`` fsyncs each commit and survives both (slower). On start-up the store is loaded
-back and the clock restarts after the newest oplog ``ts``.
+back (the oplog's counters and newest entries only) and the clock restarts after the newest
+oplog ``ts``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import bson
 from shardsim.clock import ts_from_key, ts_key
 from shardsim.errors import MongoError
 from shardsim.node import CODEC
+from shard.oplog_disk import PUT_OPLOG, migrate as migrate_oplog, oplog_row
 from shard.storage import Collection, id_key
 
 SCHEMA = """
@@ -33,7 +38,6 @@ CREATE TABLE IF NOT EXISTS catalog (uuid BLOB PRIMARY KEY, rec BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS docs (seq INTEGER PRIMARY KEY AUTOINCREMENT, uuid BLOB NOT NULL,
                                  id BLOB NOT NULL, doc BLOB NOT NULL);
 CREATE UNIQUE INDEX IF NOT EXISTS docs_id ON docs (uuid, id);
-CREATE TABLE IF NOT EXISTS oplog (ts INTEGER PRIMARY KEY, entry BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (sid BLOB PRIMARY KEY, rec BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS preimages (ts INTEGER NOT NULL, uuid BLOB NOT NULL, idx INTEGER NOT NULL,
                                       doc BLOB NOT NULL, PRIMARY KEY (ts, uuid, idx));
@@ -60,7 +64,6 @@ def _dec(raw: bytes) -> dict[str, Any]:
 _DEL_DOC = "DELETE FROM docs WHERE uuid=? AND id=?"
 _PUT_DOC = ("INSERT INTO docs (uuid, id, doc) VALUES (?, ?, ?) "
             "ON CONFLICT (uuid, id) DO UPDATE SET doc=excluded.doc")
-_PUT_OPLOG = "INSERT OR REPLACE INTO oplog (ts, entry) VALUES (?, ?)"
 _PUT_PRE = "INSERT OR REPLACE INTO preimages (ts, uuid, idx, doc) VALUES (?, ?, ?, ?)"
 
 
@@ -84,6 +87,7 @@ class DurableStore:
         self.conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
         self.conn.execute("PRAGMA wal_autocheckpoint=10000")
         self.conn.executescript(SCHEMA)
+        migrate_oplog(self.conn)  # the oplog table (shard.oplog_disk), from the first layout
 
     # -- start-up -----------------------------------------------------------------------------
     def load(self, node: Any) -> None:
@@ -99,6 +103,7 @@ class DurableStore:
             specs[bytes(uuid)] = r.get("indexes") or []
             storage.dbs.setdefault(coll.db, {})[coll.name] = coll
             storage.by_uuid[coll.uuid] = coll
+            coll.recorder = storage.history
         for uuid, raw in self.conn.execute("SELECT uuid, doc FROM docs ORDER BY seq"):
             coll = colls.get(bytes(uuid))
             if coll is not None:
@@ -106,11 +111,9 @@ class DurableStore:
                 coll.docs[id_key(doc["_id"])] = doc
         for uuid, coll in colls.items():
             for spec in specs[uuid]:
-                if spec.get("name") != "_id_":
+                if spec.get("name") != "_id_" and not spec.get("clustered"):
                     coll.add_index(spec)
-        rows = [(_dec(raw), len(raw)) for (raw,) in
-                self.conn.execute("SELECT entry FROM oplog ORDER BY ts")]
-        node.oplog.load(rows)
+        node.oplog.load_from_disk()  # only its newest entries (shard.oplog_disk.DiskOplog)
         for ts, uuid, idx, raw in self.conn.execute(
                 "SELECT ts, uuid, idx, doc FROM preimages ORDER BY ts"):
             node.pre_images.put(bytes(uuid), ts_from_key(ts), idx, _dec(raw))
@@ -158,7 +161,7 @@ class DurableStore:
                 i = j
             docs.clear()
             if oplog_rows:
-                cur.executemany(_PUT_OPLOG, oplog_rows)
+                cur.executemany(PUT_OPLOG, oplog_rows)
                 oplog_rows.clear()
             if pre_rows:
                 cur.executemany(_PUT_PRE, pre_rows)
@@ -174,9 +177,9 @@ class DurableStore:
                         docs.append((_DEL_DOC, (uuid, _key_bytes(key))))
                     else:
                         docs.append((_PUT_DOC, (uuid, _key_bytes(key), _enc(doc))))
-                elif kind == "oplog":
+                elif kind == "oplog":  # ("oplog", entry[, size the oplog accounts for it])
                     entry = rec[1]
-                    oplog_rows.append((ts_key(entry["ts"]), _enc(entry)))
+                    oplog_rows.append(oplog_row(entry, _enc(entry), rec[2] if len(rec) > 2 else None))
                 elif kind == "preimage":
                     _, uuid, ts, idx, doc = rec
                     pre_rows.append((ts_key(ts), uuid, idx, _enc(doc)))

@@ -36,6 +36,8 @@ from shard.auth_store import LocalUserStore
 from shard.durable import DurableStore
 from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
+from shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
+from shard.read_concern import run_with_read_concern
 from shardsim.query import select
 from shard.sessions import Sessions, full_lsid
 from shard.transaction_coordinator import Coordinators
@@ -65,7 +67,8 @@ def wall_now() -> datetime.datetime:
 class ShardNode(Node):
     """A shard. ``options``: ``shard_name``, ``dbpath`` (None = in memory),
     ``noop_interval_ms``, ``promise_mode`` (``clock``|``mongod``), ``oplog_size_mb``,
-    ``oplog_min_retention_hours``, ``oplog_max_age_s``, ``sync`` (``normal``|``full``)."""
+    ``oplog_min_retention_hours``, ``oplog_max_age_s``, ``oplog_cache_mb`` (durable shards: MiB
+    of newest oplog entries kept in memory, default 64), ``sync`` (``normal``|``full``)."""
 
     role = "shard"
 
@@ -79,11 +82,19 @@ class ShardNode(Node):
         min_ret_h = float(self.options.get("oplog_min_retention_hours") or 0)
         max_age = self.options.get("oplog_max_age_s")
         self.storage = Storage()
-        self.oplog = Oplog(max_bytes=int(size_mb * 1024 * 1024), min_retention_s=min_ret_h * 3600,
-                           max_age_s=float(max_age) if max_age else None)
+        retention = {"max_bytes": int(size_mb * 1024 * 1024), "min_retention_s": min_ret_h * 3600,
+                     "max_age_s": float(max_age) if max_age else None}
+        dbpath = self.options.get("dbpath")
+        self.durable = None
+        if dbpath:  # the oplog on disk with a bounded cache of its newest entries
+            self.durable = DurableStore(dbpath, sync=self.options.get("sync") or "normal")
+            cache_mb = float(self.options.get("oplog_cache_mb") or DEFAULT_CACHE_BYTES / 2**20)
+            self.oplog: Oplog = DiskOplog(self.durable.conn, cache_bytes=int(cache_mb * 2**20),
+                                          **retention)
+        else:
+            self.oplog = Oplog(**retention)
         self.pre_images = PreImages()
         self.oplog.truncated_callbacks.append(self._on_oplog_truncated)
-        self.durable = None
         self._unflushed: list[tuple] = []  # journal records of failed commits, retried first
         self._depth = 0
         self._req_txn: dict[int, Any] = {}
@@ -95,9 +106,7 @@ class ShardNode(Node):
         self.cs_promise_waiters = cs_cursor.PromiseWaiters()
         # The periodic no-op writer's asyncio task once started (shard/noop_writer.py).
         self.noop_writer_task: Any = None
-        dbpath = self.options.get("dbpath")
-        if dbpath:
-            self.durable = DurableStore(dbpath, sync=self.options.get("sync") or "normal")
+        if self.durable is not None:
             self.storage.journal = []
             self.durable.load(self)
         self.commands.install(self, *shard_commands.FAMILIES,  # after the common family
@@ -105,6 +114,8 @@ class ShardNode(Node):
         self.security.store = LocalUserStore(self)  # shard-local admin.system.users/roles
         cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
         failpoints.install(self)  # configureFailPoint, with test commands only
+        if self.test_commands:
+            self.commands.install(self, shard_commands.testing.commands)  # _shardsimTruncateOplog
 
     # -- identity -----------------------------------------------------------------------------
     def hello(self, req: Request) -> dict[str, Any]:
@@ -133,7 +144,7 @@ class ShardNode(Node):
             "oplogSizeMB": Int64(self.oplog.max_bytes // (1024 * 1024)),
             "oplogMinRetentionHours": self.oplog.min_retention_s / 3600,
             "transactionLifetimeLimitSeconds": self.sessions.lifetime_s,
-            "periodicNoopIntervalSecs": max(1, int(self.options.get("noop_interval_ms") or 1000) // 1000),
+            "periodicNoopIntervalSecs": _noop_secs(self.options.get("noop_interval_ms")),
         })
         return params
 
@@ -146,6 +157,8 @@ class ShardNode(Node):
             self.oplog.truncate()
         elif name == "transactionLifetimeLimitSeconds":
             self.sessions.lifetime_s = int(value)
+        elif name == "periodicNoopIntervalSecs" and self.test_commands:
+            self._set_noop_interval(value)
         elif name == "oplogMinRetentionHours":
             hours = oplog_settings.check_min_retention_hours(value,
                                                              "setParameter.oplogMinRetentionHours")
@@ -153,6 +166,16 @@ class ShardNode(Node):
             self.oplog.truncate()
         else:
             super().set_parameter(name, value)
+
+    def _set_noop_interval(self, value: Any) -> None:
+        """``periodicNoopIntervalSecs`` at runtime (shardsim, test commands only; mongod sets it
+        at startup): a positive number of seconds, fractions allowed; the writer restarts with
+        it. BadValue (2) otherwise."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise MongoError(2, f"periodicNoopIntervalSecs must be a positive number, not {value!r}")
+        self.options["noop_interval_ms"] = max(1, int(round(float(value) * 1000)))
+        noop_writer.stop(self)
+        noop_writer.start(self)
 
     def parsed_options(self) -> dict[str, Any]:
         """getCmdLineOpts ``parsed``: clusterRole shardsvr, replSet, dbPath."""
@@ -170,6 +193,11 @@ class ShardNode(Node):
                       "hosts": [self.address], "primary": self.address, "me": self.address}
         st["oplog"] = {"entries": Int64(len(self.oplog)), "sizeBytes": Int64(self.oplog.size_bytes),
                        "earliestOptime": first, "latestOptime": last}
+        if isinstance(self.oplog, DiskOplog):  # shardsim's own: the in-memory part
+            st["oplog"].update({"cacheMaxBytes": Int64(self.oplog.cache_bytes),
+                                "cachedBytes": Int64(self.oplog.cached_bytes),
+                                "cachedEntries": Int64(self.oplog.cached_entries),
+                                "diskEntriesRead": Int64(self.oplog.disk_rows_read)})
         st["storageEngine"] = {"name": "sqlite" if self.durable else "inMemory",
                                "persistent": bool(self.durable)}
         return st
@@ -217,6 +245,10 @@ class ShardNode(Node):
                     self.cluster_time_fields(req, reply)
         return reply
 
+    async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
+        """The handler under the request's readConcern (:mod:`shard.read_concern`)."""
+        return await run_with_read_concern(self, handler, req)
+
     def flush(self) -> None:
         """Write the pending journal to SQLite in one transaction (durable shards).
 
@@ -237,6 +269,7 @@ class ShardNode(Node):
                     "durable commit failed; %d records kept for the next commit", len(journal),
                     exc_info=True)
                 raise
+            self.oplog.mark_durable(self.oplog.latest_key)  # the cache may let them go now
 
     # -- the write path -----------------------------------------------------------------------
     def write_context(self, req: Request) -> WriteContext:
@@ -280,10 +313,12 @@ class ShardNode(Node):
         return entry
 
     def append_entry(self, entry: dict[str, Any], size: int | None = None) -> None:
-        """Append to the oplog (and the durable journal)."""
-        self.oplog.append(entry, size)
+        """Append to the oplog (and the durable journal); the document changes made for it get
+        its ``ts`` in the snapshot history (:mod:`shard.snapshot`)."""
+        size = self.oplog.append(entry, size)
+        self.storage.history.stamp(entry["ts"])
         if self.storage.journal is not None:
-            self.storage.journal.append(("oplog", entry))
+            self.storage.journal.append(("oplog", entry, size))
             if self._depth == 0:
                 try:
                     self.flush()
@@ -352,7 +387,8 @@ class ShardNode(Node):
         self.storage.add(coll)
         o = {"create": name}
         o.update(coll.options)
-        o["idIndex"] = dict(ID_INDEX_SPEC)
+        if "clusteredIndex" not in coll.options and "timeseries" not in coll.options:
+            o["idIndex"] = dict(ID_INDEX_SPEC)  # oplog.cpp: no idIndex when clustered
         self.log_command(db, o, coll.ui, ctx=ctx)
         return coll
 
@@ -395,3 +431,10 @@ class ShardNode(Node):
             except MongoError:
                 pass  # not durable: like an unacknowledged write at kill -9
             self.durable.close()
+
+
+def _noop_secs(ms: Any) -> Any:
+    """``periodicNoopIntervalSecs`` of a no-op interval in ms: whole seconds as an int (as
+    mongod reports it), a fraction as a double (shardsim's sub-second intervals)."""
+    ms = int(ms or 1000)
+    return ms // 1000 if ms % 1000 == 0 else ms / 1000

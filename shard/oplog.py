@@ -2,8 +2,9 @@
 
 The oplog is an in-memory, append-only list of MongoDB oplog entries ordered by ``ts`` (a BSON
 ``Timestamp``), indexed by :func:`shardsim.clock.ts_key`. It is what the change-stream stages
-scan and what ``find`` on ``local.oplog.rs`` reads. Durable shards persist entries through
-:mod:`shard.durable` and reload them here at start-up.
+scan and what ``find`` on ``local.oplog.rs`` reads. Durable shards use its subclass
+:class:`shard.oplog_disk.DiskOplog`: the entries live in SQLite (:mod:`shard.durable`) and these
+lists hold only a bounded cache of the newest ones.
 
 Retention works like a capped oplog with ``oplogMinRetentionHours``: entries are truncated from
 the oldest end while the oplog is larger than ``max_bytes`` (``replication.oplogSizeMB``) AND
@@ -50,6 +51,10 @@ class Oplog:
     this many seconds are truncated even under the size cap (``None`` = no age limit).
     """
 
+    # scoped_batch returns fewer entries than asked only at the end of its scope (the disk oplog,
+    # shard.oplog_disk, also after a few megabytes read from disk).
+    short_reads = False
+
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES,
                  min_retention_s: float = DEFAULT_MIN_RETENTION_S,
                  max_age_s: float | None = DEFAULT_MAX_AGE_S,
@@ -65,6 +70,7 @@ class Oplog:
         self._head = 0  # entries[:_head] are truncated (compacted lazily)
         self._base = 0
         self._bytes = 0
+        self._disk_bytes = 0  # bytes of retained entries held only on disk (shard.oplog_disk)
         # Listeners indexed by what they can match (see add_listener): every entry, CRUD/no-op
         # entries of one namespace, CRUD/no-op entries of one database.
         self._listeners: list[Listener] = []
@@ -148,11 +154,12 @@ class Oplog:
         return None
 
     # -- writing ----------------------------------------------------------------------------
-    def append(self, entry: dict[str, Any], size: int | None = None) -> None:
+    def append(self, entry: dict[str, Any], size: int | None = None) -> int:
         """Append ``entry`` (must have ``ts`` newer than every entry so far).
 
-        ``size`` is the entry's BSON size in bytes when the caller already encoded it.
-        Raises ValueError on an out-of-order ``ts``. Wakes waiters and calls listeners.
+        ``size`` is the entry's BSON size in bytes when the caller already encoded it (or its
+        estimate). Returns the size the oplog accounts for the entry (bytes). Raises ValueError
+        on an out-of-order ``ts``. Wakes waiters and calls listeners.
         """
         key = ts_key(entry["ts"])
         if len(self._keys) > self._head and key <= self._keys[-1]:
@@ -164,7 +171,7 @@ class Oplog:
         self._sizes.append(size)
         self._bytes += size
         self._index(entry, self._base + len(self._entries) - 1)
-        if self._bytes > self.max_bytes or self.max_age_s is not None:
+        if self._bytes + self._disk_bytes > self.max_bytes or self.max_age_s is not None:
             self._enforce_retention()
         ev = self._event
         if ev is not None:
@@ -172,6 +179,7 @@ class Oplog:
             ev.set()
         if self._scope_of:
             self._notify(entry)
+        return size
 
     def _notify(self, entry: dict[str, Any]) -> None:
         # CRUD ("i"/"u"/"d") and no-op ("n") entries go to the listeners of their namespace and
@@ -321,17 +329,21 @@ class Oplog:
             self._entries[self._head] = None  # type: ignore[call-overload]
             removed_to = self._keys[self._head]
             self._head += 1
-        if self._head > 1024 and self._head * 2 > n:
+        self._compact()
+        if removed_to is not None:
+            self.truncated_through = removed_to
+            for cb in tuple(self.truncated_callbacks):
+                cb(removed_to)
+
+    def _compact(self) -> None:
+        """Drop the list slots before ``_head`` once they are most of the lists (amortised)."""
+        if self._head > 1024 and self._head * 2 > len(self._entries):
             del self._keys[:self._head]
             del self._entries[:self._head]
             del self._sizes[:self._head]
             self._base += self._head
             self._head = 0
             self._trim_indexes()
-        if removed_to is not None:
-            self.truncated_through = removed_to
-            for cb in tuple(self.truncated_callbacks):
-                cb(removed_to)
 
     def _trim_indexes(self) -> None:
         """Drop index positions of compacted entries (keeps the indexes as long as the oplog)."""
@@ -348,6 +360,10 @@ class Oplog:
         cut = bisect.bisect_left(self._cmd_pos, first)
         if cut:
             del self._cmd_pos[:cut]
+
+    def mark_durable(self, key: int) -> None:
+        """Entries up to ``key`` are committed to disk (durable shards). The in-memory oplog
+        keeps every entry anyway; :class:`shard.oplog_disk.DiskOplog` evicts from its cache."""
 
     def truncate(self) -> None:
         """Apply the retention settings now (after they change)."""

@@ -202,6 +202,10 @@ class Transaction:
                     base.delete(key)
                 if old is not None:
                     base.insert(old)
+            # nothing was committed: the undo-log records of this attempt go (shard.snapshot)
+            history = getattr(storage, "history", None)
+            if history is not None:
+                history.pending.clear()
             raise MongoError(112, f"Write conflict during plan execution and yielding is disabled. "
                                   f":: Please retry your operation or multi-document transaction. "
                                   f"({exc.errmsg})", labels=TRANSIENT) from None

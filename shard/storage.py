@@ -23,6 +23,8 @@ from typing import Any, Iterator
 
 from bson import Binary
 
+from shard.snapshot import History
+from shard.collection_kinds import check_measurement, id_index_spec, storage_key
 from shardsim.errors import MongoError
 from shardsim.values import format_value, get_path, id_key
 
@@ -63,7 +65,9 @@ class Index:
         self.spec = spec
         self.name: str = spec["name"]
         self.fields: list[str] = list(spec["key"].keys())
-        self.unique: bool = bool(spec.get("unique")) or self.name == "_id_"
+        # prepareUnique (collMod): new duplicate keys are refused like a unique index's
+        self.unique: bool = bool(spec.get("unique") or spec.get("prepareUnique")) \
+            or self.name == "_id_"
         self.sparse: bool = bool(spec.get("sparse"))
         self.partial: dict[str, Any] | None = spec.get("partialFilterExpression")
         self.entries: dict[Any, Any] = {}
@@ -128,7 +132,19 @@ class Collection:
         self.options: dict[str, Any] = dict(options or {})
         self.shard_key = shard_key
         self.docs: dict[Any, dict[str, Any]] = {}
-        self.indexes: dict[str, Index] = {"_id_": Index(dict(ID_INDEX))}
+        self.ts_seq = 0  # time series: storage keys of measurements (collection_kinds)
+        # snapshot reads (shard.snapshot): the Storage's History, and this collection's
+        # stamped undo log [(ts, key, document before)] with the ts of the oldest dropped entry
+        self.recorder: Any = None
+        self.history: list[tuple[Any, Any, dict[str, Any] | None]] = []
+        self.history_floor: Any = None
+        self.indexes: dict[str, Index] = {}
+        id_spec = id_index_spec(self.options)
+        if id_spec is not None:
+            idx = Index(id_spec)
+            idx.name = "_id_"  # a clustered index named otherwise still is the _id index
+            idx.unique = True
+            self.indexes["_id_"] = idx
         # id_key -> the prepared, undecided transaction holding the document
         # (shard.sessions.Transaction.lock): other writers get WriteConflict (112).
         self.prepared: dict[Any, Any] = {}
@@ -198,10 +214,13 @@ class Collection:
     # -- document mutations (callers log oplog entries) ----------------------------------------
     def insert(self, doc: dict[str, Any]) -> Any:
         """Insert (``_id`` must be set); DuplicateKey (11000) on a clash. Returns the id_key."""
+        check_measurement(self.options, doc)
         regs = self.check_unique(doc)
-        k = id_key(doc["_id"])
+        k = storage_key(self, doc)
         if self.prepared and k in self.prepared:
             raise _prepared_conflict(self.ns)
+        if self.recorder is not None:
+            self.recorder.record(self, k, None)
         self.docs[k] = doc
         for idx, hk in regs:
             idx.entries[hk] = k
@@ -213,6 +232,8 @@ class Collection:
         if self.prepared and key in self.prepared:
             raise _prepared_conflict(self.ns)
         regs = self.check_unique(new, own_key=key)
+        if self.recorder is not None:
+            self.recorder.record(self, key, old)
         self._unindex(key, old)
         self.docs[key] = new
         for idx, hk in regs:
@@ -224,6 +245,8 @@ class Collection:
         if self.prepared and key in self.prepared:
             raise _prepared_conflict(self.ns)
         old = self.docs.pop(key)
+        if self.recorder is not None:
+            self.recorder.record(self, key, old)
         self._unindex(key, old)
         return old
 
@@ -256,6 +279,7 @@ class Storage:
         self.dbs: dict[str, dict[str, Collection]] = {}
         self.by_uuid: dict[bytes, Collection] = {}
         self.journal: list[tuple] | None = None
+        self.history = History()  # undo log for snapshot reads (shard.snapshot)
 
     def get(self, db: str, name: str) -> Collection | None:
         """The collection or None."""
@@ -270,6 +294,7 @@ class Storage:
             yield from list(colls.values())
 
     def add(self, coll: Collection) -> Collection:
+        coll.recorder = self.history
         self.dbs.setdefault(coll.db, {})[coll.name] = coll
         self.by_uuid[coll.uuid] = coll
         self.note_catalog(coll)

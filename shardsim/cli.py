@@ -1,7 +1,8 @@
 """The ``shardsim`` command line: one group, subcommands loaded lazily from their modules.
 
-``up``/``status``/``down`` (local mini cluster), ``spec`` (unified spec tests), ``load``
-(PySpark load + verifier). Each subcommand lives next to the code it drives.
+``up``/``status``/``down`` (local mini cluster), ``fault`` (faults on demand for it), ``top``
+(its change-stream cursors, live), ``spec`` (unified spec tests), ``load`` (PySpark load +
+verifier). Each subcommand lives next to the code it drives.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ SUBCOMMANDS = {
     "down": "shardsim.launcher_cli:down",
     "spec": "shardsim.unified.cli:spec",
     "load": "shardsim.load.cli:load",
+    "fault": "shardsim.fault_cli:fault",
+    "top": "shardsim.top:top",
 }
 
 

@@ -203,7 +203,15 @@ def remote_error(reply: Any) -> MongoError:
         exc.labels = list(labels)
     if "resolvedView" in reply:  # 169 from a shard: the router re-runs the view (ResolvedView)
         exc.extra["resolvedView"] = reply["resolvedView"]
+    # the ErrorExtraInfo of codes that carry one (error_codes.yml extra:), which mongos
+    # passes on: DuplicateKeyErrorInfo, CannotConvertIndexToUniqueInfo, DocumentValidation...
+    for field in _EXTRA_INFO_FIELDS:
+        if field in reply:
+            exc.extra[field] = reply[field]
     return exc
+
+
+_EXTRA_INFO_FIELDS = ("keyPattern", "keyValue", "violations", "errInfo")
 
 
 class Pool:

@@ -51,6 +51,12 @@ class Batch:
     post_batch_resume_token: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
     raw_docs: bytes | list[bytes] | None = None
+    n_raw: int = 0  # how many documents ``raw_docs`` holds (for $currentOp's nDocsReturned)
+
+    @property
+    def count(self) -> int:
+        """Documents in the batch."""
+        return len(self.docs) if self.raw_docs is None else self.n_raw
 
 
 def array_header_bytes(lo: int, hi: int) -> int:
@@ -126,6 +132,18 @@ class Cursor:
         self.last_used = time.monotonic()
         self.in_use = False
         self.lsid: Any = None
+        # What $currentOp reports (shardsim/current_op.py, GenericCursor): wall-clock seconds,
+        # counts kept by the CursorManager, the command that opened it (None: not reported).
+        self.created_wall = self.last_access_wall = time.time()
+        self.getmore_started_wall = 0.0
+        self.n_docs_returned = 0
+        self.n_batches_returned = 0
+        self.op_id = 0
+        self.originating_command: Any = None
+
+    def current_op_extra(self) -> dict[str, Any]:
+        """Fields this cursor adds to its ``$currentOp`` entry (none by default)."""
+        return {}
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
         """Produce the next batch. ``batch_size`` None means the default (101 first, unlimited after)."""
@@ -189,6 +207,7 @@ class CursorManager:
         self._cursors: dict[int, Cursor] = {}
         self.timeout_ms = timeout_ms
         self._reaper: asyncio.Task | None = None
+        self._op_seq = 0  # opid of the getMores ($currentOp)
 
     def __len__(self) -> int:
         return len(self._cursors)
@@ -218,6 +237,8 @@ class CursorManager:
         """Fetch the first batch; register the cursor if it is not exhausted. Returns the
         ``cursor`` reply subdocument ``{firstBatch, [postBatchResumeToken], id, ns}``."""
         batch = await cursor.fetch(batch_size, max_time_ms, first=True)
+        cursor.n_docs_returned += batch.count
+        cursor.n_batches_returned += 1
         cid = 0
         if not batch.exhausted:
             cid = self.register(cursor)
@@ -245,6 +266,9 @@ class CursorManager:
         if cursor.in_use:
             raise MongoError(43, f"cursor id {int(cursor_id)} is already in use")
         cursor.in_use = True
+        self._op_seq += 1
+        cursor.op_id = self._op_seq
+        cursor.getmore_started_wall = time.time()
         try:
             batch = await cursor.fetch(batch_size, max_time_ms, first=False)
         except BaseException:
@@ -255,6 +279,9 @@ class CursorManager:
             raise
         cursor.in_use = False
         cursor.last_used = time.monotonic()
+        cursor.last_access_wall = time.time()
+        cursor.n_docs_returned += batch.count
+        cursor.n_batches_returned += 1
         cid = cursor.id
         if batch.exhausted:
             self._cursors.pop(cid, None)

@@ -36,22 +36,38 @@ class FileRoleProcess(RoleProcess):
     """A RoleProcess whose output goes to a log file instead of a pipe, so it can outlive the
     launcher (``shardsim up --detach``). ``start()`` waits for the ready line in the file."""
 
+    _offset = 0  # size of the log file when the child was spawned (its output starts there)
+
     def start(self, timeout: float = 30.0) -> "FileRoleProcess":
+        """:meth:`spawn`, then :meth:`wait_ready`."""
+        self.spawn()
+        return self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start the child, its output appended to ``log_path``, without waiting."""
         assert self.log_path, "FileRoleProcess needs log_path"
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         if self.env:
             env.update(self.env)
-        offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+        self._offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         try:
             with open(self.log_path, "a") as log, open(os.devnull) as devnull:
                 OwnedPopen(self, [sys.executable, "-m", self.module, *self.args],
                            stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
                            env=env, start_new_session=True, text=True)
-            assert self.proc is not None
+        except BaseException:
+            self.stop()  # Ctrl-C (or any error) while starting: leave nothing behind
+            raise
+
+    def wait_ready(self, timeout: float = 30.0) -> "FileRoleProcess":
+        """Wait for the ready line in the log file (written after :meth:`spawn`'s offset)."""
+        assert self.proc is not None, "spawn() first"
+        offset = self._offset
+        try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                with open(self.log_path) as f:
+                with open(self.log_path) as f:  # type: ignore[arg-type]
                     f.seek(offset)
                     text = f.read()
                 m = READY_RE.search(text)
@@ -62,9 +78,9 @@ class FileRoleProcess(RoleProcess):
                     break
                 time.sleep(0.05)
         except BaseException:
-            self.stop()  # Ctrl-C (or any error) while starting: leave nothing behind
+            self.stop()
             raise
-        with open(self.log_path) as f:
+        with open(self.log_path) as f:  # type: ignore[arg-type]
             f.seek(offset)
             out = f.read()[-4000:]
         self.stop()
@@ -203,11 +219,16 @@ class Cluster:
                 json.dump({p.name: p.port for p in self.processes if p is not self.router}, f)
 
     def _start(self, proc: RoleProcess) -> RoleProcess:
+        proc.spawn()
+        return self._ready(proc)
+
+    def _ready(self, proc: RoleProcess) -> RoleProcess:
+        """Wait for a spawned ``proc``; pin its port so a restart comes back on the same
+        address. ClusterError when it does not start."""
         try:
-            proc.start(self.start_timeout)
+            proc.wait_ready(self.start_timeout)
         except RuntimeError as exc:
             raise ClusterError(str(exc)) from None
-        # Pin the port so a restart comes back on the same address.
         if "--port" in proc.args:
             proc.args[proc.args.index("--port") + 1] = str(proc.port)
         return proc
@@ -220,18 +241,24 @@ class Cluster:
                                    f"whatever listens there or choose another --port")
             # Every process is put on the cluster *before* it starts, so that stop() (on any
             # exception, also a KeyboardInterrupt during the ready wait) reaches it.
+            # Most of a start is the child's imports, so the processes start at the same time:
+            # the config server and the shards need nothing of each other; the router needs
+            # the config server's address (its port is known once it is ready).
             self.config = self._proc(
                 "configsvr", ["--port", self._saved_port("configsvr"), "--host", self.host,
                               *self._dbpath("config"), *self._security_args()],
                 "configsvr")
-            self._start(self.config)
+            self.config.spawn()
             for _ in range(self.num_shards):
-                self._start_shard()
+                self._new_shard().spawn()
+            self._ready(self.config)
             self.router = self._proc(
                 "router", ["--port", str(self.port), "--host", self.host,
                            "--configdb", self.config.address, *self._security_args()],
                 "router")
-            self._start(self.router)
+            self.router.spawn()
+            for proc in (*self.shards, self.router):
+                self._ready(proc)
             if self.auth is not None and not self._has_users():
                 self._create_root_user()
             for shard in self.shards:
@@ -242,14 +269,18 @@ class Cluster:
             raise
         return self
 
-    def _start_shard(self) -> RoleProcess:
+    def _new_shard(self) -> RoleProcess:
+        """The next shard's process, put on the cluster (not started)."""
         name = f"shard{len(self.shards)}"  # shards are only ever appended
         proc = self._proc("shard", ["--port", self._saved_port(name), "--host", self.host,
                                     "--shard-name", name,
                                     *self._dbpath(name), *self.shard_args,
                                     *self._security_args()], name)
         self.shards.append(proc)
-        return self._start(proc)
+        return proc
+
+    def _start_shard(self) -> RoleProcess:
+        return self._start(self._new_shard())
 
     def admin_command(self, cmd: dict[str, Any], timeout_ms: int = 30000) -> dict[str, Any]:
         """Run an admin command on the router with pymongo."""
@@ -325,13 +356,15 @@ class Cluster:
 
     # -- detached state -----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """What ``shardsim status``/``down`` need: the router URI and every process."""
+        """What ``shardsim status``/``down``/``fault`` need: the router URI and every process
+        (``args``: its command line after ``-m module``, ports pinned, for a restart)."""
         return {
             "router_uri": self.router_uri,
             "base_dir": self.base_dir,
             "started": time.time(),
             "processes": [{"name": p.name, "module": p.module, "pid": p.pid, "host": p.host,
-                           "port": p.port, "log": p.log_path} for p in self.processes],
+                           "port": p.port, "log": p.log_path, "args": list(p.args)}
+                          for p in self.processes],
         }
 
 

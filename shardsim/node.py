@@ -22,7 +22,7 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim import node_commands
+from shardsim import collation, expressions, node_commands, request_checks, search_indexes
 from shardsim.auth import commands as auth_commands
 from shardsim.auth.security import Security
 from shardsim.clock import HybridLogicalClock
@@ -72,7 +72,8 @@ class Node:
         self.commands = CommandTable()
         self.started = time.time()
         self.started_mono = time.monotonic()
-        self.commands.install(self, node_commands.commands, auth_commands.commands)
+        self.commands.install(self, node_commands.commands, auth_commands.commands,
+                              search_indexes.commands)
         # roles install theirs after; --auth / --keyFile (key: the key file's content)
         self.security = Security(self, enabled=bool(self.options.get("auth")),
                                  key=self.options.get("key"))
@@ -144,10 +145,14 @@ class Node:
             handler = self.commands.lookup(req.name)
             if self.security.enabled:
                 await self.security.authorize(req)
-            mt = req.body.get("maxTimeMS")
-            if mt is not None and (isinstance(mt, bool) or not isinstance(mt, (int, float)) or mt < 0):
-                raise MongoError(2, f"{mt} value for maxTimeMS is out of range [0, 2147483647]")
-            reply = await handler(req)
+            # maxTimeMS, writeConcern and write batch shapes (shardsim/request_checks.py)
+            request_checks.check_request(self.commands.canonical(req.name), req.body)
+            if ("let" in req.body or "collation" in req.body) and req.name != "bulkWrite":
+                with expressions.let_scope(req.body.get("let")), \
+                        collation.collation_scope(req.body.get("collation")):
+                    reply = await self.invoke(handler, req)
+            else:
+                reply = await self.invoke(handler, req)
             if "ok" not in reply:
                 reply["ok"] = 1.0
         except MongoError as exc:
@@ -160,6 +165,10 @@ class Node:
             reply = MongoError(1, f"{type(exc).__name__}: {exc}").to_reply()
         self.cluster_time_fields(req, reply)
         return reply
+
+    async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
+        """Run the command's handler (roles wrap it: readConcern on the router and shards)."""
+        return await handler(req)
 
     # -- parameters and status ------------------------------------------------------------
     def parameters(self) -> dict[str, Any]:

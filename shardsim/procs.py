@@ -90,6 +90,14 @@ class RoleProcess:
         return self.proc.pid if self.proc else None
 
     def start(self, timeout: float = 30.0) -> "RoleProcess":
+        """:meth:`spawn`, then :meth:`wait_ready`."""
+        self.spawn()
+        return self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start the child without waiting for it to be ready (several processes then start
+        at the same time: :meth:`shardsim.launcher.Cluster.start`). On any exception while
+        spawning the process is stopped before it propagates."""
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         if self.env:
@@ -102,15 +110,25 @@ class RoleProcess:
             assert self.proc is not None
             self._reader = threading.Thread(target=self._pump, daemon=True)
             self._reader.start()
+        except BaseException:
+            self.stop()  # Ctrl-C (or any error) while starting: leave nothing behind
+            raise
+
+    def wait_ready(self, timeout: float = 30.0) -> "RoleProcess":
+        """Wait (up to ``timeout`` s) for the ready line of a spawned process; RuntimeError with
+        its last output (after stopping it) when it exits or times out first."""
+        assert self.proc is not None, "spawn() first"
+        try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 if self._ready.wait(0.05):
                     return self
                 if self.proc.poll() is not None:
-                    self._reader.join(1)
+                    if self._reader is not None:
+                        self._reader.join(1)
                     break
         except BaseException:
-            self.stop()  # Ctrl-C (or any error) while starting: leave nothing behind
+            self.stop()
             raise
         out = "\n".join(self.output)
         self.stop()

@@ -21,10 +21,14 @@ from typing import Any, Iterable, Iterator
 import mongomock
 from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
-from bson import MaxKey, MinKey, Regex, Timestamp
+from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
+from shardsim import collation, expressions
 from shardsim.errors import MongoError
+from shardsim.search_indexes import check_search_stages
 from shardsim.values import id_key
+
+expressions.install()  # let variables, $getField/$setField
 
 MM_SCRATCH = mongomock.MongoClient().get_database("shardsim").get_collection("scratch")
 
@@ -46,6 +50,37 @@ def _compare_type(val: Any) -> int:
 
 
 mm_filtering._get_compare_type = _compare_type
+
+# $type names mongomock lists but does not implement (bsontypes.h / "$type" aliases).
+for _name, _test in {
+        "null": lambda v: v is None,
+        "regex": lambda v: isinstance(v, (Regex, re.Pattern)),
+        "timestamp": lambda v: isinstance(v, Timestamp),
+        "minKey": lambda v: isinstance(v, MinKey),
+        "maxKey": lambda v: isinstance(v, MaxKey),
+        "javascript": lambda v: isinstance(v, Code) and v.scope is None,
+        "javascriptWithScope": lambda v: isinstance(v, Code) and v.scope is not None}.items():
+    if mm_filtering.TYPE_MAP.get(_name, 0) is None:
+        mm_filtering.TYPE_MAP[_name] = _test
+# $type by number (BSONType codes) as mongod accepts it; arrays of types match any of them.
+_TYPE_CODES = {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData", 6: "undefined",
+               7: "objectId", 8: "bool", 9: "date", 10: "null", 11: "regex", 12: "dbPointer",
+               13: "javascript", 14: "symbol", 15: "javascriptWithScope", 16: "int",
+               17: "timestamp", 18: "long", 19: "decimal", -1: "minKey", 127: "maxKey"}
+
+
+def _type_op(doc_val: Any, search_val: Any) -> bool:
+    if isinstance(search_val, list):
+        return any(_type_op(doc_val, v) for v in search_val)
+    if isinstance(search_val, (int, float)) and not isinstance(search_val, bool):
+        if search_val not in _TYPE_CODES:
+            raise MongoError(2, f"Invalid numerical type code: {search_val}")
+        search_val = _TYPE_CODES[int(search_val)]
+    return _mm_type_op(doc_val, search_val)
+
+
+_mm_type_op = mm_filtering._type_op
+mm_filtering._filterer_inst._operator_map["$type"] = _type_op
 
 
 
@@ -81,8 +116,14 @@ def matches(filt: dict[str, Any] | None, doc: dict[str, Any]) -> bool:
     """True if ``doc`` satisfies the query ``filt``; BadValue (2) for an invalid query."""
     if not filt:
         return True
+    if collation.active():
+        filt, doc = collation.fold(filt), collation.fold(doc)
     try:
         return mm_filtering.filter_applies(filt, doc)
+    except KeyError:
+        # mongomock's $expr raises for a missing field path or variable operand; mongod
+        # evaluates it to "missing", which does not satisfy the comparison here
+        return False
     except Exception as exc:  # mongomock raises OperationFailure/NotImplementedError/TypeError
         raise translate_error(exc) from None
 
@@ -124,6 +165,8 @@ def select(coll: Any, filt: dict[str, Any] | None) -> Iterator[tuple[Any, dict[s
     """
     filt = filt or {}
     exact, value = _exact_id(filt)
+    if exact and isinstance(value, str) and collation.active():
+        exact = False  # a string _id may equal others under the collation: scan
     if not exact and filt:
         matches(filt, {})  # parse errors surface even when nothing is scanned (as mongod)
     if coll is None:
@@ -170,12 +213,14 @@ def sort_docs(docs: list[dict[str, Any]], sort: dict[str, Any] | None) -> list[d
         elif v not in (1, -1) or isinstance(v, bool):
             raise MongoError(15975, "$sort key ordering must be 1 (for ascending) or -1 (for descending)")
     out = list(docs)
+    folded = collation.active()
     try:
         for path, direction in reversed(list(sort.items())):
             if isinstance(direction, dict):
                 continue  # {$meta: ...}: no text scores here, keep the order
             desc = direction < 0
-            out.sort(key=lambda d, p=path, r=desc: _SortKey(_sort_value(d, p, r)), reverse=desc)
+            out.sort(key=lambda d, p=path, r=desc: _SortKey(_sort_value(
+                collation.fold(d) if folded else d, p, r)), reverse=desc)
     except MongoError:
         raise
     except Exception as exc:
@@ -365,6 +410,13 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]], dat
     "Unrecognized pipeline stage name" (40324).
     """
     pipeline = [rewrite_stage(stage) for stage in pipeline]
+    if collation.active() and any("$match" in st for st in pipeline):
+        # mongomock's $match does not go through matches(): run the $match stages here
+        for i, st in enumerate(pipeline):
+            if "$match" in st:
+                head = run_pipeline(docs, pipeline[:i], database) if i else docs
+                kept = [d for d in head if matches(st["$match"], d)]
+                return run_pipeline(kept, pipeline[i + 1:], database)
     try:
         return list(mm_aggregate.process_pipeline(docs, database, pipeline, None))
     except MongoError:
@@ -380,6 +432,7 @@ def rewrite_stage(stage: Any) -> dict[str, Any]:
     if not isinstance(stage, dict) or len(stage) != 1:
         raise MongoError(40323, "A pipeline stage specification object must contain exactly one field.")
     name, arg = next(iter(stage.items()))
+    check_search_stages([stage])  # SearchNotEnabled (31082) before "unrecognized"
     if name not in mm_aggregate._PIPELINE_HANDLERS:
         raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
     if name == "$replaceWith":
@@ -416,7 +469,7 @@ def distinct_values(docs: Iterable[dict[str, Any]], key: str) -> list[Any]:
                 continue
             vals = v if isinstance(v, list) else [v]
             for x in vals:
-                k = id_key(x)
+                k = id_key(collation.fold(x))  # equal under the collation: one value
                 if k not in seen:
                     seen.add(k)
                     out.append(x)

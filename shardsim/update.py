@@ -281,6 +281,11 @@ def apply_update(doc: dict[str, Any], update: Any, spec: dict[str, Any] | None, 
     except Exception as exc:
         raise translate_error(exc) from None
     new_id = new.get("_id", _MISSING)
+    if kind == "pipeline" and new_id is _MISSING and old_id is not _MISSING:
+        # a pipeline that drops _id keeps the original (PipelineExecutor: the _id is
+        # preserved, src/mongo/db/update/pipeline_executor.cpp)
+        new = {"_id": old_id, **new}
+        new_id = old_id
     if old_id is not _MISSING and (new_id is _MISSING or id_key(new_id) != id_key(old_id)
                                    or type(new_id) is not type(old_id)):
         raise MongoError(66, "Performing an update on the path '_id' would modify the immutable field '_id'")

@@ -9,22 +9,36 @@
 * ``cluster_factory`` (function scope): ``cluster_factory(shards=2, durable=True, ...)`` starts a
   private :class:`~shardsim.launcher.Cluster` (same arguments) that is stopped after the test,
   pass or fail.
+
+With ``SHARDSIM_TEST_CLUSTER=inprocess`` both build in-process clusters instead
+(:class:`shardsim.testing.ShardedCluster` behind the launcher's interface,
+``tests/inprocess_cluster.py``); the default is ``processes``. See docs/testing.md.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+import os
+import sys
+
 import pymongo
 import pytest
 
 from shardsim.launcher import Cluster
 
+sys.path.insert(0, os.path.dirname(__file__))
+from inprocess_cluster import InProcessCluster, in_process  # noqa: E402
+
+
+def _cluster_class() -> Any:
+    return InProcessCluster if in_process() else Cluster
+
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """A 3-shard in-memory cluster shared by the whole session."""
-    c = Cluster(shards=3)
+    c = _cluster_class()(shards=3)
     c.start()
     try:
         yield c
@@ -51,7 +65,7 @@ def cluster_factory(tmp_path: Any) -> Iterator[Callable[..., Cluster]]:
 
     def make(**kwargs: Any) -> Cluster:
         kwargs.setdefault("base_dir", str(tmp_path / f"cluster{len(started)}"))
-        c = Cluster(**kwargs)
+        c = _cluster_class()(**kwargs)
         started.append(c)
         return c.start()
 

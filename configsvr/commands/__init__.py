@@ -8,6 +8,12 @@ server's internal names (``src/mongo/db/s/config/configsvr_*_command.cpp``):
 * :mod:`.collections` -- ``_configsvrShardCollection``, ``_configsvrDropCollection``,
   ``_configsvrRenameCollection``
 * :mod:`.chunks` -- ``_configsvrSplitChunk``, ``_configsvrMoveChunk``
+* :mod:`.balancer` -- ``_configsvrBalancerStart``/``Stop``/``Status``,
+  ``_configsvrBalancerCollectionStatus``
+* :mod:`.resharding` -- ``_configsvrReshardCollection`` (reshardCollection, moveCollection,
+  unshardCollection)
+* :mod:`.metadata` -- ``_configsvrRefineCollectionShardKey``, ``_configsvrCommitChunksMerge``,
+  ``_configsvrSetAllowMigrations``, ``_configsvrCheckMetadataConsistency``
 
 Each handler is ``async def name(node: ConfigServerNode, req: Request) -> dict``; they share
 the node's catalog access (``find_all``, ``insert``, ``on_shard``, ``ensure_database``,
@@ -16,7 +22,9 @@ the node's catalog access (``find_all``, ``insert``, ``on_shard``, ``ensure_data
 
 from __future__ import annotations
 
-from configsvr.commands import chunks, collections, databases, shards
+from configsvr.commands import (balancer, chunks, collections, databases, metadata, resharding,
+                                shards)
 
 # Installed in this order by ConfigServerNode.__init__ (no two define the same command).
-FAMILIES = (shards.commands, databases.commands, collections.commands, chunks.commands)
+FAMILIES = (shards.commands, databases.commands, collections.commands, chunks.commands,
+            balancer.commands, resharding.commands, metadata.commands)

@@ -12,6 +12,7 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from configsvr.catalog import chunk_doc, chunk_map, locate_chunk, split_ns
+from configsvr.commands.metadata import check_migrations_allowed
 from shardsim.shard_key import Chunk, KeyPattern, SortKey, compare_keys
 from shardsim.commands import CommandFamily, Request
 from shardsim.errors import MongoError
@@ -108,6 +109,7 @@ async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         raise MongoError(40414, "BSON field 'moveChunk.to' is missing but a required field")
     async with node.ddl_lock:
         entry, pattern, chunk_docs = await node.load_collection(ns)
+        check_migrations_allowed(entry)  # setAllowMigrations (configsvr/commands/metadata.py)
         doc = locate_chunk(pattern, chunk_docs, req, "moveChunk")
         donor = doc["shard"]
         shard_names = {s["_id"] for s in await node.shards()}

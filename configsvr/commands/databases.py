@@ -38,8 +38,8 @@ async def create_database(node: ConfigServerNode, req: Request) -> dict[str, Any
 @commands.handler("_configsvrMovePrimary")
 async def move_primary(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """movePrimary (``move_primary_coordinator.cpp``): clone every unsharded collection of
-    the database (same UUID, options, indexes, documents, all ``fromMigrate``) to the new
-    primary, give it the sharded collections' catalog entries too, switch
+    the database (same UUID, options, indexes, documents, all ``fromMigrate``) and its views
+    to the new primary, give it the sharded collections' catalog entries too, switch
     ``config.databases.primary``, then drop the clones' sources on the old primary with
     ``fromMigrate`` (change streams see nothing). ``{_configsvrMovePrimary: db, to}`` ->
     ``{primary}``. Errors: InvalidNamespace (73), missing ``to`` (40414), NamespaceNotFound
@@ -62,6 +62,7 @@ async def move_primary(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         sharded = {c["_id"]: c for c in await node.find_all("collections")}
         listed = await node.on_shard(old, db, {"listCollections": 1, "cursor": {"batchSize": 1 << 30}})
         moved: list[str] = []
+        views = [i for i in listed["cursor"]["firstBatch"] if i.get("type") == "view"]
         for info in listed["cursor"]["firstBatch"]:
             name = info["name"]
             if info.get("type", "collection") != "collection" or name.startswith("system."):
@@ -94,8 +95,25 @@ async def move_primary(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         await node.update("databases", {"_id": db}, {"$set": {"primary": to, "version": version}})
         for name in moved:
             await node.on_shard(old, db, {"drop": name, "fromMigrate": True})
+        await _move_views(node, db, views, old, to)
         log.info("moved primary of %s from %s to %s (%d collections)", db, old, to, len(moved))
         return {"primary": to}
+
+
+async def _move_views(node: ConfigServerNode, db: str, views: list[dict[str, Any]], old: str,
+                      to: str) -> None:
+    """movePrimary of the view definitions (``system.views``): created on the new primary and
+    dropped on the old one, both ``fromMigrate`` (``MovePrimaryCoordinator`` clones
+    ``system.views`` with the other collections)."""
+    for info in views:
+        opts = dict(info.get("options", {}))
+        cmd: dict[str, Any] = {"create": info["name"], "viewOn": opts.pop("viewOn"),
+                               "pipeline": opts.pop("pipeline", []), "fromMigrate": True}
+        if "collation" in opts:
+            cmd["collation"] = opts["collation"]
+        await node.on_shard(to, db, cmd)
+    for info in views:
+        await node.on_shard(old, db, {"drop": info["name"], "fromMigrate": True})
 
 
 @commands.handler("_configsvrDropDatabase")

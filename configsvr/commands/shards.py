@@ -75,8 +75,10 @@ async def add_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
 
 @commands.handler("_configsvrRemoveShard")
 async def remove_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
-    """removeShard without a balancer: ``started``/``ongoing`` while the shard still owns
-    chunks or is a database primary (the caller moves them), ``completed`` once empty.
+    """removeShard (``ShardingCatalogManager::removeShard``): ``started``/``ongoing`` while
+    the shard still owns chunks or is a database primary; the balancer moves its chunks off
+    (:mod:`configsvr.balancer`), the user moves the databases it is primary for with
+    ``movePrimary`` (``dbsToMove``), as in 8.0; ``completed`` once empty.
     Errors: ShardNotFound (70), IllegalOperation (20) for the last shard."""
     name = req.arg
     async with node.ddl_lock:
@@ -93,6 +95,7 @@ async def remove_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
                     "movePrimary for the dbsToMove")
             if not entry.get("draining"):
                 await node.update("shards", {"_id": name}, {"$set": {"draining": True}})
+                node.balancer.wake()  # the balancer moves its chunks off
                 return {"msg": "draining started successfully", "state": "started",
                         "shard": name, "note": note, "dbsToMove": dbs, "collectionsToMove": []}
             return {"msg": "draining ongoing", "state": "ongoing",

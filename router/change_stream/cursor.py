@@ -113,7 +113,6 @@ class RouterChangeStream:
         self.passthrough = {k: v for k, v in body.items() if k not in _NOT_FORWARDED}
         self.merger = Merger()
         self.merge: ChangeStreamMerge | None = None
-        self.cursor = RouterChangeStreamCursor(self)
         self.pools: dict[int, Any] = {}  # remote id -> Pool
         self.wake = asyncio.Event()
         self.closed = False
@@ -123,6 +122,10 @@ class RouterChangeStream:
         self.idle: dict[int, bool] = {}  # remote id -> its last getMore reply had no events
         self.sent_at: dict[int, float] = {}  # remote id -> monotonic time of its last getMore
         self.promises = router.promise_requests  # router-wide, shared by its streams
+        # $currentOp's originatingCommand: the client's aggregate (without $db and gossip)
+        self.originating_command = {k: v for k, v in body.items()
+                                    if k not in ("$clusterTime", "lsid", "$readPreference")}
+        self.cursor = RouterChangeStreamCursor(self)
 
     # -- opening -------------------------------------------------------------------------------
     def _shard_command(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -362,6 +365,14 @@ class RouterChangeStreamCursor(Cursor):
     def __init__(self, stream: RouterChangeStream) -> None:
         super().__init__(stream.ns)
         self.stream = stream
+        self.originating_command = stream.originating_command
+
+    def current_op_extra(self) -> dict[str, Any]:
+        """``{changeStream: {...}}``: why the stream waits (shardsim's own field,
+        :mod:`router.change_stream.current_op`)."""
+        from router.change_stream.current_op import change_stream_report
+        st = self.stream
+        return {"changeStream": change_stream_report(st.merger, st.router.clock.now())}
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
         """One batch: every event that is ready (up to ``batch_size`` / 16 MiB). The first
@@ -455,7 +466,7 @@ class RouterChangeStreamCursor(Cursor):
             pbrt = st.merger.high_water_mark()
             if n_out and pbrt is None:
                 pbrt = _plain(last_token)
-        return Batch([], exhausted, pbrt, raw_docs=parts)
+        return Batch([], exhausted, pbrt, raw_docs=parts, n_raw=n_out)
 
     async def close(self) -> None:
         """The client killed the cursor (or it ended): kill the remote cursors."""

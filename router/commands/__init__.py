@@ -6,15 +6,21 @@ server's ``src/mongo/s/commands/cluster_*_cmd.cpp``:
 module            commands
 ================  ===========================================================================
 ``crud``          insert, update, delete, findAndModify (targeting in :mod:`router.writes`)
+``bulk_write``    bulkWrite (8.0's client bulk write across namespaces, on that targeting)
 ``reads``         find, count, distinct, aggregate (``$changeStream``:
                   :mod:`router.change_stream`), and the re-run of reads of views over sharded
                   collections
 ``ddl``           create, drop, renameCollection, dropDatabase, createIndexes, dropIndexes,
                   collMod, listDatabases, listCollections, listIndexes
 ``sharding``      addShard, listShards, removeShard, enableSharding, shardCollection, split,
-                  moveChunk, movePrimary, flushRouterConfig, balancerStatus/Start/Stop
+                  moveChunk, movePrimary, flushRouterConfig, balancerStatus/Start/Stop,
+                  balancerCollectionStatus
+``sharding_ddl``  reshardCollection, moveCollection, unshardCollection,
+                  refineCollectionShardKey, mergeChunks, setAllowMigrations,
+                  checkMetadataConsistency
 ``transactions``  commitTransaction, abortTransaction (state: :mod:`router.transactions`)
 ``users``         createUser, usersInfo, ... forwarded to the config server (user cache)
+``consistency``   checkMetadataConsistency (always an empty cursor)
 ``admin``         isdbgrid, dbStats, collStats, dataSize, validate; the passthrough of the
                   ``config``/``admin`` databases to the config server
 ================  ===========================================================================
@@ -27,9 +33,12 @@ also call ``await crud.insert(node, request)`` directly.
 
 from __future__ import annotations
 
-from router.commands import admin, crud, ddl, reads, sharding, transactions, users
+from router.commands import (admin, bulk_write, crud, ddl, reads, sharding, sharding_ddl,
+                             transactions, users)
 
-FAMILIES = (transactions.commands, crud.commands, reads.commands, ddl.commands, admin.commands,
-            sharding.commands, users.commands)
+FAMILIES = (transactions.commands, crud.commands, bulk_write.commands, reads.commands,
+            ddl.commands, admin.commands, sharding.commands, sharding_ddl.commands,
+            users.commands)
 
-__all__ = ["FAMILIES", "admin", "crud", "ddl", "reads", "sharding", "transactions", "users"]
+__all__ = ["FAMILIES", "admin", "bulk_write", "crud", "ddl", "reads", "sharding", "sharding_ddl",
+           "transactions", "users"]

@@ -10,7 +10,8 @@ read on the database's primary shard. The ``config``/``admin`` databases are the
 server's (:func:`router.commands.admin.config_read`).
 
 An aggregate starting with ``$changeStream`` is handed to
-:func:`router.change_stream.aggregate_change_stream`.
+:func:`router.change_stream.aggregate_change_stream`, one starting with ``$currentOp`` to
+:func:`router.current_op.aggregate_current_op`.
 
 Views: a read of a view goes to the primary shard like any unsharded namespace. When the view's
 source is sharded, the shard answers 169 with ``resolvedView: {ns, pipeline}`` and the router
@@ -24,12 +25,16 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
-from router import change_stream
+from router import aggregate_write, change_stream
+from router.current_op import aggregate_current_op
+from shardsim import current_op
 from router.commands.admin import CONFIG_DATABASES, config_read
+from router.remote_cursor import tailable_find
 from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
 from shardsim.shard_key import compare
 from shardsim.commands import CommandFamily, Request, check_type
 from shardsim.errors import MongoError
+from shardsim.search_indexes import check_search_stages
 
 if TYPE_CHECKING:  # pragma: no cover
     from router.node import RouterNode
@@ -81,6 +86,10 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
         return await config_read(node, req, "find")
     ns = f"{db}.{coll}"
     filt = req.get("filter") or {}
+    for field, label in (("skip", "Skip"), ("limit", "LimitValue")):
+        v = check_type(req, field, (int, float), "long")
+        if v is not None and v < 0:  # find_command.idl validators (mongos parses the same IDL)
+            raise MongoError(51024, f"{label} value must be non-negative, but received: {v}")
     shards = await read_targets(node, req, ns, filt)
     batch_size = req.get("batchSize")
     single = bool(req.get("singleBatch"))
@@ -91,6 +100,8 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
         body.pop(k, None)
     body["batchSize"] = BIG_BATCH
     sess = session_fields(req)
+    if req.get("tailable") and len(shards) == 1:  # a capped collection: one shard's cursor
+        return await tailable_find(node, req, shards[0])
     if len(shards) == 1:
         _, docs = await node.drain(shards[0], db, body, session=sess)
         return await node.cursor_reply(ns, docs, req, batch_size, single)
@@ -217,8 +228,8 @@ async def aggregate(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{aggregate, pipeline, cursor}`` -> ``{cursor: {id, ns, firstBatch}}``. A
     ``$changeStream`` pipeline opens a change stream (:mod:`router.change_stream`). Raises
     TypeMismatch (14) / IDLFailedToParse (40414) for a bad pipeline, FailedToParse (9) without
-    ``cursor``, InvalidNamespace (73), 115 for ``$out``/``$merge`` over several shards; views
-    over sharded collections re-run."""
+    ``cursor``, InvalidNamespace (73); a final ``$out``/``$merge`` writes through the router
+    (:mod:`router.aggregate_write`); views over sharded collections re-run."""
     try:
         return await aggregate_on_shards(node, req)
     except MongoError as exc:
@@ -235,7 +246,13 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
         check_type(req, "pipeline", list, "array", required=True)
     if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
         return await change_stream.aggregate_change_stream(node, req)
+    if any(isinstance(st, dict) and "$changeStream" in st for st in pipeline[1:]):
+        # DocumentSourceChangeStream's position constraint (Pipeline::validateCommon)
+        raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline.")
+    check_search_stages(pipeline)  # mongos parses the pipeline first: SearchNotEnabled 31082
     cursor_opt = req.get("cursor")
+    if current_op.is_current_op(pipeline) and cursor_opt is not None:
+        return await aggregate_current_op(node, req)
     if cursor_opt is None and not req.get("explain"):
         raise MongoError(9, "The 'cursor' option is required, except for aggregate with the "
                             "explain argument")
@@ -253,11 +270,10 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
     body = forwardable(req.body)
     body["cursor"] = {"batchSize": BIG_BATCH}
     sess = session_fields(req)
-    writes_out = any(isinstance(s, dict) and ("$out" in s or "$merge" in s) for s in pipeline)
-    if len(shards) == 1 or writes_out:
-        if writes_out and len(shards) > 1:
-            raise MongoError(115, "shardsim: $out/$merge over a sharded collection is not "
-                                  "supported through the router")
+    if aggregate_write.write_stage(pipeline) is not None:
+        return await aggregate_write.aggregate_with_write(node, req, functools.partial(
+            _read_all, node))
+    if len(shards) == 1:
         _, docs = await node.drain(shards[0], db, body, session=sess)
         return await node.cursor_reply(ns, docs, req, batch_size)
     split = 0
@@ -271,6 +287,17 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
         from shardsim.query import run_pipeline
         docs = run_pipeline(docs, pipeline[split:], None)
     return await node.cursor_reply(ns, docs, req, batch_size)
+
+
+async def _read_all(node: "RouterNode", req: Request) -> list[dict[str, Any]]:
+    """Every document an aggregate ``req`` (no write stage) returns, its cursor drained."""
+    body = dict(req.body)
+    body["cursor"] = {"batchSize": BIG_BATCH}
+    reply = await aggregate_on_shards(node, Request(req.name, req.db, body, req.conn))
+    docs = list(reply["cursor"]["firstBatch"])
+    if reply["cursor"].get("id"):
+        await node.cursors.kill([int(reply["cursor"]["id"])])
+    return docs
 
 
 async def _aggregate_database(node: "RouterNode", req: Request, batch_size: Any) -> dict[str, Any]:

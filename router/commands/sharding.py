@@ -5,8 +5,8 @@
 ``cluster_move_chunk_cmd.cpp``, ...).
 
 Each one runs on the config server under its internal name (``_configsvrAddShard``, ...; see
-:mod:`configsvr.node`), then the router refreshes its catalog cache. The router has no balancer:
-``balancerStatus`` says ``mode: "off"`` and ``balancerStart``/``balancerStop`` do nothing.
+:mod:`configsvr.node`), then the router refreshes its catalog cache. The ``balancer*`` commands are answered by
+the config server's balancer (:mod:`configsvr.balancer`).
 """
 
 from __future__ import annotations
@@ -140,12 +140,30 @@ async def flush_router_config(node: "RouterNode", req: Request) -> dict[str, Any
 
 @commands.handler("balancerStatus")
 async def balancer_status(node: "RouterNode", req: Request) -> dict[str, Any]:
-    """``{mode: "off", inBalancerRound: false, numBalancerRounds: 0}``: there is no balancer."""
-    return {"mode": "off", "inBalancerRound": False, "numBalancerRounds": 0}
+    """``{mode: "full" | "off", inBalancerRound, numBalancerRounds, term}`` from the config
+    server's balancer (``cluster_balancer_control_cmd.cpp`` -> ``_configsvrBalancerStatus``)."""
+    admin_only(req)
+    return reply_body(await node.config_command({"_configsvrBalancerStatus": 1}))
 
 
 @commands.handler("balancerStart")
+async def balancer_start(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{}``: turn the balancer on (``_configsvrBalancerStart``); a round starts at once."""
+    admin_only(req)
+    return reply_body(await node.config_command({"_configsvrBalancerStart": 1}))
+
+
 @commands.handler("balancerStop")
-async def balancer_noop(node: "RouterNode", req: Request) -> dict[str, Any]:
-    """``{}``: there is no balancer to start or stop."""
-    return {}
+async def balancer_stop(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{}``: turn the balancer off (``_configsvrBalancerStop``; waits for the current round)."""
+    admin_only(req)
+    return reply_body(await node.config_command({"_configsvrBalancerStop": 1}))
+
+
+@commands.handler("balancerCollectionStatus")
+async def balancer_collection_status(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{balancerCollectionStatus: ns}`` -> ``{balancerCompliant, firstComplianceViolation?}``
+    (``cluster_balancer_collection_status_cmd.cpp``). 73 for a bad namespace, 118 when not
+    sharded."""
+    admin_only(req)
+    return reply_body(await node.config_command({"_configsvrBalancerCollectionStatus": req.arg}))

@@ -67,6 +67,7 @@ def encode_event(doc: dict[str, Any]) -> bytes:
 
 # At most this many events are produced per scan call ahead of the batch being filled.
 _SCAN_AHEAD = 512
+_PENDING_BYTES = 16 * 1024 * 1024
 _DOC = operator.itemgetter(0)
 _TOKEN = operator.itemgetter(1)
 _SIZE = operator.itemgetter(2)
@@ -392,6 +393,7 @@ class ChangeStreamCursor(Cursor):
         pending = self.pending
         fast = self._fast_run()
         fast_min = self._fast_min_key
+        short_reads = oplog.short_reads
         while True:
             need = want - len(pending)
             chunk = need if need > 32 else 32
@@ -422,8 +424,8 @@ class ChangeStreamCursor(Cursor):
                         return
                     if fast is None:
                         fast = self._fast_run()
-            if len(keys) < chunk:
-                break
+            if len(keys) < chunk and not (short_reads and keys):
+                break  # the scope has no more entries (a disk oplog may stop short before)
         end = oplog.latest_key
         if end >= self.scan_key:  # the index skipped entries this stream cannot match
             self.latest_scanned = end
@@ -450,6 +452,10 @@ class ChangeStreamCursor(Cursor):
         deadline = loop.time() + (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000.0
         full = False
         pending = self.pending
+        # Events made ahead of the batch: _SCAN_AHEAD, or fewer when the oplog's entries are
+        # large (pending events then hold about _PENDING_BYTES, not 512 large documents).
+        oplog = self.oplog
+        ahead = min(_SCAN_AHEAD, 1 + _PENDING_BYTES * len(oplog) // (oplog.size_bytes + 1))
         while limit > 0:
             last = None
             n = len(pending)
@@ -480,7 +486,7 @@ class ChangeStreamCursor(Cursor):
                 break
             if self.closing:
                 break
-            self._scan(min(limit - len(out), _SCAN_AHEAD))
+            self._scan(min(limit - len(out), ahead))
             if self.pending or self.closing:
                 continue
             if out or first or self._can_promise_past_request():

@@ -12,6 +12,9 @@ of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
 ``transactions``          commitTransaction, abortTransaction, endSessions, killSessions,
                           killAllSessions
 ``internal``              _shardsimEnsureCollection, _shardsimNoop (shardsim's own)
+``balancing``             _shardsvrGetStatsForBalancing, autoSplitVector (for the balancer)
+``testing``               _shardsimTruncateOplog (shardsim's own; with test commands only,
+                          installed by ``ShardNode.__init__``, not in :data:`FAMILIES`)
 ========================  ===================================================================
 
 ``helpers`` holds what several families share (namespace checks, the write context of a batch,
@@ -22,7 +25,8 @@ the common no-ops.
 
 from __future__ import annotations
 
-from shard.commands import catalog, crud, ddl, internal, oplog, reads, transactions
+from shard.commands import (balancing, catalog, crud, ddl, internal, oplog, reads, testing,
+                            transactions)
 
 FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,
-            transactions.commands, internal.commands)
+            transactions.commands, internal.commands, balancing.commands)

@@ -55,9 +55,16 @@ async def list_databases(node: ShardNode, req: Request) -> dict[str, Any]:
 
 
 def coll_info(coll: Collection) -> dict[str, Any]:
-    """One ``listCollections`` entry of a collection (``info.uuid``, ``idIndex``)."""
-    return {"name": coll.name, "type": "collection", "options": dict(coll.options),
-            "info": {"readOnly": False, "uuid": coll.ui}, "idIndex": dict(ID_INDEX)}
+    """One ``listCollections`` entry of a collection (``info.uuid``, ``idIndex``; a time series
+    is ``type: "timeseries"`` without uuid, a clustered collection has no ``idIndex``)."""
+    if "timeseries" in coll.options:  # list_collections.cpp: a time series is listed as such
+        return {"name": coll.name, "type": "timeseries", "options": dict(coll.options),
+                "info": {"readOnly": False}}
+    info = {"name": coll.name, "type": "collection", "options": dict(coll.options),
+            "info": {"readOnly": False, "uuid": coll.ui}}
+    if "clusteredIndex" not in coll.options:  # a clustered collection has no idIndex
+        info["idIndex"] = dict(ID_INDEX)
+    return info
 
 
 @commands.handler("listCollections")

@@ -17,6 +17,8 @@ from bson import ObjectId, Regex
 
 from shardsim.bson_limits import check_insert_depth, check_update_depth
 from shardsim.commands import CommandFamily, Request, check_type
+from shardsim.collation import collation_scope
+from shardsim.expressions import let_scope
 from shardsim.errors import MongoError
 from shardsim import query as q
 from shardsim import update as update_lang
@@ -46,10 +48,12 @@ def _write_error(index: int, exc: MongoError) -> dict[str, Any]:
 
 
 def _check_writable(req: Request, name: str) -> None:
-    """InvalidNamespace (73) for the oplog, ``system.*`` (but ``system.js``) and the empty db."""
+    """InvalidNamespace (73) for the oplog, ``system.*`` (but ``system.js``, and resharding's
+    own ``fromMigrate`` writes to ``system.resharding.*``) and the empty db."""
     if req.db == "local" and name == "oplog.rs":
         raise MongoError(73, "cannot write to 'local.oplog.rs'")
-    if name.startswith("system.") and name not in ("system.js",):
+    if name.startswith("system.") and name not in ("system.js",) and not (
+            name.startswith("system.resharding.") and req.body.get("fromMigrate") is True):
         raise MongoError(73, f"cannot write to '{req.db}.{name}'")
     if req.db == "":
         raise MongoError(73, "Invalid database name: ''")
@@ -170,8 +174,31 @@ def do_update(node: ShardNode, coll: Collection | None, db: str, name: str, stmt
         raise MongoError(9, "multi update is not supported for replacement-style update")
     array_filters = stmt.get("arrayFilters")
     update_lang.parse_array_filters(array_filters)
+    # a statement's constants ($$ variables of its pipeline, 8.0 bulkWrite) and collation
+    with let_scope(stmt.get("c")), collation_scope(stmt.get("collation")):
+        return _do_update(node, coll, db, name, stmt, ctx, filt, upd, multi, upsert, kind,
+                          array_filters)
+
+
+def _candidates(coll: Collection | None, filt: dict[str, Any], sort: Any) -> Any:
+    """The documents an update visits: natural order, or ``sort`` order (8.0's
+    ``updateOne``/``replaceOne`` ``sort``: the first document in that order is updated)."""
+    if not sort:
+        return q.select(coll, filt)
+    if not isinstance(sort, dict):
+        raise MongoError(14, "BSON field 'update.updates.sort' is the wrong type, expected "
+                             "type 'object'")
+    pairs = list(q.select(coll, filt))
+    by_id = {id(d): k for k, d in pairs}
+    return [(by_id[id(d)], d) for d in q.sort_docs([d for _, d in pairs], sort)]
+
+
+def _do_update(node: ShardNode, coll: Collection | None, db: str, name: str,
+               stmt: dict[str, Any], ctx: WriteContext, filt: dict[str, Any], upd: Any,
+               multi: bool, upsert: bool, kind: str, array_filters: Any) -> tuple[int, int, Any]:
+    storage = node.storage
     matched = modified = 0
-    for key, doc in q.select(coll, filt):
+    for key, doc in _candidates(coll, filt, stmt.get("sort") if not multi else None):
         concrete = update_lang.expand_positional(doc, upd, filt, array_filters)
         new = update_lang.apply_update(doc, concrete, filt)
         matched += 1
@@ -314,7 +341,11 @@ async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
                     continue
             coll = txn_view(node, storage.get(req.db, name), ctx)
             deleted = 0
-            for key, _doc in q.select(coll, stmt["q"]):
+            matched: Any = q.select(coll, stmt["q"])
+            if stmt.get("collation") is not None:
+                with collation_scope(stmt["collation"]):
+                    matched = list(matched)
+            for key, _doc in matched:
                 delete_doc(node, coll, key, ctx)
                 deleted += 1
                 if limit == 1:

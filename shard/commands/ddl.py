@@ -14,6 +14,7 @@ from bson.int64 import Int64
 
 from shardsim.commands import GENERIC_FIELDS, CommandFamily, Request, check_type
 from shardsim.errors import MongoError
+from shard.collection_kinds import apply_unique_options, normalize_create_options
 from shard.commands.helpers import ddl_context, ddl_name, existing_collection, ns_missing
 from shard.commands.views import create_view, drop_view, mod_view
 from shardsim.errors import view_error
@@ -65,12 +66,19 @@ async def create(node: ShardNode, req: Request) -> dict[str, Any]:
         raise MongoError(40414, "BSON field 'create.changeStreamPreAndPostImages.enabled' is "
                                 "missing but a required field")
     options.pop("idIndex", None)
+    options = normalize_create_options(options)
     existing = storage.get(req.db, name)
     if existing is not None:
         if existing.options == options:
             return {}  # 7.0+: an identical create is a no-op
         raise MongoError(48, f"Collection {req.db}.{name} already exists.")
-    node.create_collection(req.db, name, options, ctx=ddl_context(req))
+    coll = node.create_collection(req.db, name, options, ctx=ddl_context(req))
+    ts = options.get("timeseries")
+    if ts and "metaField" in ts:  # 6.3+: the default {meta: 1, time: 1} index
+        meta, time_field = ts["metaField"], ts["timeField"]
+        coll.add_index({"v": 2, "key": {meta: 1, time_field: 1},
+                        "name": f"{meta}_1_{time_field}_1"})
+        storage.note_catalog(coll)
     return {}
 
 
@@ -329,6 +337,7 @@ async def coll_mod(node: ShardNode, req: Request) -> dict[str, Any]:
                                                "prepareUnique") if k in spec and k in idx.spec}
         if old_index:
             o2["indexOptions_old"] = old_index
+        apply_unique_options(coll, idx, spec)
         for k in ("hidden", "expireAfterSeconds", "unique", "prepareUnique"):
             if k in spec:
                 old = idx.spec.get(k)

@@ -14,6 +14,8 @@ from shardsim import query as q
 from shardsim.errors import view_error
 from shard.storage import Collection, validate_collection_name, validate_db_name
 from shard.write_context import WriteContext
+from shard.read_concern import SNAPSHOT_AT
+from shard.snapshot import SnapshotView
 
 if TYPE_CHECKING:
     from shard.node import ShardNode
@@ -133,10 +135,15 @@ def finish_write(node: ShardNode, req: Request, ctx: WriteContext, reply: dict[s
 # -- reads through transactions and views ------------------------------------------------------
 def txn_view(node: ShardNode, coll: Collection | None, req_or_ctx: Request | WriteContext) -> Any:
     """``coll`` as the request's transaction sees it (a :class:`shard.sessions.TxnView` with its
-    own writes), else ``coll`` itself (None stays None)."""
+    own writes), as of a snapshot read's atClusterTime (:class:`shard.snapshot.SnapshotView`),
+    else ``coll`` itself (None stays None)."""
     txn = req_or_ctx.txn if isinstance(req_or_ctx, WriteContext) else node.txn_of(req_or_ctx)
-    if coll is None or txn is None:
+    if coll is None:
         return coll
+    if txn is None:
+        at = SNAPSHOT_AT.get() if isinstance(req_or_ctx, Request) else None
+        # a snapshot read: the collection as of atClusterTime (shard.read_concern)
+        return SnapshotView(coll, at) if at is not None else coll
     return txn.view(coll)
 
 

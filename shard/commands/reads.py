@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 from bson.int64 import Int64
 
 from shardsim.commands import CommandFamily, Request, check_type
+from shard.commands.capped_cursor import TailableCollectionCursor
 from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
 from shardsim import query as q
 from shard.change_stream import aggregate_change_stream
+from shardsim import current_op
 from shard.commands.helpers import Database, check_fields, coll_name, txn_view, view_docs
 from shard.commands.oplog_cursor import oplog_cursor
 from shardsim.errors import view_error
@@ -53,8 +55,9 @@ def _int_opt(req: Request, field: str, minimum: int = 0) -> int:
     if v is None:
         return 0
     if v < minimum:
-        raise MongoError(51024, f"{field} value must be non-negative, but received: {v}") \
-            if field == "batchSize" else MongoError(2, f"{field} value must be non-negative")
+        label = {"batchSize": "BatchSize", "skip": "Skip"}.get(field, field)
+        raise MongoError(51024, f"{label} value must be non-negative, but received: {v}") \
+            if field in ("batchSize", "skip") else MongoError(2, f"{field} value must be non-negative")
     return int(v)
 
 
@@ -91,6 +94,9 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
     elif req.db == "config" and name == "system.preimages":
         docs = [d for d in node.pre_images.docs() if q.matches(filt, d)]
         cursor = ListCursor(ns, q.project(q.sort_docs(docs, sort)[skip:][:limit or None], projection))
+    elif tailable and (storage.get(req.db, name) is not None
+                       and storage.get(req.db, name).options.get("capped")):
+        cursor = TailableCollectionCursor(node, req.db, name, filt, projection, await_data)
     else:
         if tailable:
             raise MongoError(2, f"error processing query: ns={ns} tailable cursor requested on "
@@ -176,7 +182,12 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
     if req.body.get("explain"):
         raise MongoError(238, "explain is not supported by shardsim")
     target = req.arg
-    if target == 1 or isinstance(target, (int, float)) and not isinstance(target, bool):
+    if current_op.is_current_op(pipeline):
+        # $currentOp: this shard's cursors (shardsim/current_op.py)
+        docs = current_op.local_operations(node, current_op.parse(req.db, target, pipeline))
+        pipeline = pipeline[1:]
+        ns = f"{req.db}.$cmd.aggregate"
+    elif target == 1 or isinstance(target, (int, float)) and not isinstance(target, bool):
         if pipeline and isinstance(pipeline[0], dict) and "$documents" in pipeline[0]:
             docs = list(pipeline[0]["$documents"])
             pipeline = pipeline[1:]

@@ -72,6 +72,33 @@ def _insert(req: Request) -> Needed:
     return [(_coll_ns(req), _with_bypass(req, ["insert"]))]
 
 
+def _bulk_write(req: Request) -> Needed:
+    """bulkWrite (``bulk_write.cpp`` ``checkAuthForOperation``): per ``nsInfo`` namespace the
+    actions of the ops naming it (insert; update, plus insert for an upsert; remove), plus
+    bypassDocumentValidation when asked."""
+    info = req.get("nsInfo")
+    ops = req.get("ops")
+    namespaces = [e.get("ns") if isinstance(e, dict) else None
+                  for e in (info if isinstance(info, list) else [])]
+    actions: dict[int, set[str]] = {}
+    for op in ops if isinstance(ops, list) else []:
+        if not isinstance(op, dict):
+            continue
+        for kind, action in (("insert", "insert"), ("update", "update"), ("delete", "remove")):
+            i = op.get(kind)
+            if isinstance(i, int) and not isinstance(i, bool):
+                acts = actions.setdefault(i, set())
+                acts.add(action)
+                if kind == "update" and op.get("upsert"):
+                    acts.add("insert")
+    out: Needed = []
+    for i, acts in sorted(actions.items()):
+        if 0 <= i < len(namespaces) and isinstance(namespaces[i], str):
+            db, _, coll = namespaces[i].partition(".")
+            out.append((("ns", db, coll), _with_bypass(req, sorted(acts))))
+    return out
+
+
 def _find_and_modify(req: Request) -> Needed:
     b = req.body
     actions = ["find", "remove"] if b.get("remove") else ["find", "update"]
@@ -211,12 +238,20 @@ TABLE: dict[str, Any] = {
     "validate": _on_coll("validate"),
     # writes
     "insert": _insert, "update": _update, "delete": _on_coll("remove"),
-    "findAndModify": _find_and_modify,
+    "findAndModify": _find_and_modify, "bulkWrite": _bulk_write,
     # DDL
     "create": _on_coll("createCollection"), "drop": _on_coll("dropCollection"),
     "dropDatabase": _on_db("dropDatabase"), "createIndexes": _on_coll("createIndex"),
     "dropIndexes": _on_coll("dropIndex"), "collMod": _on_coll("collMod"),
     "renameCollection": _rename,
+    # search_index_commands.cpp: the action named like the command, on the collection
+    "createSearchIndexes": _on_coll("createSearchIndexes"),
+    "updateSearchIndex": _on_coll("updateSearchIndex"),
+    "dropSearchIndex": _on_coll("dropSearchIndex"),
+    # cluster_check_metadata_consistency_cmd.cpp: on the cluster (admin), the db or the ns
+    "checkMetadataConsistency": lambda req: [(
+        ("cluster",) if req.db == "admin" else _coll_ns(req) if isinstance(req.arg, str)
+        else ("db", req.db), ["checkMetadataConsistency"])],
     # sharding
     "addShard": _on_cluster("addShard"), "removeShard": _on_cluster("removeShard"),
     "listShards": _on_cluster("listShards"), "enableSharding": _on_full_ns("enableSharding"),
@@ -226,6 +261,16 @@ TABLE: dict[str, Any] = {
     "balancerStart": lambda req: [(("ns", "config", "settings"), ["update"])],
     "balancerStop": lambda req: [(("ns", "config", "settings"), ["update"])],
     "balancerStatus": lambda req: [(("ns", "config", "settings"), ["find"])],
+    "balancerCollectionStatus": _on_full_ns("enableSharding"),
+    # the 8.0 sharding DDL (cluster_*_cmd.cpp' checkAuthForOperation)
+    "reshardCollection": _on_full_ns("reshardCollection"),
+    "moveCollection": _on_full_ns("moveCollection"),
+    "unshardCollection": _on_full_ns("unshardCollection"),
+    "refineCollectionShardKey": _on_full_ns("refineCollectionShardKey"),
+    "mergeChunks": _on_full_ns("splitChunk"),
+    "setAllowMigrations": _on_full_ns("setAllowMigrations"),
+    # auto_split_vector_command.cpp: splitVector on the namespace
+    "autoSplitVector": _on_coll("splitVector"),
     # server administration
     "serverStatus": _on_cluster("serverStatus"), "getParameter": _on_cluster("getParameter"),
     "setParameter": _on_cluster("setParameter"), "getCmdLineOpts": _on_cluster("getCmdLineOpts"),

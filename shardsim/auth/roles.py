@@ -60,7 +60,7 @@ CLUSTER_MANAGER = ("appendOplogNote applicationMessage replSetConfigure replSetG
                    "checkMetadataConsistency").split()
 CLUSTER_MANAGER_DB = ("analyzeShardKey configureQueryAnalyzer clearJumboFlag splitChunk moveChunk "
                       "moveCollection enableSharding splitVector refineCollectionShardKey "
-                      "reshardCollection").split()
+                      "reshardCollection unshardCollection setAllowMigrations").split()
 
 # name -> (adminOnly, [(inherited role, db or None = same db)],
 #          [(matchType, db or None = the role's db, collection, actions)])

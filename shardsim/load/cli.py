@@ -106,7 +106,7 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
     from shardsim.load import report
     from shardsim.load.plan import partition_by_shard
     from shardsim.load.spark_job import SparkRunner, build_tasks
-    from shardsim.load.watch import ShardSampler, Watcher
+    from shardsim.load.watch import ShardSampler, WaitSampler, Watcher
 
     spec = plan.spec
     client = MongoClient(uri, serverSelectionTimeoutMS=5000)
@@ -141,6 +141,9 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
         stack.callback(smp.stop)
     for smp in samplers:
         smp.opened.wait(30)
+    waits = WaitSampler(uri, spec.db)  # which remote held delivery back ($currentOp)
+    waits.start()
+    stack.callback(waits.stop)
     ws = []
     for i in range(watchers):
         w = Watcher(uri, spec.db, len(plan), os.path.join(workdir, f"watcher{i}.pickle"),
@@ -167,7 +170,9 @@ def _run(console: Any, plan: Any, uri: str, *, watchers: int, direct: bool, mast
 
     verdicts, first_bad, events0 = _verify_all(console, plan, outs, final, fault, spec)
     phases["verify_s"] = time.time() - t
-    figures = report.compute(plan, results, events0, [s.data for s in samplers], planned)
+    waits.stop()
+    figures = report.compute(plan, results, events0, [s.data for s in samplers], planned,
+                             waits=waits)
     figures["spark_startup_s"] = runner.startup_s
     phases["total_s"] = time.time() - t_cmd
     figures["phases"] = phases

@@ -65,8 +65,12 @@ def latencies_ms(plan: Plan, events: Sequence[Event], acks: array) -> list[float
 
 
 def compute(plan: Plan, results: Sequence[WriteResult], events: Sequence[Event],
-            samples: Sequence[ShardSample], planned_per_shard: dict[str, int]) -> dict[str, Any]:
-    """The run's figures (a JSON-ready dict)."""
+            samples: Sequence[ShardSample], planned_per_shard: dict[str, int],
+            waits: Any = None) -> dict[str, Any]:
+    """The run's figures (a JSON-ready dict). ``waits`` (a
+    :class:`shardsim.load.watch.WaitSampler`, optional) adds ``held_back``: per remote, the
+    sampled seconds it held delivery back (``seconds``), the one that did so longest
+    (``longest``, or None), the number of samples and the sampler's error."""
     starts = [r.start for r in results if r.ops]
     ends = [r.end for r in results if r.ops]
     written = sum(r.ops for r in results)
@@ -99,6 +103,10 @@ def compute(plan: Plan, results: Sequence[WriteResult], events: Sequence[Event],
                        "p99": percentile(lat, 99), "max": lat[-1] if lat else None,
                        "count": len(lat)},
         "shards": shards,
+        "held_back": None if waits is None else {
+            "seconds": dict(sorted(waits.held_s.items())),
+            "longest": (waits.longest() or (None,))[0],
+            "samples": waits.samples, "interval_s": waits.interval, "error": waits.error},
         "t0": t0,
     }
 
@@ -122,6 +130,13 @@ def table(figures: dict[str, Any], verdict: str, ok: bool):
     lat = figures["latency_ms"]
     for q in ("p50", "p95", "p99"):
         main.add_row(f"ack→delivery latency {q} (ms)", _fmt(lat[q], ",.1f"))
+    held = figures.get("held_back")
+    if held is not None:
+        longest = held["longest"]
+        main.add_row("held delivery back longest",
+                     "nothing held" if longest is None and not held["error"] else
+                     f"{longest} ({held['seconds'][longest]:.1f} s sampled)" if longest else
+                     f"— ({held['error']})")
     if "spark_startup_s" in figures:
         main.add_row("Spark start-up (s)", _fmt(figures["spark_startup_s"], ".1f"))
     main.add_row("verdict", f"[{'green' if ok else 'bold red'}]{verdict}[/]")

@@ -208,3 +208,60 @@ class ShardSampler(threading.Thread):
                     "fromMigrate": {"$ne": True}})["n"])
         except Exception as exc:  # noqa: BLE001 - informational figure
             self.data.error = f"oplog count: {type(exc).__name__}: {exc}"
+
+
+class WaitSampler(threading.Thread):
+    """Samples, every ``interval`` s until ``stop()``, why the router's change streams on
+    ``db`` wait: ``$currentOp`` with ``localOps: true`` through the router (shardsim's
+    ``changeStream`` sub-document, router/change_stream/current_op.py). Each sample in which a
+    stream holds an event back (``heldEvent`` set) adds ``interval`` seconds to every remote
+    named in its ``waitingFor``: ``held_s`` then says, per remote, about how long it held
+    delivery back. One small aggregate per interval on the router; a router without the
+    sub-document (not shardsim) leaves ``held_s`` empty and sets ``error``."""
+
+    PIPELINE = [{"$currentOp": {"idleCursors": True, "localOps": True}},
+                {"$match": {"changeStream": {"$exists": True}}}]
+
+    def __init__(self, uri: str, db: str, interval: float = 0.25) -> None:
+        super().__init__(name="sampler-waits", daemon=True)
+        self.uri = uri
+        self.db = db
+        self.interval = interval
+        self.held_s: dict[str, float] = {}
+        self.samples = 0
+        self.error: str | None = None
+        self._halt = threading.Event()
+
+    def sample(self, entries: list[dict[str, Any]]) -> None:
+        """Account one ``$currentOp`` answer (the entries of :data:`PIPELINE`)."""
+        self.samples += 1
+        held: set[str] = set()
+        for e in entries:
+            ns = str(e.get("ns", ""))
+            cs = e.get("changeStream") or {}
+            if (ns == self.db or ns.startswith(self.db + ".")) and cs.get("heldEvent"):
+                held.update(cs.get("waitingFor") or [])
+        for name in held:
+            self.held_s[name] = self.held_s.get(name, 0.0) + self.interval
+
+    def run(self) -> None:
+        from pymongo import MongoClient
+
+        client = MongoClient(self.uri)
+        try:
+            while not self._halt.wait(self.interval):
+                self.sample(list(client.admin.aggregate(self.PIPELINE)))
+        except Exception as exc:  # noqa: BLE001 - informational figure
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def longest(self) -> tuple[str, float] | None:
+        """``(remote, seconds)`` of the remote that held delivery back longest, or None."""
+        if not self.held_s:
+            return None
+        name = max(sorted(self.held_s), key=lambda n: self.held_s[n])
+        return name, self.held_s[name]

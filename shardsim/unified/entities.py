@@ -9,6 +9,7 @@ Cursor, CommandCursor); BSON values saved with ``saveResultAsEntity`` are stored
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,7 @@ class ClientEntity:
     client: Any
     recorder: CommandRecorder | None = None
     closed: bool = False
+    cmap: Any = None  # a cmap.CmapRecorder when CMAP events are observed
 
 
 @dataclass
@@ -112,6 +114,9 @@ class EntityMap:
     def __init__(self) -> None:
         self._items: dict[str, tuple[str, Any]] = {}
         self._lock = threading.Lock()
+        # a session's lsid, kept at creation: pymongo refuses session_id once it has ended,
+        # and $$sessionLsid must still match the commands it sent before.
+        self.lsids: dict[str, Any] = {}
 
     def add(self, name: str, kind: str, obj: Any) -> None:
         """Store ``obj``; RunnerError if ``name`` is taken."""
@@ -139,7 +144,10 @@ class EntityMap:
     def for_matcher(self, name: str, kind: str | None) -> Any:
         """Lookup used by ``$$matchesEntity`` (any BSON entity) and ``$$sessionLsid``."""
         if kind == "session":
-            return self.get(name, "session")
+            session = self.get(name, "session")
+            if name in self.lsids:
+                return SimpleNamespace(session_id=self.lsids[name])
+            return session
         return self.get(name, "bson")
 
     def items(self) -> list[tuple[str, str, Any]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pymongo import DeleteMany, DeleteOne, InsertOne, ReplaceOne, UpdateMany, UpdateOne
+from pymongo.operations import _Op
 
 from .operations import Args, OpResult, RunnerError, _COMMON, _FIND, _fix_find_kwargs, _sort_arg
 
@@ -42,7 +43,7 @@ def _model(request: Mapping[str, Any], namespace: str | None = None) -> Any:
             continue
         if key not in _MODEL_ARGS:
             raise RunnerError(f"unsupported argument {key!r} of {kind}")
-        kw[_MODEL_ARGS[key]] = _sort_arg(value) if key == "sort" else value
+        kw[_MODEL_ARGS[key]] = value
     ns = {"namespace": namespace} if namespace else {}
     if kind == "insertOne":
         return InsertOne(kw["document"], **ns)
@@ -67,6 +68,48 @@ def _bulk_result(r: Any) -> dict[str, Any]:
             "upsertedIds": {str(k): v for k, v in (r.upserted_ids or {}).items()}}
 
 
+def error_result(exc: BaseException) -> dict[str, Any] | None:
+    """The partial result a write exception carries, in the unified format's shape (for
+    ``expectError.expectResult``): a BulkWriteError's raw ``{nInserted, nRemoved, ...}`` as a
+    BulkWriteResult, a ClientBulkWriteException's ``partial_result`` as a ClientBulkWriteResult;
+    None when the exception has none."""
+    partial = getattr(exc, "partial_result", None)
+    if partial is not None:
+        return _client_bulk_result(partial)
+    if type(exc).__name__ == "ClientBulkWriteException":
+        return None
+    details = getattr(exc, "details", None)
+    if type(exc).__name__ == "BulkWriteError" and isinstance(details, Mapping):
+        return {"deletedCount": details.get("nRemoved", 0),
+                "insertedCount": details.get("nInserted", 0),
+                "matchedCount": details.get("nMatched", 0),
+                "modifiedCount": details.get("nModified", 0),
+                "upsertedCount": details.get("nUpserted", 0),
+                "upsertedIds": {str(u["index"]): u["_id"] for u in details.get("upserted", [])}}
+    return details
+
+
+def check_client_bulk_error(ctx: "TestContext", key: str, want: Any, exc: BaseException) -> None:
+    """``expectError.writeErrors`` (``{"<index>": error}``, exactly those indexes) and
+    ``expectError.writeConcernErrors`` (a list) of a ClientBulkWriteException."""
+    from .matcher import MatchError
+    if type(exc).__name__ != "ClientBulkWriteException":
+        raise MatchError(f"expected a client bulk write error with {key}, got "
+                         f"{type(exc).__name__}: {exc}")
+    if key == "writeErrors":
+        got = {str(e["idx"]): {k: v for k, v in e.items() if k not in ("idx", "op")}
+               for e in exc.write_errors or []}
+        if sorted(got) != sorted(want):
+            raise MatchError(f"expected write errors at {sorted(want)}, got {sorted(got)}")
+        for i, spec in want.items():
+            ctx.matcher.match(spec, got[i], root=True, path=f"writeErrors.{i}")
+        return
+    got_wce = [{"code": e.get("code"), "message": e.get("errmsg"),
+                **({"details": e["errInfo"]} if "errInfo" in e else {})}
+               for e in exc.write_concern_errors or []]
+    ctx.matcher.match(want, got_wce, root=True, path="writeConcernErrors")
+
+
 def collection_extra(ctx: "TestContext", coll: Any, name: str, a: Args) -> OpResult | None:
     """The collection operations :func:`operations.collection_op` does not know."""
     if name == "count":
@@ -77,8 +120,11 @@ def collection_extra(ctx: "TestContext", coll: Any, name: str, a: Args) -> OpRes
         cmd: dict[str, Any] = {"count": coll.name, "query": flt}
         session = kw.pop("session", None)
         cmd.update(kw)
-        reply = coll.database.command(cmd, session=session, read_preference=coll.read_preference)
-        return OpResult(int(reply["n"]))
+        # the count command as drivers run it: a retryable read (pymongo keeps the helper
+        # estimated_document_count uses; it has no public count with a filter)
+        return OpResult(coll._retryable_non_cursor_read(
+            lambda s, _server, conn, rp: coll._count_cmd(s, conn, rp, cmd, None),
+            session, _Op.COUNT))
     if name == "findOne":
         kw = _fix_find_kwargs(a.kwargs(_FIND))
         a.done()

@@ -36,6 +36,8 @@ from pymongo.write_concern import WriteConcern
 
 from . import operations as ops
 from . import operations_extra as ops_extra
+from .cmap import CMAP_EVENTS, CmapRecorder, match_cmap_events
+from .gridfs_ops import bucket_op, make_bucket
 from .entities import COMMAND_EVENTS, ClientEntity, CommandRecorder, EntityMap, RecordedEvent
 from .matcher import MatchError, Matcher, RunnerError, bson_type, is_operator
 from .requirements import ServerInfo, check_schema_version, parse_version, skip_reason
@@ -254,6 +256,8 @@ class Runner:
             reason = skip_reason(test.get("runOnRequirements"), self.info)
         if reason is None and test.get("skipReason"):
             reason = f"skipReason: {test['skipReason']}"
+        if reason is None:
+            reason = unsupported_feature(test)
         if reason is not None:
             return TestResult(fname, desc, "skipped", reason)
         started = time.monotonic()
@@ -339,8 +343,18 @@ class Runner:
             ctx.entities.add(eid, "collection", coll)
         elif kind == "session":
             ce = ctx.entities.get(spec["client"], "client")
-            ctx.entities.add(eid, "session", ce.client.start_session(
-                **session_options(spec.get("sessionOptions") or {})))
+            opts = dict(spec.get("sessionOptions") or {})
+            snapshot_time = opts.pop("snapshotTime", None)
+            session = ce.client.start_session(**session_options(opts))
+            if snapshot_time is not None:
+                # pymongo has no snapshotTime option: the session starts with the saved
+                # snapshot time, which it then sends as readConcern.atClusterTime.
+                session._snapshot_time = ctx.entities.get(snapshot_time, "bson")
+            ctx.entities.add(eid, "session", session)
+            ctx.entities.lsids[eid] = session.session_id
+        elif kind == "bucket":
+            db = ctx.entities.get(spec["database"], "database")
+            ctx.entities.add(eid, "bucket", make_bucket(db, spec.get("bucketOptions")))
         else:
             raise RunnerError(f"unsupported entity type {kind!r}")
 
@@ -357,13 +371,18 @@ class Runner:
                 raise RunnerError(f"uriOptions.{key}: {next(iter(value))} cannot be replaced here")
         observe = list(spec.get("observeEvents") or [])
         for name in observe:
-            if name not in COMMAND_EVENTS:
+            if name not in COMMAND_EVENTS and name not in CMAP_EVENTS:
                 raise RunnerError(f"observeEvents {name!r} is not supported by this runner "
-                                  "(command monitoring events only)")
+                                  "(command monitoring and CMAP events only)")
         recorder = None
-        if observe:
+        listeners: list[Any] = []
+        if any(n in COMMAND_EVENTS for n in observe):
             recorder = CommandRecorder(observe, list(spec.get("ignoreCommandMonitoringEvents") or []),
                                        bool(spec.get("observeSensitiveCommands", False)))
+            listeners.append(recorder)
+        cmap = CmapRecorder(observe) if any(n in CMAP_EVENTS for n in observe) else None
+        if cmap is not None:
+            listeners.append(cmap)
         uri = self.uri
         multi = spec.get("useMultipleMongoses")
         if self.info.topology == "sharded":
@@ -380,8 +399,8 @@ class Runner:
             api = spec["serverApi"]
             kwargs["server_api"] = ServerApi(api["version"], strict=api.get("strict"),
                                              deprecation_errors=api.get("deprecationErrors"))
-        client = MongoClient(uri, event_listeners=[recorder] if recorder else [], **kwargs)
-        return ClientEntity(spec["id"], client, recorder)
+        client = MongoClient(uri, event_listeners=listeners, **kwargs)
+        return ClientEntity(spec["id"], client, recorder, cmap=cmap)
 
     # -- operations -----------------------------------------------------------------------------
     def _run_op(self, ctx: TestContext, op: Mapping, label: str) -> None:
@@ -406,6 +425,9 @@ class Runner:
             return
         kind = ctx.entities.kind(obj)
         target = ctx.entities.get(obj)
+        if "rawData" in args and self.info.version < (8, 2):
+            # the rawData option (8.2+): drivers omit it for older servers
+            args = {k: v for k, v in args.items() if k != "rawData"}
         a = ops.Args(name, args, ctx)
         result: ops.OpResult | None = None
         error: BaseException | None = None
@@ -419,6 +441,8 @@ class Runner:
             elif kind == "session":
                 result = ops.session_op(ctx, target, name, a,
                                         lambda nested: [self._run_op_inner(ctx, o) for o in nested])
+            elif kind == "bucket":
+                result = bucket_op(target, name, a)
             elif kind in ("changeStream", "findCursor", "commandCursor"):
                 a.done()
                 if name == "iterateUntilDocumentOrError":
@@ -478,6 +502,11 @@ class Runner:
             ctx.matcher.match(expected, result.value, root=True, path="result")
 
     def _check_error(self, ctx: TestContext, spec: Mapping, exc: BaseException) -> None:
+        from .operations_extra import check_client_bulk_error, error_result
+        outer = exc
+        if type(exc).__name__ == "ClientBulkWriteException" and \
+                getattr(exc, "error", None) is not None:
+            exc = exc.error  # the top-level error is what errorCode etc. describe
         reply = ops.server_reply(exc)
         from_server = ops.error_is_from_server(exc)
         desc = f"{type(exc).__name__}: {exc}"
@@ -519,8 +548,10 @@ class Runner:
                 if reply is None:
                     raise MatchError(f"expected a server error response, got {desc}")
                 ctx.matcher.match(want, reply, root=True, path="errorResponse")
+            elif key in ("writeErrors", "writeConcernErrors"):
+                check_client_bulk_error(ctx, key, want, outer)
             elif key == "expectResult":
-                partial = getattr(exc, "details", None)
+                partial = error_result(outer)
                 ctx.matcher.match(want, partial if partial is not None else ops_missing(),
                                   root=True, path="error.result")
             else:
@@ -567,6 +598,8 @@ class Runner:
         for ce in ctx.clients:
             if ce.recorder is not None:
                 ce.recorder.enabled = False
+            if ce.cmap is not None:
+                ce.cmap.enabled = False
 
     def _disable_failpoints(self, ctx: TestContext) -> None:
         errors = []
@@ -583,6 +616,12 @@ class Runner:
     def _check_events(self, ctx: TestContext, spec: Mapping) -> None:
         ce = ctx.entities.get(spec["client"], "client")
         event_type = spec.get("eventType", "command")
+        if event_type == "cmap":
+            if ce.cmap is None:
+                raise RunnerError(f"client {ce.id!r} does not observe CMAP events")
+            match_cmap_events(spec["events"], list(ce.cmap.events),
+                              bool(spec.get("ignoreExtraEvents", False)), ce.id)
+            return
         if event_type != "command":
             raise RunnerError(f"expectEvents eventType {event_type!r} is not supported")
         if ce.recorder is None:
@@ -657,6 +696,22 @@ class Runner:
                 self._kill_all_sessions()
             except PyMongoError:
                 pass
+
+
+# Operations whose server feature shardsim does not have (docs/spec-tests.md, "Not supported"):
+# the tests using them are skipped with this reason rather than failed.
+UNSUPPORTED_OPERATIONS = {
+    "mapReduce": "mapReduce (server-side JavaScript) is not supported by shardsim",
+}
+
+
+def unsupported_feature(test: Mapping) -> str | None:
+    """The skip reason for a test using an operation of :data:`UNSUPPORTED_OPERATIONS`."""
+    for op in test.get("operations") or []:
+        reason = UNSUPPORTED_OPERATIONS.get(op.get("name"))
+        if reason is not None:
+            return f"not supported: {reason}"
+    return None
 
 
 def session_options(opts: Mapping) -> dict[str, Any]:

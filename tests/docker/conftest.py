@@ -24,6 +24,7 @@ from shardsim.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
+AUTH_COMPOSE_FILE = ROOT / "deploy" / "docker-compose.auth.yml"
 BUILD_SCRIPT = ROOT / "deploy" / "build-image.sh"
 
 
@@ -66,14 +67,18 @@ def build_images(timeout_s: float = 1500) -> None:
 class ComposeCluster:
     """One compose project of deploy/docker-compose.yml with the router on ``127.0.0.1:port``."""
 
-    def __init__(self, port: int, project: str | None = None) -> None:
+    def __init__(self, port: int, project: str | None = None,
+                 extra_files: tuple[Path, ...] = (), env: dict[str, str] | None = None) -> None:
         self.port = port
         self.project = project or f"shardsim-test-{secrets.token_hex(4)}"
         self.uri = f"mongodb://127.0.0.1:{port}/"
         cmd = compose_command()
         assert cmd is not None
         self._cmd = cmd + ["-p", self.project, "-f", str(COMPOSE_FILE)]
-        self._env = dict(os.environ, SHARDSIM_PORT=str(port), SHARDSIM_BIND="127.0.0.1")
+        for f in extra_files:
+            self._cmd += ["-f", str(f)]
+        self._env = dict(os.environ, SHARDSIM_PORT=str(port), SHARDSIM_BIND="127.0.0.1",
+                         **(env or {}))
         self._down = False
 
     def compose(self, *args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:

@@ -76,7 +76,9 @@ def test_add_shard_later_move_chunk_and_remove_shard(cluster_factory) -> None:
             assert len(clone) == 50 and all(e.get("fromMigrate") for e in clone)
         assert client.grow.c.count_documents({}) == 100
 
-        # removeShard while the shard owns chunks: draining starts, the shard stays.
+        # removeShard while the shard owns chunks: draining starts, the shard stays (the
+        # balancer is stopped, so this test moves the chunk itself; test_balancer.py drains).
+        client.admin.command("balancerStop")
         reply = client.admin.command("removeShard", name)
         assert reply["state"] == "started"
         reply = client.admin.command("removeShard", name)

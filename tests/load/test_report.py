@@ -53,3 +53,23 @@ def test_compute_latency_and_plot(tmp_path):
     write_json(str(js), {"figures": fig})
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert json.loads(js.read_text())["figures"]["ops_written"] == 100
+
+
+def test_wait_sampler_accounts_held_time_and_report_names_the_longest():
+    from shardsim.load.report import table
+    from shardsim.load.watch import WaitSampler
+    w = WaitSampler("mongodb://unused", "load", interval=0.5)
+    held = {"_data": "82AA"}
+    w.sample([{"ns": "load.c0", "changeStream": {"heldEvent": held, "waitingFor": ["s1", "config"]}}])
+    w.sample([{"ns": "load.c1", "changeStream": {"heldEvent": held, "waitingFor": ["s1"]}},
+              {"ns": "other.c", "changeStream": {"heldEvent": held, "waitingFor": ["s0"]}}])
+    w.sample([{"ns": "load.c0", "changeStream": {"heldEvent": None, "waitingFor": ["s0"]}}])
+    assert w.held_s == {"s1": 1.0, "config": 0.5} and w.longest() == ("s1", 1.0)
+    plan = Plan(PlanSpec(ops=10, seed=1))
+    fig = compute(plan, [], [], [], {}, waits=w)
+    assert fig["held_back"]["longest"] == "s1" and fig["held_back"]["samples"] == 3
+    from rich.console import Console
+    console = Console(width=200, record=True)
+    console.print(table(fig, "PASS", True))
+    text = console.export_text()
+    assert "held delivery back longest" in text and "s1 (1.0 s sampled)" in text

@@ -30,6 +30,7 @@ from shardsim.resume_token import hwm_data, token_key
 from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
 from shardsim.errors import MongoError
 
+from .real_shard import NS, RealShard
 from .shard_model import ShardCursor, SimEvent, SimShard
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ class Stream:
         sim = self.sim
         for sh in sim.shards:
             self._add(sh, self.start_token)
+        if self.done:
+            return  # a shard refused the stream (recorded in ``error``)
         cfg_start = {"_data": hwm_data(sim.router_time)}
         self._add(sim.config, cfg_start)
         self.merger.set_initial_high_water_mark()
@@ -76,6 +79,19 @@ class Stream:
         self.pbrts.append((token_key(hwm), 0))
 
     def _add(self, sh: SimShard, start: dict) -> None:
+        if isinstance(sh, RealShard):
+            # The establish aggregate on the real shard code: the first stream's shards start
+            # at its time (startAtOperationTime), resumed streams and new shards resumeAfter.
+            try:
+                h, items, cid, pbrt = sh.open(self, start, start is self.start_token
+                                              and not self.resume)
+            except MongoError as exc:
+                self.fail(exc)
+                return
+            self.cursors[sh.name] = h
+            h.remote = self.remote_of[sh.name] = self.merger.add_remote(sh.name, NS, cid, items,
+                                                                        pbrt)
+            return
         cur = ShardCursor(start)
         self.cursors[sh.name] = cur
         r = self.merger.add_remote(sh.name, "config.shards" if sh.is_config else "db.coll",
@@ -106,6 +122,12 @@ class Stream:
         self.getmore_deadline = None
         self.batch = []
 
+    def fail(self, exc: MongoError) -> None:
+        """The stream failed with ``exc`` (the client's getMore returns it; no more getMores)."""
+        self.error = exc
+        self.done = True
+        self.getmore_deadline = None
+
     def drive(self) -> None:
         """Release what the merge allows into the current batch; if nothing, poll the remotes
         and request promises (called again whenever a reply arrives)."""
@@ -126,9 +148,7 @@ class Stream:
             try:
                 x = self.cs.next()
             except MongoError as exc:  # the router fails the client's getMore and the stream
-                self.error = exc
-                self.done = True
-                self.getmore_deadline = None
+                self.fail(exc)
                 return
             if isinstance(x, NewShard):
                 self.opening = True
@@ -177,6 +197,9 @@ class Stream:
 
             def arrive(sh: SimShard = sh, t: int = t) -> None:
                 sh.gossip(max(t, sim.router_time))
+                if isinstance(sh, RealShard):
+                    self._real_promise_request(sh, t)
+                    return
                 fn = self.pending_answer.get(sh.name)
                 if fn is None:
                     return
@@ -198,6 +221,18 @@ class Stream:
                     return
                 fn()
             sim.at(sim.now + sim.rng.randint(0, 20), arrive)
+
+    def _real_promise_request(self, sh: RealShard, t: int) -> None:
+        """A promise request reaching a real shard: ``PromiseWaiters.request`` wakes the parked
+        getMores that can now promise past ``t`` (their answers are scheduled) or, with promise
+        replies, returns promises, each applied by its stream (``Merger.on_promise``)."""
+        sim = self.sim
+        for h, k, pbrt in sh.promise_request(t, sim.promise_replies):
+            def promised(st: Stream = h.stream, r: Any = h.remote, k: int = k,
+                         pbrt: Any = pbrt) -> None:
+                if r in st.merger.remotes and st.merger.on_promise(r, k, pbrt):
+                    st.drive()
+            sim.at(sim.now + sim.rng.randint(0, 20), promised)
 
     def _block(self, evs: list[SimEvent]) -> list[Any] | None:
         """A shard batch as the router sees it: BSON events ``{_id, operationType, $sortKey}``
@@ -243,24 +278,40 @@ class Stream:
         # has events, else it awaits data for a random part of maxTimeMS.
         if not sh.is_config or sim.rng.random() < 0.5:
             sh.gossip(sim.router_time)
-        wait = sim.rng.randint(0, 20) if sh.has_data(cur) else sim.rng.randint(0, max_await)
+        real = isinstance(sh, RealShard)
+        ready = sh.ready(cur) if real else sh.has_data(cur)
+        wait = sim.rng.randint(0, 20) if ready else sim.rng.randint(0, max_await)
         latency = sim.rng.randint(0, 20)
 
         def answer() -> None:
             if self.pending_answer.get(sh.name) is not answer:
-                return  # already answered early (a promise request)
+                return  # already answered early (a promise request, a wake)
             del self.pending_answer[sh.name]
-            evs, pbrt = sh.answer(cur, sim.rng.randint(1, 8))
-            cur.batches += 1
+            limit = sim.rng.randint(1, 8)
+            if real:
+                try:
+                    items, cid, pbrt = sh.getmore(cur, limit, sim.use_blocks)
+                except MongoError as exc:
+                    self.fail(exc)
+                    return
+            else:
+                evs, pbrt = sh.answer(cur, limit)
+                cur.batches += 1
+                cid = 1
 
             def arrive() -> None:
                 if r not in self.merger.remotes:
                     return
-                items = self._block(evs) if sim.use_blocks and not sh.is_config else None
-                if items is None:
-                    items = [Item(e.key, e.token, e, e.op, e.meta) for e in evs]
-                self.merger.on_batch(r, items, 1, pbrt)
+                if real:
+                    got = items
+                else:
+                    got = self._block(evs) if sim.use_blocks and not sh.is_config else None
+                    if got is None:
+                        got = [Item(e.key, e.token, e, e.op, e.meta) for e in evs]
+                self.merger.on_batch(r, got, cid, pbrt)
                 self.drive()
             sim.at(sim.now + latency, arrive)
         self.pending_answer[sh.name] = answer
+        if real:
+            sh.park(cur, answer)  # real oplog appends and promise requests can wake it
         sim.at(sim.now + wait, answer)

@@ -12,17 +12,24 @@ Which router paths a seed exercises follows from its number (no random draw, so 
 the same): even seeds release through ``ChangeStreamMerge.take``; seeds 0-1, 4-5, ... hand
 shard batches to the merge as real BSON parsed into Blocks (``router.change_stream.raw_events``), half of
 those vouched for with the layout fields a shard sends; seeds 0-7, 16-23, ... get promise
-replies (the promise alone, the getMore left waiting: ``Merger.on_promise``).
+replies (the promise alone, the getMore left waiting: ``Merger.on_promise``). Seeds 2, 5,
+8, ... (``seed % 3 == 2``; ``real_shards`` forces it on or off) run the data shards on the real
+shard change-stream cursor over a real oplog (:mod:`.real_shard`): their events are real inserts
+with real resume tokens, their batches and postBatchResumeTokens the real cursor's (whose own
+layout vouching replaces the ``vouched`` choice), the router reads them with its own reply
+parser (Blocks on the Block seeds, one Item per event otherwise).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from shardsim.resume_token import hwm_data, token_key
 
 from .checkers import check_all
+from .real_shard import RealShard, event_token
 from .scheduler import Scheduler
 from .shard_model import SimEvent, SimShard, event_data
 from .stream import Stream
@@ -41,11 +48,18 @@ class SimResult:
 
 
 class World:
-    """The seeded world. ``mode`` is the shards' promise mode (:mod:`.shard_model`)."""
+    """The seeded world. ``mode`` is the shards' promise mode (:mod:`.shard_model`);
+    ``real_shards`` True/False runs the data shards on the real shard cursor or on the model
+    (None: every third seed, see the module docstring)."""
 
     def __init__(self, seed: int, *, shards: int = 3, writes: int = 60, mode: str = "clock",
-                 add_shards: int = 1, resumes: int = 2, noop_interval: int = 1000) -> None:
+                 add_shards: int = 1, resumes: int = 2, noop_interval: int = 1000,
+                 real_shards: bool | None = None) -> None:
         self.sched = Scheduler(seed)
+        # Data shards running the real shard cursor (real_shard.py): every third seed by default.
+        self.real = seed % 3 == 2 if real_shards is None else bool(real_shards)
+        self.loop = asyncio.new_event_loop() if self.real else None
+        self.next_id = 0
         self.rng = self.sched.rng
         self.seed = seed
         self.mode = mode
@@ -83,7 +97,9 @@ class World:
 
     def _new_shard(self, active: bool) -> SimShard:
         idx = len(self.shards) + len(self.pending_shards)
-        sh = SimShard(self.sched, idx, f"shard{idx:02d}", self.rng.randint(0, 1500), self.mode)
+        name, skew = f"shard{idx:02d}", self.rng.randint(0, 1500)
+        sh = (RealShard(self.sched, idx, name, skew, self.mode, self.loop) if self.loop is not None
+              else SimShard(self.sched, idx, name, skew, self.mode))
         self.by_name[sh.name] = sh
         (self.shards if active else self.pending_shards).append(sh)
         return sh
@@ -97,11 +113,18 @@ class World:
         self.router_time = max(self.router_time, ts)  # the router gossips replies' $clusterTime
         sh.in_flight.append(ts)
         sh.seq += 1
-        tok = {"_data": event_data(ts, sh.idx, sh.seq)}
+        if isinstance(sh, RealShard):  # an insert of {_id: n}: the token the real shard gives it
+            self.next_id += 1
+            meta = {"_id": self.next_id}
+            tok = event_token(ts, self.next_id)
+        else:
+            tok = {"_data": event_data(ts, sh.idx, sh.seq)}
         ev = SimEvent(ts, token_key(tok), tok, op, meta or {})
         self.at(self.now + self.rng.randint(0, 40), lambda: sh.commit(ts, ev))
         if not sh.is_config:
             self.all_events.append(ev)
+            if isinstance(sh, RealShard):
+                self.event_by_data[tok["_data"]] = ev
         return ts
 
     def noop(self, sh: SimShard) -> None:
@@ -138,7 +161,11 @@ class World:
             self.at(rng.randint(horizon // 4, horizon + 500), self._open_resume)
         self.at(0, self._client_loop)
         # Quiet tail: no more writes; run until every stream has caught up (or 60 s pass).
-        self.sched.run(horizon + 60_000, self._caught_up, horizon + 1_000)
+        try:
+            self.sched.run(horizon + 60_000, self._caught_up, horizon + 1_000)
+        finally:
+            if self.loop is not None:
+                self.loop.close()
         return SimResult(self.seed, check_all(self), len(self.all_events), len(self.streams),
                          sum(len(s.returned) for s in self.streams))
 

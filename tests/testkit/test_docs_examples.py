@@ -30,4 +30,4 @@ def test_docs_testing_examples_pass(tmp_path: Path) -> None:
                           *plugin, "test_docs.py"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "4 passed" in run.stdout
+    assert "5 passed" in run.stdout

@@ -93,6 +93,11 @@ class _StubNode:
         self.sent.append((shard, db, cmd))
         return {"ok": 1.0, "operationTime": 5, "$clusterTime": {}}
 
+    async def config_command(self, cmd: dict[str, Any], db: str = "admin") -> dict[str, Any]:
+        self.sent.append(("config", db, cmd))
+        return {"ok": 1.0, "mode": "full", "inBalancerRound": False, "numBalancerRounds": 3,
+                "$clusterTime": {}}
+
 
 def test_end_transaction_handlers_on_a_stub_node() -> None:
     node = _StubNode()
@@ -124,7 +129,9 @@ def test_admin_and_sharding_handlers_on_a_stub_node() -> None:
     with pytest.raises(MongoError) as err:
         asyncio.run(sharding.add_shard(node, _req("addShard", db="test")))
     assert err.value.code == 13
-    assert asyncio.run(sharding.balancer_status(node, _req("balancerStatus")))["mode"] == "off"
+    status = asyncio.run(sharding.balancer_status(node, _req("balancerStatus")))
+    assert status == {"mode": "full", "inBalancerRound": False, "numBalancerRounds": 3}
+    assert node.sent[-1] == ("config", "admin", {"_configsvrBalancerStatus": 1})
 
 
 def test_router_node_installs_every_family() -> None:

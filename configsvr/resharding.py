@@ -1,0 +1,284 @@
+"""Resharding, as the config server coordinates it: ``reshardCollection``, and
+``moveCollection``/``unshardCollection`` which 8.0 implements as resharding to one shard
+(``src/mongo/db/s/resharding/resharding_coordinator_service.cpp``,
+``resharding_donor_service.cpp``, ``resharding_recipient_service.cpp``,
+``reshard_collection_coordinator.cpp``).
+
+The phases, as 8.0 has them:
+
+1. **initializing** (:func:`prepare`): a new UUID, the new key and its chunks (split points
+   from the data of the new key: one chunk per shard at the quantiles, even hash ranges for a
+   hashed key; one chunk on ``toShard`` for a move/unshard); each recipient gets the temporary
+   collection ``<db>.system.resharding.<old uuid>`` with the new UUID (``fromMigrate``).
+2. **cloning** (:func:`clone`): every donor's documents are read and inserted on the
+   recipient owning their new key, as ``fromMigrate`` writes. Each donor's oplog position is
+   noted first.
+3. **applying** (:func:`catch_up`): the donors' oplog entries for the collection since the
+   noted position (also inside ``applyOps``) name the documents written meanwhile; each is
+   read again on the donors and its current state written to its new owner (or deleted), all
+   ``fromMigrate``. Repeated until little is left.
+4. **blocking-writes / committing** (:func:`commit`, run while the router that started it
+   holds its writes to the namespace, the router's share of the critical section): a last
+   catch-up, then the catalog switch (new UUID, key, chunks; the collection's epoch and
+   timestamp change), the temporary collections renamed over the original on the recipients
+   and the original dropped on donors that own nothing now (all ``fromMigrate``), and the
+   ``reshardCollection`` no-op on the primary shard
+   (``notifyChangeStreamsOnReshardCollectionComplete``: ``o2: {reshardCollection: ns,
+   reshardUUID, shardKey, oldShardKey, unique, numInitialChunks, provenance}``, ``ui`` the old
+   UUID), which ``showExpandedEvents`` streams show as a ``reshardCollection`` event. Plain
+   streams see none of it: the data movement is invisible, and the stream goes on (with the
+   new UUID).
+
+Not modelled: writes through a router other than the one running the command are not
+blocked during the commit (no shard-side critical section), so those can be lost while they
+race with it; the donors' documents are cloned through the config server's memory.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid as uuid_mod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bson import Binary, ObjectId
+from bson.timestamp import Timestamp
+
+from configsvr.catalog import chunk_doc
+from shardsim.errors import MongoError
+from shardsim.shard_key import Chunk, ChunkMap, KeyPattern, SortKey, hashed_split_points
+
+if TYPE_CHECKING:
+    from configsvr.node import ConfigServerNode
+
+log = logging.getLogger("shardsim.resharding")
+_BATCH = 1000
+
+
+@dataclass
+class ReshardOp:
+    """One resharding in progress: the source ``ns`` (``db``, ``coll``), its catalog entry
+    (None when untracked), old UUID and key, the new pattern, UUID and chunks, the donors and
+    recipients, each donor's oplog position (``marks``), ``provenance``
+    (``reshardCollection`` / ``moveCollection`` / ``unshardCollection``) and the target of a
+    move (``to_shard``)."""
+
+    ns: str
+    db: str
+    coll: str
+    entry: dict[str, Any] | None
+    old_uuid: Binary
+    old_key: dict[str, Any]
+    pattern: KeyPattern
+    new_uuid: Binary
+    chunks: list[Chunk]
+    donors: list[str]
+    primary: str
+    provenance: str
+    unique: bool = False
+    to_shard: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    indexes: list[dict[str, Any]] = field(default_factory=list)
+    marks: dict[str, Timestamp] = field(default_factory=dict)
+
+    @property
+    def temp(self) -> str:
+        """The temporary collection's name (``system.resharding.<old uuid>``)."""
+        return f"system.resharding.{uuid_mod.UUID(bytes=bytes(self.old_uuid))}"
+
+    @property
+    def recipients(self) -> list[str]:
+        return sorted({c.shard for c in self.chunks})
+
+    def owner(self, doc: dict[str, Any]) -> str:
+        """The recipient of ``doc`` under the new key."""
+        cmap = self.__dict__.get("_cmap")
+        if cmap is None:
+            cmap = self.__dict__["_cmap"] = ChunkMap(self.pattern, self.chunks)
+        return cmap.shard_for_doc(doc)
+
+
+def _split_chunks(pattern: KeyPattern, docs: list[dict[str, Any]], shards: list[str]
+                  ) -> list[Chunk]:
+    """One chunk per shard: for a hashed first field, even hash ranges; otherwise split at the
+    quantiles of the documents' new keys (fewer chunks when there are fewer distinct keys)."""
+    gmin, gmax = tuple(pattern.global_min().values()), tuple(pattern.global_max().values())
+    if pattern.fields[0] in pattern.hashed:
+        bounds = [gmin] + [(p,) + gmin[1:] for p in hashed_split_points(len(shards))] + [gmax]
+    else:
+        keys = sorted((pattern.key_of_doc(d) for d in docs), key=SortKey)
+        bounds = [gmin]
+        for i in range(1, len(shards)):
+            if not keys:
+                break
+            k = keys[len(keys) * i // len(shards)]
+            if SortKey(k) > SortKey(bounds[-1]):
+                bounds.append(k)
+        bounds.append(gmax)
+    return [Chunk(bounds[i], bounds[i + 1], shards[i % len(shards)])
+            for i in range(len(bounds) - 1)]
+
+
+async def _latest_ts(node: ConfigServerNode, shard: str) -> Timestamp:
+    reply = await node.on_shard(shard, "local", {"find": "oplog.rs", "filter": {},
+                                                 "sort": {"$natural": -1}, "limit": 1})
+    batch = reply["cursor"]["firstBatch"]
+    return batch[0]["ts"] if batch else Timestamp(0, 0)
+
+
+async def donor_docs(node: ConfigServerNode, op: ReshardOp) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for donor in op.donors:
+        docs.extend(await node.shard_find_all(donor, op.db, op.coll))
+    return docs
+
+
+async def mark(node: ConfigServerNode, op: ReshardOp) -> None:
+    """Note each donor's newest oplog entry: the catch-up starts after it (taken before the
+    documents are read, so no write falls between the clone and the catch-up)."""
+    for donor in op.donors:
+        op.marks[donor] = await _latest_ts(node, donor)
+
+
+async def prepare(node: ConfigServerNode, op: ReshardOp, shards: list[str],
+                  docs: list[dict[str, Any]]) -> None:
+    """Initializing: chunks (unless set) and the temporary collections."""
+    if not op.chunks:
+        op.chunks = _split_chunks(op.pattern, docs, shards)
+    for shard in op.recipients:
+        await node.on_shard(shard, op.db, {"_shardsimEnsureCollection": op.temp,
+                                           "uuid": op.new_uuid, "shardKey": op.pattern.pattern,
+                                           "options": op.options, "primary": False})
+        specs = [i for i in op.indexes if i.get("name") != "_id_"]
+        if op.pattern.pattern != {"_id": 1}:
+            name = "_".join(f"{f}_{v}" for f, v in op.pattern.pattern.items())
+            if not any(i.get("key") == op.pattern.pattern for i in specs):
+                specs.append({"key": op.pattern.pattern, "name": name})
+        if specs:
+            await node.on_shard(shard, op.db, {"createIndexes": op.temp, "indexes": specs,
+                                               "fromMigrate": True})
+
+
+async def clone(node: ConfigServerNode, op: ReshardOp, docs: list[dict[str, Any]]) -> int:
+    """Cloning: insert ``docs`` on their new owners (``fromMigrate``); returns the count."""
+    by_owner: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        by_owner.setdefault(op.owner(d), []).append(d)
+    for shard, group in by_owner.items():
+        for i in range(0, len(group), _BATCH):
+            await node.on_shard(shard, op.db, {"insert": op.temp, "documents": group[i:i + _BATCH],
+                                               "ordered": False, "fromMigrate": True})
+    return len(docs)
+
+
+def _touched_ids(entries: list[dict[str, Any]], ns: str, ui: Binary) -> list[Any]:
+    """The ``_id`` of every document the oplog ``entries`` wrote in ``ns`` (also in applyOps)."""
+    out: list[Any] = []
+    for e in entries:
+        ops = e.get("o", {}).get("applyOps") if e.get("op") == "c" else [e]
+        for o in ops or []:
+            if o.get("ns") != ns and o.get("ui") != ui:
+                continue
+            if o.get("op") in ("i", "d"):
+                out.append(o["o"].get("_id"))
+            elif o.get("op") == "u":
+                out.append((o.get("o2") or {}).get("_id"))
+    return out
+
+
+async def catch_up(node: ConfigServerNode, op: ReshardOp) -> int:
+    """Applying: bring the documents the donors wrote since ``op.marks`` to their current
+    state on the recipients; moves the marks. Returns how many documents were touched."""
+    ids: list[Any] = []
+    for donor in op.donors:
+        reply = await node.on_shard(donor, "local", {
+            "find": "oplog.rs", "filter": {"ts": {"$gt": op.marks[donor]}},
+            "batchSize": 1 << 30})
+        entries = reply["cursor"]["firstBatch"]
+        if entries:
+            op.marks[donor] = entries[-1]["ts"]
+        ids.extend(_touched_ids(entries, op.ns, op.old_uuid))
+    seen: set[str] = set()
+    unique_ids = []
+    for i in ids:
+        k = repr(i)
+        if k not in seen:
+            seen.add(k)
+            unique_ids.append(i)
+    for i in range(0, len(unique_ids), _BATCH):
+        part = unique_ids[i:i + _BATCH]
+        current: dict[str, dict[str, Any]] = {}
+        for donor in op.donors:
+            reply = await node.on_shard(donor, op.db, {"find": op.coll, "filter": {
+                "_id": {"$in": part}}, "batchSize": 1 << 30})
+            for d in reply["cursor"]["firstBatch"]:
+                current[repr(d["_id"])] = d
+        for shard in op.recipients:  # drop every touched document, then write the live ones
+            await node.on_shard(shard, op.db, {"delete": op.temp, "fromMigrate": True,
+                                               "deletes": [{"q": {"_id": {"$in": part}},
+                                                            "limit": 0}]})
+        await clone(node, op, list(current.values()))
+    return len(unique_ids)
+
+
+async def commit(node: ConfigServerNode, op: ReshardOp) -> None:
+    """Blocking-writes and committing: the last catch-up, the catalog switch, the rename of
+    the temporary collections, the drop of the original on former owners, the event."""
+    await catch_up(node, op)
+    now = node.clock.now()
+    ns = op.ns
+    if op.entry is not None:
+        await node.delete("chunks", {"uuid": op.old_uuid})
+    untrack = op.provenance != "reshardCollection" and op.to_shard == op.primary
+    if untrack:
+        await node.delete("collections", {"_id": ns})
+    else:
+        doc = dict(op.entry or {"_id": ns, "noBalance": False})
+        doc.update({"lastmodEpoch": ObjectId(), "timestamp": now, "uuid": op.new_uuid,
+                    "key": op.pattern.pattern, "unique": op.unique,
+                    "lastmod": datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)})
+        doc.pop("unsplittable", None)
+        if op.provenance != "reshardCollection":
+            doc["unsplittable"] = True
+        await node.delete("collections", {"_id": ns})
+        await node.insert("collections", [doc])
+        await node.insert("chunks", [chunk_doc(op.new_uuid, op.pattern, c, Timestamp(1, i), now)
+                                     for i, c in enumerate(op.chunks)])
+    for shard in op.recipients:
+        await node.on_shard(shard, "admin", {"renameCollection": f"{op.db}.{op.temp}", "to": ns,
+                                             "dropTarget": True, "fromMigrate": True})
+    for shard in op.donors:
+        if shard not in op.recipients:
+            try:
+                await node.on_shard(shard, op.db, {"drop": op.coll, "fromMigrate": True})
+            except MongoError as exc:
+                if exc.code != 26:
+                    raise
+    o2: dict[str, Any] = {"reshardCollection": ns, "reshardUUID": op.new_uuid,
+                          "shardKey": op.pattern.pattern, "oldShardKey": op.old_key,
+                          "unique": op.unique, "numInitialChunks": len(op.chunks),
+                          "provenance": op.provenance}
+    await node.on_shard(op.primary, op.db, {
+        "_shardsimNoop": {"msg": f"Reshard collection {ns} with shard key {op.pattern.pattern}"},
+        "o2": o2, "ns": ns, "ui": op.old_uuid})
+    log.info("%s %s: new key %s, %d chunks on %s", op.provenance, ns, op.pattern.pattern,
+             len(op.chunks), op.recipients)
+
+
+async def abort(node: ConfigServerNode, op: ReshardOp) -> None:
+    """Drop the temporary collections (after a failure)."""
+    for shard in op.recipients:
+        try:
+            await node.on_shard(shard, op.db, {"drop": op.temp, "fromMigrate": True})
+        except MongoError:
+            pass
+
+
+def new_uuid() -> Binary:
+    """A fresh collection UUID (Binary subtype 4)."""
+    return Binary(uuid_mod.uuid4().bytes, 4)
+
+
+__all__ = ["ReshardOp", "abort", "catch_up", "clone", "commit", "donor_docs", "mark", "new_uuid",
+           "prepare"]

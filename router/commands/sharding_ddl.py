@@ -1,0 +1,132 @@
+"""The 8.0 sharding DDL through the router (``admin`` database unless noted):
+``reshardCollection``, ``moveCollection``, ``unshardCollection``, ``refineCollectionShardKey``,
+``mergeChunks``, ``setAllowMigrations`` and ``checkMetadataConsistency`` (any database;
+mongos' ``cluster_reshard_collection_cmd.cpp``, ``cluster_move_collection_cmd.cpp``,
+``cluster_unshard_collection_cmd.cpp``, ``cluster_refine_collection_shard_key_cmd.cpp``,
+``cluster_merge_chunks_cmd.cpp``, ``cluster_set_allow_migrations_cmd.cpp``,
+``cluster_check_metadata_consistency_cmd.cpp``).
+
+Each runs on the config server (:mod:`configsvr.commands.resharding`,
+:mod:`configsvr.commands.metadata`), then the router refreshes its catalog cache. A resharding
+runs in two steps: the clone (with the catch-up of the writes made meanwhile), then the commit
+while this router holds its writes to the namespace (:class:`router.writes.NamespaceGate`,
+the router's share of the critical section); the held writes then go by the new routing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from router import writes
+from router.commands.sharding import admin_only, run_on_config, with_fields
+from router.forwarding import reply_body
+from shardsim.commands import CommandFamily, Request
+from shardsim.errors import MongoError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from router.node import RouterNode
+
+commands = CommandFamily("sharding_ddl")
+
+
+async def _reshard(node: "RouterNode", req: Request, provenance: str,
+                   fields: tuple[str, ...]) -> dict[str, Any]:
+    """Clone, then commit under this router's write gate of the namespace (abort on error)."""
+    admin_only(req)
+    ns = req.arg
+    cmd = with_fields({"_configsvrReshardCollection": ns, "provenance": provenance}, req, fields)
+    first = reply_body(await node.config_command({**cmd, "phase": "clone"}))
+    if first.get("noop"):
+        return {}
+    gate = writes.gate_for(node, str(ns))
+    await gate.block()
+    try:
+        await node.config_command({**cmd, "phase": "commit"})
+    except MongoError:
+        try:
+            await node.config_command({**cmd, "phase": "abort"})
+        except MongoError:
+            pass
+        raise
+    finally:
+        try:
+            await node.catalog.refresh()
+        finally:
+            await gate.unblock()
+    return {}
+
+
+@commands.handler("reshardCollection")
+async def reshard_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{reshardCollection: ns, key, unique?, numInitialChunks?, forceRedistribution?}`` ->
+    ``{}`` (same key without ``forceRedistribution``: nothing to do). Errors: 73, 40414, 118."""
+    return await _reshard(node, req, "reshardCollection",
+                          ("key", "unique", "numInitialChunks", "forceRedistribution",
+                           "collation"))
+
+
+@commands.handler("moveCollection")
+async def move_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{moveCollection: ns, toShard}`` -> ``{}``: an unsharded collection to another shard.
+    Errors: 40414 without ``toShard``, NamespaceNotFound (26) for a missing or sharded
+    collection, ShardNotFound (70)."""
+    return await _reshard(node, req, "moveCollection", ("toShard",))
+
+
+@commands.handler("unshardCollection")
+async def unshard_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{unshardCollection: ns, toShard?}`` -> ``{}``: all of a sharded collection onto one
+    shard (default: the one with the least data). NamespaceNotSharded (118), 70."""
+    return await _reshard(node, req, "unshardCollection", ("toShard",))
+
+
+@commands.handler("refineCollectionShardKey")
+async def refine_collection_shard_key(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{refineCollectionShardKey: ns, key}`` -> ``{}``. Errors: 73, 40414, 118, 72."""
+    admin_only(req)
+    return await run_on_config(node, with_fields(
+        {"_configsvrRefineCollectionShardKey": req.arg}, req, ("key",)))
+
+
+@commands.handler("mergeChunks")
+async def merge_chunks(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{mergeChunks: ns, bounds: [min, max]}`` -> ``{}``. Errors: 73, 40414, 118, 2, 20."""
+    admin_only(req)
+    return await run_on_config(node, with_fields(
+        {"_configsvrCommitChunksMerge": req.arg}, req, ("bounds",)))
+
+
+@commands.handler("setAllowMigrations")
+async def set_allow_migrations(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{setAllowMigrations: ns, allowMigrations: bool}`` -> ``{}``. 73, 40414, 14, 118."""
+    admin_only(req)
+    return await run_on_config(node, with_fields(
+        {"_configsvrSetAllowMigrations": req.arg}, req, ("allowMigrations",)))
+
+
+@commands.handler("checkMetadataConsistency")
+async def check_metadata_consistency(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``{checkMetadataConsistency: 1 | "<coll>", cursor?: {batchSize}}`` on ``admin`` (the
+    cluster), a database or one collection -> ``{cursor: {id, ns:
+    "<db>.$cmd.checkMetadataConsistency", firstBatch}}`` of ``{type, description, details}``
+    documents, empty when the catalog and the shards agree. Errors: InvalidNamespace (73) for
+    ``config``/``local`` or a collection level on ``admin``, NamespaceNotFound (26) for a
+    database the catalog does not know, TypeMismatch (14) for another argument type."""
+    db, arg = req.db, req.arg
+    if db in ("config", "local"):
+        raise MongoError(73, f"Invalid db name: {db}")
+    if isinstance(arg, str):
+        if db == "admin":
+            raise MongoError(73, "Cannot run collection-level checkMetadataConsistency on the "
+                                 "admin database")
+    elif isinstance(arg, bool) or not isinstance(arg, (int, float)) or arg != 1:
+        raise MongoError(14, "checkMetadataConsistency argument must be 1 or a collection name")
+    if db != "admin" and node.catalog.primary_shard(db) is None:
+        await node.catalog.refresh()
+        if node.catalog.primary_shard(db) is None:
+            raise MongoError(26, f"Database {db} not found")
+    reply = reply_body(await node.config_command(
+        {"_configsvrCheckMetadataConsistency": arg if isinstance(arg, str) else 1, "db": db}))
+    batch_size = (req.get("cursor") or {}).get("batchSize")
+    return await node.cursor_reply(f"{db}.$cmd.checkMetadataConsistency",
+                                   list(reply["inconsistencies"]), req, batch_size)

@@ -1,0 +1,36 @@
+"""Test-only commands of the shard, shardsim's own (installed only with test commands on, as
+mongod's ``configureFailPoint`` is; without them they do not exist: CommandNotFound 59).
+
+* ``{_shardsimTruncateOplog: 1, before: <Timestamp>}`` -> ``{removed: <int>, earliestOptime}``:
+  drop every oplog entry (and pre-image) older than ``before``, as capped-oplog truncation of
+  the oldest entries does (the newest entry is always kept). A change stream resuming before
+  the new oldest entry then fails with ChangeStreamHistoryLost (286). ``shardsim fault
+  truncate-oplog`` sends it. TypeMismatch (14) when ``before`` is not a Timestamp.
+
+The no-op writer's interval is set with ``setParameter: {periodicNoopIntervalSecs}``
+(:meth:`shard.node.ShardNode.set_parameter`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from shardsim.clock import ts_key
+from shardsim.commands import CommandFamily, Request
+from shardsim.errors import MongoError
+
+commands = CommandFamily("testing")
+
+
+@commands.handler("_shardsimTruncateOplog")
+async def truncate_oplog(node: Any, req: Request) -> dict[str, Any]:
+    """See the module docstring."""
+    before = req.body.get("before")
+    if not isinstance(before, Timestamp):
+        raise MongoError(14, "BSON field '_shardsimTruncateOplog.before' is the wrong type, "
+                             "expected type 'timestamp'")
+    removed = node.oplog.truncate_before(ts_key(before))  # pre-images follow (node callback)
+    node.flush()
+    return {"removed": removed, "earliestOptime": node.oplog.first_ts()}

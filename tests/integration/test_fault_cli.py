@@ -1,0 +1,173 @@
+"""``shardsim fault ...`` and ``shardsim top --once`` on a detached ``shardsim up`` cluster
+(always stopped, nothing left running)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import pymongo
+import pytest
+from pymongo.errors import OperationFailure
+
+pytestmark = pytest.mark.timeout(180)
+
+SHARDSIM = [sys.executable, "-m", "shardsim.cli"]
+MARK = "SHARDSIM_TEST_RUN"
+
+
+def run_cli(*args: str, run_dir: str, marker: str, timeout: float = 60) -> Any:
+    env = dict(os.environ, **{MARK: marker})
+    return subprocess.run([*SHARDSIM, *args, "--run-dir", run_dir], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def marked_pids(marker: str) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"{MARK}={marker}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        out.append(int(entry))
+    return out
+
+
+@pytest.fixture
+def detached(tmp_path: Any) -> Any:
+    run_dir, marker = str(tmp_path / "run"), uuid.uuid4().hex
+    try:
+        up = run_cli("up", "--detach", "--shards", "2", "--port", "0", "--dbpath",
+                     str(tmp_path / "data"), run_dir=run_dir, marker=marker)
+        assert up.returncode == 0, up.stderr + up.stdout
+        uri = re.search(r"mongodb://[\d.]+:\d+/", up.stdout).group(0)
+        yield run_dir, marker, uri
+    finally:
+        state_file = os.path.join(run_dir, "cluster.json")
+        if os.path.exists(state_file):
+            for p in json.load(open(state_file))["processes"]:
+                try:
+                    os.kill(p["pid"], signal.SIGCONT)  # a paused member must be able to stop
+                except OSError:
+                    pass
+        run_cli("down", run_dir=run_dir, marker=marker)
+        for pid in marked_pids(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    assert marked_pids(marker) == []
+
+
+def split(client: Any, ns: str) -> tuple[str, str]:
+    db = ns.split(".")[0]
+    client.admin.command("enableSharding", db)
+    primary = client.config.databases.find_one({"_id": db})["primary"]
+    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
+                 if s["_id"] != primary)
+    client.admin.command("shardCollection", ns, key={"x": 1})
+    client.admin.command("split", ns, middle={"x": 0})
+    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
+    return primary, other
+
+
+def read(stream: Any, want: int, timeout: float) -> list[Any]:
+    out, deadline = [], time.monotonic() + timeout
+    while len(out) < want and time.monotonic() < deadline:
+        e = stream.try_next()
+        if e is not None:
+            out.append(e)
+    return out
+
+
+def test_pause_top_resume_kill_restart(detached: Any) -> None:
+    run_dir, marker, uri = detached
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000) as client:
+        primary, other = split(client, "f.c")
+        coll = client.f.c
+        with coll.watch(max_await_time_ms=100) as stream:
+            r = run_cli("fault", "pause-shard", other, run_dir=run_dir, marker=marker)
+            assert r.returncode == 0, r.stderr
+            coll.insert_one({"_id": 1, "x": -1})
+            assert read(stream, 1, 1.0) == []             # held back by the stopped shard
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                top = run_cli("top", "--once", run_dir=run_dir, marker=marker)
+                assert top.returncode == 0, top.stderr
+                row = next((ln for ln in top.stdout.splitlines() if f" {other} " in ln), "")
+                if "WAITING" in row:
+                    break
+                time.sleep(0.2)
+            assert "WAITING" in row, top.stdout
+            assert "f.c" in top.stdout and primary in top.stdout and "config" in top.stdout
+            r = run_cli("fault", "resume-shard", other, run_dir=run_dir, marker=marker)
+            assert r.returncode == 0, r.stderr
+            assert [e["documentKey"]["_id"] for e in read(stream, 1, 10)] == [1]
+
+            old_pid = next(p["pid"] for p in json.load(open(os.path.join(run_dir, "cluster.json")))
+                           ["processes"] if p["name"] == other)
+            r = run_cli("fault", "kill-shard", other, run_dir=run_dir, marker=marker)
+            assert r.returncode == 0, r.stderr
+            r = run_cli("fault", "restart-shard", other, run_dir=run_dir, marker=marker)
+            assert r.returncode == 0, r.stderr
+            new = next(p for p in json.load(open(os.path.join(run_dir, "cluster.json")))
+                       ["processes"] if p["name"] == other)
+            assert new["pid"] != old_pid
+            coll.insert_many([{"_id": 2, "x": 5}, {"_id": 3, "x": -5}])
+            got = read(stream, 2, 20)
+        assert [e["documentKey"]["_id"] for e in got] == [2, 3]
+        assert coll.count_documents({}) == 3                # durable: the shard kept _id 1..
+
+
+def test_noop_interval_truncate_oplog_and_fail_point(detached: Any) -> None:
+    run_dir, marker, uri = detached
+    r = run_cli("fault", "noop-interval", "200", run_dir=run_dir, marker=marker)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("no-op interval 200 ms") == 3      # two shards and the config server
+    state = json.load(open(os.path.join(run_dir, "cluster.json")))
+    shard0 = next(p for p in state["processes"] if p["name"] == "shard0")
+    with pymongo.MongoClient(shard0["host"], shard0["port"], directConnection=True) as d:
+        assert d.admin.command("getParameter", 1,
+                               periodicNoopIntervalSecs=1)["periodicNoopIntervalSecs"] == 0.2
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000) as client:
+        coll = client.g.c
+        coll.insert_one({"x": 1})
+        with coll.watch() as stream:
+            coll.insert_one({"x": 2})
+            token = read(stream, 1, 10)[0]["_id"]
+        coll.insert_one({"x": 3})
+        primary = client.config.databases.find_one({"_id": "g"})["primary"]
+        r = run_cli("fault", "truncate-oplog", primary, run_dir=run_dir, marker=marker)
+        assert r.returncode == 0, r.stderr
+        assert re.search(r"\d+ oplog entries removed", r.stdout)
+        with pytest.raises(OperationFailure) as info:
+            with coll.watch(resume_after=token) as s:
+                s.next()
+        assert info.value.code == 286
+        assert info.value.has_error_label("NonResumableChangeStreamError")
+
+        r = run_cli("fault", "fail-point", "router", "failCommand", "--mode", '{"times": 1}',
+                    "--data", '{"failCommands": ["find"], "errorCode": 2}',
+                    run_dir=run_dir, marker=marker)
+        assert r.returncode == 0, r.stderr
+        with pytest.raises(OperationFailure) as info:
+            coll.find_one({})
+        assert info.value.code == 2
+        assert coll.find_one({"x": 3}) is not None          # times: 1, then off
+
+    bad = run_cli("fault", "pause-shard", "nope", run_dir=run_dir, marker=marker)
+    assert bad.returncode != 0 and "no shard named 'nope'" in bad.stderr
