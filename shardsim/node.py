@@ -29,6 +29,7 @@ from shardsim.clock import HybridLogicalClock
 from shardsim.cluster_time import parse_gossip
 from shardsim.commands import CommandTable, Request
 from shardsim.cursors import CursorManager
+from shardsim.local_sessions import LocalSessionCache
 from shardsim.errors import MongoError, change_stream_labels
 from shardsim.node_commands import SERVER_VERSION
 
@@ -70,6 +71,7 @@ class Node:
         self.clock = HybridLogicalClock()
         self.cursors = CursorManager()
         self.commands = CommandTable()
+        self.local_sessions = LocalSessionCache()  # $listLocalSessions (shardsim/local_sessions.py)
         self.started = time.time()
         self.started_mono = time.monotonic()
         self.commands.install(self, node_commands.commands, auth_commands.commands,
@@ -145,6 +147,8 @@ class Node:
             handler = self.commands.lookup(req.name)
             if self.security.enabled:
                 await self.security.authorize(req)
+            if "lsid" in req.body:
+                self.local_sessions.vivify(req.body["lsid"], req.conn)
             # maxTimeMS, writeConcern and write batch shapes (shardsim/request_checks.py)
             request_checks.check_request(self.commands.canonical(req.name), req.body)
             if ("let" in req.body or "collation" in req.body) and req.name != "bulkWrite":

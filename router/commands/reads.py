@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from router import aggregate_write, change_stream
 from router.current_op import aggregate_current_op
-from shardsim import current_op
+from shardsim import current_op, local_sessions
 from router.commands.admin import CONFIG_DATABASES, config_read
 from router.remote_cursor import tailable_find
 from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
@@ -305,6 +305,13 @@ async def _aggregate_database(node: "RouterNode", req: Request, batch_size: Any)
     database's primary shard."""
     db = req.db
     ns = f"{db}.$cmd.aggregate"
+    pipeline = req.get("pipeline")
+    if local_sessions.is_list_local_sessions(pipeline):  # the router's own sessions
+        from shardsim.query import run_pipeline
+        docs = local_sessions.local_sessions_docs(node.local_sessions, db, req.arg, pipeline,
+                                                  req.conn)
+        return await node.cursor_reply(ns, run_pipeline(docs, pipeline[1:], None), req,
+                                       batch_size)
     shard = node.read_primary(db)
     if shard is None:
         return await node.cursor_reply(ns, [], req, batch_size)

@@ -26,6 +26,7 @@ from shard.commands.helpers import (begin_write, check_fields, coll_name, finish
                                     refuse_view_write, stmt_id_of, txn_view)
 from shardsim.errors import view_error
 from shard.storage import Collection, id_key
+from shard import validation
 from shard.write_context import WriteContext
 
 if TYPE_CHECKING:
@@ -38,11 +39,14 @@ commands = CommandFamily("crud")
 
 
 def _write_error(index: int, exc: MongoError) -> dict[str, Any]:
-    """One ``writeErrors`` element: ``{index, code[, keyPattern, keyValue], errmsg}``."""
+    """One ``writeErrors`` element: ``{index, code[, keyPattern, keyValue][, errInfo],
+    errmsg}`` (the error's extra info before ``errmsg``, as ``WriteError::serialize``)."""
     err: dict[str, Any] = {"index": index, "code": exc.code}
     if exc.code in (11000,):
         err["keyPattern"] = exc.extra.get("keyPattern")
         err["keyValue"] = exc.extra.get("keyValue")
+    if "errInfo" in exc.extra:
+        err["errInfo"] = exc.extra["errInfo"]
     err["errmsg"] = exc.errmsg
     return err
 
@@ -108,6 +112,7 @@ async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
     check_fields(req, "insert")
     docs = check_type(req, "documents", list, "array", required=True)
     ordered, _ = _batch_opts(req)
+    validation.set_bypass(req.body)
     _check_writable(req, name)
     refused = refuse_view_write(node, req, name, len(docs), ordered, {"n": 0})
     if refused is not None:
@@ -133,6 +138,7 @@ async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
                 ctx.stmt_id = sid
             raw_size = len(raw_docs[i]) if raw_docs is not None else None
             doc = _prepare_insert(doc, raw_size)
+            validation.check(coll, doc)
             k = coll.insert(doc)
             if note:
                 storage.note_doc(coll, k, doc)
@@ -216,6 +222,7 @@ def _do_update(node: ShardNode, coll: Collection | None, db: str, name: str,
         if coll is None:
             coll = txn_view(node, node.ensure_collection(db, name, ctx), ctx)
         new = _prepare_insert(new, None)
+        validation.check(coll, new)
         k = coll.insert(new)
         if ctx.txn is None:
             storage.note_doc(coll, k, new)
@@ -231,6 +238,7 @@ def apply_replace(node: ShardNode, coll: Collection, key: Any, doc: dict[str, An
     check_update_depth(new)  # Overflow (15) beyond 180 levels, as storageValid
     if len(bson.encode(new)) > MAX_DOC:
         raise MongoError(17419, f"Resulting document after update is larger than {MAX_DOC}")
+    validation.check(coll, new, doc)
     coll.replace(key, new)
     if ctx.txn is None:
         node.storage.note_doc(coll, key, new)
@@ -248,6 +256,7 @@ async def update(node: ShardNode, req: Request) -> dict[str, Any]:
     check_fields(req, "update")
     stmts = check_type(req, "updates", list, "array", required=True)
     ordered, _ = _batch_opts(req)
+    validation.set_bypass(req.body)
     _check_writable(req, name)
     refused = refuse_view_write(node, req, name, len(stmts), ordered, {"n": 0, "nModified": 0})
     if refused is not None:
@@ -371,6 +380,7 @@ async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
     storage = node.storage
     name = coll_name(req)
     body = req.body
+    validation.set_bypass(body)
     filt = check_type(req, "query", dict, "object") or {}
     sort = check_type(req, "sort", dict, "object")
     fields = check_type(req, "fields", dict, "object")

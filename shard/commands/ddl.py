@@ -15,6 +15,7 @@ from bson.int64 import Int64
 from shardsim.commands import GENERIC_FIELDS, CommandFamily, Request, check_type
 from shardsim.errors import MongoError
 from shard.collection_kinds import apply_unique_options, normalize_create_options
+from shard import validation
 from shard.commands.helpers import ddl_context, ddl_name, existing_collection, ns_missing
 from shard.commands.views import create_view, drop_view, mod_view
 from shardsim.errors import view_error
@@ -59,6 +60,7 @@ async def create(node: ShardNode, req: Request) -> dict[str, Any]:
         options[k] = v
     if "viewOn" in options or "pipeline" in options:
         return create_view(node, req, name, options)
+    validation.check_options("create", options)
     if storage.view_def(req.db, name) is not None:
         raise MongoError(48, f"namespace '{req.db}.{name}' already exists, but is a view")
     cs = options.get("changeStreamPreAndPostImages")
@@ -309,6 +311,7 @@ async def coll_mod(node: ShardNode, req: Request) -> dict[str, Any]:
         changes[k] = v
     if is_view:
         return mod_view(node, req, name, changes)
+    validation.check_options("collMod", changes)
     assert coll is not None
     for k in ("viewOn", "pipeline"):
         if k in changes:

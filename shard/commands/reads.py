@@ -18,7 +18,7 @@ from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
 from shardsim import query as q
 from shard.change_stream import aggregate_change_stream
-from shardsim import current_op
+from shardsim import current_op, local_sessions
 from shard.commands.helpers import Database, check_fields, coll_name, txn_view, view_docs
 from shard.commands.oplog_cursor import oplog_cursor
 from shardsim.errors import view_error
@@ -185,6 +185,11 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
     if current_op.is_current_op(pipeline):
         # $currentOp: this shard's cursors (shardsim/current_op.py)
         docs = current_op.local_operations(node, current_op.parse(req.db, target, pipeline))
+        pipeline = pipeline[1:]
+        ns = f"{req.db}.$cmd.aggregate"
+    elif local_sessions.is_list_local_sessions(pipeline):
+        docs = local_sessions.local_sessions_docs(node.local_sessions, req.db, target, pipeline,
+                                                  req.conn)
         pipeline = pipeline[1:]
         ns = f"{req.db}.$cmd.aggregate"
     elif target == 1 or isinstance(target, (int, float)) and not isinstance(target, bool):
