@@ -120,8 +120,13 @@ async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         uuid = entry["uuid"]
         lo, hi = pattern.bound_to_key(doc["min"]), pattern.bound_to_key(doc["max"])
         recipient_had_chunks = any(d["shard"] == to for d in chunk_docs)
+        # the recipient clones the donor's options (validator, ...) as
+        # MigrationDestinationManager::cloneCollectionIndexesAndOptions does
+        listed = await node.on_shard(donor, db, {"listCollections": 1, "filter": {"name": coll}})
+        infos = listed["cursor"]["firstBatch"]
         await node.on_shard(to, db, {"_shardsimEnsureCollection": coll, "uuid": uuid,
-                                     "shardKey": pattern.pattern, "options": {},
+                                     "shardKey": pattern.pattern,
+                                     "options": infos[0].get("options", {}) if infos else {},
                                      "primary": False})
         if pattern.pattern != {"_id": 1}:
             name = "_".join(f"{f}_{v}" for f, v in pattern.pattern.items())

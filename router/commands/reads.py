@@ -276,7 +276,8 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
     if len(shards) == 1:
         _, docs = await node.drain(shards[0], db, body, session=sess)
         return await node.cursor_reply(ns, docs, req, batch_size)
-    split = 0
+    split = 1 if pipeline and isinstance(pipeline[0], dict) and "$collStats" in pipeline[0] \
+        else 0  # $collStats: one document from each shard owning the collection
     while split < len(pipeline) and isinstance(pipeline[split], dict) and \
             next(iter(pipeline[split]), None) in _SHARD_STAGES:
         split += 1

@@ -14,6 +14,7 @@ from shardsim.commands import CommandFamily, Request, check_type
 from shardsim.cursors import ListCursor
 from shardsim.errors import MongoError
 from shardsim import query as q
+from shard.coll_stats import storage_stats
 from shard.commands.helpers import ddl_name, existing_collection
 from shard.storage import ID_INDEX, Collection, validate_db_name
 
@@ -112,11 +113,15 @@ async def list_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
 
 @commands.handler("collStats")
 async def coll_stats(node: ShardNode, req: Request) -> dict[str, Any]:
-    """``collStats: <coll>`` (minimal): ``{ns, count, nindexes, capped}``. 26, 166."""
+    """``collStats: <coll>[, scale]``: ``{ns, <storage stats>}`` (the ``storageStats`` of
+    :func:`shard.coll_stats.storage_stats`: size, count, capped, nindexes, ...). 26, 166,
+    BadValue (2) for a scale below 1."""
     name = ddl_name(req)
     coll = existing_collection(node, req.db, name)
-    return {"ns": coll.ns, "count": len(coll.docs), "nindexes": len(coll.indexes),
-            "capped": False}
+    scale = req.body.get("scale", 1)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 1:
+        raise MongoError(2, "scale has to be >= 1")
+    return {"ns": coll.ns, **storage_stats(coll, int(scale))}
 
 
 @commands.handler("dbStats")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from bson.int64 import Int64
 
 from shardsim.commands import CommandFamily, Request, check_type
+from shard import coll_stats
 from shard.commands.capped_cursor import TailableCollectionCursor
 from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
@@ -200,9 +201,16 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
         else:
             raise MongoError(73, f"{{aggregate: 1}} is not valid for '{pipeline[0] if pipeline else ''}'; "
                                  f"a collection is required.")
+    elif coll_stats.is_coll_stats(pipeline):
+        name = coll_name(req)
+        ns = f"{req.db}.{name}"
+        coll_stats.check_position(pipeline)
+        docs = coll_stats.coll_stats_docs(node, req.db, name, pipeline[0][coll_stats.STAGE])
+        pipeline = pipeline[1:]
     else:
         name = coll_name(req)
         ns = f"{req.db}.{name}"
+        coll_stats.check_position(pipeline)
         vdocs = view_docs(node, req, name)
         if req.db == "local" and name == "oplog.rs":
             docs = list(node.oplog.entries_from(0))

@@ -30,8 +30,10 @@ def _sharded(client: pymongo.MongoClient, db: str, coll: str) -> None:
     client.admin.command("enableSharding", db)
     client.admin.command("shardCollection", f"{db}.{coll}", key={"_id": 1})
     client.admin.command("split", f"{db}.{coll}", middle={"_id": 10})
-    shards = [s["_id"] for s in client.admin.command("listShards")["shards"]]
-    client.admin.command("moveChunk", f"{db}.{coll}", find={"_id": 10}, to=shards[1])
+    primary = client.config.databases.find_one({"_id": db})["primary"]
+    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
+                 if s["_id"] != primary)
+    client.admin.command("moveChunk", f"{db}.{coll}", find={"_id": 10}, to=other)
 
 
 SCHEMA = {"$jsonSchema": {"bsonType": "object", "required": ["name"],
