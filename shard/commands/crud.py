@@ -26,7 +26,7 @@ from shard.commands.helpers import (begin_write, check_fields, coll_name, finish
                                     refuse_view_write, stmt_id_of, txn_view)
 from shardsim.errors import view_error
 from shard.storage import Collection, id_key
-from shard import validation
+from shard import hints, validation
 from shard.write_context import WriteContext
 
 if TYPE_CHECKING:
@@ -180,6 +180,8 @@ def do_update(node: ShardNode, coll: Collection | None, db: str, name: str, stmt
         raise MongoError(9, "multi update is not supported for replacement-style update")
     array_filters = stmt.get("arrayFilters")
     update_lang.parse_array_filters(array_filters)
+    # 2 for an unknown index (a write error)
+    hints.check_hint(node.storage.get(db, name), stmt.get("hint"))
     # a statement's constants ($$ variables of its pipeline, 8.0 bulkWrite) and collation
     with let_scope(stmt.get("c")), collation_scope(stmt.get("collation")):
         return _do_update(node, coll, db, name, stmt, ctx, filt, upd, multi, upsert, kind,
@@ -348,6 +350,7 @@ async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
                     retried.append(ctx.stmt_id)
                     n += int(done) if not isinstance(done, dict) else int(done.get("n", 0))
                     continue
+            hints.check_hint(storage.get(req.db, name), stmt.get("hint"))
             coll = txn_view(node, storage.get(req.db, name), ctx)
             deleted = 0
             matched: Any = q.select(coll, stmt["q"])
@@ -406,6 +409,7 @@ async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
         done = ctx.retry.lookup(ctx.stmt_id)
         if isinstance(done, dict):
             return {**done, "retriedStmtId": ctx.stmt_id}
+    hints.check_hint(storage.get(req.db, name), body.get("hint"))
     coll = txn_view(node, storage.get(req.db, name), ctx)
     try:
         candidates = list(q.select(coll, filt))

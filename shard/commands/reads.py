@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from bson.int64 import Int64
 
 from shardsim.commands import CommandFamily, Request, check_type
-from shard import coll_stats
+from shard import coll_stats, hints
 from shard.commands.capped_cursor import TailableCollectionCursor
 from shardsim.cursors import Batch, Cursor, ListCursor
 from shardsim.errors import MongoError
@@ -107,8 +107,17 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
             vdocs = q.sort_docs([d for d in vdocs if q.matches(filt, d)], sort)[skip:]
             cursor = ListCursor(ns, q.project(vdocs[:limit] if limit else vdocs, projection))
         else:
-            coll = txn_view(node, storage.get(req.db, name), req)
-            cursor = ListCursor(ns, _read_docs(coll, filt, sort, skip, limit, projection))
+            raw = storage.get(req.db, name)
+            hint = req.body.get("hint")
+            hints.check_hint(raw, hint, ns)
+            coll = txn_view(node, raw, req)
+            if req.body.get("min") or req.body.get("max"):  # index bounds of the hint
+                docs = hints.apply_min_max(raw, [d for _, d in q.select(coll, filt)], hint,
+                                           req.body.get("min"), req.body.get("max"), ns)
+                docs = (q.sort_docs(docs, sort) if sort else docs)[skip:]
+                cursor = ListCursor(ns, q.project(docs[:limit] if limit else docs, projection))
+            else:
+                cursor = ListCursor(ns, _read_docs(coll, filt, sort, skip, limit, projection))
     if req.body.get("noCursorTimeout"):
         cursor.no_timeout = True
     bs = int(batch_size) if batch_size is not None else None
@@ -138,7 +147,9 @@ async def count(node: ShardNode, req: Request) -> dict[str, Any]:
     elif vdocs is not None:
         n = sum(1 for d in vdocs if q.matches(filt, d))
     else:
-        coll = txn_view(node, node.storage.get(req.db, name), req)
+        raw = node.storage.get(req.db, name)
+        hints.check_hint(raw, req.body.get("hint"), f"{req.db}.{name}")
+        coll = txn_view(node, raw, req)
         n = len(coll.docs) if coll is not None and not filt else \
             sum(1 for _ in q.select(coll, filt))
     n = max(0, n - skip)
@@ -157,7 +168,9 @@ async def distinct(node: ShardNode, req: Request) -> dict[str, Any]:
     vdocs = view_docs(node, req, name)
     if vdocs is not None:
         return {"values": q.distinct_values((d for d in vdocs if q.matches(filt, d)), key)}
-    coll = txn_view(node, node.storage.get(req.db, name), req)
+    raw = node.storage.get(req.db, name)
+    hints.check_hint(raw, req.body.get("hint"), f"{req.db}.{name}")
+    coll = txn_view(node, raw, req)
     return {"values": q.distinct_values((d for _, d in q.select(coll, filt)), key)}
 
 
@@ -217,7 +230,9 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
         elif vdocs is not None:
             docs = vdocs
         else:
-            coll = txn_view(node, storage.get(req.db, name), req)
+            raw = storage.get(req.db, name)
+            hints.check_hint(raw, req.body.get("hint"), ns)
+            coll = txn_view(node, raw, req)
             docs = list(coll.docs.values()) if coll is not None else []
     for st in pipeline:
         if isinstance(st, dict) and ("$out" in st or "$merge" in st):
