@@ -21,6 +21,8 @@ module            commands
 ``transactions``  commitTransaction, abortTransaction (state: :mod:`router.transactions`)
 ``users``         createUser, usersInfo, ... forwarded to the config server (user cache)
 ``consistency``   checkMetadataConsistency (always an empty cursor)
+``explain``       explain in mongos' shape (SINGLE_SHARD / SHARD_MERGE / SHARD_WRITE, per-shard
+                  plans; aggregate: splitPipeline and shards)
 ``admin``         isdbgrid, dbStats, collStats, dataSize, validate; the passthrough of the
                   ``config``/``admin`` databases to the config server
 ================  ===========================================================================
@@ -33,12 +35,12 @@ also call ``await crud.insert(node, request)`` directly.
 
 from __future__ import annotations
 
-from router.commands import (admin, bulk_write, crud, ddl, reads, sharding, sharding_ddl,
-                             transactions, users)
+from router.commands import (admin, bulk_write, crud, ddl, explain, reads, sharding,
+                             sharding_ddl, transactions, users)
 
 FAMILIES = (transactions.commands, crud.commands, bulk_write.commands, reads.commands,
             ddl.commands, admin.commands, sharding.commands, sharding_ddl.commands,
-            users.commands)
+            users.commands, explain.commands)
 
-__all__ = ["FAMILIES", "admin", "bulk_write", "crud", "ddl", "reads", "sharding", "sharding_ddl",
+__all__ = ["FAMILIES", "admin", "bulk_write", "crud", "ddl", "explain", "reads", "sharding", "sharding_ddl",
            "transactions", "users"]

@@ -253,6 +253,10 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
     cursor_opt = req.get("cursor")
     if current_op.is_current_op(pipeline) and cursor_opt is not None:
         return await aggregate_current_op(node, req)
+    if req.get("explain") is True:  # aggregate with explain: true = verbosity queryPlanner
+        from router.commands.explain import explain_command
+        inner = {k: v for k, v in req.body.items() if k not in ("explain", "$db")}
+        return await explain_command(node, req.db, "aggregate", inner, "queryPlanner", req.conn)
     if cursor_opt is None and not req.get("explain"):
         raise MongoError(9, "The 'cursor' option is required, except for aggregate with the "
                             "explain argument")

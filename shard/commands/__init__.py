@@ -13,6 +13,7 @@ of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
                           killAllSessions
 ``internal``              _shardsimEnsureCollection, _shardsimNoop (shardsim's own)
 ``balancing``             _shardsvrGetStatsForBalancing, autoSplitVector (for the balancer)
+``explain``               explain (plans of :mod:`shard.explain`)
 ``testing``               _shardsimTruncateOplog (shardsim's own; with test commands only,
                           installed by ``ShardNode.__init__``, not in :data:`FAMILIES`)
 ========================  ===================================================================
@@ -25,8 +26,8 @@ the common no-ops.
 
 from __future__ import annotations
 
-from shard.commands import (balancing, catalog, crud, ddl, internal, oplog, reads, testing,
-                            transactions)
+from shard.commands import (balancing, catalog, crud, ddl, explain, internal, oplog, reads,
+                            testing, transactions)
 
 FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,
-            transactions.commands, internal.commands, balancing.commands)
+            transactions.commands, internal.commands, balancing.commands, explain.commands)

@@ -288,6 +288,22 @@ TABLE: dict[str, Any] = {
 }
 
 
+def _explain(req: Request) -> Needed:
+    """explain_cmd.cpp: the explained command's privileges (none checked here for a
+    malformed request, which the command refuses)."""
+    inner = req.body.get("explain")
+    if not isinstance(inner, dict) or not inner:
+        return []
+    name = next(iter(inner))
+    entry = TABLE.get(name)
+    if entry is None or isinstance(entry, str) or name == "explain":
+        return [(_coll_ns(req), ["find"])]
+    return entry(Request(name, req.db, inner, req.conn))
+
+
+TABLE["explain"] = _explain
+
+
 def required(name: str, req: Request) -> Needed | str:
     """What ``req`` (canonical command ``name``) needs: NO_AUTH, AUTH_ONLY or a list of
     ``(target, actions)``. Internal commands (``_configsvr*``, ``_shardsim*``) and any command
