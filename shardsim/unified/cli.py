@@ -85,15 +85,18 @@ def default_spec_dir() -> Path:
 
 
 @contextlib.contextmanager
-def deployment(topology: str, uri: str | None, shards: int) -> Iterator[str]:
-    """Yield a connection string for ``topology``; start (and always stop) processes if needed."""
+def deployment(topology: str, uri: str | None, shards: int,
+               mongoses: int = 1) -> Iterator[str]:
+    """Yield a connection string for ``topology``; start (and always stop) processes if
+    needed. A started sharded cluster has ``mongoses`` routers, all listed in the URI (tests
+    whose clients set ``useMultipleMongoses: true`` need at least two)."""
     if uri:
         yield uri
         return
     if topology == "sharded":
         from shardsim.launcher import Cluster
-        with Cluster(shards=shards) as cluster:
-            yield cluster.router_uri
+        with Cluster(shards=shards, routers=mongoses) as cluster:
+            yield cluster.routers_uri
         return
     from shardsim.procs import RoleProcess
     shard = RoleProcess("shard", ["--port", "0", "--shard-name", "rs0"], name="shard rs0")
@@ -177,11 +180,14 @@ def render_table(results: list[TestResult], console: object) -> None:
 @click.option("--filter", "name_filter", default=None,
               help="Only tests whose '<file>: <description>' contains this (case-insensitive).")
 @click.option("--shards", default=2, show_default=True, help="Shards of the started cluster.")
+@click.option("--mongoses", default=2, show_default=True,
+              help="Routers of the started sharded cluster (useMultipleMongoses tests need 2).")
 @click.option("--iterate-timeout", default=DEFAULT_ITERATE_TIMEOUT, show_default=True,
               help="Seconds iterateUntilDocumentOrError waits for a change event.")
 @click.option("--verbose", "-v", is_flag=True, help="Print each failure's full diff/traceback.")
 def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], suites: tuple[str, ...],
-         name_filter: str | None, shards: int, iterate_timeout: float, verbose: bool) -> None:
+         name_filter: str | None, shards: int, mongoses: int, iterate_timeout: float,
+         verbose: bool) -> None:
     """Run unified spec tests (default: change streams) with pymongo and print
     passed/failed/skipped; with --suite, a table per suite."""
     from rich.console import Console
@@ -201,7 +207,7 @@ def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], suites: tu
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         try:
-            target = stack.enter_context(deployment(topology, uri, shards))
+            target = stack.enter_context(deployment(topology, uri, shards, mongoses))
             runner = stack.enter_context(Runner(target, iterate_timeout=iterate_timeout))
         except (RuntimeError, PyMongoError) as exc:
             raise click.ClickException(f"cannot start or reach the deployment: {exc}") from None

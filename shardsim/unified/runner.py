@@ -147,7 +147,9 @@ class Runner:
         self.iterate_timeout = iterate_timeout
         self._saved_min_hb = pymongo.common.MIN_HEARTBEAT_INTERVAL
         pymongo.common.MIN_HEARTBEAT_INTERVAL = 0.05
-        self.internal = MongoClient(uri, serverSelectionTimeoutMS=SERVER_SELECTION_TIMEOUT_MS)
+        # one mongos for setup and outcome checks, as for a client without useMultipleMongoses
+        self.internal = MongoClient(_single_host_uri(uri),
+                                    serverSelectionTimeoutMS=SERVER_SELECTION_TIMEOUT_MS)
         self.info = self._server_info(serverless)
         self._kill_all_sessions()
 
@@ -389,8 +391,8 @@ class Runner:
             if multi is True and len(_hosts_of(uri)) < 2:
                 raise SkipTest("useMultipleMongoses: true needs at least 2 mongos hosts "
                                "(the URI lists 1)")
-            if multi is False:
-                uri = _single_host_uri(uri)
+            if multi is not True:  # false or unset: one mongos (the format allows either
+                uri = _single_host_uri(uri)  # for unset; one keeps fail points on it)
         kwargs: dict[str, Any] = {}
         if not any(k.lower() == "serverselectiontimeoutms" for k in uri_options):
             kwargs["serverSelectionTimeoutMS"] = SERVER_SELECTION_TIMEOUT_MS
