@@ -53,8 +53,14 @@ async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> 
     shard). Inside a transaction a ``startTransaction`` statement begins it on the router
     (:mod:`router.transactions`); the shards become participants when they are sent to."""
     info = node.catalog.collection(ns)
+    db = ns.split(".", 1)[0]
+    if info is None and node.catalog.primary_shard(db) is None:
+        # a database this router has not seen (made through another mongos): reload the
+        # catalog before reading, as mongos' CatalogCache does on a miss
+        await node.catalog.refresh()
+        info = node.catalog.collection(ns)
     if info is None:
-        shard = node.read_primary(ns.split(".", 1)[0])
+        shard = node.read_primary(db)
         shards = [shard] if shard else []
     else:
         shards = info.chunks.shards_for_query(filt if isinstance(filt, dict) else {})
