@@ -42,12 +42,18 @@ def _conn_users(conn: Any) -> list[tuple[str, str]]:
     return list(getattr(auth, "users", None) or [])
 
 
-class LocalSessionCache:
-    """``{session id: record}`` of the sessions this node has seen. ``record``:
-    ``{_id: {id, uid}, lastUse: datetime}`` (+ ``user``)."""
+# localLogicalSessionTimeoutMinutes' default: a session unused this long leaves the cache.
+SESSION_TIMEOUT = datetime.timedelta(minutes=30)
 
-    def __init__(self) -> None:
+
+class LocalSessionCache:
+    """``{session id: record}`` of the sessions this node has seen, least recently used
+    first. ``record``: ``{_id: {id, uid}, lastUse: datetime}`` (+ ``user``). Sessions unused
+    for :data:`SESSION_TIMEOUT` are dropped as new ones arrive (the server's reaper)."""
+
+    def __init__(self, timeout: datetime.timedelta = SESSION_TIMEOUT) -> None:
         self.records: dict[bytes, dict[str, Any]] = {}
+        self.timeout = timeout
 
     def vivify(self, lsid: Any, conn: Any) -> None:
         """Note the session of a command's ``lsid`` (ignored unless ``{id: UUID, ...}``);
@@ -65,7 +71,13 @@ class LocalSessionCache:
         rec = {"_id": {"id": sid, "uid": Binary(bytes(uid), 0)}, "lastUse": now}
         if users and "uid" not in lsid:
             rec["user"] = {"name": f"{users[0][0]}@{users[0][1]}"}
+        self.records.pop(key, None)  # re-inserted last: the dict stays in lastUse order
         self.records[key] = rec
+        while self.records:
+            oldest = next(iter(self.records))
+            if now - self.records[oldest]["lastUse"] < self.timeout:
+                break
+            del self.records[oldest]
 
     def list(self, spec: Any, conn: Any) -> list[dict[str, Any]]:
         """The records ``$listLocalSessions: spec`` returns (copies, in first-seen order)."""

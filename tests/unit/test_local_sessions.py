@@ -1,0 +1,62 @@
+"""The logical session cache behind ``$listLocalSessions`` (shardsim/local_sessions.py):
+records, uids, the spec's filters and its errors, expiry."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from bson import Binary
+
+from shardsim.errors import MongoError
+from shardsim.local_sessions import LocalSessionCache, local_sessions_docs
+
+ANON = SimpleNamespace(auth=None)
+ALICE = SimpleNamespace(auth=SimpleNamespace(users=[("alice", "admin")]))
+
+
+def _lsid() -> dict:
+    return {"id": Binary(uuid.uuid4().bytes, 4)}
+
+
+def test_records_and_filters() -> None:
+    cache = LocalSessionCache()
+    a, b = _lsid(), _lsid()
+    cache.vivify(a, ANON)
+    cache.vivify(b, ALICE)
+    cache.vivify({"not": "a session"}, ANON)
+    mine = cache.list({}, ANON)
+    assert [r["_id"]["id"] for r in mine] == [a["id"]]
+    assert mine[0]["_id"]["uid"] == Binary(hashlib.sha256(b"").digest(), 0)
+    assert isinstance(mine[0]["lastUse"], datetime.datetime) and "user" not in mine[0]
+    alice = cache.list({}, ALICE)
+    assert alice[0]["user"] == {"name": "alice@admin"}
+    assert alice[0]["_id"]["uid"] == Binary(hashlib.sha256(b"alice@admin").digest(), 0)
+    assert len(cache.list({"allUsers": True}, ANON)) == 2
+    assert cache.list({"users": [{"user": "alice", "db": "admin"}]}, ANON) == alice
+    assert len(local_sessions_docs(cache, "admin", 1, [{"$listLocalSessions": {}}], ANON)) == 1
+
+
+@pytest.mark.parametrize("db, target, spec, code", [
+    ("test", 1, {}, 73), ("admin", "coll", {}, 73), ("admin", 1, 5, 9),
+    ("admin", 1, {"bogus": 1}, 40415), ("admin", 1, {"allUsers": True, "users": []}, 50705),
+    ("admin", 1, {"users": [{"user": 1}]}, 40414)])
+def test_errors(db: str, target: object, spec: object, code: int) -> None:
+    with pytest.raises(MongoError) as info:
+        local_sessions_docs(LocalSessionCache(), db, target, [{"$listLocalSessions": spec}], ANON)
+    assert info.value.code == code
+
+
+def test_unused_sessions_expire() -> None:
+    cache = LocalSessionCache(timeout=datetime.timedelta(minutes=30))
+    old, kept, new = _lsid(), _lsid(), _lsid()
+    cache.vivify(old, ANON)
+    cache.vivify(kept, ANON)
+    first = next(iter(cache.records.values()))
+    first["lastUse"] -= datetime.timedelta(minutes=31)
+    cache.vivify(new, ANON)
+    assert [r["_id"]["id"] for r in cache.list({"allUsers": True}, ANON)] == \
+        [kept["id"], new["id"]]
