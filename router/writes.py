@@ -260,8 +260,8 @@ class WriteExecutor:
             replies = await asyncio.gather(*(one(s) for s in run.shards), return_exceptions=True)
         for reply in replies:
             if isinstance(reply, MongoError):
-                if len(run.idx) == 0 or (self.in_txn and reply.code in rw.RETRIABLE_CODES):
-                    raise reply  # in a transaction a network error fails the command
+                if len(run.idx) == 0 or self.in_txn:
+                    raise reply  # in a transaction a shard error fails the command
                 # No reply, or a command-level error: it fails the child batch's statements
                 # (the first of an ordered batch, each of an unordered one; noteBatchError).
                 shard = getattr(reply, "shard", None)

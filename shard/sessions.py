@@ -159,11 +159,13 @@ class Transaction:
                 v.coll.prepared[key] = self
 
     def unlock(self) -> None:
-        """Release what :meth:`lock` took."""
+        """Release what :meth:`lock` took, and the write locks of :meth:`TxnView._remember`."""
         for v in self.views.values():
             for key in v.overlay:
                 if v.coll.prepared.get(key) is self:
                     del v.coll.prepared[key]
+                if v.coll.txn_writers.get(key) is self:
+                    del v.coll.txn_writers[key]
 
     def apply(self, storage: Any, *, force: bool = False) -> None:
         """Commit the overlays to the collections (all or nothing). Raises WriteConflict (112,
@@ -281,9 +283,20 @@ class TxnView:
         self.txn: Transaction | None = None
 
     def _remember(self, key: Any) -> None:
+        """About to write the document at ``key``: WriteConflict (112, TransientTransaction-
+        Error) when a prepared transaction holds it, or another in-progress transaction wrote
+        it (WiredTiger's write-write conflict between two uncommitted transactions); else the
+        document is this transaction's until it ends."""
         holder = self.coll.prepared.get(key)
         if holder is not None and holder is not self.txn:
             raise prepare_conflict(self.coll.ns)
+        writer = self.coll.txn_writers.get(key)
+        if writer is not None and writer is not self.txn and writer.state == "in_progress":
+            raise MongoError(112, "Write conflict during plan execution and yielding is "
+                                  "disabled. :: Please retry your operation or multi-document "
+                                  "transaction.", labels=TRANSIENT)
+        if self.txn is not None:
+            self.coll.txn_writers[key] = self.txn
         if key not in self.seen:
             self.seen[key] = self.coll.docs.get(key)
 

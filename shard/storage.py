@@ -148,6 +148,9 @@ class Collection:
         # id_key -> the prepared, undecided transaction holding the document
         # (shard.sessions.Transaction.lock): other writers get WriteConflict (112).
         self.prepared: dict[Any, Any] = {}
+        # id_key -> the in-progress transaction that wrote the document (shard.sessions.TxnView):
+        # another transaction writing it gets WriteConflict (112) at once, as WiredTiger's.
+        self.txn_writers: dict[Any, Any] = {}
 
     @property
     def ns(self) -> str:

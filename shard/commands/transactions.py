@@ -61,8 +61,9 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
         txn.rollback()
         raise
     txn.state = "committed"
+    txn.unlock()
     if not txn.ops:
-        return {}
+        return _with_write_concern(req, {})
     # lsid/txnNumber and prevOpTime, no stmtId: the applyOps entry of a transaction.
     entry = node.make_entry("c", "admin.$cmd", None, {"applyOps": txn.ops},
                             ctx=WriteContext(s.lsid, txn.txn_number))
@@ -70,7 +71,20 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     for uuid, idx, doc in txn.pre_images:
         node.put_pre_image(uuid, entry["ts"], idx, doc)
     txn.views.clear()
-    return {"__operationTime": entry["ts"]}
+    return _with_write_concern(req, {"__operationTime": entry["ts"]})
+
+
+def _with_write_concern(req: Request, reply: dict[str, Any]) -> dict[str, Any]:
+    """``reply`` with the ``writeConcernError`` a one-node replica set gives for a numeric
+    ``w`` above 1 (UnsatisfiableWriteConcern 100, "Not enough data-bearing nodes",
+    ``write_concern.cpp`` ``validateWriteConcern``): the commit happened, the write concern
+    cannot be satisfied."""
+    wc = req.body.get("writeConcern")
+    w = wc.get("w") if isinstance(wc, dict) else None
+    if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 1:
+        reply["writeConcernError"] = {"code": 100, "codeName": "UnsatisfiableWriteConcern",
+                                      "errmsg": "Not enough data-bearing nodes"}
+    return reply
 
 
 @commands.handler("abortTransaction")
