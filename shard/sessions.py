@@ -45,6 +45,7 @@ from bson.int64 import Int64
 
 from shardsim.commands import Request
 from shardsim.errors import MongoError
+from shard.snapshot import SnapshotDocs
 from shard.storage import id_key
 
 TRANSIENT = ["TransientTransactionError"]
@@ -114,6 +115,9 @@ class Transaction:
         self.state = "in_progress"  # in_progress | prepared | committed | aborted
         self.started = time.monotonic()
         self.prepare_ts: Any = None  # Timestamp of the prepare entry once prepared
+        # the cluster time its reads see (readConcern snapshot's atClusterTime, else the newest
+        # oplog entry when the transaction started here): Sessions.transaction_for
+        self.read_ts: Any = None
         self.ops: list[dict[str, Any]] = []
         self.pre_images: list[tuple[bytes, int, dict[str, Any]]] = []
         self.views: dict[bytes, TxnView] = {}
@@ -122,7 +126,7 @@ class Transaction:
         """The collection as this transaction sees it (its own writes over the committed data)."""
         v = self.views.get(coll.uuid)
         if v is None or v.coll is not coll:
-            v = self.views[coll.uuid] = TxnView(coll)
+            v = self.views[coll.uuid] = TxnView(coll, self.read_ts)
             v.txn = self
         return v
 
@@ -226,11 +230,17 @@ class _MergedDocs:
     """``docs`` of a :class:`TxnView`: the committed documents with the overlay applied, in
     natural order (overlay inserts last). Mapping-like: get, items, values, keys, len, in."""
 
-    __slots__ = ("base", "overlay")
+    __slots__ = ("_src", "overlay")
 
-    def __init__(self, base: dict[Any, Any], overlay: dict[Any, Any]) -> None:
-        self.base = base
+    def __init__(self, base: Any, overlay: dict[Any, Any]) -> None:
+        self._src = base  # a dict (latest data) or a SnapshotDocs (the transaction's snapshot)
         self.overlay = overlay
+
+    @property
+    def base(self) -> dict[Any, Any]:
+        """The committed documents this transaction reads (its snapshot when it has one)."""
+        src = self._src
+        return src.get() if isinstance(src, SnapshotDocs) else src
 
     def get(self, key: Any, default: Any = None) -> Any:
         if key in self.overlay:
@@ -275,11 +285,12 @@ class TxnView:
     deleted) until commit. Other attributes (ns, ui, uuid, indexes, document_key, ...) are the
     collection's."""
 
-    def __init__(self, coll: Any) -> None:
+    def __init__(self, coll: Any, read_ts: Any = None) -> None:
         self.coll = coll
         self.overlay: dict[Any, dict[str, Any] | None] = {}
         self.seen: dict[Any, dict[str, Any] | None] = {}  # committed doc when first written
-        self.docs = _MergedDocs(coll.docs, self.overlay)
+        self.snapshot = SnapshotDocs(coll, read_ts) if read_ts is not None else None
+        self.docs = _MergedDocs(self.snapshot or coll.docs, self.overlay)
         self.txn: Transaction | None = None
 
     def _remember(self, key: Any) -> None:
@@ -292,6 +303,12 @@ class TxnView:
             raise prepare_conflict(self.coll.ns)
         writer = self.coll.txn_writers.get(key)
         if writer is not None and writer is not self.txn and writer.state == "in_progress":
+            raise MongoError(112, "Write conflict during plan execution and yielding is "
+                                  "disabled. :: Please retry your operation or multi-document "
+                                  "transaction.", labels=TRANSIENT)
+        if key not in self.seen and self.snapshot is not None and \
+                self.coll.docs.get(key) is not self.snapshot.get().get(key):
+            # committed by another writer after this transaction's snapshot
             raise MongoError(112, "Write conflict during plan execution and yielding is "
                                   "disabled. :: Please retry your operation or multi-document "
                                   "transaction.", labels=TRANSIENT)
@@ -552,6 +569,7 @@ class Sessions:
             s.txn_number = tn
             s.executed = {}
             s.txn = Transaction(s, tn)
+            s.txn.read_ts = self._read_ts(body)
             return s.txn
         if s.txn is None or s.txn_number != tn:
             raise MongoError(251, f"Given transaction number {tn} does not match any in-progress "
@@ -565,6 +583,18 @@ class Sessions:
         if s.txn.state == "prepared":
             raise MongoError(267, "Cannot run a statement of a prepared transaction")
         return s.txn
+
+    def _read_ts(self, body: dict[str, Any]) -> Any:
+        """The snapshot of a transaction starting here: ``readConcern.atClusterTime`` of a
+        ``snapshot`` transaction (the router's choice, the same on every shard), else the newest
+        oplog entry (mongod opens the storage snapshot at the transaction's first statement on
+        the shard; ``local``/``majority`` read concern, ``transaction_participant.cpp``)."""
+        rc = body.get("readConcern")
+        if isinstance(rc, dict) and rc.get("level") == "snapshot" and \
+                rc.get("atClusterTime") is not None:
+            return rc["atClusterTime"]
+        node = self.node
+        return node.oplog.last_ts() or node.clock.now()
 
     def abort_on_error(self, req: Request) -> None:
         """A statement failed inside a transaction: mongod aborts the whole transaction."""

@@ -14,6 +14,7 @@ change stamped after ``T`` (:func:`documents_at`). Stored documents are never mu
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from bson.timestamp import Timestamp
@@ -44,7 +45,11 @@ class History:
         floor = ts.time - self.window_s
         for coll, key, old in self.pending:
             hist = coll.history
-            hist.append((ts, key, old))
+            if hist and ts < hist[-1][0]:
+                # a prepared transaction committed at its (older) commitTimestamp
+                bisect.insort_right(hist, (ts, key, old), key=lambda h: h[0])
+            else:
+                hist.append((ts, key, old))
             if hist[0][0].time < floor:
                 cut = 0
                 while cut < len(hist) and hist[cut][0].time < floor:
@@ -85,3 +90,26 @@ class SnapshotView:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.coll, name)
+
+
+class SnapshotDocs:
+    """The documents of ``coll`` as of cluster time ``at``, kept current while ``coll`` changes
+    (a transaction's snapshot, :class:`shard.sessions.TxnView`): :meth:`get` recomputes
+    :func:`documents_at` only when the collection's undo log changed since the last call."""
+
+    __slots__ = ("coll", "at", "_key", "_docs")
+
+    def __init__(self, coll: Any, at: Timestamp) -> None:
+        self.coll = coll
+        self.at = at
+        self._key: Any = None
+        self._docs: Any = None
+
+    def get(self) -> dict[Any, dict[str, Any]]:
+        """Storage key -> document as of ``at`` (SnapshotTooOld 239 past the history window)."""
+        hist = self.coll.history
+        key = (len(hist), hist[-1][0] if hist else None, len(self.coll.docs))
+        if key != self._key or self._docs is None:
+            self._docs = documents_at(self.coll, self.at)
+            self._key = key
+        return self._docs

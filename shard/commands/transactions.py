@@ -160,6 +160,9 @@ def commit_prepared(node: ShardNode, s: Any, txn: Any, commit_ts: Any) -> dict[s
     node.clock.restore(commit_ts)
     txn.unlock()
     txn.apply(node.storage, force=True)
+    # Snapshot readers see the documents from the commit timestamp on, on every participant
+    # alike (the commit entry below gets this shard's own, possibly later, ts).
+    node.storage.history.stamp(commit_ts)
     txn.state = "committed"
     entry = node.make_entry("c", "admin.$cmd", None,
                             {"commitTransaction": 1, "commitTimestamp": commit_ts},
