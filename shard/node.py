@@ -34,6 +34,7 @@ from shard import commands as shard_commands
 from shard.change_stream import cursor as cs_cursor
 from shard.auth_store import LocalUserStore
 from shard.durable import DurableStore
+from shard.prepare_conflicts import read_namespace, wait_for_prepared
 from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
 from shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
@@ -223,12 +224,15 @@ class ShardNode(Node):
             # Any statement (read or write) may start or continue a transaction.
             try:
                 self.gossip_in(req)
-                self._req_txn[id(req)] = self.sessions.transaction_for(req)
+                txn = self._req_txn[id(req)] = self.sessions.transaction_for(req)
             except MongoError as exc:
                 exc.labels = self.error_labels(req, exc)
                 reply = exc.to_reply()
                 self.cluster_time_fields(req, reply)
                 return reply
+            # a statement reading at the transaction's snapshot waits for the prepared
+            # transactions it would meet (shard.prepare_conflicts)
+            await wait_for_prepared(self, read_namespace(req), txn.read_ts, own=txn)
         self._depth += 1
         try:
             reply = await super().run_command(req)

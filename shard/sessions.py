@@ -414,6 +414,27 @@ class Sessions:
         self._sessions: dict[bytes, Session] = {}
         self.lifetime_s = 60  # transactionLifetimeLimitSeconds
         self._reaper: asyncio.Task | None = None
+        self._decision_waiters: list[asyncio.Future] = []  # shard.prepare_conflicts
+
+    async def wait_decision(self, timeout_s: float) -> None:
+        """Wait until a prepared transaction is committed or aborted (:meth:`decided`), at most
+        ``timeout_s`` seconds."""
+        fut = asyncio.get_running_loop().create_future()
+        self._decision_waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if fut in self._decision_waiters:
+                self._decision_waiters.remove(fut)
+
+    def decided(self) -> None:
+        """A prepared transaction was committed or aborted: wake the readers waiting on it."""
+        waiters, self._decision_waiters = self._decision_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def start_reaper(self, interval_s: float = 1.0) -> None:
         """Abort transactions older than ``lifetime_s`` seconds (mongod's periodic

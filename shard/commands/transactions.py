@@ -108,6 +108,7 @@ async def abort_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
         entry["prevOpTime"] = {"ts": txn.prepare_ts, "t": Int64(1)}
         node.append_entry(entry)
         node.sessions.note(s)
+        node.sessions.decided()
         return {"__operationTime": entry["ts"]}
     return {}
 
@@ -171,6 +172,7 @@ def commit_prepared(node: ShardNode, s: Any, txn: Any, commit_ts: Any) -> dict[s
     node.append_entry(entry)
     txn.views.clear()
     node.sessions.note(s)
+    node.sessions.decided()
     return {"__operationTime": entry["ts"]}
 
 

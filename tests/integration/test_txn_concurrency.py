@@ -217,3 +217,41 @@ def test_coordinator_killed_before_decision_aborts_everywhere(tmp_path) -> None:
             events = _read(stream, 1)
         assert [(e["operationType"], e["documentKey"]["_id"]) for e in events] == [("update", 1)]
         assert "lsid" not in events[0]
+
+
+def test_snapshot_read_after_prepare_waits_for_the_decision() -> None:
+    """A snapshot read (and a transaction's read) at a time after a cross-shard transaction
+    prepared waits until the coordinator's decision is delivered, then sees the committed
+    documents on both shards: never half of them, never a version that changes later."""
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        primary, _other = _two_shard_collection(client, "p.c")
+        coll = client.p.c
+        coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
+        c.cluster.node(primary).coordinators.pause_after_decision_s = 1.5
+        s = client.start_session()
+        s.start_transaction()
+        coll.update_one({"_id": -1, "x": -1}, {"$set": {"v": 1}}, session=s)
+        coll.update_one({"_id": 1, "x": 1}, {"$set": {"v": 1}}, session=s)
+        t = threading.Thread(target=s.commit_transaction)
+        t.start()
+        deadline = time.monotonic() + 10
+        while not any(d.get("decision") for d in c.cluster.node(primary).coordinators.documents()):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        at = max(txn.prepare_ts for name in (primary, _other)
+                 for txn in c.cluster.node(name).sessions.prepared())
+        start = time.monotonic()
+        with client.start_session(causal_consistency=False) as rs:
+            # the router learns the prepare's time through the client's gossip
+            rs.advance_cluster_time({"clusterTime": at, "signature": {
+                "hash": b"\x00" * 20, "keyId": 0}})
+            reply = client.p.command("find", "c", session=rs, readConcern={
+                "level": "snapshot", "atClusterTime": at})
+        seen = sorted(d["v"] for d in reply["cursor"]["firstBatch"])
+        waited = time.monotonic() - start
+        t.join(30)
+        assert seen == [1, 1]
+        assert waited > 0.5  # it waited for the decision to arrive
+        plain = sorted(d["v"] for d in coll.find({}))
+        assert plain == [1, 1]
