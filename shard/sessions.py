@@ -27,10 +27,10 @@ see; their oplog operations are buffered. ``commitTransaction`` applies the over
 nothing; a unique key taken meanwhile gives WriteConflict 112), then writes ONE ``applyOps``
 entry (``{op: "c", ns: "admin.$cmd", o: {applyOps: [...]}, lsid, txnNumber, prevOpTime}``) and
 the pre-images with their ``applyOpsIndex``; ``abortTransaction`` (or a failed statement)
-drops the overlays and writes nothing. Known differences from mongod: reads inside a
-transaction see the latest committed data rather than a snapshot from its start, and
-conflicting writers are detected at commit (WriteConflict 112 when a document the transaction
-wrote was changed by someone else meanwhile, a unique key was taken, or the collection dropped).
+drops the overlays and writes nothing. A transaction reads one snapshot
+(``Transaction.read_ts``, through :class:`shard.snapshot.SnapshotDocs`); a write meeting a
+document another open transaction wrote, or one changed after the snapshot, is a WriteConflict
+(112) at once, as WiredTiger's (docs/transactions.md).
 """
 
 from __future__ import annotations
