@@ -69,7 +69,9 @@ class ShardNode(Node):
     """A shard. ``options``: ``shard_name``, ``dbpath`` (None = in memory),
     ``noop_interval_ms``, ``promise_mode`` (``clock``|``mongod``), ``oplog_size_mb``,
     ``oplog_min_retention_hours``, ``oplog_max_age_s``, ``oplog_cache_mb`` (durable shards: MiB
-    of newest oplog entries kept in memory, default 64), ``sync`` (``normal``|``full``)."""
+    of newest oplog entries kept in memory, default 64), ``snapshot_history_mb`` (MiB of document
+    history kept for snapshot reads, default 32: :mod:`shard.snapshot`), ``sync``
+    (``normal``|``full``)."""
 
     role = "shard"
 
@@ -83,6 +85,8 @@ class ShardNode(Node):
         min_ret_h = float(self.options.get("oplog_min_retention_hours") or 0)
         max_age = self.options.get("oplog_max_age_s")
         self.storage = Storage()
+        history_mb = float(self.options.get("snapshot_history_mb") or 32)
+        self.storage.history.max_bytes = int(history_mb * 2**20)
         retention = {"max_bytes": int(size_mb * 1024 * 1024), "min_retention_s": min_ret_h * 3600,
                      "max_age_s": float(max_age) if max_age else None}
         dbpath = self.options.get("dbpath")
@@ -320,7 +324,7 @@ class ShardNode(Node):
         """Append to the oplog (and the durable journal); the document changes made for it get
         its ``ts`` in the snapshot history (:mod:`shard.snapshot`)."""
         size = self.oplog.append(entry, size)
-        self.storage.history.stamp(entry["ts"])
+        self.storage.history.stamp(entry["ts"], size)
         if self.storage.journal is not None:
             self.storage.journal.append(("oplog", entry, size))
             if self._depth == 0:
