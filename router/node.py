@@ -25,6 +25,7 @@ from typing import Any
 from bson.int64 import Int64
 
 from router import security as router_security
+from router import shard_versioning
 from router.catalog import CatalogCache
 from router.change_stream.promise_requests import PromiseRequests
 from router.commands import FAMILIES
@@ -115,7 +116,9 @@ class RouterNode(Node):
 
     async def shard_command(self, shard: str, db: str, cmd: dict[str, Any], *, raw: bool = False,
                             check: bool = True, timeout: float | None = None) -> Any:
-        """Run ``cmd`` on ``shard`` with cluster-time gossip (MongoError on failure)."""
+        """Run ``cmd`` on ``shard`` with cluster-time gossip (MongoError on failure); CRUD and
+        reads carry the namespace's ``shardVersion`` (:func:`router.shard_versioning.attach`)."""
+        cmd = shard_versioning.attach(self, shard, db, cmd)
         return await gossip_command(self.clock, self.pool_for(shard), db, cmd, raw=raw,
                                     check=check, timeout=timeout)
 
@@ -149,8 +152,9 @@ class RouterNode(Node):
         """Run one command with a fresh operationTime holder
         (:data:`shardsim.gossip.OPERATION_TIME`)."""
         token = OPERATION_TIME.set([None])
-        try:
-            return await super().run_command(req)
+        try:  # a StaleConfig from a shard: refresh and run the command again
+            return await shard_versioning.run_with_retries(
+                self, lambda: super(RouterNode, self).run_command(req))
         finally:
             OPERATION_TIME.reset(token)
 

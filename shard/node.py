@@ -38,6 +38,7 @@ from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
 from shardsim.query import select
 from shard.sessions import Sessions
+from shard.sharding_runtime import VERSIONED, ShardingRuntime
 from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
                            validate_db_name)
 from shard.write_context import NO_CONTEXT, WriteContext
@@ -87,6 +88,8 @@ class ShardNode(Node):
         self._depth = 0
         self._req_txn: dict[int, Any] = {}
         self.sessions = Sessions(self)
+        # Filtering metadata, critical sections, transfer mods (shard/sharding_runtime.py).
+        self.sharding = ShardingRuntime(self)
         # Promise requests from the router (_shardsimAdvanceClusterTime) and the change-stream
         # cursors waiting for them (shard/change_stream/cursor.py).
         self.cs_promise_waiters = cs_cursor.PromiseWaiters()
@@ -195,12 +198,25 @@ class ShardNode(Node):
                 reply = exc.to_reply()
                 self.cluster_time_fields(req, reply)
                 return reply
+        versioned_write = None
+        if "shardVersion" in req.body and self.commands.canonical(req.name) in VERSIONED:
+            try:  # a routed request: checked against this shard's version (13388)
+                ns = f"{req.db}.{req.arg}"
+                if await self.sharding.check(ns, self.commands.canonical(req.name),
+                                             req.body["shardVersion"]):
+                    versioned_write = ns
+            except MongoError as exc:
+                reply = exc.to_reply()
+                self.cluster_time_fields(req, reply)
+                return reply
         self._depth += 1
         try:
             reply = await super().run_command(req)
         finally:
             self._depth -= 1
             self._req_txn.pop(id(req), None)
+            if versioned_write is not None:
+                self.sharding.done(versioned_write)
         if self.durable is not None and (self.storage.journal or self._unflushed):
             wrote = bool(self.storage.journal)
             try:
@@ -294,6 +310,8 @@ class ShardNode(Node):
         if ctx.txn is not None:
             ctx.txn.add_op(op, coll, o, o2, pre_image if coll.pre_post_images else None)
             return None
+        if not ctx.from_migrate and self.sharding.trackers:
+            self.sharding.on_write(coll.ns, op, o, o2)  # a migration's transfer mods
         entry = self.make_entry(op, coll.ns, coll.ui, o, o2, ctx=ctx)
         self.append_entry(entry, None if size is None else size + 160)
         if pre_image is not None and coll.pre_post_images:

@@ -12,6 +12,8 @@ of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
 ``transactions``          commitTransaction, abortTransaction, endSessions, killSessions,
                           killAllSessions
 ``internal``              _shardsimEnsureCollection, _shardsimNoop (shardsim's own)
+``migration``             the shard's half of chunk migrations and shard versioning
+                          (_migrateClone, _transferMods, critical section, metadata)
 ========================  ===================================================================
 
 ``helpers`` holds what several families share (namespace checks, the write context of a batch,
@@ -22,7 +24,8 @@ the common no-ops.
 
 from __future__ import annotations
 
-from shard.commands import catalog, crud, ddl, internal, oplog, reads, transactions
+from shard.commands import (catalog, crud, ddl, internal, migration, oplog, reads,
+                            transactions)
 
 FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,
-            transactions.commands, internal.commands)
+            transactions.commands, internal.commands, migration.commands)
