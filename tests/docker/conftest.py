@@ -73,7 +73,8 @@ class ComposeCluster:
         cmd = compose_command()
         assert cmd is not None
         self._cmd = cmd + ["-p", self.project, "-f", str(COMPOSE_FILE)]
-        self._env = dict(os.environ, SHARDSIM_PORT=str(port), SHARDSIM_BIND="127.0.0.1")
+        self._env = dict(os.environ, SHARDSIM_PORT=str(port), SHARDSIM_PORT2=str(free_port()),
+                         SHARDSIM_BIND="127.0.0.1")
         self._down = False
 
     def compose(self, *args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
