@@ -23,7 +23,8 @@ range deletion (``range_deleter_service.cpp``, with ``orphanCleanupDelaySecs`` 0
 
 Not faithful: the config server drives the phases (in 8.0 the donor shard runs
 ``MigrationSourceManager`` and the recipient pulls ``_migrateClone``/``_transferMods`` itself);
-the filtering metadata is pushed to the shards instead of being pulled on refresh.
+the filtering metadata is pushed to the shards instead of being pulled on refresh (every shard
+gets the whole routing table, which post-image look-ups use: :mod:`shard.sharding_runtime`).
 """
 
 from __future__ import annotations
@@ -49,18 +50,22 @@ BATCH = 1000
 
 async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | None = None
                         ) -> None:
-    """Send every shard (or ``shards``) its filtering metadata of the sharded ``ns``: epoch,
-    timestamp, uuid, key and its own chunks with their ``lastmod``
-    (``_shardsimSetFilteringMetadata``; mongod's shards pull it on a refresh). A shard that is
-    down is skipped (it accepts any version until it hears again)."""
+    """Send every shard (or ``shards``) the filtering and routing metadata of the sharded
+    ``ns``: epoch, timestamp, uuid, key, every chunk with its ``lastmod`` and owner, and the
+    shards' hosts (``_shardsimSetFilteringMetadata``; mongod's shards pull it on a refresh).
+    A shard derives its own placement version from its chunks and routes post-image look-ups
+    with the rest. A shard that is down is skipped (it accepts any version until it hears
+    again)."""
     entry, _, chunk_docs = await node.load_collection(ns)
     db = ns.split(".", 1)[0]
-    names = shards if shards is not None else [s["_id"] for s in await node.shards()]
+    shard_docs = await node.shards()
+    names = shards if shards is not None else [s["_id"] for s in shard_docs]
+    meta = {"epoch": entry["lastmodEpoch"], "timestamp": entry["timestamp"],
+            "uuid": entry["uuid"], "key": entry["key"],
+            "chunks": [{"min": d["min"], "max": d["max"], "lastmod": d["lastmod"],
+                        "shard": d["shard"]} for d in chunk_docs],
+            "shards": {s["_id"]: s["host"] for s in shard_docs}}
     for shard in names:
-        meta = {"epoch": entry["lastmodEpoch"], "timestamp": entry["timestamp"],
-                "uuid": entry["uuid"], "key": entry["key"],
-                "chunks": [{"min": d["min"], "max": d["max"], "lastmod": d["lastmod"]}
-                           for d in chunk_docs if d["shard"] == shard]}
         try:
             await node.on_shard(shard, db, {"_shardsimSetFilteringMetadata": ns,
                                             "metadata": meta})
@@ -115,7 +120,11 @@ async def _commit(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
         control = max(rest, key=lambda d: (d["lastmod"].time, d["lastmod"].inc))
         await node.update("chunks", {"_id": control["_id"]},
                           {"$set": {"lastmod": Timestamp(major, 1)}})
+    # The two shards first (their versions changed), then everyone's routing information.
     await push_metadata(node, ns, [donor, to])
+    others = [s["_id"] for s in await node.shards() if s["_id"] not in (donor, to)]
+    if others:
+        await push_metadata(node, ns, others)
 
 
 async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], pattern: KeyPattern,

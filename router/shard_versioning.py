@@ -16,6 +16,7 @@ refresh-and-retry on StaleConfig (mongos' ``StaleShardVersionHelpers`` /
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from bson import ObjectId
@@ -30,7 +31,20 @@ VERSIONED = frozenset({"insert", "update", "delete", "findAndModify", "findandmo
                        "count", "distinct", "aggregate"})
 UNSHARDED = {"e": ObjectId("000000000000000000000000"), "t": Timestamp(0, 0),
              "v": Timestamp(0, 0)}
-_UNVERSIONED_DBS = frozenset({"admin", "config", "local"})
+UNVERSIONED_DBS = frozenset({"admin", "config", "local"})
+_UNVERSIONED_DBS = UNVERSIONED_DBS
+# The routing table a read was targeted with (set by router.commands.reads.read_targets), so
+# the versions sent are those of the same snapshot even when the cache is reloaded meanwhile.
+TARGETED_WITH: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
+    "shardsim_targeted_with", default=None)
+
+
+def version_for(info: Any, shard: str) -> dict[str, Any]:
+    """The ``shardVersion`` for ``shard`` from routing table ``info`` (a
+    :class:`router.catalog.CollectionInfo`, or None for an unsharded collection)."""
+    if info is None or info.epoch is None:
+        return dict(UNSHARDED)
+    return info.shard_version(shard)
 
 
 def attach(router: "RouterNode", shard: str, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -47,10 +61,12 @@ def attach(router: "RouterNode", shard: str, db: str, cmd: dict[str, Any]) -> di
         if isinstance(pipeline, list) and pipeline and isinstance(pipeline[0], dict) and \
                 "$changeStream" in pipeline[0]:
             return cmd
-    info = router.catalog.collection(f"{db}.{coll}")
+    ns = f"{db}.{coll}"
+    targeted = TARGETED_WITH.get()
+    info = targeted[1] if targeted is not None and targeted[0] == ns \
+        else router.catalog.collection(ns)
     out = dict(cmd)
-    out["shardVersion"] = info.shard_version(shard) if info is not None and \
-        info.epoch is not None else dict(UNSHARDED)
+    out["shardVersion"] = version_for(info, shard)
     return out
 
 
@@ -74,7 +90,11 @@ async def run_with_retries(router: "RouterNode",
     is StaleConfig (13388), at most :data:`MAX_STALE_RETRIES` times; then the reply as is."""
     for attempt in range(MAX_STALE_RETRIES + 1):
         generation = router.catalog.generation
-        reply = await run()
+        token = TARGETED_WITH.set(None)  # each attempt targets with the cache of its own
+        try:
+            reply = await run()
+        finally:
+            TARGETED_WITH.reset(token)
         if reply.get("code") != STALE_CONFIG or attempt == MAX_STALE_RETRIES:
             return reply
         await refresh_after_stale(router, generation, attempt)

@@ -60,6 +60,9 @@ class Run:
     ops: list[Any] = field(default_factory=list)
     broadcast: bool = False
     key_update: bool = False  # a single update that may change the shard key's owner
+    # The routing table the statements were targeted with: its placement versions go with
+    # the child batch (mongos sends the version of the ChunkManager it targeted with).
+    info: Any = None
 
 
 def _is_replacement(u: Any) -> bool:
@@ -82,6 +85,7 @@ class WriteExecutor:
         self.ordered = req.get("ordered", True) is not False
         self.in_txn = req.get("autocommit") is False
         self.retryable = rw.is_retryable(req.body)
+        self._snapshot: Any = None  # the CollectionInfo of the last targeting round
 
     # -- targeting ----------------------------------------------------------------------------
     async def find_owner(self, q: Any, shards: list[str], extra: dict[str, Any]) -> str | None:
@@ -108,7 +112,7 @@ class WriteExecutor:
         database (implicit creation on first write). Raises ShardNotFound (70) when there is no
         shard, ShardKeyNotFound (61) for an upsert without the full shard key."""
         router = self.router
-        info = router.catalog.collection(self.ns)
+        info = self._snapshot
         if info is None:
             primary = await router.ensure_database(self.db) if self.kind != "delete" \
                 else router.read_primary(self.db)
@@ -240,7 +244,8 @@ class WriteExecutor:
             owners = set(self.router.catalog.collection(self.ns).chunks.shards()) \
                 if self.router.catalog.collection(self.ns) else set(stale)
             again = [s for s in stale if s in owners]
-            subs = [Run(again, run.idx, run.ops, True)] if again else []
+            snapshot = self.router.catalog.collection(self.ns)
+            subs = [Run(again, run.idx, run.ops, True, info=snapshot)] if again else []
         else:
             targets, errs = await self._target_all(run.ops)
             errors.extend({**e, "index": run.idx[e["index"]]} for e in errs)
@@ -274,7 +279,7 @@ class WriteExecutor:
                 runs[-1].idx.append(i)
                 runs[-1].ops.append(op)
             else:
-                runs.append(Run(shards, [i], [op], broadcast))
+                runs.append(Run(shards, [i], [op], broadcast, info=self._snapshot))
         return runs
 
     async def _send_plain_once(self, run: Run, catch_stale: bool = False
@@ -288,9 +293,11 @@ class WriteExecutor:
         stale: list[str] = []
 
         async def one(shard: str) -> dict[str, Any]:
+            sent = dict(cmd, shardVersion=sv.version_for(run.info, shard)) \
+                if self.db not in sv.UNVERSIONED_DBS else cmd
             try:
                 reply = await rw.send_idempotent(
-                    lambda: self.router.shard_command(shard, self.db, cmd), self.retryable)
+                    lambda: self.router.shard_command(shard, self.db, sent), self.retryable)
             except MongoError as exc:
                 exc.shard = shard  # for the write error's "Write results unavailable from"
                 raise
@@ -366,6 +373,7 @@ class WriteExecutor:
         errors and ShardNotFound (70) are raised."""
         errors: list[dict[str, Any]] = []
         targets: list[Target | None] = []
+        self._snapshot = self.router.catalog.collection(self.ns)
         for i, op in enumerate(ops):
             try:
                 shards, broadcast = await self.target(op)
@@ -396,7 +404,7 @@ class WriteExecutor:
                     runs[-1].idx.append(i)
                     runs[-1].ops.append(ops[i])
                 else:
-                    runs.append(Run(shards, [i], [ops[i]], broadcast, special))
+                    runs.append(Run(shards, [i], [ops[i]], broadcast, special, self._snapshot))
         else:
             by_shard: dict[str, Run] = {}
             for t in targets:
@@ -404,9 +412,10 @@ class WriteExecutor:
                     continue
                 i, shards, broadcast = t
                 if broadcast or self.touches_key(ops[i]):
-                    runs.append(Run(shards, [i], [ops[i]], broadcast, not broadcast))
+                    runs.append(Run(shards, [i], [ops[i]], broadcast, not broadcast,
+                                    self._snapshot))
                 else:
-                    run = by_shard.setdefault(shards[0], Run(shards))
+                    run = by_shard.setdefault(shards[0], Run(shards, info=self._snapshot))
                     run.idx.append(i)
                     run.ops.append(ops[i])
             runs.extend(by_shard.values())

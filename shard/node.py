@@ -398,6 +398,7 @@ class ShardNode(Node):
     async def shutdown(self) -> None:
         """Close cursors, then flush and close the durable store."""
         await super().shutdown()
+        self.sharding.close()
         if self.durable is not None:
             try:
                 self.flush()

@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any
 from bson import ObjectId
 from bson.timestamp import Timestamp
 
+from shardsim.client import Pool, parse_address
 from shardsim.errors import MongoError
-from shardsim.shard_key import KeyPattern, compare_keys
+from shardsim.gossip import gossip_command
+from shardsim.shard_key import Chunk, ChunkMap, KeyPattern, compare_keys
 from shardsim.values import id_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,6 +62,7 @@ class CollectionMetadata:
     pattern: KeyPattern
     chunks: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = field(default_factory=list)
     uuid: Any = None
+    routing: ChunkMap | None = None  # every chunk with its owner (routed look-ups)
 
     def shard_version(self) -> dict[str, Any]:
         """``{e, t, v}``."""
@@ -114,24 +117,35 @@ class ShardingRuntime:
         self.trackers: dict[str, list[ModsTracker]] = {}
         self.in_flight: dict[str, int] = {}
         self._idle: dict[str, asyncio.Event] = {}
+        self.hosts: dict[str, tuple[str, int]] = {}  # other shards' addresses
+        self._pools: dict[str, Pool] = {}
 
     # -- metadata -----------------------------------------------------------------------------
     def set_metadata(self, ns: str, doc: dict[str, Any] | None) -> None:
         """Install the metadata pushed by the config server: None (unsharded) or ``{epoch,
-        timestamp, key, chunks: [{min, max, lastmod}]}`` (this shard's chunks only)."""
+        timestamp, uuid, key, chunks: [{min, max, lastmod, shard}], shards: {name: host}}``
+        (every chunk of the collection; this shard's version is the highest ``lastmod`` of its
+        own)."""
         if doc is None:
             self.metadata[ns] = None
             return
         pattern = KeyPattern(dict(doc["key"]))
+        me = self.node.shard_name
+        mine = [c for c in doc.get("chunks", []) if c.get("shard", me) == me]
         chunks = [(pattern.bound_to_key(c["min"]), pattern.bound_to_key(c["max"]))
-                  for c in doc.get("chunks", [])]
+                  for c in mine]
+        routing = ChunkMap(pattern, [Chunk(pattern.bound_to_key(c["min"]),
+                                           pattern.bound_to_key(c["max"]), c["shard"])
+                                     for c in doc.get("chunks", []) if "shard" in c])
+        for name, host in (doc.get("shards") or {}).items():
+            self.hosts[name] = parse_address(str(host).split("/", 1)[-1].split(",")[0])
         version = Timestamp(0, 0)
-        for c in doc.get("chunks", []):
+        for c in mine:
             lm = c["lastmod"]
             if (lm.time, lm.inc) > (version.time, version.inc):
                 version = lm
         self.metadata[ns] = CollectionMetadata(doc["epoch"], doc["timestamp"], version, pattern,
-                                               chunks, doc.get("uuid"))
+                                               chunks, doc.get("uuid"), routing)
 
     def wanted(self, ns: str) -> dict[str, Any]:
         """This shard's version of ``ns`` (UNSHARDED when it is not sharded)."""
@@ -211,6 +225,52 @@ class ShardingRuntime:
         cs = self.critical.pop(ns, None)
         if cs is not None:
             cs.released.set()
+
+    # -- routed look-ups (ShardServerProcessInterface::lookupSingleDocument) ----------------
+    def owner_of(self, ns: str, document_key: dict[str, Any]) -> str | None:
+        """The shard owning ``document_key``'s chunk of ``ns`` by this shard's routing
+        information, or None when ``ns`` is not known as sharded here."""
+        meta = self.metadata.get(ns)
+        if meta is None or meta.routing is None or not meta.routing.chunks:
+            return None
+        try:
+            return meta.routing.find(meta.pattern.key_of_doc(document_key)).shard
+        except MongoError:
+            return None
+
+    async def lookup_remote(self, ns: str, owner: str, document_key: dict[str, Any]
+                            ) -> dict[str, Any] | None:
+        """The document of ``ns`` matching ``document_key`` on shard ``owner`` (a ``find`` over
+        the wire with ``limit: 1``), or None when it is not there. When the owner has no
+        such document and the routing information changed meanwhile (a migration committed),
+        the look-up follows the chunk once more. Raises MongoError (6/9001) when the owner
+        cannot be reached."""
+        db, _, coll = ns.partition(".")
+        for _ in range(2):
+            if owner == self.node.shard_name:
+                return self.node.find_document(ns, document_key)
+            addr = self.hosts.get(owner)
+            if addr is None:
+                return None
+            pool = self._pools.get(owner)
+            if pool is None or (pool.host, pool.port) != addr:
+                pool = self._pools[owner] = Pool(*addr)
+            reply = await gossip_command(self.node.clock, pool, db, {
+                "find": coll, "filter": document_key, "limit": 1, "singleBatch": True})
+            batch = reply["cursor"]["firstBatch"]
+            if batch:
+                return dict(batch[0])
+            again = self.owner_of(ns, document_key)
+            if again is None or again == owner:
+                return None
+            owner = again
+        return None
+
+    def close(self) -> None:
+        """Close the pools to the other shards."""
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
 
     # -- transfer mods ------------------------------------------------------------------------
     def on_write(self, ns: str, op: str, o: dict[str, Any], o2: dict[str, Any] | None) -> None:

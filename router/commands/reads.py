@@ -24,7 +24,7 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
-from router import change_stream
+from router import change_stream, shard_versioning
 from router.commands.admin import CONFIG_DATABASES, config_read
 from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
 from shardsim.shard_key import compare
@@ -48,6 +48,7 @@ async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> 
     shard). Inside a transaction they become its participant (263 if that is a second
     shard, :mod:`router.transactions`)."""
     info = node.catalog.collection(ns)
+    shard_versioning.TARGETED_WITH.set((ns, info))  # versions of this snapshot go out
     if info is None:
         shard = node.read_primary(ns.split(".", 1)[0])
         shards = [shard] if shard else []
