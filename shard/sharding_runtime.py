@@ -78,6 +78,19 @@ class CollectionMetadata:
                    for lo, hi in self.chunks)
 
 
+class _OwnedDocs:
+    """A collection seen through the shard filter: ``docs`` keeps the owned documents."""
+
+    __slots__ = ("coll", "docs")
+
+    def __init__(self, coll: Any, meta: CollectionMetadata) -> None:
+        self.coll = coll
+        self.docs = {k: d for k, d in coll.docs.items() if meta.owns(d)}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.coll, name)
+
+
 class ModsTracker:
     """The ``_id``s of the documents of one namespace written (not ``fromMigrate``) since a
     migration started: the donor's transfer mods (``MigrationChunkClonerSource``'s
@@ -225,6 +238,22 @@ class ShardingRuntime:
         cs = self.critical.pop(ns, None)
         if cs is not None:
             cs.released.set()
+
+    # -- orphan filtering -----------------------------------------------------------------------
+    def owned_view(self, req: Any, coll: Any) -> Any:
+        """``coll`` as a routed read of it sees it: for a request carrying a (sharded)
+        ``shardVersion`` on a collection of which this shard does not own every chunk, an
+        object whose ``docs`` holds only the documents of the chunks this shard owns (mongod's
+        ``ShardFilterer``: orphans left by a migration, cloned or not yet range-deleted, are not
+        returned); otherwise ``coll`` itself."""
+        received = req.body.get("shardVersion")
+        if coll is None or not isinstance(received, dict) or received.get("e") == UNSHARDED["e"]:
+            return coll
+        meta = self.metadata.get(f"{req.db}.{req.arg}")
+        if meta is None or meta.routing is None or \
+                all(c.shard == self.node.shard_name for c in meta.routing.chunks):
+            return coll
+        return _OwnedDocs(coll, meta)
 
     # -- routed look-ups (ShardServerProcessInterface::lookupSingleDocument) ----------------
     def owner_of(self, ns: str, document_key: dict[str, Any]) -> str | None:

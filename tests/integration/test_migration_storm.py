@@ -209,3 +209,29 @@ def test_stale_router_is_told_and_retries(cluster_factory: Any) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_routed_reads_skip_orphans(cluster_factory: Any) -> None:
+    """A routed (versioned) read does not return a shard's orphans (documents of a chunk the
+    shard does not own, as a migration leaves them between clone and range deletion); a direct
+    read of the shard still sees them."""
+    cluster = cluster_factory(shards=2)
+    client = pymongo.MongoClient(cluster.router_uri, serverSelectionTimeoutMS=10000)
+    direct = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster.shard('shard1').port}/",
+                                 directConnection=True)
+    try:
+        client.admin.command("enableSharding", "orph", primaryShard="shard0")
+        client.admin.command("shardCollection", "orph.c", key={"x": 1})
+        client.admin.command("split", "orph.c", middle={"x": 0})
+        client.admin.command("moveChunk", "orph.c", find={"x": 0}, to="shard1")
+        client.orph.c.insert_many([{"_id": i, "x": i} for i in range(-3, 3)])
+        direct.orph.c.insert_one({"_id": 100, "x": -100})  # an orphan on shard1
+        assert direct.orph.c.count_documents({}) == 4
+        coll = client.orph.c
+        assert sorted(d["_id"] for d in coll.find()) == list(range(-3, 3))
+        assert coll.count_documents({}) == 6
+        assert sorted(coll.distinct("x")) == list(range(-3, 3))
+        assert len(list(coll.aggregate([{"$match": {}}]))) == 6
+    finally:
+        direct.close()
+        client.close()

@@ -54,7 +54,7 @@ def test_start_answers_and_stop_leaves_no_thread_socket_or_task() -> None:
             _ping(a)
         assert c.shard_names == ["shard0", "shard1", "shard2"]
         assert any(t.name == "shardsim-testkit" for t in threading.enumerate())
-    assert set(threading.enumerate()) == threads
+    assert set(threading.enumerate()) <= threads  # (threads of earlier tests may end meanwhile)
     assert _fds() <= fds
     assert all(_refused(a) for a in addresses)
 
