@@ -78,14 +78,55 @@ class CollectionMetadata:
                    for lo, hi in self.chunks)
 
 
+class _FilteredDocs:
+    """A collection's ``docs`` map (``id_key -> document``) restricted, lazily, to the
+    documents of the chunks this shard owns: a point look-up checks one document, a scan
+    checks each document it reaches."""
+
+    __slots__ = ("_docs", "_owns")
+
+    def __init__(self, docs: dict[Any, dict[str, Any]], meta: CollectionMetadata) -> None:
+        self._docs = docs
+        self._owns = meta.owns
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        doc = self._docs.get(k)
+        return doc if doc is not None and self._owns(doc) else default
+
+    def __contains__(self, k: Any) -> bool:
+        return self.get(k) is not None
+
+    def __getitem__(self, k: Any) -> dict[str, Any]:
+        doc = self.get(k)
+        if doc is None:
+            raise KeyError(k)
+        return doc
+
+    def items(self) -> Any:
+        owns = self._owns
+        return [(k, d) for k, d in self._docs.items() if owns(d)]
+
+    def keys(self) -> Any:
+        return [k for k, _ in self.items()]
+
+    def values(self) -> Any:
+        return [d for _, d in self.items()]
+
+    def __iter__(self) -> Any:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.items())
+
+
 class _OwnedDocs:
-    """A collection seen through the shard filter: ``docs`` keeps the owned documents."""
+    """A collection seen through the shard filter: ``docs`` holds the owned documents."""
 
     __slots__ = ("coll", "docs")
 
     def __init__(self, coll: Any, meta: CollectionMetadata) -> None:
         self.coll = coll
-        self.docs = {k: d for k, d in coll.docs.items() if meta.owns(d)}
+        self.docs = _FilteredDocs(coll.docs, meta)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.coll, name)
