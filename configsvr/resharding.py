@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, ObjectId
 from bson.timestamp import Timestamp
 
+from configsvr import migration
 from configsvr.catalog import chunk_doc
 from shardsim.errors import MongoError
 from shardsim.shard_key import Chunk, ChunkMap, KeyPattern, SortKey, hashed_split_points
@@ -248,6 +249,8 @@ async def commit(node: ConfigServerNode, op: ReshardOp) -> None:
     for shard in op.recipients:
         await node.on_shard(shard, "admin", {"renameCollection": f"{op.db}.{op.temp}", "to": ns,
                                              "dropTarget": True, "fromMigrate": True})
+    if not untrack:  # a new uuid, epoch and chunks: every shard learns them
+        await migration.push_metadata(node, ns)
     for shard in op.donors:
         if shard not in op.recipients:
             try:

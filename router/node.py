@@ -25,6 +25,7 @@ from typing import Any
 from bson.int64 import Int64
 
 from router import security as router_security
+from router import shard_versioning
 from router.catalog import CatalogCache
 from router.change_stream.promise_requests import PromiseRequests
 from router.commands import FAMILIES
@@ -118,9 +119,11 @@ class RouterNode(Node):
                             check: bool = True, timeout: float | None = None) -> Any:
         """Run ``cmd`` on ``shard`` with cluster-time gossip (MongoError on failure). A command
         inside a transaction gets the fields its participant needs
-        (:meth:`router.transactions.TransactionRouter.attach`)."""
+        (:meth:`router.transactions.TransactionRouter.attach`); CRUD and reads carry the
+        namespace's ``shardVersion`` (:func:`router.shard_versioning.attach`)."""
         if cmd.get("autocommit") is False:
             cmd = self.transactions.attach(shard, cmd)
+        cmd = shard_versioning.attach(self, shard, db, cmd)
         return await gossip_command(self.clock, self.pool_for(shard), db, cmd, raw=raw,
                                     check=check, timeout=timeout)
 
@@ -155,7 +158,13 @@ class RouterNode(Node):
         (:data:`shardsim.gossip.OPERATION_TIME`)."""
         token = OPERATION_TIME.set([None])
         try:
-            reply = await super().run_command(req)
+            if req.body.get("autocommit") is False:
+                # inside a transaction a statement is not re-run on StaleConfig: the error
+                # aborts the transaction, which the driver retries whole
+                reply = await super().run_command(req)
+            else:  # a StaleConfig from a shard: refresh and run the command again
+                reply = await shard_versioning.run_with_retries(
+                    self, lambda: super(RouterNode, self).run_command(req))
         finally:
             OPERATION_TIME.reset(token)
         if req.body.get("autocommit") is False and isinstance(reply, dict):

@@ -41,6 +41,7 @@ from shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
 from shard.read_concern import run_with_read_concern
 from shardsim.query import select
 from shard.sessions import Sessions, full_lsid
+from shard.sharding_runtime import VERSIONED, ShardingRuntime
 from shard.transaction_coordinator import Coordinators
 from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
                            validate_db_name)
@@ -106,6 +107,8 @@ class ShardNode(Node):
         self.sessions = Sessions(self)
         # Two-phase commits this shard coordinates (shard/transaction_coordinator.py).
         self.coordinators = Coordinators(self)
+        # Filtering metadata, critical sections, transfer mods (shard/sharding_runtime.py).
+        self.sharding = ShardingRuntime(self)
         # Promise requests from the router (_shardsimAdvanceClusterTime) and the change-stream
         # cursors waiting for them (shard/change_stream/cursor.py).
         self.cs_promise_waiters = cs_cursor.PromiseWaiters()
@@ -237,12 +240,25 @@ class ShardNode(Node):
             # a statement reading at the transaction's snapshot waits for the prepared
             # transactions it would meet (shard.prepare_conflicts)
             await wait_for_prepared(self, read_namespace(req), txn.read_ts, own=txn)
+        versioned_write = None
+        if "shardVersion" in req.body and self.commands.canonical(req.name) in VERSIONED:
+            try:  # a routed request: checked against this shard's version (13388)
+                ns = f"{req.db}.{req.arg}"
+                if await self.sharding.check(ns, self.commands.canonical(req.name),
+                                             req.body["shardVersion"]):
+                    versioned_write = ns
+            except MongoError as exc:
+                reply = exc.to_reply()
+                self.cluster_time_fields(req, reply)
+                return reply
         self._depth += 1
         try:
             reply = await super().run_command(req)
         finally:
             self._depth -= 1
             self._req_txn.pop(id(req), None)
+            if versioned_write is not None:
+                self.sharding.done(versioned_write)
         if self.durable is not None and (self.storage.journal or self._unflushed):
             wrote = bool(self.storage.journal)
             try:
@@ -344,6 +360,8 @@ class ShardNode(Node):
         if ctx.txn is not None:
             ctx.txn.add_op(op, coll, o, o2, pre_image if coll.pre_post_images else None)
             return None
+        if not ctx.from_migrate and self.sharding.trackers:
+            self.sharding.on_write(coll.ns, op, o, o2)  # a migration's transfer mods
         entry = self.make_entry(op, coll.ns, coll.ui, o, o2, ctx=ctx)
         self.append_entry(entry, None if size is None else size + 160)
         if pre_image is not None and coll.pre_post_images:
@@ -433,6 +451,7 @@ class ShardNode(Node):
         """Close cursors, then flush and close the durable store."""
         await super().shutdown()
         self.coordinators.close()
+        self.sharding.close()
         if self.durable is not None:
             try:
                 self.flush()

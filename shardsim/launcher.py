@@ -101,7 +101,9 @@ class Cluster:
     requireTLS`` (``tls_mode`` to choose another mode) with that certificate and CA.
 
     Attributes after :meth:`start`: ``router_uri`` (``mongodb://127.0.0.1:P/``), ``router``,
-    ``config``, ``shards`` (RoleProcess list; ``.name`` is the shard name).
+    ``config``, ``shards`` (RoleProcess list; ``.name`` is the shard name); with ``routers=N``
+    N routers share the config server (``router_uris``: every router's URI, the first being
+    ``router_uri``; ``extra_routers``: the routers after the first, named ``router1``, ...).
     Raises :class:`ClusterError` when it cannot start (nothing is left running then).
     """
 
@@ -109,8 +111,10 @@ class Cluster:
                  port: int = 0, shard_args: Sequence[str] = (), *, host: str = "127.0.0.1",
                  detach: bool = False, start_timeout: float = 30.0,
                  auth: tuple[str, str] | None = None, tls: dict[str, str] | None = None,
-                 tls_mode: str = "requireTLS") -> None:
+                 tls_mode: str = "requireTLS", routers: int = 1) -> None:
         self.num_shards = shards
+        self.num_routers = max(1, int(routers))
+        self.extra_routers: list[RoleProcess] = []
         self._own_dir = base_dir is None
         self.base_dir = base_dir or tempfile.mkdtemp(prefix="shardsim-")
         os.makedirs(self.base_dir, exist_ok=True)
@@ -179,8 +183,15 @@ class Cluster:
         return f"mongodb://{self.host}:{self.router.port}/"
 
     @property
+    def router_uris(self) -> list[str]:
+        """Every router's ``mongodb://host:port/`` (the first is :attr:`router_uri`)."""
+        return [self.router_uri] + [f"mongodb://{self.host}:{r.port}/"
+                                    for r in self.extra_routers]
+
+    @property
     def processes(self) -> list[RoleProcess]:
-        return [p for p in (self.config, *self.shards, self.router) if p is not None]
+        return [p for p in (self.config, *self.shards, self.router, *self.extra_routers)
+                if p is not None]
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _proc(self, module: str, args: list[str], name: str) -> RoleProcess:
@@ -216,7 +227,8 @@ class Cluster:
         if self.durable:
             os.makedirs(os.path.dirname(self._ports_file()), exist_ok=True)
             with open(self._ports_file(), "w") as f:
-                json.dump({p.name: p.port for p in self.processes if p is not self.router}, f)
+                json.dump({p.name: p.port for p in self.processes
+                       if p is not self.router and p not in self.extra_routers}, f)
 
     def _start(self, proc: RoleProcess) -> RoleProcess:
         proc.spawn()
@@ -257,7 +269,14 @@ class Cluster:
                            "--configdb", self.config.address, *self._security_args()],
                 "router")
             self.router.spawn()
-            for proc in (*self.shards, self.router):
+            for i in range(1, self.num_routers):
+                extra = self._proc(
+                    "router", ["--port", "0", "--host", self.host,
+                               "--configdb", self.config.address, *self._security_args()],
+                    f"router{i}")
+                self.extra_routers.append(extra)
+                extra.spawn()
+            for proc in (*self.shards, self.router, *self.extra_routers):
                 self._ready(proc)
             if self.auth is not None and not self._has_users():
                 self._create_root_user()

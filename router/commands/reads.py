@@ -25,7 +25,7 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
-from router import aggregate_write, change_stream
+from router import aggregate_write, change_stream, shard_versioning
 from router.current_op import aggregate_current_op
 from shardsim import current_op
 from router.commands.admin import CONFIG_DATABASES, config_read
@@ -53,6 +53,7 @@ async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> 
     shard). Inside a transaction a ``startTransaction`` statement begins it on the router
     (:mod:`router.transactions`); the shards become participants when they are sent to."""
     info = node.catalog.collection(ns)
+    shard_versioning.TARGETED_WITH.set((ns, info))  # versions of this snapshot go out
     if info is None:
         shard = node.read_primary(ns.split(".", 1)[0])
         shards = [shard] if shard else []

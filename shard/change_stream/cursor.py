@@ -54,6 +54,7 @@ from shard.change_stream.pipeline import ShardPipeline, build_pipeline, fused_cr
 from shardsim.change_stream_spec import StreamSpec
 from shard.change_stream.split_large_event import event_size_limit, too_large
 from shard.change_stream.transform import Event
+from shard.change_stream.add_post_image import RemoteLookup
 
 DEFAULT_AWAIT_MS = 1000
 _ID_FIRST = b"\x03_id\x00"
@@ -68,6 +69,20 @@ def encode_event(doc: dict[str, Any]) -> bytes:
 # At most this many events are produced per scan call ahead of the batch being filled.
 _SCAN_AHEAD = 512
 _PENDING_BYTES = 16 * 1024 * 1024
+
+
+class _Deferred:
+    """A pending event whose post-image is looked up on shard ``owner`` before it is output
+    (then the steps from ``next_step`` on run)."""
+
+    __slots__ = ("event", "owner", "next_step")
+
+    def __init__(self, event: Event, owner: str, next_step: int) -> None:
+        self.event = event
+        self.owner = owner
+        self.next_step = next_step
+
+
 _DOC = operator.itemgetter(0)
 _TOKEN = operator.itemgetter(1)
 _SIZE = operator.itemgetter(2)
@@ -191,6 +206,7 @@ class ChangeStreamCursor(Cursor):
         # (event document, its token, its BSON size): the token is a dict, or the token's BSON
         # bytes for events of the fast path (turned into a dict only for postBatchResumeToken).
         self.pending: collections.deque[tuple[Any, Any, int]] = collections.deque()
+        self.deferred = 0  # pending events waiting for a post-image from another shard
         self.pbrt = initial_pbrt
         self.pbrt_ts_key = ts_key(rt.decode(initial_pbrt).clusterTime)
         pipeline = ShardPipeline(build_pipeline(node, spec))
@@ -312,13 +328,23 @@ class ChangeStreamCursor(Cursor):
         splits large events, appended to ``pending``. Returns the step that dropped the event,
         or None when it was output. Raises BSONObjectTooLarge (10334) for an oversized event
         without the split stage, and whatever a stage raises."""
+        steps = self._steps
         try:
-            for step in self._steps:
+            for i, step in enumerate(steps):
                 ev = step(ev)
                 if ev is None:
                     return step
         except TopologyChangeDetected as detected:
             ev = detected.event  # past the remaining stages, intact, to the router
+        except RemoteLookup as lookup:  # resolved over the wire by fetch, in stream order
+            self.pending.append((_Deferred(lookup.event, lookup.owner, i + 1), lookup.event.token, 0))
+            self.deferred += 1
+            return None
+        self._output(ev, self.pending)
+        return None
+
+    def _output(self, ev: Event, pending: Any) -> None:
+        """Encode ``ev`` (or its fragments) onto ``pending``."""
         doc = ev.doc
         token = ev.token
         needs_merge = self.spec.needs_merge
@@ -336,10 +362,42 @@ class ChangeStreamCursor(Cursor):
                 if needs_merge:
                     frag["$sortKey"] = [ftoken]
                 fraw = encode_event(frag)
-                self.pending.append((RawEvent(fraw), ftoken, len(fraw)))
-            return None
-        self.pending.append((RawEvent(raw), token, size))
-        return None
+                pending.append((RawEvent(fraw), ftoken, len(fraw)))
+            return
+        pending.append((RawEvent(raw), token, size))
+
+    async def _resolve_deferred(self) -> None:
+        """Look up the post-images of the pending events whose document lives on another
+        shard now (:class:`.add_post_image.RemoteLookup`), run the stages after the look-up on
+        them and encode them in place. A shard that cannot be reached gives a null
+        ``fullDocument``."""
+        resolved: collections.deque[tuple[Any, Any, int]] = collections.deque()
+        sharding = self.node.sharding
+        while self.pending:
+            entry = self.pending.popleft()
+            item = entry[0]
+            if type(item) is not _Deferred:
+                resolved.append(entry)
+                continue
+            self.deferred -= 1
+            ev = item.event
+            try:
+                post = await sharding.lookup_remote(ev.ns, item.owner,
+                                                    ev.doc.get("documentKey") or {})
+            except MongoError:
+                post = None
+            ev.doc["fullDocument"] = post
+            out: Event | None = ev
+            try:
+                for step in self._steps[item.next_step:]:
+                    out = step(out)
+                    if out is None:
+                        break
+            except TopologyChangeDetected as detected:
+                out = detected.event
+            if out is not None:
+                self._output(out, resolved)
+        self.pending.extend(resolved)
 
     def _process_entry(self, entry: dict[str, Any]) -> None:
         """One oplog entry the oplog match admitted: unwind transaction -> transform -> check
@@ -457,6 +515,8 @@ class ChangeStreamCursor(Cursor):
         oplog = self.oplog
         ahead = min(_SCAN_AHEAD, 1 + _PENDING_BYTES * len(oplog) // (oplog.size_bytes + 1))
         while limit > 0:
+            if self.deferred:
+                await self._resolve_deferred()
             last = None
             n = len(pending)
             if n and len(out) + n <= limit:

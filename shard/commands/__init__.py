@@ -15,6 +15,8 @@ of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
 ``balancing``             _shardsvrGetStatsForBalancing, autoSplitVector (for the balancer)
 ``testing``               _shardsimTruncateOplog (shardsim's own; with test commands only,
                           installed by ``ShardNode.__init__``, not in :data:`FAMILIES`)
+``migration``             the shard's half of chunk migrations and shard versioning
+                          (_migrateClone, _transferMods, critical section, metadata)
 ========================  ===================================================================
 
 ``helpers`` holds what several families share (namespace checks, the write context of a batch,
@@ -25,8 +27,8 @@ the common no-ops.
 
 from __future__ import annotations
 
-from shard.commands import (balancing, catalog, crud, ddl, internal, oplog, reads, testing,
-                            transactions)
+from shard.commands import (balancing, catalog, crud, ddl, internal, migration, oplog, reads,
+                            testing, transactions)
 
 FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,
-            transactions.commands, internal.commands, balancing.commands)
+            transactions.commands, internal.commands, balancing.commands, migration.commands)

@@ -2,7 +2,9 @@
 
 ``find`` on ``local.oplog.rs`` and ``config.system.preimages`` reads the oplog and the
 pre-images; reads of a view run its pipeline over the source first; reads inside a transaction
-see its own writes. An aggregate whose pipeline starts with ``$changeStream`` is handed to
+see its own writes. A routed read (with ``shardVersion``) of a sharded collection sees only the
+documents of the chunks this shard owns, not the orphans of a migration in progress
+(:meth:`shard.sharding_runtime.ShardingRuntime.owned_view`). An aggregate whose pipeline starts with ``$changeStream`` is handed to
 :mod:`shard.change_stream`. Reply shapes follow ``find_cmd.cpp`` and ``run_aggregate.cpp``.
 """
 
@@ -106,7 +108,7 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
             vdocs = q.sort_docs([d for d in vdocs if q.matches(filt, d)], sort)[skip:]
             cursor = ListCursor(ns, q.project(vdocs[:limit] if limit else vdocs, projection))
         else:
-            coll = txn_view(node, storage.get(req.db, name), req)
+            coll = node.sharding.owned_view(req, txn_view(node, storage.get(req.db, name), req))
             cursor = ListCursor(ns, _read_docs(coll, filt, sort, skip, limit, projection))
     if req.body.get("noCursorTimeout"):
         cursor.no_timeout = True
@@ -137,7 +139,7 @@ async def count(node: ShardNode, req: Request) -> dict[str, Any]:
     elif vdocs is not None:
         n = sum(1 for d in vdocs if q.matches(filt, d))
     else:
-        coll = txn_view(node, node.storage.get(req.db, name), req)
+        coll = node.sharding.owned_view(req, txn_view(node, node.storage.get(req.db, name), req))
         n = len(coll.docs) if coll is not None and not filt else \
             sum(1 for _ in q.select(coll, filt))
     n = max(0, n - skip)
@@ -156,7 +158,7 @@ async def distinct(node: ShardNode, req: Request) -> dict[str, Any]:
     vdocs = view_docs(node, req, name)
     if vdocs is not None:
         return {"values": q.distinct_values((d for d in vdocs if q.matches(filt, d)), key)}
-    coll = txn_view(node, node.storage.get(req.db, name), req)
+    coll = node.sharding.owned_view(req, txn_view(node, node.storage.get(req.db, name), req))
     return {"values": q.distinct_values((d for _, d in q.select(coll, filt)), key)}
 
 
@@ -204,7 +206,7 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
         elif vdocs is not None:
             docs = vdocs
         else:
-            coll = txn_view(node, storage.get(req.db, name), req)
+            coll = node.sharding.owned_view(req, txn_view(node, storage.get(req.db, name), req))
             docs = list(coll.docs.values()) if coll is not None else []
     for st in pipeline:
         if isinstance(st, dict) and ("$out" in st or "$merge" in st):

@@ -51,7 +51,8 @@ class AsyncShardedCluster:
     every random choice of the kit); ``noop_interval_ms`` (int, ms: the periodic no-op writer
     of shards and config server, mongod's ``periodicNoopIntervalSecs``); ``host``; ``port``
     (the router's port, 0 = a free one); ``shard_options`` (extra :class:`ShardNode` options,
-    e.g. ``{"oplog_size_mb": 1}``).
+    e.g. ``{"oplog_size_mb": 1}``); ``routers`` (int: routers on the same config server, the
+    first named ``"router"``, the others ``"router1"``, ...; ``uris`` lists them all).
 
     ``uri`` is the router's ``mongodb://host:port/`` once started. Use ``async with`` or
     :meth:`start` / :meth:`stop` (stop always leaves no socket or task of the cluster behind).
@@ -60,7 +61,7 @@ class AsyncShardedCluster:
     def __init__(self, shards: int = 3, *, promise_mode: str = "clock", durable: bool = False,
                  dbpath: str | None = None, seed: int | None = None, noop_interval_ms: int = 1000,
                  host: str = "127.0.0.1", port: int = 0,
-                 shard_options: dict[str, Any] | None = None) -> None:
+                 shard_options: dict[str, Any] | None = None, routers: int = 1) -> None:
         if promise_mode not in PROMISE_MODES:
             raise ValueError(f"promise_mode must be one of {PROMISE_MODES}, not {promise_mode!r}")
         if shards < 1:
@@ -78,6 +79,8 @@ class AsyncShardedCluster:
         self.shard_options = dict(shard_options or {})
         self.config: Member | None = None
         self.router: Member | None = None
+        self.num_routers = max(1, int(routers))
+        self.extra_routers: list[Member] = []
         self.shards: dict[str, Member] = {}
         self._tracker = TaskTracker()
         self._shard_seq = 0
@@ -89,6 +92,11 @@ class AsyncShardedCluster:
         if self.router is None or not self.router.port:
             raise ClusterNotRunning("the cluster is not started")
         return f"mongodb://{self.host}:{self.router.port}/"
+
+    @property
+    def uris(self) -> list[str]:
+        """``mongodb://HOST:PORT/`` of every router (the first is :attr:`uri`)."""
+        return [self.uri] + [f"mongodb://{self.host}:{m.port}/" for m in self.extra_routers]
 
     @property
     def shard_names(self) -> list[str]:
@@ -123,9 +131,13 @@ class AsyncShardedCluster:
             self.router = Member("router", "router", self._make_router, self.host)
             self.router.port = self.port
             await run_as("router", self.router.start)
+            for i in range(1, self.num_routers):
+                extra = Member(f"router{i}", "router", self._make_router, self.host)
+                self.extra_routers.append(extra)
+                await run_as(extra.name, extra.start)
             for member in self.shards.values():
                 await self._add_shard(member)
-            for member in (self.config, *self.shards.values(), self.router):
+            for member in (self.config, *self.shards.values(), self.router, *self.extra_routers):
                 self._seed_fail_points(member)
         except BaseException:
             await self.stop()
@@ -135,7 +147,8 @@ class AsyncShardedCluster:
     async def stop(self) -> None:
         """Stop router, shards, config server (in that order) and remove temporary data.
         Safe to call twice."""
-        for member in [self.router, *reversed(list(self.shards.values())), self.config]:
+        for member in [*reversed(self.extra_routers), self.router,
+                       *reversed(list(self.shards.values())), self.config]:
             if member is not None:
                 try:
                     await member.stop(self._tracker)
@@ -216,6 +229,9 @@ class AsyncShardedCluster:
     def _member(self, name: str) -> Member:
         if name == "router" and self.router is not None:
             return self.router
+        for extra in self.extra_routers:
+            if extra.name == name:
+                return extra
         if name in ("config", "configsvr") and self.config is not None:
             return self.config
         if name in self.shards:

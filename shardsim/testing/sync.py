@@ -101,6 +101,11 @@ class ShardedCluster:
         return self.cluster.uri
 
     @property
+    def uris(self) -> list[str]:
+        """Every router's ``mongodb://HOST:PORT/`` (``routers=N``; the first is :attr:`uri`)."""
+        return self.cluster.uris
+
+    @property
     def shard_names(self) -> list[str]:
         """The shards' names, in order of creation."""
         return self.cluster.shard_names

@@ -24,7 +24,7 @@ from pymongo.errors import OperationFailure
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1500)]
 
 SHARDS = ["shard0", "shard1", "shard2"]
-ROLES = ["configsvr", *SHARDS, "router"]
+ROLES = ["configsvr", *SHARDS, "router", "router2"]
 
 
 
@@ -82,7 +82,7 @@ def test_spark_profile_services(compose_cluster):
     the profile none of them is part of the project. (Running it needs the ~1.6 GB Spark image:
     docs/docker.md.)"""
     c = compose_cluster
-    plain = {"configsvr", *SHARDS, "router", "init"}
+    plain = {"configsvr", *SHARDS, "router", "router2", "init"}
     spark = set(c.compose("--profile", "spark", "config", "--services").stdout.split())
     assert spark == plain | {"spark-master", "spark-worker", "load"}
     # `up` without the profile started only the plain services.
