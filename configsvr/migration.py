@@ -29,10 +29,13 @@ gets the whole routing table, which post-image look-ups use: :mod:`shard.shardin
 
 from __future__ import annotations
 
+import datetime
 import logging
 import uuid as uuid_mod
 from typing import TYPE_CHECKING, Any
 
+from bson import ObjectId
+from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from shardsim.errors import MongoError
@@ -73,6 +76,24 @@ async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | N
             if exc.code not in (6, 7, 89, 9001):
                 raise
             log.warning("filtering metadata of %s not sent to %s: %s", ns, shard, exc.errmsg)
+
+
+async def log_change(node: "ConfigServerNode", shard: str, what: str, ns: str,
+                     details: dict[str, Any]) -> None:
+    """Append an entry to ``config.changelog`` as ``ShardingLogging::logChange`` does
+    (``src/mongo/db/s/sharding_logging.cpp``): ``{_id: "<server>-<time>-<oid>", server, shard,
+    clientAddr, time: Date, what, ns, details}``. The migration writes ``moveChunk.commit``
+    (``details: {min, max, from, to, counts}``, as ``MigrationSourceManager::
+    commitChunkMetadataOnConfig``); ``counts`` holds only ``cloned`` faithfully. A failure to
+    log is not an error of the operation (as in the server)."""
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    server = f"{shard}-{now.isoformat()}-{ObjectId()}"
+    try:
+        await node.insert("changelog", [{"_id": server, "server": shard, "shard": shard,
+                                         "clientAddr": "", "time": now, "what": what,
+                                         "ns": ns, "details": details}])
+    except MongoError as exc:  # pragma: no cover - logging only
+        log.warning("changelog entry %s for %s not written: %s", what, ns, exc)
 
 
 async def _apply_mods(node: "ConfigServerNode", to: str, db: str, coll: str,
@@ -153,6 +174,10 @@ async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], patt
             await node.on_shard(to, "admin", {"_shardsimMergeSessionRecords": 1,
                                               "records": records})
         await _commit(node, ns, doc, chunk_docs, donor, to)
+        await log_change(node, donor, "moveChunk.commit", ns, {
+            "min": doc["min"], "max": doc["max"], "from": donor, "to": to,
+            "counts": {"cloned": Int64(cloned), "clonedBytes": Int64(0),
+                       "catchup": Int64(0), "steady": Int64(0)}})
     finally:
         if in_cs:
             await node.on_shard(donor, "admin", {"_shardsimMigrationCriticalSection": ns,
