@@ -222,6 +222,8 @@ class ShardingRuntime:
             db, _, name = ns.partition(".")
             coll = self.node.storage.get(db, name)
             if coll is None or coll.uuid != bytes(meta.uuid):
+                if self._outdated_epoch(meta, received):
+                    return False  # e.g. resharded away from this shard: the router refreshes
                 self.metadata.pop(ns, None)  # dropped or recreated since: the metadata is gone
                 return True
         wanted = self.wanted(ns)
@@ -230,6 +232,16 @@ class ShardingRuntime:
             return False
         return received.get("e") == wanted["e"] and received.get("t") == wanted["t"] and \
             rv.time == wv.time
+
+    @staticmethod
+    def _outdated_epoch(meta: CollectionMetadata, received: dict[str, Any]) -> bool:
+        """True when ``received`` is a sharded version of an older incarnation than ``meta``
+        while this shard owns no chunk of it (a resharding moved everything away and dropped
+        the local collection): such a request must be told StaleConfig, not create the
+        collection again."""
+        e = received.get("e")
+        return meta.version == Timestamp(0, 0) and isinstance(e, ObjectId) and \
+            e != UNSHARDED["e"] and e != meta.epoch
 
     # -- the check of a routed request ----------------------------------------------------------
     async def check(self, ns: str, command: str, received: Any) -> bool:
