@@ -221,6 +221,7 @@ def test_down_removes_containers_networks_and_volumes(compose_cluster):
     """`down -v` leaves no container, network or volume of the project behind."""
     c = compose_cluster
     before = c.leftovers()
-    assert len(before["containers"]) == 6 and before["volumes"] and before["networks"], before
+    # configsvr, shard0-2, router, router2, init
+    assert len(before["containers"]) == 7 and before["volumes"] and before["networks"], before
     c.down()
     assert c.leftovers() == {"containers": [], "networks": [], "volumes": []}
