@@ -32,6 +32,7 @@ from shardsim.node import Node
 from shard import noop_writer, oplog_settings
 from shard import commands as shard_commands
 from shard.change_stream import cursor as cs_cursor
+from shard.change_stream import promise_faults
 from shard.auth_store import LocalUserStore
 from shard.durable import DurableStore
 from shard.prepare_conflicts import read_namespace, wait_for_prepared
@@ -112,6 +113,8 @@ class ShardNode(Node):
         # Promise requests from the router (_shardsimAdvanceClusterTime) and the change-stream
         # cursors waiting for them (shard/change_stream/cursor.py).
         self.cs_promise_waiters = cs_cursor.PromiseWaiters()
+        # Test faults on those promises and the clock pin (shard/change_stream/promise_faults.py).
+        self.cs_promise_faults = promise_faults.PromiseFaults(self)
         # The periodic no-op writer's asyncio task once started (shard/noop_writer.py).
         self.noop_writer_task: Any = None
         if self.durable is not None:
@@ -122,8 +125,10 @@ class ShardNode(Node):
         self.security.store = LocalUserStore(self)  # shard-local admin.system.users/roles
         cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
         failpoints.install(self)  # configureFailPoint, with test commands only
+        promise_faults.install(self)  # shardsimStallPromise, shardsimDelayPromise
         if self.test_commands:
-            self.commands.install(self, shard_commands.testing.commands)  # _shardsimTruncateOplog
+            # _shardsimTruncateOplog, _shardsimSetClusterTime
+            self.commands.install(self, shard_commands.testing.commands)
 
     # -- identity -----------------------------------------------------------------------------
     def hello(self, req: Request) -> dict[str, Any]:
@@ -326,7 +331,10 @@ class ShardNode(Node):
             entry["o2"] = o2
         if ctx.lsid is not None and ctx.stmt_id is not None:
             entry["stmtId"] = ctx.stmt_id
-        entry["ts"] = ts if ts is not None else self.clock.tick()
+        if ts is None:
+            faults = self.cs_promise_faults
+            ts = self.clock.tick() if not faults.pin else faults.take_pin()
+        entry["ts"] = ts
         entry["t"] = TERM
         entry["v"] = OPLOG_VERSION
         entry["wall"] = wall_now()

@@ -47,7 +47,7 @@ from shardsim.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, ONE_BY_ONE_
                               SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD, Batch, Cursor,
                               array_header_bytes)
 from shardsim.errors import MongoError
-from shard.change_stream import fast_crud
+from shard.change_stream import fast_crud, promise_faults
 from shard.change_stream.check_resumability import HISTORY_LOST_MSG
 from shard.change_stream.check_topology_change import TopologyChangeDetected
 from shard.change_stream.pipeline import ShardPipeline, build_pipeline, fused_crud
@@ -226,6 +226,8 @@ class ChangeStreamCursor(Cursor):
         self.batches = 0  # replies sent (first batch included): what a promise reply covers
         self._scope_kw = self._scan_scope()
         self._waiters: PromiseWaiters = node.cs_promise_waiters
+        # Test faults on promises (promise_faults.py); none for nodes that declare none.
+        self._faults = getattr(node, "cs_promise_faults", None) or promise_faults.NO_FAULTS
         # The pipeline's fused variant for plain CRUD entries (fast_crud), used once the stream
         # is past its resume point: entries at or before the resume token's time may need its
         # version.
@@ -271,8 +273,12 @@ class ChangeStreamCursor(Cursor):
 
     def _promise_requested(self) -> bool:
         """A promise past some T was requested (``_shardsimAdvanceClusterTime``) and ours does
-        not pass it yet (HWM(p) passes events at T only when p > T)."""
-        return self._waiters.key >= self.pbrt_ts_key
+        not pass it yet (HWM(p) passes events at T only when p > T), and a fault does not
+        withhold such a promise (:mod:`.promise_faults`)."""
+        key = self._waiters.key
+        if self._faults.on and self._faults.withholds(key):
+            return False
+        return key >= self.pbrt_ts_key
 
     def _can_promise_past_request(self) -> bool:
         """True when the batch being built should end now, empty, because it can carry a
@@ -297,7 +303,7 @@ class ChangeStreamCursor(Cursor):
             if self.oplog.latest_key > self._waiters.key:
                 wake.set_result(None)
             return None
-        if not reply_promise:
+        if not reply_promise or self._faults.delay.active:  # a delayed promise: in the getMore
             wake.set_result(None)
             return None
         # What the woken getMore would do (fetch): scan, and promise only with nothing to return.
@@ -562,7 +568,10 @@ class ChangeStreamCursor(Cursor):
         elif not self.pending and limit > 0:
             # Entries up to latest_scanned are fully returned; the clock may be promised only
             # when the scan reached the end of the oplog.
-            self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
+            if self._faults.on and self._faults.delay.active:
+                await self._delayed_hwm(bool(out))
+            else:
+                self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
         extra = _sort_key_layout(taken) if out and self.spec.needs_merge else {}
         self.batches += 1
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra)
@@ -579,9 +588,24 @@ class ChangeStreamCursor(Cursor):
         key = self.latest_scanned
         if self.promise_mode == "clock" and at_end:
             key = max(key, safe_promise_key(self.node))
+        if key > self.pbrt_ts_key and self._faults.on:
+            key = self._faults.promise_key(key, self.pbrt_ts_key)  # stalled, or pinned
         if key > self.pbrt_ts_key:
             self.pbrt = rt.make_high_water_mark(ts_from_key(key), self.spec.token_version)
             self.pbrt_ts_key = key
+
+    async def _delayed_hwm(self, has_events: bool) -> None:
+        """End of a batch under ``shardsimDelayPromise`` (:mod:`.promise_faults`): a batch with
+        events promises nothing past them; an empty one takes its promise now and leaves
+        ``delayMs`` later."""
+        if has_events:
+            return
+        before = self.pbrt_ts_key
+        self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
+        if self.pbrt_ts_key > before:
+            ms = self._faults.delay_ms()
+            if ms > 0:
+                await asyncio.sleep(ms / 1000.0)
 
     async def _wait(self, timeout_s: float) -> None:
         """Sleep until a write this stream's filter admits is appended, a promise past some

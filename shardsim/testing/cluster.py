@@ -10,7 +10,9 @@ router's own ``addShard`` command, as ``shardsim up`` does (:mod:`shardsim.launc
 
 Faults on demand are methods (see each): :meth:`pause_shard` / :meth:`resume_shard`,
 :meth:`kill_shard` / :meth:`restart_shard`, :meth:`add_shard` / :meth:`remove_shard`,
-:meth:`set_noop_interval`, :meth:`truncate_oplog`, :meth:`configure_fail_point`. Random choices
+:meth:`set_noop_interval`, :meth:`truncate_oplog`, :meth:`slow_promises` /
+:meth:`stall_promises` / :meth:`clear_promise_faults`, :meth:`same_cluster_time`,
+:meth:`configure_fail_point`. Random choices
 (a shard picked when none is named, the destination of chunks moved off a removed shard, the
 fail points' ``activationProbability``) come from ``random.Random(seed)``.
 """
@@ -369,6 +371,62 @@ class AsyncShardedCluster:
         if data is not None:
             cmd["data"] = data
         return await self.command(member, cmd)
+
+
+    # -- promise faults (shard/change_stream/promise_faults.py) ------------------------------
+    async def slow_promises(self, name: str, ms: float) -> None:
+        """Delay shard ``name``'s change-stream promises by ``ms`` milliseconds (fail point
+        ``shardsimDelayPromise``): its getMore replies without events, which carry its
+        promise, leave ``ms`` after the promise was taken, so the merged stream releases
+        another shard's event about ``ms`` later. The shard's own events are not delayed.
+        Until :meth:`clear_promise_faults`."""
+        if ms < 0:
+            raise ValueError("the promise delay is at least 0 ms")
+        await self.configure_fail_point(self._shard(name).name, "shardsimDelayPromise",
+                                        "alwaysOn", {"delayMs": ms})
+
+    async def stall_promises(self, name: str) -> None:
+        """Freeze shard ``name``'s change-stream promise at its current value (fail point
+        ``shardsimStallPromise``): it keeps answering every command and returning its own
+        events, but promises nothing newer, so the merged stream holds back every later event
+        of the other shards (``$currentOp`` names it in ``waitingFor``). Until
+        :meth:`clear_promise_faults`, which lets it promise at once."""
+        await self.configure_fail_point(self._shard(name).name, "shardsimStallPromise",
+                                        "alwaysOn")
+
+    async def clear_promise_faults(self, name: str) -> None:
+        """Undo :meth:`slow_promises`, :meth:`stall_promises` and a pending
+        :meth:`same_cluster_time` pin on shard ``name``."""
+        member = self._shard(name).name
+        await self.configure_fail_point(member, "shardsimStallPromise", "off")
+        await self.configure_fail_point(member, "shardsimDelayPromise", "off")
+        await self.command(member, {"_shardsimSetClusterTime": Timestamp(0, 0)})
+
+    async def same_cluster_time(self, shard_a: str, shard_b: str) -> Timestamp:
+        """Pin the next oplog entry of shards ``shard_a`` and ``shard_b`` at one cluster time T
+        just past both shards' clocks and oplogs (``_shardsimSetClusterTime``): their next
+        writes' events tie on ``clusterTime`` and the router orders them by the rest of the
+        resume token, as for real shards whose clocks agree. Until a shard writes, its promise
+        stays at or below T (events at or after T wait for it) and its periodic no-op writer
+        skips. The next entry includes an implicit ``create``: write to existing collections.
+        Returns T."""
+        if shard_a == shard_b:
+            raise ValueError("same_cluster_time needs two different shards")
+        names = [self._shard(shard_a).name, self._shard(shard_b).name]
+        for _ in range(3):  # gossip may move a clock between the look and the pin
+            nodes = [self.node(n) for n in names]
+            key = max(max(n.clock.now_key(), n.oplog.latest_key)  # type: ignore[attr-defined]
+                      for n in nodes) + 1
+            ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
+            try:
+                for n in names:
+                    await self.command(n, {"_shardsimSetClusterTime": ts})
+            except MongoError as exc:
+                if exc.code != 2:
+                    raise
+                continue
+            return ts
+        raise MongoError(2, "the shards' clocks kept moving; could not pin a common time")
 
 
 async def _start_noop_writer(node: Any) -> None:
