@@ -28,13 +28,15 @@ from shardsim.server import run_node
 @click.option("--oplog-cache-mb", type=click.FloatRange(min=0, min_open=True), default=64.0,
               help="With --dbpath: MiB of the newest oplog entries kept in memory (older ones "
                    "are read from disk).")
+@click.option("--snapshot-history-mb", type=click.FloatRange(min=0, min_open=True), default=32.0,
+              help="MiB of document history kept for snapshot reads (oldest dropped first).")
 @click.option("--oplog-min-retention-hours", type=click.FloatRange(min=0), default=0.0,
               help="Entries younger than this are kept even over the size cap (hours).")
 @click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
 def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_size_mb: float,
-         oplog_cache_mb: float,
+         oplog_cache_mb: float, snapshot_history_mb: float,
          oplog_min_retention_hours: float, no_test_commands: bool, log_level: str,
          **security: Any) -> None:
     """Run the shardsim config server (a mongod --configsvr look-alike holding the catalog)."""
@@ -46,6 +48,7 @@ def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_
                             options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms,
                                      "oplog_size_mb": oplog_size_mb,
                                      "oplog_cache_mb": oplog_cache_mb,
+                                     "snapshot_history_mb": snapshot_history_mb,
                                      "oplog_min_retention_hours": oplog_min_retention_hours,
                                      **sec_options})
     run_node(node, host, port, ready_message=ready_line("configsvr"), tls=tls)

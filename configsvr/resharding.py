@@ -17,9 +17,10 @@ The phases, as 8.0 has them:
    noted position (also inside ``applyOps``) name the documents written meanwhile; each is
    read again on the donors and its current state written to its new owner (or deleted), all
    ``fromMigrate``. Repeated until little is left.
-4. **blocking-writes / committing** (:func:`commit`, run while the router that started it
-   holds its writes to the namespace, the router's share of the critical section): a last
-   catch-up, then the catalog switch (new UUID, key, chunks; the collection's epoch and
+4. **blocking-writes / committing** (:func:`commit`, inside every donor's critical section
+   for the namespace: routed writes through any router wait, then get StaleConfig and are
+   retried by the new routing table): a last catch-up, the donors' retryable-write history
+   copied to the recipients, then the catalog switch (new UUID, key, chunks; the collection's epoch and
    timestamp change), the temporary collections renamed over the original on the recipients
    and the original dropped on donors that own nothing now (all ``fromMigrate``), and the
    ``reshardCollection`` no-op on the primary shard
@@ -29,9 +30,10 @@ The phases, as 8.0 has them:
    streams see none of it: the data movement is invisible, and the stream goes on (with the
    new UUID).
 
-Not modelled: writes through a router other than the one running the command are not
-blocked during the commit (no shard-side critical section), so those can be lost while they
-race with it; the donors' documents are cloned through the config server's memory.
+Not modelled: the critical section blocks routed (versioned) writes only, not unversioned
+writes sent to a donor directly nor writes inside a transaction; the donors' documents are
+cloned through the config server's memory; every donor's whole retryable-write history is
+copied to every recipient.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, ObjectId
 from bson.timestamp import Timestamp
 
+from configsvr import migration
 from configsvr.catalog import chunk_doc
 from shardsim.errors import MongoError
 from shardsim.shard_key import Chunk, ChunkMap, KeyPattern, SortKey, hashed_split_points
@@ -222,10 +225,55 @@ async def catch_up(node: ConfigServerNode, op: ReshardOp) -> int:
     return len(unique_ids)
 
 
+async def _critical_section(node: ConfigServerNode, op: ReshardOp, enter: bool) -> None:
+    """Enter (block the routed writes to ``op.ns`` on every donor and wait for the running
+    ones) or leave the donors' critical section: 8.0's blocking-writes state, in which each
+    donor holds the collection's critical section (``ReshardingDonorService``'s
+    ``_writeTransactionOplogEntryThenTransitionToBlockingWrites``) until the coordinator has
+    committed; the writes that waited then fail with StaleConfig (13388) and their routers
+    retry them by the new routing table. Leaving is best effort for each donor."""
+    for donor in op.donors:
+        cmd = {"_shardsimMigrationCriticalSection": op.ns, "enter": enter,
+               "reason": "reshardCollection"}
+        if enter:
+            await node.on_shard(donor, "admin", cmd)
+            continue
+        try:
+            await node.on_shard(donor, "admin", cmd)
+        except MongoError as exc:
+            log.warning("critical section of %s not released on %s: %s", op.ns, donor, exc)
+
+
+async def _move_session_records(node: ConfigServerNode, op: ReshardOp) -> None:
+    """The donors' retryable-write history to the recipients, so a statement executed on a
+    donor is not applied again on its new owner (8.0's ``ReshardingTxnCloner`` and the
+    session application of the recipients' oplog appliers)."""
+    for donor in op.donors:
+        records = (await node.on_shard(donor, "admin", {"_shardsimSessionRecords": 1}))[
+            "records"]
+        if not records:
+            continue
+        for shard in op.recipients:
+            if shard != donor:
+                await node.on_shard(shard, "admin", {"_shardsimMergeSessionRecords": 1,
+                                                     "records": records})
+
+
 async def commit(node: ConfigServerNode, op: ReshardOp) -> None:
-    """Blocking-writes and committing: the last catch-up, the catalog switch, the rename of
-    the temporary collections, the drop of the original on former owners, the event."""
+    """Blocking-writes and committing, inside the donors' critical section
+    (:func:`_critical_section`): the last catch-up, the retryable-write history, the catalog
+    switch, the rename of the temporary collections, every shard's new metadata, the drop of
+    the original on former owners, the event; then the critical section is released."""
+    await _critical_section(node, op, True)
+    try:
+        await _commit_in_critical_section(node, op)
+    finally:
+        await _critical_section(node, op, False)
+
+
+async def _commit_in_critical_section(node: ConfigServerNode, op: ReshardOp) -> None:
     await catch_up(node, op)
+    await _move_session_records(node, op)
     now = node.clock.now()
     ns = op.ns
     if op.entry is not None:
@@ -248,6 +296,15 @@ async def commit(node: ConfigServerNode, op: ReshardOp) -> None:
     for shard in op.recipients:
         await node.on_shard(shard, "admin", {"renameCollection": f"{op.db}.{op.temp}", "to": ns,
                                              "dropTarget": True, "fromMigrate": True})
+    if not untrack:  # a new uuid, epoch and chunks: every shard learns them
+        await migration.push_metadata(node, ns)
+    else:  # unsharded (untracked) now: no shard keeps the old version
+        for shard in [s["_id"] for s in await node.shards()]:
+            try:
+                await node.on_shard(shard, op.db, {"_shardsimSetFilteringMetadata": ns,
+                                                   "metadata": None})
+            except MongoError as exc:
+                log.warning("metadata of %s not cleared on %s: %s", ns, shard, exc)
     for shard in op.donors:
         if shard not in op.recipients:
             try:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bson import Binary
+from bson.timestamp import Timestamp
 
 from shardsim.gossip import gossip_command
 from shardsim.shard_key import Chunk, ChunkMap, KeyPattern
@@ -32,6 +33,16 @@ class CollectionInfo:
     unique: bool
     pattern: KeyPattern
     chunks: ChunkMap
+    epoch: Any = None
+    timestamp: Any = None
+    versions: dict[str, Timestamp] = field(default_factory=dict)
+
+    def shard_version(self, shard: str) -> dict[str, Any]:
+        """The ``shardVersion`` the router sends ``shard`` (``{e, t, v}``: mongos'
+        ``ChunkManager::getVersion(shardId)``: the highest ``lastmod`` of the shard's chunks,
+        ``Timestamp(0, 0)`` when it owns none)."""
+        return {"e": self.epoch, "t": self.timestamp,
+                "v": self.versions.get(shard, Timestamp(0, 0))}
 
 
 def _host_of(entry: dict[str, Any]) -> tuple[str, int]:
@@ -66,10 +77,15 @@ class CatalogCache:
             docs.extend(cur["nextBatch"])
         return docs
 
-    async def refresh(self) -> None:
-        """Reload the whole catalog from the config server (MongoError 6/9001 if it is down)."""
+    async def refresh(self, if_generation: int | None = None) -> None:
+        """Reload the whole catalog from the config server (MongoError 6/9001 if it is down).
+        With ``if_generation``: only when nothing was reloaded since that generation (many
+        requests told StaleConfig at once cause one reload, as mongos' CatalogCache joins
+        refreshes in flight)."""
         async with self._lock:
             gen = self.generation
+            if if_generation is not None and gen != if_generation:
+                return
             shards = await self._find_all("shards")
             dbs = await self._find_all("databases")
             colls = await self._find_all("collections")
@@ -85,9 +101,14 @@ class CatalogCache:
                 cmap = ChunkMap(pattern, [
                     Chunk(pattern.bound_to_key(d["min"]), pattern.bound_to_key(d["max"]), d["shard"])
                     for d in by_uuid.get(bytes(entry["uuid"]), [])])
+                versions: dict[str, Timestamp] = {}
+                for d in by_uuid.get(bytes(entry["uuid"]), []):
+                    lm, cur = d["lastmod"], versions.get(d["shard"])
+                    if cur is None or (lm.time, lm.inc) > (cur.time, cur.inc):
+                        versions[d["shard"]] = lm
                 collections[entry["_id"]] = CollectionInfo(
                     entry["_id"], entry["uuid"], dict(entry["key"]), bool(entry.get("unique")),
-                    pattern, cmap)
+                    pattern, cmap, entry.get("lastmodEpoch"), entry.get("timestamp"), versions)
             shards.sort(key=lambda s: s["_id"])
             self._shard_docs = shards
             self._shards = {s["_id"]: _host_of(s) for s in shards}

@@ -25,6 +25,7 @@ from typing import Any
 from bson.int64 import Int64
 
 from router import security as router_security
+from router import shard_versioning
 from router.catalog import CatalogCache
 from router.change_stream.promise_requests import PromiseRequests
 from router.commands import FAMILIES
@@ -37,12 +38,12 @@ from shardsim.client import Pool, parse_address
 from shardsim.commands import Request
 from shardsim.cursors import ListCursor
 from shardsim import failpoints
-from shardsim.errors import RETRYABLE_WRITE_CODES, MongoError
+from shardsim.errors import RETRYABLE_WRITE_CODES, MongoError, transaction_labels
+from shardsim.txn_rules import check_transaction_command
 from shardsim.node import Node
 
 log = logging.getLogger("shardsim.router")
 
-NETWORK_CODES = frozenset({6, 7, 89, 9001, 91, 11600, 384})
 RETRYABLE_WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify"})
 REFRESH_INTERVAL_S = 1.0
 
@@ -118,9 +119,11 @@ class RouterNode(Node):
                             check: bool = True, timeout: float | None = None) -> Any:
         """Run ``cmd`` on ``shard`` with cluster-time gossip (MongoError on failure). A command
         inside a transaction gets the fields its participant needs
-        (:meth:`router.transactions.TransactionRouter.attach`)."""
+        (:meth:`router.transactions.TransactionRouter.attach`); CRUD and reads carry the
+        namespace's ``shardVersion`` (:func:`router.shard_versioning.attach`)."""
         if cmd.get("autocommit") is False:
             cmd = self.transactions.attach(shard, cmd)
+        cmd = shard_versioning.attach(self, shard, db, cmd)
         return await gossip_command(self.clock, self.pool_for(shard), db, cmd, raw=raw,
                                     check=check, timeout=timeout)
 
@@ -155,7 +158,13 @@ class RouterNode(Node):
         (:data:`shardsim.gossip.OPERATION_TIME`)."""
         token = OPERATION_TIME.set([None])
         try:
-            reply = await super().run_command(req)
+            if req.body.get("autocommit") is False:
+                # inside a transaction a statement is not re-run on StaleConfig: the error
+                # aborts the transaction, which the driver retries whole
+                reply = await super().run_command(req)
+            else:  # a StaleConfig from a shard: refresh and run the command again
+                reply = await shard_versioning.run_with_retries(
+                    self, lambda: super(RouterNode, self).run_command(req))
         finally:
             OPERATION_TIME.reset(token)
         if req.body.get("autocommit") is False and isinstance(reply, dict):
@@ -165,7 +174,11 @@ class RouterNode(Node):
         return reply
 
     async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
-        """The handler under the request's readConcern (:mod:`router.read_concern`)."""
+        """The handler under the request's readConcern (:mod:`router.read_concern`); inside a
+        transaction only the commands :func:`shardsim.txn_rules.check_transaction_command`
+        allows (263 otherwise)."""
+        if req.body.get("autocommit") is False:
+            check_transaction_command(self.commands.canonical(req.name), req.db)
         return await run_with_read_concern(self, handler, req)
 
     def cluster_time_fields(self, req: Request | None, reply: dict[str, Any]) -> None:
@@ -176,26 +189,22 @@ class RouterNode(Node):
         super().cluster_time_fields(req, reply)
 
     def error_labels(self, req: Request | None, exc: MongoError) -> list[str]:
-        """Labels as mongos adds them: RetryableWriteError on a retryable write failing with a
-        retryable code; TransientTransactionError on a network error inside a transaction
-        (``error_labels.cpp``); change-stream labels from the base class."""
+        """Labels as mongos adds them (``ErrorLabelBuilder``, ``error_labels.cpp``): inside a
+        transaction :func:`shardsim.errors.transaction_labels` (TransientTransactionError for a
+        transient code, RetryableWriteError for a commit/abort failing with a retryable one);
+        RetryableWriteError on a retryable write failing with a retryable code; change-stream
+        labels from the base class. UnknownTransactionCommitResult is the driver's to add."""
         labels = list(super().error_labels(req, exc))
         if req is None:
             return labels
         name = self.commands.canonical(req.name)
         body = req.body
         if body.get("autocommit") is False:
-            if name not in ("commitTransaction", "abortTransaction") and exc.code in NETWORK_CODES \
-                    and "TransientTransactionError" not in labels:
-                labels.append("TransientTransactionError")
-            elif name in ("commitTransaction", "abortTransaction") and \
-                    exc.code in RETRYABLE_WRITE_CODES and "RetryableWriteError" not in labels:
-                labels.append("RetryableWriteError")
-            if name == "commitTransaction" and "UnknownTransactionCommitResult" not in labels and \
-                    (exc.code in RETRYABLE_WRITE_CODES or exc.code in NETWORK_CODES or
-                     exc.code in (50, 64, 225, 262)):
-                # isCommitResultUnknown (transaction_router.cpp) / error_labels.cpp
-                labels.append("UnknownTransactionCommitResult")
+            wc = exc.extra.get("writeConcernError") if isinstance(exc.extra, dict) else None
+            wc_code = wc.get("code") if isinstance(wc, dict) else None
+            for lb in transaction_labels(exc.code, command=name, body=body, wc_code=wc_code):
+                if lb not in labels:
+                    labels.append(lb)
         elif "txnNumber" in body and name in RETRYABLE_WRITE_COMMANDS and \
                 exc.code in RETRYABLE_WRITE_CODES and "RetryableWriteError" not in labels:
             labels.append("RetryableWriteError")

@@ -36,6 +36,7 @@ from bson import ObjectId
 
 from router.forwarding import forwardable, reply_body
 from router import retryable_writes as rw
+from router import shard_versioning as sv
 from shardsim.commands import Request, check_type
 from shardsim.errors import MongoError
 
@@ -59,6 +60,9 @@ class Run:
     ops: list[Any] = field(default_factory=list)
     broadcast: bool = False
     key_update: bool = False  # a single update that may change the shard key's owner
+    # The routing table the statements were targeted with: its placement versions go with
+    # the child batch (mongos sends the version of the ChunkManager it targeted with).
+    info: Any = None
 
 
 def _is_replacement(u: Any) -> bool:
@@ -81,6 +85,7 @@ class WriteExecutor:
         self.ordered = req.get("ordered", True) is not False
         self.in_txn = req.get("autocommit") is False
         self.retryable = rw.is_retryable(req.body)
+        self._snapshot: Any = None  # the CollectionInfo of the last targeting round
 
     # -- targeting ----------------------------------------------------------------------------
     async def find_owner(self, q: Any, shards: list[str], extra: dict[str, Any]) -> str | None:
@@ -116,7 +121,7 @@ class WriteExecutor:
         database (implicit creation on first write). Raises ShardNotFound (70) when there is no
         shard, ShardKeyNotFound (61) for an upsert without the full shard key."""
         router = self.router
-        info = router.catalog.collection(self.ns)
+        info = self._snapshot
         if info is None:
             primary = await router.ensure_database(self.db) if self.kind != "delete" \
                 else router.read_primary(self.db)
@@ -232,15 +237,76 @@ class WriteExecutor:
                       "errmsg": exc.errmsg}])
         return {"n": 1, "nModified": 1, "upserted": []}, []
 
-    async def _send_plain(self, run: Run) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def _send_plain(self, run: Run, attempt: int = 0
+                          ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Run one child batch; a shard's StaleConfig (13388: nothing of the batch was applied
+        there) refreshes the routing table and re-targets the batch's statements (a broadcast
+        is re-sent to the stale shards), up to ``MAX_STALE_RETRIES`` times (``BatchWriteExec``
+        noting stale responses and re-targeting)."""
+        generation = self.router.catalog.generation
+        final = attempt >= sv.MAX_STALE_RETRIES
+        totals, errors, stale = await self._send_plain_once(run, not final)
+        if not stale:
+            return totals, errors
+        await sv.refresh_after_stale(self.router, generation, attempt)
+        if run.broadcast:
+            owners = set(self.router.catalog.collection(self.ns).chunks.shards()) \
+                if self.router.catalog.collection(self.ns) else set(stale)
+            again = [s for s in stale if s in owners]
+            snapshot = self.router.catalog.collection(self.ns)
+            subs = [Run(again, run.idx, run.ops, True, info=snapshot)] if again else []
+        else:
+            targets, errs = await self._target_all(run.ops)
+            errors.extend({**e, "index": run.idx[e["index"]]} for e in errs)
+            mapped = [None if t is None else (run.idx[t[0]], t[1], t[2]) for t in targets]
+            subs = self._group_targets(run.ops, run.idx, mapped)
+        for sub in subs:
+            t, errs = await self._send_plain(sub, attempt + 1)
+            totals["n"] += t["n"]
+            totals["nModified"] += t["nModified"]
+            totals["upserted"].extend(t["upserted"])
+            totals["retried"].extend(t.get("retried", ()))
+            if "writeConcernError" in t:
+                totals["writeConcernError"] = t["writeConcernError"]
+            errors.extend(errs)
+            if errs and self.ordered:
+                break
+        return totals, errors
+
+    def _group_targets(self, ops: list[Any], idx: list[int], targets: list[Target | None]
+                       ) -> list[Run]:
+        """Consecutive same-shard runs of re-targeted statements (``idx``: their client
+        indexes; ``targets`` carry client indexes) up to the first untargetable one."""
+        runs: list[Run] = []
+        pos = {i: n for n, i in enumerate(idx)}
+        for t in targets:
+            if t is None:
+                break
+            i, shards, broadcast = t
+            op = ops[pos[i]]
+            if runs and not broadcast and not runs[-1].broadcast and runs[-1].shards == shards:
+                runs[-1].idx.append(i)
+                runs[-1].ops.append(op)
+            else:
+                runs.append(Run(shards, [i], [op], broadcast, info=self._snapshot))
+        return runs
+
+    async def _send_plain_once(self, run: Run, catch_stale: bool = False
+                               ) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+        """One attempt of a child batch: ``(totals, writeErrors, stale shards)``; with
+        ``catch_stale`` a StaleConfig reply is returned in the stale list instead of becoming
+        write errors."""
         cmd = self._child_command(run)
         totals: dict[str, Any] = {"n": 0, "nModified": 0, "upserted": [], "retried": []}
         errors: list[dict[str, Any]] = []
+        stale: list[str] = []
 
         async def one(shard: str) -> dict[str, Any]:
+            sent = dict(cmd, shardVersion=sv.version_for(run.info, shard)) \
+                if self.db not in sv.UNVERSIONED_DBS else cmd
             try:
                 reply = await rw.send_idempotent(
-                    lambda: self.router.shard_command(shard, self.db, cmd), self.retryable)
+                    lambda: self.router.shard_command(shard, self.db, sent), self.retryable)
             except MongoError as exc:
                 exc.shard = shard  # for the write error's "Write results unavailable from"
                 raise
@@ -258,10 +324,13 @@ class WriteExecutor:
                 replies = [exc]
         else:
             replies = await asyncio.gather(*(one(s) for s in run.shards), return_exceptions=True)
-        for reply in replies:
+        for shard_name, reply in zip(run.shards, replies):
+            if catch_stale and sv.is_stale(reply):
+                stale.append(shard_name)
+                continue
             if isinstance(reply, MongoError):
-                if len(run.idx) == 0 or (self.in_txn and reply.code in rw.RETRIABLE_CODES):
-                    raise reply  # in a transaction a network error fails the command
+                if len(run.idx) == 0 or self.in_txn:
+                    raise reply  # in a transaction a shard error fails the command
                 # No reply, or a command-level error: it fails the child batch's statements
                 # (the first of an ordered batch, each of an unordered one; noteBatchError).
                 shard = getattr(reply, "shard", None)
@@ -283,7 +352,7 @@ class WriteExecutor:
                 errors.append(e)
             if "writeConcernError" in reply:
                 totals["writeConcernError"] = reply["writeConcernError"]
-        return totals, errors
+        return totals, errors, stale
 
     def statements(self) -> list[Any]:
         """The command's statements (``documents``/``updates``/``deletes``); a document without
@@ -313,6 +382,7 @@ class WriteExecutor:
         errors and ShardNotFound (70) are raised."""
         errors: list[dict[str, Any]] = []
         targets: list[Target | None] = []
+        self._snapshot = self.router.catalog.collection(self.ns)
         for i, op in enumerate(ops):
             try:
                 shards, broadcast = await self.target(op)
@@ -343,7 +413,7 @@ class WriteExecutor:
                     runs[-1].idx.append(i)
                     runs[-1].ops.append(ops[i])
                 else:
-                    runs.append(Run(shards, [i], [ops[i]], broadcast, special))
+                    runs.append(Run(shards, [i], [ops[i]], broadcast, special, self._snapshot))
         else:
             by_shard: dict[str, Run] = {}
             for t in targets:
@@ -351,9 +421,10 @@ class WriteExecutor:
                     continue
                 i, shards, broadcast = t
                 if broadcast or self.touches_key(ops[i]):
-                    runs.append(Run(shards, [i], [ops[i]], broadcast, not broadcast))
+                    runs.append(Run(shards, [i], [ops[i]], broadcast, not broadcast,
+                                    self._snapshot))
                 else:
-                    run = by_shard.setdefault(shards[0], Run(shards))
+                    run = by_shard.setdefault(shards[0], Run(shards, info=self._snapshot))
                     run.idx.append(i)
                     run.ops.append(ops[i])
             runs.extend(by_shard.values())

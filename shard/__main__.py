@@ -31,6 +31,8 @@ from shardsim.server import run_node
 @click.option("--oplog-cache-mb", type=click.FloatRange(min=0, min_open=True), default=64.0,
               help="With --dbpath: MiB of the newest oplog entries kept in memory (older ones "
                    "are read from disk).")
+@click.option("--snapshot-history-mb", type=click.FloatRange(min=0, min_open=True), default=32.0,
+              help="MiB of document history kept for snapshot reads (oldest dropped first).")
 @click.option("--oplog-min-retention-hours", type=click.FloatRange(min=0), default=0.0,
               help="Entries younger than this are kept even over the size cap (hours).")
 @click.option("--oplog-max-age-s", type=float, default=None,
@@ -41,7 +43,7 @@ from shardsim.server import run_node
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
 def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interval_ms: int,
-         promise_mode: str, oplog_size_mb: float, oplog_cache_mb: float,
+         promise_mode: str, oplog_size_mb: float, oplog_cache_mb: float, snapshot_history_mb: float,
          oplog_min_retention_hours: float,
          oplog_max_age_s: float | None, sync: str, no_test_commands: bool, log_level: str,
          **security: Any) -> None:
@@ -52,6 +54,7 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
     options = {
         "dbpath": dbpath, "noop_interval_ms": noop_interval_ms, "promise_mode": promise_mode,
         "oplog_size_mb": oplog_size_mb, "oplog_cache_mb": oplog_cache_mb,
+        "snapshot_history_mb": snapshot_history_mb,
         "oplog_min_retention_hours": oplog_min_retention_hours,
         "oplog_max_age_s": oplog_max_age_s, "sync": sync,
     }

@@ -32,14 +32,17 @@ from shardsim.node import Node
 from shard import noop_writer, oplog_settings
 from shard import commands as shard_commands
 from shard.change_stream import cursor as cs_cursor
+from shard.change_stream import promise_faults
 from shard.auth_store import LocalUserStore
 from shard.durable import DurableStore
+from shard.prepare_conflicts import read_namespace, wait_for_prepared
 from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
 from shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
 from shard.read_concern import run_with_read_concern
 from shardsim.query import select
 from shard.sessions import Sessions, full_lsid
+from shard.sharding_runtime import VERSIONED, ShardingRuntime
 from shard.transaction_coordinator import Coordinators
 from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
                            validate_db_name)
@@ -68,7 +71,9 @@ class ShardNode(Node):
     """A shard. ``options``: ``shard_name``, ``dbpath`` (None = in memory),
     ``noop_interval_ms``, ``promise_mode`` (``clock``|``mongod``), ``oplog_size_mb``,
     ``oplog_min_retention_hours``, ``oplog_max_age_s``, ``oplog_cache_mb`` (durable shards: MiB
-    of newest oplog entries kept in memory, default 64), ``sync`` (``normal``|``full``)."""
+    of newest oplog entries kept in memory, default 64), ``snapshot_history_mb`` (MiB of document
+    history kept for snapshot reads, default 32: :mod:`shard.snapshot`), ``sync``
+    (``normal``|``full``)."""
 
     role = "shard"
 
@@ -82,6 +87,8 @@ class ShardNode(Node):
         min_ret_h = float(self.options.get("oplog_min_retention_hours") or 0)
         max_age = self.options.get("oplog_max_age_s")
         self.storage = Storage()
+        history_mb = float(self.options.get("snapshot_history_mb") or 32)
+        self.storage.history.max_bytes = int(history_mb * 2**20)
         retention = {"max_bytes": int(size_mb * 1024 * 1024), "min_retention_s": min_ret_h * 3600,
                      "max_age_s": float(max_age) if max_age else None}
         dbpath = self.options.get("dbpath")
@@ -101,9 +108,13 @@ class ShardNode(Node):
         self.sessions = Sessions(self)
         # Two-phase commits this shard coordinates (shard/transaction_coordinator.py).
         self.coordinators = Coordinators(self)
+        # Filtering metadata, critical sections, transfer mods (shard/sharding_runtime.py).
+        self.sharding = ShardingRuntime(self)
         # Promise requests from the router (_shardsimAdvanceClusterTime) and the change-stream
         # cursors waiting for them (shard/change_stream/cursor.py).
         self.cs_promise_waiters = cs_cursor.PromiseWaiters()
+        # Test faults on those promises and the clock pin (shard/change_stream/promise_faults.py).
+        self.cs_promise_faults = promise_faults.PromiseFaults(self)
         # The periodic no-op writer's asyncio task once started (shard/noop_writer.py).
         self.noop_writer_task: Any = None
         if self.durable is not None:
@@ -114,8 +125,10 @@ class ShardNode(Node):
         self.security.store = LocalUserStore(self)  # shard-local admin.system.users/roles
         cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
         failpoints.install(self)  # configureFailPoint, with test commands only
+        promise_faults.install(self)  # shardsimStallPromise, shardsimDelayPromise
         if self.test_commands:
-            self.commands.install(self, shard_commands.testing.commands)  # _shardsimTruncateOplog
+            # _shardsimTruncateOplog, _shardsimSetClusterTime
+            self.commands.install(self, shard_commands.testing.commands)
 
     # -- identity -----------------------------------------------------------------------------
     def hello(self, req: Request) -> dict[str, Any]:
@@ -223,9 +236,23 @@ class ShardNode(Node):
             # Any statement (read or write) may start or continue a transaction.
             try:
                 self.gossip_in(req)
-                self._req_txn[id(req)] = self.sessions.transaction_for(req)
+                txn = self._req_txn[id(req)] = self.sessions.transaction_for(req)
             except MongoError as exc:
                 exc.labels = self.error_labels(req, exc)
+                reply = exc.to_reply()
+                self.cluster_time_fields(req, reply)
+                return reply
+            # a statement reading at the transaction's snapshot waits for the prepared
+            # transactions it would meet (shard.prepare_conflicts)
+            await wait_for_prepared(self, read_namespace(req), txn.read_ts, own=txn)
+        versioned_write = None
+        if "shardVersion" in req.body and self.commands.canonical(req.name) in VERSIONED:
+            try:  # a routed request: checked against this shard's version (13388)
+                ns = f"{req.db}.{req.arg}"
+                if await self.sharding.check(ns, self.commands.canonical(req.name),
+                                             req.body["shardVersion"]):
+                    versioned_write = ns
+            except MongoError as exc:
                 reply = exc.to_reply()
                 self.cluster_time_fields(req, reply)
                 return reply
@@ -235,6 +262,8 @@ class ShardNode(Node):
         finally:
             self._depth -= 1
             self._req_txn.pop(id(req), None)
+            if versioned_write is not None:
+                self.sharding.done(versioned_write)
         if self.durable is not None and (self.storage.journal or self._unflushed):
             wrote = bool(self.storage.journal)
             try:
@@ -302,7 +331,10 @@ class ShardNode(Node):
             entry["o2"] = o2
         if ctx.lsid is not None and ctx.stmt_id is not None:
             entry["stmtId"] = ctx.stmt_id
-        entry["ts"] = ts if ts is not None else self.clock.tick()
+        if ts is None:
+            faults = self.cs_promise_faults
+            ts = self.clock.tick() if not faults.pin else faults.take_pin()
+        entry["ts"] = ts
         entry["t"] = TERM
         entry["v"] = OPLOG_VERSION
         entry["wall"] = wall_now()
@@ -316,7 +348,7 @@ class ShardNode(Node):
         """Append to the oplog (and the durable journal); the document changes made for it get
         its ``ts`` in the snapshot history (:mod:`shard.snapshot`)."""
         size = self.oplog.append(entry, size)
-        self.storage.history.stamp(entry["ts"])
+        self.storage.history.stamp(entry["ts"], size)
         if self.storage.journal is not None:
             self.storage.journal.append(("oplog", entry, size))
             if self._depth == 0:
@@ -336,6 +368,8 @@ class ShardNode(Node):
         if ctx.txn is not None:
             ctx.txn.add_op(op, coll, o, o2, pre_image if coll.pre_post_images else None)
             return None
+        if not ctx.from_migrate and self.sharding.trackers:
+            self.sharding.on_write(coll.ns, op, o, o2)  # a migration's transfer mods
         entry = self.make_entry(op, coll.ns, coll.ui, o, o2, ctx=ctx)
         self.append_entry(entry, None if size is None else size + 160)
         if pre_image is not None and coll.pre_post_images:
@@ -425,6 +459,7 @@ class ShardNode(Node):
         """Close cursors, then flush and close the durable store."""
         await super().shutdown()
         self.coordinators.close()
+        self.sharding.close()
         if self.durable is not None:
             try:
                 self.flush()

@@ -37,13 +37,22 @@ def _enabled(node: Any) -> bool:
         return True
 
 
+def _pinned(node: Any) -> bool:
+    """A test pinned the time of the shard's next oplog entry (``_shardsimSetClusterTime``):
+    a no-op now would take it."""
+    faults = getattr(node, "cs_promise_faults", None)
+    return faults is not None and faults.pin != 0
+
+
 async def run(node: Any, interval_s: float) -> None:
     """Loop forever: write a periodic no-op when the oplog did not move for ``interval_s``."""
     last_seen = node.oplog.latest_key
     while True:
         await asyncio.sleep(interval_s)
         try:
-            if node.oplog.latest_key == last_seen and _enabled(node):
+            # (not while a test pinned the next entry's time: promise_faults.py)
+            if node.oplog.latest_key == last_seen and _enabled(node) \
+                    and not _pinned(node):
                 node.write_noop(dict(PERIODIC_NOOP))
         except Exception:  # never let the writer die with the process still serving
             log.exception("periodic noop failed")

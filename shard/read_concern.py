@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from bson.timestamp import Timestamp
 
+from shard.prepare_conflicts import read_namespace, wait_for_prepared
 from shardsim.commands import Request
 from shardsim.read_concern import attach_cluster_time, parse
 
@@ -50,6 +51,7 @@ async def run_with_read_concern(node: "ShardNode", handler: Callable[[Request], 
     if not rc.snapshot:
         return await handler(req)
     at = rc.at or node.oplog.last_ts() or node.clock.now()
+    await wait_for_prepared(node, read_namespace(req), at)
     token = SNAPSHOT_AT.set(at)
     try:
         reply = await handler(req)

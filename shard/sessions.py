@@ -27,10 +27,10 @@ see; their oplog operations are buffered. ``commitTransaction`` applies the over
 nothing; a unique key taken meanwhile gives WriteConflict 112), then writes ONE ``applyOps``
 entry (``{op: "c", ns: "admin.$cmd", o: {applyOps: [...]}, lsid, txnNumber, prevOpTime}``) and
 the pre-images with their ``applyOpsIndex``; ``abortTransaction`` (or a failed statement)
-drops the overlays and writes nothing. Known differences from mongod: reads inside a
-transaction see the latest committed data rather than a snapshot from its start, and
-conflicting writers are detected at commit (WriteConflict 112 when a document the transaction
-wrote was changed by someone else meanwhile, a unique key was taken, or the collection dropped).
+drops the overlays and writes nothing. A transaction reads one snapshot
+(``Transaction.read_ts``, through :class:`shard.snapshot.SnapshotDocs`); a write meeting a
+document another open transaction wrote, or one changed after the snapshot, is a WriteConflict
+(112) at once, as WiredTiger's (docs/transactions.md).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from bson.int64 import Int64
 
 from shardsim.commands import Request
 from shardsim.errors import MongoError
+from shard.snapshot import SnapshotDocs
 from shard.storage import id_key
 
 TRANSIENT = ["TransientTransactionError"]
@@ -114,6 +115,9 @@ class Transaction:
         self.state = "in_progress"  # in_progress | prepared | committed | aborted
         self.started = time.monotonic()
         self.prepare_ts: Any = None  # Timestamp of the prepare entry once prepared
+        # the cluster time its reads see (readConcern snapshot's atClusterTime, else the newest
+        # oplog entry when the transaction started here): Sessions.transaction_for
+        self.read_ts: Any = None
         self.ops: list[dict[str, Any]] = []
         self.pre_images: list[tuple[bytes, int, dict[str, Any]]] = []
         self.views: dict[bytes, TxnView] = {}
@@ -122,7 +126,7 @@ class Transaction:
         """The collection as this transaction sees it (its own writes over the committed data)."""
         v = self.views.get(coll.uuid)
         if v is None or v.coll is not coll:
-            v = self.views[coll.uuid] = TxnView(coll)
+            v = self.views[coll.uuid] = TxnView(coll, self.read_ts)
             v.txn = self
         return v
 
@@ -159,11 +163,13 @@ class Transaction:
                 v.coll.prepared[key] = self
 
     def unlock(self) -> None:
-        """Release what :meth:`lock` took."""
+        """Release what :meth:`lock` took, and the write locks of :meth:`TxnView._remember`."""
         for v in self.views.values():
             for key in v.overlay:
                 if v.coll.prepared.get(key) is self:
                     del v.coll.prepared[key]
+                if v.coll.txn_writers.get(key) is self:
+                    del v.coll.txn_writers[key]
 
     def apply(self, storage: Any, *, force: bool = False) -> None:
         """Commit the overlays to the collections (all or nothing). Raises WriteConflict (112,
@@ -224,11 +230,17 @@ class _MergedDocs:
     """``docs`` of a :class:`TxnView`: the committed documents with the overlay applied, in
     natural order (overlay inserts last). Mapping-like: get, items, values, keys, len, in."""
 
-    __slots__ = ("base", "overlay")
+    __slots__ = ("_src", "overlay")
 
-    def __init__(self, base: dict[Any, Any], overlay: dict[Any, Any]) -> None:
-        self.base = base
+    def __init__(self, base: Any, overlay: dict[Any, Any]) -> None:
+        self._src = base  # a dict (latest data) or a SnapshotDocs (the transaction's snapshot)
         self.overlay = overlay
+
+    @property
+    def base(self) -> dict[Any, Any]:
+        """The committed documents this transaction reads (its snapshot when it has one)."""
+        src = self._src
+        return src.get() if isinstance(src, SnapshotDocs) else src
 
     def get(self, key: Any, default: Any = None) -> Any:
         if key in self.overlay:
@@ -273,17 +285,35 @@ class TxnView:
     deleted) until commit. Other attributes (ns, ui, uuid, indexes, document_key, ...) are the
     collection's."""
 
-    def __init__(self, coll: Any) -> None:
+    def __init__(self, coll: Any, read_ts: Any = None) -> None:
         self.coll = coll
         self.overlay: dict[Any, dict[str, Any] | None] = {}
         self.seen: dict[Any, dict[str, Any] | None] = {}  # committed doc when first written
-        self.docs = _MergedDocs(coll.docs, self.overlay)
+        self.snapshot = SnapshotDocs(coll, read_ts) if read_ts is not None else None
+        self.docs = _MergedDocs(self.snapshot or coll.docs, self.overlay)
         self.txn: Transaction | None = None
 
     def _remember(self, key: Any) -> None:
+        """About to write the document at ``key``: WriteConflict (112, TransientTransaction-
+        Error) when a prepared transaction holds it, or another in-progress transaction wrote
+        it (WiredTiger's write-write conflict between two uncommitted transactions); else the
+        document is this transaction's until it ends."""
         holder = self.coll.prepared.get(key)
         if holder is not None and holder is not self.txn:
             raise prepare_conflict(self.coll.ns)
+        writer = self.coll.txn_writers.get(key)
+        if writer is not None and writer is not self.txn and writer.state == "in_progress":
+            raise MongoError(112, "Write conflict during plan execution and yielding is "
+                                  "disabled. :: Please retry your operation or multi-document "
+                                  "transaction.", labels=TRANSIENT)
+        if key not in self.seen and self.snapshot is not None and \
+                self.coll.docs.get(key) is not self.snapshot.get().get(key):
+            # committed by another writer after this transaction's snapshot
+            raise MongoError(112, "Write conflict during plan execution and yielding is "
+                                  "disabled. :: Please retry your operation or multi-document "
+                                  "transaction.", labels=TRANSIENT)
+        if self.txn is not None:
+            self.coll.txn_writers[key] = self.txn
         if key not in self.seen:
             self.seen[key] = self.coll.docs.get(key)
 
@@ -384,6 +414,27 @@ class Sessions:
         self._sessions: dict[bytes, Session] = {}
         self.lifetime_s = 60  # transactionLifetimeLimitSeconds
         self._reaper: asyncio.Task | None = None
+        self._decision_waiters: list[asyncio.Future] = []  # shard.prepare_conflicts
+
+    async def wait_decision(self, timeout_s: float) -> None:
+        """Wait until a prepared transaction is committed or aborted (:meth:`decided`), at most
+        ``timeout_s`` seconds."""
+        fut = asyncio.get_running_loop().create_future()
+        self._decision_waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if fut in self._decision_waiters:
+                self._decision_waiters.remove(fut)
+
+    def decided(self) -> None:
+        """A prepared transaction was committed or aborted: wake the readers waiting on it."""
+        waiters, self._decision_waiters = self._decision_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def start_reaper(self, interval_s: float = 1.0) -> None:
         """Abort transactions older than ``lifetime_s`` seconds (mongod's periodic
@@ -539,6 +590,7 @@ class Sessions:
             s.txn_number = tn
             s.executed = {}
             s.txn = Transaction(s, tn)
+            s.txn.read_ts = self._read_ts(body)
             return s.txn
         if s.txn is None or s.txn_number != tn:
             raise MongoError(251, f"Given transaction number {tn} does not match any in-progress "
@@ -552,6 +604,18 @@ class Sessions:
         if s.txn.state == "prepared":
             raise MongoError(267, "Cannot run a statement of a prepared transaction")
         return s.txn
+
+    def _read_ts(self, body: dict[str, Any]) -> Any:
+        """The snapshot of a transaction starting here: ``readConcern.atClusterTime`` of a
+        ``snapshot`` transaction (the router's choice, the same on every shard), else the newest
+        oplog entry (mongod opens the storage snapshot at the transaction's first statement on
+        the shard; ``local``/``majority`` read concern, ``transaction_participant.cpp``)."""
+        rc = body.get("readConcern")
+        if isinstance(rc, dict) and rc.get("level") == "snapshot" and \
+                rc.get("atClusterTime") is not None:
+            return rc["atClusterTime"]
+        node = self.node
+        return node.oplog.last_ts() or node.clock.now()
 
     def abort_on_error(self, req: Request) -> None:
         """A statement failed inside a transaction: mongod aborts the whole transaction."""

@@ -17,6 +17,7 @@ Durable shards pass a ``journal`` list: every mutation appends a record that
 from __future__ import annotations
 
 import itertools
+from collections import deque
 import re
 import uuid as uuid_mod
 from typing import Any, Iterator
@@ -136,7 +137,7 @@ class Collection:
         # snapshot reads (shard.snapshot): the Storage's History, and this collection's
         # stamped undo log [(ts, key, document before)] with the ts of the oldest dropped entry
         self.recorder: Any = None
-        self.history: list[tuple[Any, Any, dict[str, Any] | None]] = []
+        self.history: deque[tuple[Any, Any, dict[str, Any] | None]] = deque()
         self.history_floor: Any = None
         self.indexes: dict[str, Index] = {}
         id_spec = id_index_spec(self.options)
@@ -148,6 +149,9 @@ class Collection:
         # id_key -> the prepared, undecided transaction holding the document
         # (shard.sessions.Transaction.lock): other writers get WriteConflict (112).
         self.prepared: dict[Any, Any] = {}
+        # id_key -> the in-progress transaction that wrote the document (shard.sessions.TxnView):
+        # another transaction writing it gets WriteConflict (112) at once, as WiredTiger's.
+        self.txn_writers: dict[Any, Any] = {}
 
     @property
     def ns(self) -> str:

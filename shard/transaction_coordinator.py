@@ -60,7 +60,9 @@ class Coordinators:
         self.node = node
         self._running: dict[tuple[bytes, int], asyncio.Task] = {}
         self._pools: dict[str, Pool] = {}
-        # Test hook: seconds to sleep between the persisted decision and its delivery.
+        # Test hooks: seconds to sleep between the prepares and the persisted decision, and
+        # between the persisted decision and its delivery.
+        self.pause_before_decision_s = 0.0
         self.pause_after_decision_s = 0.0
 
     # -- persistence ---------------------------------------------------------------------------
@@ -143,6 +145,8 @@ class Coordinators:
         decision = doc.get("decision")
         if decision is None:
             decision = await self._prepare_all(doc)
+            if self.pause_before_decision_s:
+                await asyncio.sleep(self.pause_before_decision_s)
             doc = dict(doc, decision=decision)
             self._save(doc)
         if self.pause_after_decision_s:

@@ -146,7 +146,8 @@ class Connection:
             self.close()
             raise MongoError(9001, f"network error while contacting {self.address} :: caused by :: "
                                    f"{type(exc).__name__}: {exc}") from None
-        parsed = wire.parse_message(header, payload, raw_header)
+        # a cluster member's reply: no depth scan (a getMore batch of events is megabytes)
+        parsed = wire.parse_message(header, payload, raw_header, check_depth=False)
         if isinstance(parsed, wire.BadMessage):
             raise parsed.error
         if isinstance(parsed, wire.OpMsg):

@@ -90,3 +90,47 @@ def change_stream_labels(code: int, *, is_change_stream: bool, command: str) -> 
 def view_error(ns: str) -> MongoError:
     """CommandNotSupportedOnView (166) as ``AutoGetCollection`` raises it for a view."""
     return MongoError(166, f"Namespace {ns} is a view, not a collection")
+
+
+_COMMIT_OR_ABORT = frozenset({"commitTransaction", "coordinateCommitTransaction",
+                              "abortTransaction"})
+
+
+def is_transient_transaction_error(code: int, *, has_write_concern_error: bool,
+                                   commit_or_abort: bool) -> bool:
+    """``isTransientTransactionError`` (``src/mongo/db/error_labels.cpp``): WriteConflict (112),
+    LockTimeout (24), PreparedTransactionInProgress (267), the SnapshotError and
+    NeedRetargettingError categories, ShardInvalidatedForTargeting and StaleDbVersion (249);
+    for commit/abort also NoSuchTransaction (251) without a write concern error, for any other
+    statement NoSuchTransaction and every RetriableError code."""
+    from shardsim.error_codes import codes_in_category
+
+    transient = code in (112, 24, 267, 249) or code in codes_in_category("SnapshotError") or \
+        code in codes_in_category("NeedRetargettingError") or \
+        CODE_NAMES.get(code) == "ShardInvalidatedForTargeting"
+    if commit_or_abort:
+        return transient or (code == 251 and not has_write_concern_error)
+    return transient or code == 251 or code in RETRYABLE_WRITE_CODES
+
+
+def transaction_labels(code: int | None, *, command: str, body: dict[str, Any],
+                       wc_code: int | None = None) -> list[str]:
+    """The labels ``ErrorLabelBuilder::build`` (``error_labels.cpp``) gives a failed command of
+    a session: ``TransientTransactionError`` for a statement or commit/abort of a transaction
+    (``txnNumber`` and ``autocommit`` present) failing with a transient code
+    (:func:`is_transient_transaction_error`); otherwise ``RetryableWriteError`` for a retryable
+    write (``txnNumber`` without ``autocommit``) or a commit/abort failing (or with a write
+    concern error) with a RetriableError code. The two never come together. ``[]`` outside
+    sessions with a txnNumber."""
+    if "txnNumber" not in body:
+        return []
+    in_txn = "autocommit" in body
+    commit_or_abort = command in _COMMIT_OR_ABORT
+    if in_txn and code is not None and is_transient_transaction_error(
+            code, has_write_concern_error=wc_code is not None, commit_or_abort=commit_or_abort):
+        return ["TransientTransactionError"]
+    if not in_txn or commit_or_abort:
+        if (code is not None and code in RETRYABLE_WRITE_CODES) or \
+                (wc_code is not None and wc_code in RETRYABLE_WRITE_CODES):
+            return ["RetryableWriteError"]
+    return []

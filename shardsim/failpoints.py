@@ -165,6 +165,11 @@ class FailPoints:
         self.node = node
         self.points = {name: FailPoint(name) for name in FAIL_POINTS}
 
+    def add(self, point: FailPoint) -> None:
+        """Add a role's own fail point (e.g. the shard's promise faults,
+        ``shard/change_stream/promise_faults.py``); ``configureFailPoint`` then finds it."""
+        self.points[point.name] = point
+
     def canonical(self, name: str) -> str:
         return self.node.commands.canonical(name)
 

@@ -21,6 +21,14 @@ The cluster is found through its state file (``cluster.json`` in the run directo
                             Timestamp ``SECS[,INC]``; default: the shard's newest entry), with
                             the test command ``_shardsimTruncateOplog``: resuming before it
                             fails with 286 ChangeStreamHistoryLost
+``slow-promises NAME MS``   delay shard NAME's change-stream promises by MS ms (fail point
+                            ``shardsimDelayPromise``, ``data: {delayMs: MS}``)
+``stall-promises NAME``     freeze its promise (fail point ``shardsimStallPromise``): the
+                            merged stream waits for it while it serves every command
+``clear-promises NAME``     both fail points off, and a pending clock pin cleared
+``same-cluster-time A B``   the next oplog entry of shards A and B gets one cluster time T,
+                            just past both (``_shardsimSetClusterTime: T`` on each): their
+                            events tie on ``clusterTime``
 ``fail-point MEMBER NAME``  ``configureFailPoint`` on ``router``, ``configsvr`` or a shard:
                             ``--mode`` (``alwaysOn``/``off`` or JSON such as ``{"times": 2}``)
                             and ``--data`` (JSON)
@@ -210,3 +218,96 @@ def fail_point(member: str, name: str, mode: str, data: str | None, run_dir: str
         raise click.BadParameter(f"not JSON: {exc}") from None
     reply = _command(p, cmd)
     click.echo(f"{member}: {name} {mode} (was entered {reply.get('count', 0)} times)")
+
+
+@fault.command("slow-promises")
+@click.argument("name")
+@click.argument("ms", type=click.FloatRange(min=0))
+@run_dir_option
+def slow_promises(name: str, ms: float, run_dir: str | None) -> None:
+    """Delay shard NAME's change-stream promises by MS milliseconds."""
+    _, state = _state(run_dir)
+    p = _member(state, name, "shard")
+    delay: Any = int(ms) if ms == int(ms) else ms
+    _command(p, {"configureFailPoint": "shardsimDelayPromise", "mode": "alwaysOn",
+                 "data": {"delayMs": delay}})
+    click.echo(f"{name}: promises delayed by {delay} ms")
+
+
+@fault.command("stall-promises")
+@click.argument("name")
+@run_dir_option
+def stall_promises(name: str, run_dir: str | None) -> None:
+    """Freeze shard NAME's change-stream promise until clear-promises."""
+    _, state = _state(run_dir)
+    _command(_member(state, name, "shard"),
+             {"configureFailPoint": "shardsimStallPromise", "mode": "alwaysOn"})
+    click.echo(f"{name}: promises stalled")
+
+
+@fault.command("clear-promises")
+@click.argument("name")
+@run_dir_option
+def clear_promises(name: str, run_dir: str | None) -> None:
+    """Undo slow-promises, stall-promises and a pending same-cluster-time pin on shard NAME."""
+    from bson.timestamp import Timestamp
+    _, state = _state(run_dir)
+    p = _member(state, name, "shard")
+    for fp in ("shardsimStallPromise", "shardsimDelayPromise"):
+        _command(p, {"configureFailPoint": fp, "mode": "off"})
+    _command(p, {"_shardsimSetClusterTime": Timestamp(0, 0)})
+    click.echo(f"{name}: promise faults cleared")
+
+
+def _time_key(p: dict[str, Any]) -> int:
+    """The newest of a shard's cluster time and oplog entry, as a ts key."""
+    reply = _command(p, {"serverStatus": 1})
+    times = [reply.get("$clusterTime", {}).get("clusterTime"),
+             reply.get("oplog", {}).get("latestOptime")]
+    return max(((t.time << 32) | t.inc) for t in times if t is not None)
+
+
+@fault.command("same-cluster-time")
+@click.argument("shard_a")
+@click.argument("shard_b")
+@run_dir_option
+def same_cluster_time(shard_a: str, shard_b: str, run_dir: str | None) -> None:
+    """Give the next write of shards SHARD_A and SHARD_B the same cluster time."""
+    from bson.timestamp import Timestamp
+    if shard_a == shard_b:
+        raise click.BadParameter("two different shards are needed")
+    _, state = _state(run_dir)
+    members = [_member(state, shard_a, "shard"), _member(state, shard_b, "shard")]
+    for _ in range(3):  # a clock may move between the look and the pin: look again
+        key = max(_time_key(p) for p in members) + 1
+        ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
+        try:
+            for p in members:
+                _pin(p, ts)
+        except _Moved:
+            continue
+        click.echo(f"{shard_a}, {shard_b}: next write at {ts.time},{ts.inc}")
+        return
+    raise click.ClickException("the shards' clocks kept moving; try again")
+
+
+class _Moved(Exception):
+    """A pin refused because the shard's clock is already past it (BadValue 2)."""
+
+
+def _pin(p: dict[str, Any], ts: Any) -> None:
+    import pymongo
+    import pymongo.errors
+    client: Any = pymongo.MongoClient(p["host"], p["port"], directConnection=True,
+                                      serverSelectionTimeoutMS=5000)
+    try:
+        client.admin.command({"_shardsimSetClusterTime": ts})
+    except pymongo.errors.OperationFailure as exc:
+        if exc.code == 2:
+            raise _Moved() from None
+        raise click.ClickException(f"{p['name']}: {exc.details.get('errmsg', exc)} "
+                                   f"(code {exc.code})") from None
+    except pymongo.errors.PyMongoError as exc:
+        raise click.ClickException(f"{p['name']} did not answer: {exc}") from None
+    finally:
+        client.close()

@@ -102,9 +102,11 @@ class Cluster:
     ``routers`` — how many routers (mongos) to start on the same config server (default 1).
 
     Attributes after :meth:`start`: ``router_uri`` (``mongodb://127.0.0.1:P/``, the first
-    router), ``routers_uri`` (every router's ``host:port``, for a client that should see
-    several mongos), ``router``, ``extra_routers`` (the others), ``config``, ``shards``
-    (RoleProcess list; ``.name`` is the shard name).
+    router), ``router``, ``config``, ``shards`` (RoleProcess list; ``.name`` is the shard name);
+    with ``routers=N`` N routers share the config server (``router_uris``: every router's URI,
+    the first being ``router_uri``; ``routers_uri``: one ``mongodb://h:p1,h:p2/`` for a client
+    that should see several mongos; ``extra_routers``: the routers after the first, named
+    ``router1``, ...).
     Raises :class:`ClusterError` when it cannot start (nothing is left running then).
     """
 
@@ -114,7 +116,7 @@ class Cluster:
                  auth: tuple[str, str] | None = None, tls: dict[str, str] | None = None,
                  tls_mode: str = "requireTLS", routers: int = 1) -> None:
         self.num_shards = shards
-        self.num_routers = max(1, routers)
+        self.num_routers = max(1, int(routers))
         self.extra_routers: list[RoleProcess] = []
         self._own_dir = base_dir is None
         self.base_dir = base_dir or tempfile.mkdtemp(prefix="shardsim-")
@@ -191,6 +193,12 @@ class Cluster:
         return f"mongodb://{hosts}/"
 
     @property
+    def router_uris(self) -> list[str]:
+        """Every router's ``mongodb://host:port/`` (the first is :attr:`router_uri`)."""
+        return [self.router_uri] + [f"mongodb://{self.host}:{r.port}/"
+                                    for r in self.extra_routers]
+
+    @property
     def processes(self) -> list[RoleProcess]:
         return [p for p in (self.config, *self.shards, self.router, *self.extra_routers)
                 if p is not None]
@@ -230,7 +238,7 @@ class Cluster:
             os.makedirs(os.path.dirname(self._ports_file()), exist_ok=True)
             with open(self._ports_file(), "w") as f:
                 json.dump({p.name: p.port for p in self.processes
-                           if p is not self.router and p not in self.extra_routers}, f)
+                       if p is not self.router and p not in self.extra_routers}, f)
 
     def _start(self, proc: RoleProcess) -> RoleProcess:
         proc.spawn()
@@ -272,9 +280,10 @@ class Cluster:
                 "router")
             self.router.spawn()
             for i in range(1, self.num_routers):
-                extra = self._proc("router", ["--port", "0", "--host", self.host,
-                                              "--configdb", self.config.address,
-                                              *self._security_args()], f"router{i}")
+                extra = self._proc(
+                    "router", ["--port", "0", "--host", self.host,
+                               "--configdb", self.config.address, *self._security_args()],
+                    f"router{i}")
                 self.extra_routers.append(extra)
                 extra.spawn()
             for proc in (*self.shards, self.router, *self.extra_routers):

@@ -122,6 +122,8 @@ def _stop_all(cluster: Cluster | None) -> None:
 
 def _print_cluster(cluster: Cluster) -> None:
     click.echo(f"shardsim cluster ready: {cluster.router_uri}")
+    for uri in cluster.router_uris[1:]:
+        click.echo(f"another router: {uri}")
     if cluster.auth is not None:
         click.echo(f"authentication on: user '{cluster.auth[0]}' (root, authSource admin); "
                    f"key file {cluster.key_file}")
@@ -142,6 +144,8 @@ run_dir_option = click.option(
               help="Router port (0 picks a free one).")
 @click.option("--dbpath", type=click.Path(file_okay=False), default=None,
               help="Make every process durable, with its data under this directory.")
+@click.option("--routers", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="Number of routers (the second and later ones on free ports).")
 @click.option("--detach", is_flag=True, help="Leave the cluster running in the background.")
 @click.option("--auth", is_flag=True,
               help="Key file for the members and a root user from $MONGO_INITDB_ROOT_USERNAME / "
@@ -152,7 +156,8 @@ run_dir_option = click.option(
               help="The CA of the members' certificates (with --tlsCertificateKeyFile).")
 @run_dir_option
 def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | None,
-       auth: bool = False, tls_cert: str | None = None, tls_ca: str | None = None) -> None:
+       auth: bool = False, tls_cert: str | None = None, tls_ca: str | None = None,
+       routers: int = 1) -> None:
     """Start a local cluster: config server, SHARDS shards and a router on 127.0.0.1:PORT."""
     global _stopping
     run_dir = run_dir or default_run_dir()
@@ -179,7 +184,7 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
                  os.environ.get("MONGO_INITDB_ROOT_PASSWORD") or "root") if auth else None
         tls = {"cert": tls_cert, "ca": tls_ca or tls_cert} if tls_cert else None
         cluster = Cluster(shards=shards, base_dir=base_dir, durable=dbpath is not None,
-                          port=port, detach=detach, auth=creds, tls=tls)
+                          port=port, detach=detach, auth=creds, tls=tls, routers=routers)
         try:
             cluster.start()
         except ClusterError as exc:

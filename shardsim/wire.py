@@ -136,10 +136,14 @@ def _cstring(buf: memoryview, offset: int, end: int) -> tuple[str, int]:
     return raw[:nul].decode("utf-8", "replace"), offset + nul + 1
 
 
-def parse_op_msg(request_id: int, payload: bytes | memoryview, raw_header: bytes | None = None) -> OpMsg:
+def parse_op_msg(request_id: int, payload: bytes | memoryview, raw_header: bytes | None = None,
+                 *, check_depth: bool = True) -> OpMsg:
     """Parse an OP_MSG payload (everything after the header). Raises MongoError like OpMsg::parse.
 
     ``raw_header`` (the 16 header bytes) is needed to verify a checksum, which covers the header.
+    ``check_depth``: refuse sections nested beyond the BSON depth limit (Overflow 15), as a
+    server validates what it receives; a member reading another member's reply passes False
+    (mongod validates requests, not its peers' replies, and a batch of events is large).
     """
     buf = memoryview(payload)
     end = len(buf)
@@ -162,7 +166,8 @@ def parse_op_msg(request_id: int, payload: bytes | memoryview, raw_header: bytes
             if body is not None:
                 raise MongoError(40430, "Multiple body sections in message")
             body, offset = _bson_doc(buf, offset, end, "OP_MSG body")
-            check_wire_depth(body)
+            if check_depth:
+                check_wire_depth(body)
         elif kind == 1:
             if len(sequences) >= 2:
                 raise MongoError(233, "Too many document sequences in OP_MSG")
@@ -178,7 +183,8 @@ def parse_op_msg(request_id: int, payload: bytes | memoryview, raw_header: bytes
             docs: list[bytes] = []
             while pos < seq_end:
                 doc, pos = _bson_doc(buf, pos, seq_end, f"document sequence {name}")
-                check_wire_depth(doc)
+                if check_depth:
+                    check_wire_depth(doc)
                 docs.append(doc)
             sequences[name] = docs
             offset = seq_end
@@ -214,11 +220,13 @@ def parse_op_query(request_id: int, payload: bytes | memoryview) -> OpQuery:
     return OpQuery(request_id, flags, collection, skip, limit, query, fields)
 
 
-def parse_message(header: Header, payload: bytes | memoryview, raw_header: bytes | None = None) -> Message:
-    """Parse one framed message; contents errors come back as :class:`BadMessage`."""
+def parse_message(header: Header, payload: bytes | memoryview, raw_header: bytes | None = None,
+                  *, check_depth: bool = True) -> Message:
+    """Parse one framed message; contents errors come back as :class:`BadMessage`.
+    ``check_depth`` as :func:`parse_op_msg` (False for replies read by a client)."""
     try:
         if header.op_code == OP_MSG:
-            return parse_op_msg(header.request_id, payload, raw_header)
+            return parse_op_msg(header.request_id, payload, raw_header, check_depth=check_depth)
         if header.op_code == OP_QUERY:
             return parse_op_query(header.request_id, payload)
         if header.op_code == OP_COMPRESSED:

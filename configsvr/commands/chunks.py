@@ -11,6 +11,7 @@ from bson import MaxKey, MinKey
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from configsvr import migration
 from configsvr.catalog import chunk_doc, chunk_map, locate_chunk, split_ns
 from configsvr.commands.metadata import check_migrations_allowed
 from shardsim.shard_key import Chunk, KeyPattern, SortKey, compare_keys
@@ -63,6 +64,7 @@ async def split_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
                       Timestamp(major, minor + 1), now),
             chunk_doc(entry["uuid"], pattern, Chunk(mid, hi, doc["shard"]),
                       Timestamp(major, minor + 2), now)])
+        await migration.push_metadata(node, ns, [doc["shard"]])
         return {}
 
 
@@ -89,14 +91,10 @@ async def _median(node: ConfigServerNode, entry: dict[str, Any], pattern: KeyPat
 
 @commands.handler("_configsvrMoveChunk")
 async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
-    """moveChunk as a migration (``migration_source_manager.cpp``): clone the chunk's
-    documents to the recipient as ``fromMigrate`` inserts, write ``migrateChunkToNewShard``
-    on the donor when the recipient had no chunk of the collection, commit the chunk's new
-    owner, then delete the documents on the donor with ``fromMigrate``.
-
-    Writes to the chunk that arrive between cloning and commit are not caught up (no
-    transfer-mods phase); the router running ``moveChunk`` holds its writes to the
-    namespace meanwhile (``router.writes.NamespaceGate``).
+    """moveChunk as a migration (``migration_source_manager.cpp``): write
+    ``migrateChunkToNewShard`` on the donor when the recipient had no chunk of the collection,
+    then clone, catch up, critical section, commit and range deletion
+    (:func:`configsvr.migration.migrate`).
 
     ``{_configsvrMoveChunk: ns, find | bounds, to}`` -> ``{millis}``. Errors: InvalidNamespace
     (73), missing ``to`` (40414), NamespaceNotSharded (118), ShardNotFound (70), the chunk
@@ -118,7 +116,6 @@ async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         if donor == to:
             return {"millis": 0}
         uuid = entry["uuid"]
-        lo, hi = pattern.bound_to_key(doc["min"]), pattern.bound_to_key(doc["max"])
         recipient_had_chunks = any(d["shard"] == to for d in chunk_docs)
         # the recipient clones the donor's options (validator, ...) as
         # MigrationDestinationManager::cloneCollectionIndexesAndOptions does
@@ -136,26 +133,11 @@ async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
             except MongoError as exc:
                 if exc.code not in (85, 86, 68):
                     raise
-        moving = [d for d in await node.shard_find_all(donor, db, coll)
-                  if compare_keys(lo, k := pattern.key_of_doc(d)) <= 0 and compare_keys(k, hi) < 0]
-        for i in range(0, len(moving), 1000):
-            await node.on_shard(to, db, {"insert": coll, "documents": moving[i:i + 1000],
-                                         "ordered": False, "fromMigrate": True})
         if not recipient_had_chunks:
             await node.on_shard(donor, db, {
                 "_shardsimNoop": {"msg": f"Migrating chunk from shard {donor} to shard {to} "
                                          f"with no chunks for this collection"},
                 "o2": {"migrateChunkToNewShard": ns, "fromShardId": donor, "toShardId": to},
                 "ns": ns, "ui": uuid})
-        major = max(d["lastmod"].time for d in chunk_docs) + 1
-        now = node.clock.now()
-        await node.update("chunks", {"_id": doc["_id"]}, {"$set": {
-            "shard": to, "lastmod": Timestamp(major, 0), "onCurrentShardSince": now},
-            "$push": {"history": {"$each": [{"validAfter": now, "shard": to}], "$position": 0}}})
-        ids = [d["_id"] for d in moving]
-        for i in range(0, len(ids), 1000):
-            await node.on_shard(donor, db, {"delete": coll, "fromMigrate": True, "deletes": [
-                {"q": {"_id": {"$in": ids[i:i + 1000]}}, "limit": 0}]})
-        log.info("moved chunk %s of %s from %s to %s (%d docs)", doc["min"], ns, donor, to,
-                 len(moving))
+        await migration.migrate(node, ns, entry, pattern, chunk_docs, doc, to)
         return {"millis": 0}

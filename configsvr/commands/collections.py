@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, ObjectId
 from bson.timestamp import Timestamp
 
+from configsvr import migration
 from configsvr.catalog import chunk_doc, initial_chunks, split_ns
 from shardsim.shard_key import KeyPattern
 from shardsim.errors import view_error
@@ -109,6 +110,7 @@ async def shard_collection(node: ConfigServerNode, req: Request) -> dict[str, An
             o2["capped"] = True
         await node.on_shard(primary, db, {"_shardsimNoop": {"msg": {"shardCollection": ns}},
                                           "o2": o2, "ns": ns, "ui": uuid})
+        await migration.push_metadata(node, ns)  # every shard learns the collection's version
         log.info("sharded %s on %s: %d chunks over %s", ns, pattern.pattern, len(chunks), owners)
         return {"collectionsharded": ns}
 

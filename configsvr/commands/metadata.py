@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from bson import MaxKey, MinKey, ObjectId
 from bson.timestamp import Timestamp
 
+from configsvr import migration
 from configsvr.catalog import split_ns
 from shardsim.commands import CommandFamily, Request, check_type
 from shardsim.errors import MongoError
@@ -78,6 +79,7 @@ async def refine_shard_key(node: ConfigServerNode, req: Request) -> dict[str, An
             await node.update("chunks", {"_id": c["_id"]}, {"$set": {"min": mn, "max": mx}})
         await node.update("collections", {"_id": ns}, {"$set": {
             "key": pattern.pattern, "lastmodEpoch": ObjectId(), "timestamp": now}})
+        await migration.push_metadata(node, ns)  # a new epoch: every shard must know it
         for shard in owners:
             await node.on_shard(shard, db, {"_shardsimEnsureCollection": coll,
                                             "uuid": entry["uuid"], "shardKey": pattern.pattern})
@@ -129,6 +131,7 @@ async def merge_chunks(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         await node.update("chunks", {"_id": first["_id"]}, {"$set": {
             "max": inside[-1]["max"], "lastmod": Timestamp(major, minor + 1),
             "onCurrentShardSince": now, "history": [{"validAfter": now, "shard": first["shard"]}]}})
+        await migration.push_metadata(node, ns, [first["shard"]])
     return {}
 
 

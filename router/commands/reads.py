@@ -25,7 +25,7 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
-from router import aggregate_write, change_stream
+from router import aggregate_write, change_stream, shard_versioning
 from router.current_op import aggregate_current_op
 from shardsim import current_op, local_sessions
 from router.commands.admin import CONFIG_DATABASES, config_read
@@ -59,6 +59,7 @@ async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> 
         # catalog before reading, as mongos' CatalogCache does on a miss
         await node.catalog.refresh()
         info = node.catalog.collection(ns)
+    shard_versioning.TARGETED_WITH.set((ns, info))  # versions of this snapshot go out
     if info is None:
         shard = node.read_primary(db)
         shards = [shard] if shard else []

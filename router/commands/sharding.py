@@ -41,8 +41,8 @@ async def run_on_config(node: "RouterNode", cmd: dict[str, Any],
     """Run ``cmd`` on the config server, refresh the routing cache, and return the reply
     without ok/$clusterTime/operationTime (raises the config server's MongoError). With
     ``hold_writes_to`` (a namespace or a database), this router's writes there are held until
-    it is done (:class:`router.writes.NamespaceGate`): a migration has no catch-up phase, so no
-    write may land on the donor after its documents were copied."""
+    it is done (:class:`router.writes.NamespaceGate`): ``movePrimary`` has no catch-up phase, so
+    no write may land on the old primary after its documents were copied."""
     if hold_writes_to is not None:
         gate = writes.gate_for(node, hold_writes_to)
         await gate.block()
@@ -113,12 +113,12 @@ async def split(node: "RouterNode", req: Request) -> dict[str, Any]:
 
 @commands.handler("moveChunk", "movechunk")
 async def move_chunk(node: "RouterNode", req: Request) -> dict[str, Any]:
-    """``{moveChunk: ns, find|bounds, to}``: migrate one chunk."""
+    """``{moveChunk: ns, find|bounds, to}``: migrate one chunk. Writes through this router go
+    on meanwhile: the migration's catch-up and the donor's critical section keep them
+    (``configsvr/migration.py``), as on mongos."""
     admin_only(req)
-    # This router's writes to the namespace are held during the migration.
     return await run_on_config(node, with_fields({"_configsvrMoveChunk": req.arg}, req,
-                                                 ("find", "bounds", "to")),
-                               hold_writes_to=str(req.arg))
+                                                 ("find", "bounds", "to")))
 
 
 @commands.handler("movePrimary", "moveprimary")

@@ -9,15 +9,14 @@ mongos' ``cluster_reshard_collection_cmd.cpp``, ``cluster_move_collection_cmd.cp
 Each runs on the config server (:mod:`configsvr.commands.resharding`,
 :mod:`configsvr.commands.metadata`), then the router refreshes its catalog cache. A resharding
 runs in two steps: the clone (with the catch-up of the writes made meanwhile), then the commit
-while this router holds its writes to the namespace (:class:`router.writes.NamespaceGate`,
-the router's share of the critical section); the held writes then go by the new routing.
+inside the donors' critical section, which holds the writes of every router (they get
+StaleConfig afterwards and go by the new routing).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router import writes
 from router.commands.sharding import admin_only, run_on_config, with_fields
 from router.forwarding import reply_body
 from shardsim.commands import CommandFamily, Request
@@ -31,15 +30,15 @@ commands = CommandFamily("sharding_ddl")
 
 async def _reshard(node: "RouterNode", req: Request, provenance: str,
                    fields: tuple[str, ...]) -> dict[str, Any]:
-    """Clone, then commit under this router's write gate of the namespace (abort on error)."""
+    """Clone, then commit (abort on error). Writes through this router go on meanwhile, as
+    through any other: the donors' critical section during the commit holds them and they are
+    retried by the new routing table (:mod:`configsvr.resharding`)."""
     admin_only(req)
     ns = req.arg
     cmd = with_fields({"_configsvrReshardCollection": ns, "provenance": provenance}, req, fields)
     first = reply_body(await node.config_command({**cmd, "phase": "clone"}))
     if first.get("noop"):
         return {}
-    gate = writes.gate_for(node, str(ns))
-    await gate.block()
     try:
         await node.config_command({**cmd, "phase": "commit"})
     except MongoError:
@@ -49,10 +48,7 @@ async def _reshard(node: "RouterNode", req: Request, provenance: str,
             pass
         raise
     finally:
-        try:
-            await node.catalog.refresh()
-        finally:
-            await gate.unblock()
+        await node.catalog.refresh()
     return {}
 
 

@@ -1,7 +1,8 @@
 """Stage 9: ``fullDocument`` for update events (``$_internalChangeStreamAddPostImage``,
 ``document_source_change_stream_add_post_image.cpp``).
 
-``updateLookup`` reads the document's current version by ``documentKey`` (null if it is gone).
+``updateLookup`` reads the document's current version by ``documentKey`` (null if it is gone),
+on the shard that owns its chunk now (:class:`RemoteLookup` when that is another shard).
 ``whenAvailable``/``required`` compute the point-in-time post-image: the pre-image with the
 event's ``$v: 2`` diff applied (``doc_diff_applier.cpp`` semantics); without a pre-image
 ``whenAvailable`` gives null and ``required`` fails with NoMatchingDocument (47).
@@ -61,6 +62,18 @@ def apply_array_diff(arr: list[Any], diff: dict[str, Any]) -> list[Any]:
     return out
 
 
+class RemoteLookup(Exception):
+    """Raised by :class:`AddPostImage` for an ``updateLookup`` whose document belongs to a
+    chunk another shard owns now (``owner``): the cursor looks it up over the wire, as
+    ``ShardServerProcessInterface::lookupSingleDocument`` runs a routed find by documentKey,
+    then runs the stages after this one (:meth:`shard.change_stream.cursor.ShardCursor`)."""
+
+    def __init__(self, event: Event, owner: str) -> None:
+        super().__init__(owner)
+        self.event = event
+        self.owner = owner
+
+
 class AddPostImage:
     """The ``$_internalChangeStreamAddPostImage`` stage, in a stream whose ``fullDocument`` is
     ``mode`` (``updateLookup`` | ``whenAvailable`` | ``required``; the pipeline has no such
@@ -85,7 +98,12 @@ class AddPostImage:
             return ev
         mode = self.mode
         if mode == "updateLookup":
-            post = self.node.find_document(ev.ns, ev.doc.get("documentKey") or {})
+            key = ev.doc.get("documentKey") or {}
+            sharding = getattr(self.node, "sharding", None)
+            owner = sharding.owner_of(ev.ns, key) if sharding is not None else None
+            if owner is not None and owner != self.node.shard_name:
+                raise RemoteLookup(ev, owner)  # the chunk lives elsewhere now
+            post = self.node.find_document(ev.ns, key)
         else:
             pre = fetch_pre_image(self.node, ev)
             post = None

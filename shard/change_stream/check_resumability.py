@@ -63,6 +63,7 @@ class CheckResumability:
         data = spec.resume_data
         assert data is not None
         self.fragment: int | None = data.fragmentNum
+        self.merged = bool(spec.needs_merge)
         if data.fragmentNum is not None:
             data = rt.ResumeTokenData(data.clusterTime, data.version, data.tokenType, data.txnOpIndex,
                                       data.fromInvalidate, data.uuid, data.eventIdentifier, None)
@@ -97,7 +98,10 @@ class CheckResumability:
             self.found = True
             self.done = True
             if self.fragment is not None:
-                ev.fragment_skip = self.fragment
+                # A fragment's token: the fragments after it follow. For the router the token's
+                # own fragment comes too, so its ensure-token-present stage finds the token
+                # (and swallows it) even when it was the event's last fragment.
+                ev.fragment_skip = self.fragment - 1 if self.merged else self.fragment
             return ev
         self.done = True
         return ev

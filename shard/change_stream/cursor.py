@@ -47,13 +47,14 @@ from shardsim.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, ONE_BY_ONE_
                               SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD, Batch, Cursor,
                               array_header_bytes)
 from shardsim.errors import MongoError
-from shard.change_stream import fast_crud
+from shard.change_stream import fast_crud, promise_faults
 from shard.change_stream.check_resumability import HISTORY_LOST_MSG
 from shard.change_stream.check_topology_change import TopologyChangeDetected
 from shard.change_stream.pipeline import ShardPipeline, build_pipeline, fused_crud
 from shardsim.change_stream_spec import StreamSpec
 from shard.change_stream.split_large_event import event_size_limit, too_large
 from shard.change_stream.transform import Event
+from shard.change_stream.add_post_image import RemoteLookup
 
 DEFAULT_AWAIT_MS = 1000
 _ID_FIRST = b"\x03_id\x00"
@@ -68,6 +69,20 @@ def encode_event(doc: dict[str, Any]) -> bytes:
 # At most this many events are produced per scan call ahead of the batch being filled.
 _SCAN_AHEAD = 512
 _PENDING_BYTES = 16 * 1024 * 1024
+
+
+class _Deferred:
+    """A pending event whose post-image is looked up on shard ``owner`` before it is output
+    (then the steps from ``next_step`` on run)."""
+
+    __slots__ = ("event", "owner", "next_step")
+
+    def __init__(self, event: Event, owner: str, next_step: int) -> None:
+        self.event = event
+        self.owner = owner
+        self.next_step = next_step
+
+
 _DOC = operator.itemgetter(0)
 _TOKEN = operator.itemgetter(1)
 _SIZE = operator.itemgetter(2)
@@ -191,6 +206,7 @@ class ChangeStreamCursor(Cursor):
         # (event document, its token, its BSON size): the token is a dict, or the token's BSON
         # bytes for events of the fast path (turned into a dict only for postBatchResumeToken).
         self.pending: collections.deque[tuple[Any, Any, int]] = collections.deque()
+        self.deferred = 0  # pending events waiting for a post-image from another shard
         self.pbrt = initial_pbrt
         self.pbrt_ts_key = ts_key(rt.decode(initial_pbrt).clusterTime)
         pipeline = ShardPipeline(build_pipeline(node, spec))
@@ -210,6 +226,8 @@ class ChangeStreamCursor(Cursor):
         self.batches = 0  # replies sent (first batch included): what a promise reply covers
         self._scope_kw = self._scan_scope()
         self._waiters: PromiseWaiters = node.cs_promise_waiters
+        # Test faults on promises (promise_faults.py); none for nodes that declare none.
+        self._faults = getattr(node, "cs_promise_faults", None) or promise_faults.NO_FAULTS
         # The pipeline's fused variant for plain CRUD entries (fast_crud), used once the stream
         # is past its resume point: entries at or before the resume token's time may need its
         # version.
@@ -255,8 +273,12 @@ class ChangeStreamCursor(Cursor):
 
     def _promise_requested(self) -> bool:
         """A promise past some T was requested (``_shardsimAdvanceClusterTime``) and ours does
-        not pass it yet (HWM(p) passes events at T only when p > T)."""
-        return self._waiters.key >= self.pbrt_ts_key
+        not pass it yet (HWM(p) passes events at T only when p > T), and a fault does not
+        withhold such a promise (:mod:`.promise_faults`)."""
+        key = self._waiters.key
+        if self._faults.on and self._faults.withholds(key):
+            return False
+        return key >= self.pbrt_ts_key
 
     def _can_promise_past_request(self) -> bool:
         """True when the batch being built should end now, empty, because it can carry a
@@ -281,7 +303,7 @@ class ChangeStreamCursor(Cursor):
             if self.oplog.latest_key > self._waiters.key:
                 wake.set_result(None)
             return None
-        if not reply_promise:
+        if not reply_promise or self._faults.delay.active:  # a delayed promise: in the getMore
             wake.set_result(None)
             return None
         # What the woken getMore would do (fetch): scan, and promise only with nothing to return.
@@ -312,13 +334,23 @@ class ChangeStreamCursor(Cursor):
         splits large events, appended to ``pending``. Returns the step that dropped the event,
         or None when it was output. Raises BSONObjectTooLarge (10334) for an oversized event
         without the split stage, and whatever a stage raises."""
+        steps = self._steps
         try:
-            for step in self._steps:
+            for i, step in enumerate(steps):
                 ev = step(ev)
                 if ev is None:
                     return step
         except TopologyChangeDetected as detected:
             ev = detected.event  # past the remaining stages, intact, to the router
+        except RemoteLookup as lookup:  # resolved over the wire by fetch, in stream order
+            self.pending.append((_Deferred(lookup.event, lookup.owner, i + 1), lookup.event.token, 0))
+            self.deferred += 1
+            return None
+        self._output(ev, self.pending)
+        return None
+
+    def _output(self, ev: Event, pending: Any) -> None:
+        """Encode ``ev`` (or its fragments) onto ``pending``."""
         doc = ev.doc
         token = ev.token
         needs_merge = self.spec.needs_merge
@@ -336,10 +368,42 @@ class ChangeStreamCursor(Cursor):
                 if needs_merge:
                     frag["$sortKey"] = [ftoken]
                 fraw = encode_event(frag)
-                self.pending.append((RawEvent(fraw), ftoken, len(fraw)))
-            return None
-        self.pending.append((RawEvent(raw), token, size))
-        return None
+                pending.append((RawEvent(fraw), ftoken, len(fraw)))
+            return
+        pending.append((RawEvent(raw), token, size))
+
+    async def _resolve_deferred(self) -> None:
+        """Look up the post-images of the pending events whose document lives on another
+        shard now (:class:`.add_post_image.RemoteLookup`), run the stages after the look-up on
+        them and encode them in place. A shard that cannot be reached gives a null
+        ``fullDocument``."""
+        resolved: collections.deque[tuple[Any, Any, int]] = collections.deque()
+        sharding = self.node.sharding
+        while self.pending:
+            entry = self.pending.popleft()
+            item = entry[0]
+            if type(item) is not _Deferred:
+                resolved.append(entry)
+                continue
+            self.deferred -= 1
+            ev = item.event
+            try:
+                post = await sharding.lookup_remote(ev.ns, item.owner,
+                                                    ev.doc.get("documentKey") or {})
+            except MongoError:
+                post = None
+            ev.doc["fullDocument"] = post
+            out: Event | None = ev
+            try:
+                for step in self._steps[item.next_step:]:
+                    out = step(out)
+                    if out is None:
+                        break
+            except TopologyChangeDetected as detected:
+                out = detected.event
+            if out is not None:
+                self._output(out, resolved)
+        self.pending.extend(resolved)
 
     def _process_entry(self, entry: dict[str, Any]) -> None:
         """One oplog entry the oplog match admitted: unwind transaction -> transform -> check
@@ -457,6 +521,8 @@ class ChangeStreamCursor(Cursor):
         oplog = self.oplog
         ahead = min(_SCAN_AHEAD, 1 + _PENDING_BYTES * len(oplog) // (oplog.size_bytes + 1))
         while limit > 0:
+            if self.deferred:
+                await self._resolve_deferred()
             last = None
             n = len(pending)
             if n and len(out) + n <= limit:
@@ -502,7 +568,10 @@ class ChangeStreamCursor(Cursor):
         elif not self.pending and limit > 0:
             # Entries up to latest_scanned are fully returned; the clock may be promised only
             # when the scan reached the end of the oplog.
-            self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
+            if self._faults.on and self._faults.delay.active:
+                await self._delayed_hwm(bool(out))
+            else:
+                self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
         extra = _sort_key_layout(taken) if out and self.spec.needs_merge else {}
         self.batches += 1
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra)
@@ -519,9 +588,24 @@ class ChangeStreamCursor(Cursor):
         key = self.latest_scanned
         if self.promise_mode == "clock" and at_end:
             key = max(key, safe_promise_key(self.node))
+        if key > self.pbrt_ts_key and self._faults.on:
+            key = self._faults.promise_key(key, self.pbrt_ts_key)  # stalled, or pinned
         if key > self.pbrt_ts_key:
             self.pbrt = rt.make_high_water_mark(ts_from_key(key), self.spec.token_version)
             self.pbrt_ts_key = key
+
+    async def _delayed_hwm(self, has_events: bool) -> None:
+        """End of a batch under ``shardsimDelayPromise`` (:mod:`.promise_faults`): a batch with
+        events promises nothing past them; an empty one takes its promise now and leaves
+        ``delayMs`` later."""
+        if has_events:
+            return
+        before = self.pbrt_ts_key
+        self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
+        if self.pbrt_ts_key > before:
+            ms = self._faults.delay_ms()
+            if ms > 0:
+                await asyncio.sleep(ms / 1000.0)
 
     async def _wait(self, timeout_s: float) -> None:
         """Sleep until a write this stream's filter admits is appended, a promise past some

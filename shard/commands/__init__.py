@@ -16,6 +16,8 @@ of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
 ``explain``               explain (plans of :mod:`shard.explain`)
 ``testing``               _shardsimTruncateOplog (shardsim's own; with test commands only,
                           installed by ``ShardNode.__init__``, not in :data:`FAMILIES`)
+``migration``             the shard's half of chunk migrations and shard versioning
+                          (_migrateClone, _transferMods, critical section, metadata)
 ========================  ===================================================================
 
 ``helpers`` holds what several families share (namespace checks, the write context of a batch,
@@ -26,8 +28,9 @@ the common no-ops.
 
 from __future__ import annotations
 
-from shard.commands import (balancing, catalog, crud, ddl, explain, internal, oplog, reads,
-                            testing, transactions)
+from shard.commands import (balancing, catalog, crud, ddl, explain, internal, migration, oplog,
+                            reads, testing, transactions)
 
 FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,
-            transactions.commands, internal.commands, balancing.commands, explain.commands)
+            transactions.commands, internal.commands, balancing.commands, explain.commands,
+            migration.commands)

@@ -2,7 +2,9 @@
 
 ``find`` on ``local.oplog.rs`` and ``config.system.preimages`` reads the oplog and the
 pre-images; reads of a view run its pipeline over the source first; reads inside a transaction
-see its own writes. An aggregate whose pipeline starts with ``$changeStream`` is handed to
+see its own writes. A routed read (with ``shardVersion``) of a sharded collection sees only the
+documents of the chunks this shard owns, not the orphans of a migration in progress
+(:meth:`shard.sharding_runtime.ShardingRuntime.owned_view`). An aggregate whose pipeline starts with ``$changeStream`` is handed to
 :mod:`shard.change_stream`. Reply shapes follow ``find_cmd.cpp`` and ``run_aggregate.cpp``.
 """
 
@@ -110,7 +112,7 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
             raw = storage.get(req.db, name)
             hint = req.body.get("hint")
             hints.check_hint(raw, hint, ns)
-            coll = txn_view(node, raw, req)
+            coll = node.sharding.owned_view(req, txn_view(node, raw, req))
             if req.body.get("min") or req.body.get("max"):  # index bounds of the hint
                 docs = hints.apply_min_max(raw, [d for _, d in q.select(coll, filt)], hint,
                                            req.body.get("min"), req.body.get("max"), ns)
@@ -149,7 +151,7 @@ async def count(node: ShardNode, req: Request) -> dict[str, Any]:
     else:
         raw = node.storage.get(req.db, name)
         hints.check_hint(raw, req.body.get("hint"), f"{req.db}.{name}")
-        coll = txn_view(node, raw, req)
+        coll = node.sharding.owned_view(req, txn_view(node, raw, req))
         n = len(coll.docs) if coll is not None and not filt else \
             sum(1 for _ in q.select(coll, filt))
     n = max(0, n - skip)
@@ -170,7 +172,7 @@ async def distinct(node: ShardNode, req: Request) -> dict[str, Any]:
         return {"values": q.distinct_values((d for d in vdocs if q.matches(filt, d)), key)}
     raw = node.storage.get(req.db, name)
     hints.check_hint(raw, req.body.get("hint"), f"{req.db}.{name}")
-    coll = txn_view(node, raw, req)
+    coll = node.sharding.owned_view(req, txn_view(node, raw, req))
     return {"values": q.distinct_values((d for _, d in q.select(coll, filt)), key)}
 
 
@@ -232,7 +234,7 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
         else:
             raw = storage.get(req.db, name)
             hints.check_hint(raw, req.body.get("hint"), ns)
-            coll = txn_view(node, raw, req)
+            coll = node.sharding.owned_view(req, txn_view(node, raw, req))
             docs = list(coll.docs.values()) if coll is not None else []
     for st in pipeline:
         if isinstance(st, dict) and ("$out" in st or "$merge" in st):

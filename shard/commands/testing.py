@@ -7,6 +7,13 @@ mongod's ``configureFailPoint`` is; without them they do not exist: CommandNotFo
   the new oldest entry then fails with ChangeStreamHistoryLost (286). ``shardsim fault
   truncate-oplog`` sends it. TypeMismatch (14) when ``before`` is not a Timestamp.
 
+* ``{_shardsimSetClusterTime: <Timestamp T>}`` -> ``{pinned: T}``: the shard's next oplog
+  entry gets cluster time exactly T (the test kit's ``same_cluster_time`` pins two shards at
+  one T; ``shardsim fault same-cluster-time``); promises stay at or below T until then.
+  ``Timestamp(0, 0)`` clears the pin. TypeMismatch (14) when T is not a Timestamp, BadValue
+  (2) when T is not after the shard's cluster time and newest oplog entry
+  (:mod:`shard.change_stream.promise_faults`).
+
 The no-op writer's interval is set with ``setParameter: {periodicNoopIntervalSecs}``
 (:meth:`shard.node.ShardNode.set_parameter`).
 """
@@ -34,3 +41,14 @@ async def truncate_oplog(node: Any, req: Request) -> dict[str, Any]:
     removed = node.oplog.truncate_before(ts_key(before))  # pre-images follow (node callback)
     node.flush()
     return {"removed": removed, "earliestOptime": node.oplog.first_ts()}
+
+
+@commands.handler("_shardsimSetClusterTime")
+async def set_cluster_time(node: Any, req: Request) -> dict[str, Any]:
+    """See the module docstring."""
+    ts = req.body.get("_shardsimSetClusterTime")
+    if not isinstance(ts, Timestamp):
+        raise MongoError(14, "BSON field '_shardsimSetClusterTime' is the wrong type, expected "
+                             "type 'timestamp'")
+    node.cs_promise_faults.set_pin(ts)
+    return {"pinned": ts}

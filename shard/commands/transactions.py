@@ -61,8 +61,9 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
         txn.rollback()
         raise
     txn.state = "committed"
+    txn.unlock()
     if not txn.ops:
-        return {}
+        return _with_write_concern(req, {})
     # lsid/txnNumber and prevOpTime, no stmtId: the applyOps entry of a transaction.
     entry = node.make_entry("c", "admin.$cmd", None, {"applyOps": txn.ops},
                             ctx=WriteContext(s.lsid, txn.txn_number))
@@ -70,7 +71,20 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     for uuid, idx, doc in txn.pre_images:
         node.put_pre_image(uuid, entry["ts"], idx, doc)
     txn.views.clear()
-    return {"__operationTime": entry["ts"]}
+    return _with_write_concern(req, {"__operationTime": entry["ts"]})
+
+
+def _with_write_concern(req: Request, reply: dict[str, Any]) -> dict[str, Any]:
+    """``reply`` with the ``writeConcernError`` a one-node replica set gives for a numeric
+    ``w`` above 1 (UnsatisfiableWriteConcern 100, "Not enough data-bearing nodes",
+    ``write_concern.cpp`` ``validateWriteConcern``): the commit happened, the write concern
+    cannot be satisfied."""
+    wc = req.body.get("writeConcern")
+    w = wc.get("w") if isinstance(wc, dict) else None
+    if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 1:
+        reply["writeConcernError"] = {"code": 100, "codeName": "UnsatisfiableWriteConcern",
+                                      "errmsg": "Not enough data-bearing nodes"}
+    return reply
 
 
 @commands.handler("abortTransaction")
@@ -94,6 +108,7 @@ async def abort_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
         entry["prevOpTime"] = {"ts": txn.prepare_ts, "t": Int64(1)}
         node.append_entry(entry)
         node.sessions.note(s)
+        node.sessions.decided()
         return {"__operationTime": entry["ts"]}
     return {}
 
@@ -146,6 +161,9 @@ def commit_prepared(node: ShardNode, s: Any, txn: Any, commit_ts: Any) -> dict[s
     node.clock.restore(commit_ts)
     txn.unlock()
     txn.apply(node.storage, force=True)
+    # Snapshot readers see the documents from the commit timestamp on, on every participant
+    # alike (the commit entry below gets this shard's own, possibly later, ts).
+    node.storage.history.stamp(commit_ts)
     txn.state = "committed"
     entry = node.make_entry("c", "admin.$cmd", None,
                             {"commitTransaction": 1, "commitTimestamp": commit_ts},
@@ -154,6 +172,7 @@ def commit_prepared(node: ShardNode, s: Any, txn: Any, commit_ts: Any) -> dict[s
     node.append_entry(entry)
     txn.views.clear()
     node.sessions.note(s)
+    node.sessions.decided()
     return {"__operationTime": entry["ts"]}
 
 

@@ -10,7 +10,9 @@ router's own ``addShard`` command, as ``shardsim up`` does (:mod:`shardsim.launc
 
 Faults on demand are methods (see each): :meth:`pause_shard` / :meth:`resume_shard`,
 :meth:`kill_shard` / :meth:`restart_shard`, :meth:`add_shard` / :meth:`remove_shard`,
-:meth:`set_noop_interval`, :meth:`truncate_oplog`, :meth:`configure_fail_point`. Random choices
+:meth:`set_noop_interval`, :meth:`truncate_oplog`, :meth:`slow_promises` /
+:meth:`stall_promises` / :meth:`clear_promise_faults`, :meth:`same_cluster_time`,
+:meth:`configure_fail_point`. Random choices
 (a shard picked when none is named, the destination of chunks moved off a removed shard, the
 fail points' ``activationProbability``) come from ``random.Random(seed)``.
 """
@@ -51,7 +53,8 @@ class AsyncShardedCluster:
     every random choice of the kit); ``noop_interval_ms`` (int, ms: the periodic no-op writer
     of shards and config server, mongod's ``periodicNoopIntervalSecs``); ``host``; ``port``
     (the router's port, 0 = a free one); ``shard_options`` (extra :class:`ShardNode` options,
-    e.g. ``{"oplog_size_mb": 1}``).
+    e.g. ``{"oplog_size_mb": 1}``); ``routers`` (int: routers on the same config server, the
+    first named ``"router"``, the others ``"router1"``, ...; ``uris`` lists them all).
 
     ``uri`` is the router's ``mongodb://host:port/`` once started. Use ``async with`` or
     :meth:`start` / :meth:`stop` (stop always leaves no socket or task of the cluster behind).
@@ -60,7 +63,7 @@ class AsyncShardedCluster:
     def __init__(self, shards: int = 3, *, promise_mode: str = "clock", durable: bool = False,
                  dbpath: str | None = None, seed: int | None = None, noop_interval_ms: int = 1000,
                  host: str = "127.0.0.1", port: int = 0,
-                 shard_options: dict[str, Any] | None = None) -> None:
+                 shard_options: dict[str, Any] | None = None, routers: int = 1) -> None:
         if promise_mode not in PROMISE_MODES:
             raise ValueError(f"promise_mode must be one of {PROMISE_MODES}, not {promise_mode!r}")
         if shards < 1:
@@ -78,6 +81,8 @@ class AsyncShardedCluster:
         self.shard_options = dict(shard_options or {})
         self.config: Member | None = None
         self.router: Member | None = None
+        self.num_routers = max(1, int(routers))
+        self.extra_routers: list[Member] = []
         self.shards: dict[str, Member] = {}
         self._tracker = TaskTracker()
         self._shard_seq = 0
@@ -89,6 +94,11 @@ class AsyncShardedCluster:
         if self.router is None or not self.router.port:
             raise ClusterNotRunning("the cluster is not started")
         return f"mongodb://{self.host}:{self.router.port}/"
+
+    @property
+    def uris(self) -> list[str]:
+        """``mongodb://HOST:PORT/`` of every router (the first is :attr:`uri`)."""
+        return [self.uri] + [f"mongodb://{self.host}:{m.port}/" for m in self.extra_routers]
 
     @property
     def shard_names(self) -> list[str]:
@@ -123,9 +133,13 @@ class AsyncShardedCluster:
             self.router = Member("router", "router", self._make_router, self.host)
             self.router.port = self.port
             await run_as("router", self.router.start)
+            for i in range(1, self.num_routers):
+                extra = Member(f"router{i}", "router", self._make_router, self.host)
+                self.extra_routers.append(extra)
+                await run_as(extra.name, extra.start)
             for member in self.shards.values():
                 await self._add_shard(member)
-            for member in (self.config, *self.shards.values(), self.router):
+            for member in (self.config, *self.shards.values(), self.router, *self.extra_routers):
                 self._seed_fail_points(member)
         except BaseException:
             await self.stop()
@@ -135,7 +149,8 @@ class AsyncShardedCluster:
     async def stop(self) -> None:
         """Stop router, shards, config server (in that order) and remove temporary data.
         Safe to call twice."""
-        for member in [self.router, *reversed(list(self.shards.values())), self.config]:
+        for member in [*reversed(self.extra_routers), self.router,
+                       *reversed(list(self.shards.values())), self.config]:
             if member is not None:
                 try:
                     await member.stop(self._tracker)
@@ -216,6 +231,9 @@ class AsyncShardedCluster:
     def _member(self, name: str) -> Member:
         if name == "router" and self.router is not None:
             return self.router
+        for extra in self.extra_routers:
+            if extra.name == name:
+                return extra
         if name in ("config", "configsvr") and self.config is not None:
             return self.config
         if name in self.shards:
@@ -353,6 +371,62 @@ class AsyncShardedCluster:
         if data is not None:
             cmd["data"] = data
         return await self.command(member, cmd)
+
+
+    # -- promise faults (shard/change_stream/promise_faults.py) ------------------------------
+    async def slow_promises(self, name: str, ms: float) -> None:
+        """Delay shard ``name``'s change-stream promises by ``ms`` milliseconds (fail point
+        ``shardsimDelayPromise``): its getMore replies without events, which carry its
+        promise, leave ``ms`` after the promise was taken, so the merged stream releases
+        another shard's event about ``ms`` later. The shard's own events are not delayed.
+        Until :meth:`clear_promise_faults`."""
+        if ms < 0:
+            raise ValueError("the promise delay is at least 0 ms")
+        await self.configure_fail_point(self._shard(name).name, "shardsimDelayPromise",
+                                        "alwaysOn", {"delayMs": ms})
+
+    async def stall_promises(self, name: str) -> None:
+        """Freeze shard ``name``'s change-stream promise at its current value (fail point
+        ``shardsimStallPromise``): it keeps answering every command and returning its own
+        events, but promises nothing newer, so the merged stream holds back every later event
+        of the other shards (``$currentOp`` names it in ``waitingFor``). Until
+        :meth:`clear_promise_faults`, which lets it promise at once."""
+        await self.configure_fail_point(self._shard(name).name, "shardsimStallPromise",
+                                        "alwaysOn")
+
+    async def clear_promise_faults(self, name: str) -> None:
+        """Undo :meth:`slow_promises`, :meth:`stall_promises` and a pending
+        :meth:`same_cluster_time` pin on shard ``name``."""
+        member = self._shard(name).name
+        await self.configure_fail_point(member, "shardsimStallPromise", "off")
+        await self.configure_fail_point(member, "shardsimDelayPromise", "off")
+        await self.command(member, {"_shardsimSetClusterTime": Timestamp(0, 0)})
+
+    async def same_cluster_time(self, shard_a: str, shard_b: str) -> Timestamp:
+        """Pin the next oplog entry of shards ``shard_a`` and ``shard_b`` at one cluster time T
+        just past both shards' clocks and oplogs (``_shardsimSetClusterTime``): their next
+        writes' events tie on ``clusterTime`` and the router orders them by the rest of the
+        resume token, as for real shards whose clocks agree. Until a shard writes, its promise
+        stays at or below T (events at or after T wait for it) and its periodic no-op writer
+        skips. The next entry includes an implicit ``create``: write to existing collections.
+        Returns T."""
+        if shard_a == shard_b:
+            raise ValueError("same_cluster_time needs two different shards")
+        names = [self._shard(shard_a).name, self._shard(shard_b).name]
+        for _ in range(3):  # gossip may move a clock between the look and the pin
+            nodes = [self.node(n) for n in names]
+            key = max(max(n.clock.now_key(), n.oplog.latest_key)  # type: ignore[attr-defined]
+                      for n in nodes) + 1
+            ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
+            try:
+                for n in names:
+                    await self.command(n, {"_shardsimSetClusterTime": ts})
+            except MongoError as exc:
+                if exc.code != 2:
+                    raise
+                continue
+            return ts
+        raise MongoError(2, "the shards' clocks kept moving; could not pin a common time")
 
 
 async def _start_noop_writer(node: Any) -> None:

@@ -101,6 +101,11 @@ class ShardedCluster:
         return self.cluster.uri
 
     @property
+    def uris(self) -> list[str]:
+        """Every router's ``mongodb://HOST:PORT/`` (``routers=N``; the first is :attr:`uri`)."""
+        return self.cluster.uris
+
+    @property
     def shard_names(self) -> list[str]:
         """The shards' names, in order of creation."""
         return self.cluster.shard_names
@@ -157,6 +162,22 @@ class ShardedCluster:
     def truncate_oplog(self, name: str, before: Timestamp | datetime.datetime) -> int:
         """Drop a shard's oplog entries older than ``before``; returns how many."""
         return self._call(self.cluster.truncate_oplog(name, before))
+
+    def slow_promises(self, name: str, ms: float) -> None:
+        """Delay a shard's change-stream promises by ``ms`` ms (``shardsimDelayPromise``)."""
+        self._call(self.cluster.slow_promises(name, ms))
+
+    def stall_promises(self, name: str) -> None:
+        """Freeze a shard's change-stream promise (``shardsimStallPromise``)."""
+        self._call(self.cluster.stall_promises(name))
+
+    def clear_promise_faults(self, name: str) -> None:
+        """Undo slow/stalled promises and a pending cluster-time pin on a shard."""
+        self._call(self.cluster.clear_promise_faults(name))
+
+    def same_cluster_time(self, shard_a: str, shard_b: str) -> Timestamp:
+        """Pin the next write of two shards at one cluster time; returns it."""
+        return self._call(self.cluster.same_cluster_time(shard_a, shard_b))
 
     def configure_fail_point(self, member: str, name: str, mode: Any,
                              data: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -77,8 +77,8 @@ class ComposeCluster:
         self._cmd = cmd + ["-p", self.project, "-f", str(COMPOSE_FILE)]
         for f in extra_files:
             self._cmd += ["-f", str(f)]
-        self._env = dict(os.environ, SHARDSIM_PORT=str(port), SHARDSIM_BIND="127.0.0.1",
-                         **(env or {}))
+        self._env = dict(os.environ, SHARDSIM_PORT=str(port), SHARDSIM_PORT2=str(free_port()),
+                         SHARDSIM_BIND="127.0.0.1", **(env or {}))
         self._down = False
 
     def compose(self, *args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:

@@ -69,7 +69,7 @@ def test_anonymous_and_wrong_password_are_refused(auth_cluster):
 
 def test_members_share_one_key_file(auth_cluster):
     modes = {s: auth_cluster.exec(s, "stat", "-c", "%a", "/run/shardsim/keyfile").stdout.strip()
-             for s in ("configsvr", "shard0", "router")}
+             for s in ("configsvr", "shard0", "router", "router2")}
     assert set(modes.values()) == {"400"}, modes
     keys = {auth_cluster.exec(s, "cat", "/run/shardsim/keyfile").stdout for s in ("shard1", "router")}
     assert len(keys) == 1 and len(next(iter(keys)).strip()) > 100

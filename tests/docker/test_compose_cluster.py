@@ -24,7 +24,7 @@ from pymongo.errors import OperationFailure
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1500)]
 
 SHARDS = ["shard0", "shard1", "shard2"]
-ROLES = ["configsvr", *SHARDS, "router"]
+ROLES = ["configsvr", *SHARDS, "router", "router2"]
 
 
 
@@ -82,7 +82,7 @@ def test_spark_profile_services(compose_cluster):
     the profile none of them is part of the project. (Running it needs the ~1.6 GB Spark image:
     docs/docker.md.)"""
     c = compose_cluster
-    plain = {"configsvr", *SHARDS, "router", "init"}
+    plain = {"configsvr", *SHARDS, "router", "router2", "init"}
     spark = set(c.compose("--profile", "spark", "config", "--services").stdout.split())
     assert spark == plain | {"spark-master", "spark-worker", "load"}
     # `up` without the profile started only the plain services.
@@ -221,6 +221,7 @@ def test_down_removes_containers_networks_and_volumes(compose_cluster):
     """`down -v` leaves no container, network or volume of the project behind."""
     c = compose_cluster
     before = c.leftovers()
-    assert len(before["containers"]) == 6 and before["volumes"] and before["networks"], before
+    # configsvr, shard0-2, router, router2, init
+    assert len(before["containers"]) == 7 and before["volumes"] and before["networks"], before
     c.down()
     assert c.leftovers() == {"containers": [], "networks": [], "volumes": []}

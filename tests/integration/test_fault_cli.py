@@ -171,3 +171,36 @@ def test_noop_interval_truncate_oplog_and_fail_point(detached: Any) -> None:
 
     bad = run_cli("fault", "pause-shard", "nope", run_dir=run_dir, marker=marker)
     assert bad.returncode != 0 and "no shard named 'nope'" in bad.stderr
+
+
+def test_stalled_promises_and_same_cluster_time(detached: Any) -> None:
+    run_dir, marker, uri = detached
+
+    def cli(*args: str) -> Any:
+        r = run_cli("fault", *args, run_dir=run_dir, marker=marker)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000) as client:
+        primary, other = split(client, "pr.c")
+        coll = client.pr.c
+        coll.insert_many([{"x": -1000}, {"x": 1000}])
+        with coll.watch(max_await_time_ms=100) as stream:
+            assert "promises stalled" in cli("stall-promises", other).stdout
+            coll.insert_one({"_id": 1, "x": -1})
+            assert read(stream, 1, 1.5) == []             # held: the other shard promises nothing
+            assert coll.count_documents({"x": {"$gte": 0}}) == 1  # ... but serves commands
+            cli("clear-promises", other)
+            assert [e["documentKey"]["_id"] for e in read(stream, 1, 10)] == [1]
+
+            assert "delayed by 300 ms" in cli("slow-promises", other, "300").stdout
+            cli("clear-promises", other)
+
+            out = cli("same-cluster-time", primary, other).stdout
+            secs, inc = re.search(r"next write at (\d+),(\d+)", out).groups()
+            coll.insert_one({"_id": "b", "x": 1})
+            coll.insert_one({"_id": "a", "x": -1})
+            got = read(stream, 2, 10) + read(stream, 1, 1.0)
+        assert [e["documentKey"]["_id"] for e in got] == ["a", "b"]  # token order, once each
+        assert {(e["clusterTime"].time, e["clusterTime"].inc) for e in got} == \
+            {(int(secs), int(inc))}

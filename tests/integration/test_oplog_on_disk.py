@@ -47,7 +47,9 @@ def _check_stream(client, total: int) -> None:
 
 def test_rss_stays_bounded_and_streams_read_the_disk(tmp_path, shard_process, shard_client):
     dbpath = tmp_path / "s0"
-    args = ("--oplog-cache-mb", "1", "--oplog-size-mb", "200", "--noop-interval-ms", "60000")
+    # a small snapshot history too: it would otherwise keep the replaced documents (32 MiB)
+    args = ("--oplog-cache-mb", "1", "--snapshot-history-mb", "1", "--oplog-size-mb", "200",
+            "--noop-interval-ms", "60000")
     proc = shard_process("ondisk0", dbpath, *args)
     client = shard_client(proc)
     db = client.app

@@ -7,6 +7,8 @@ postBatchResumeToken on every reply, awaitData waits, batch bounds, needsMerge `
 
 from __future__ import annotations
 
+import hashlib
+
 import datetime
 import threading
 import time
@@ -244,7 +246,9 @@ def test_transaction_events_share_cluster_time(db, client):
         evs = next_events(cs, 3)
     a, b, c = evs
     assert a["clusterTime"] == b["clusterTime"]
-    assert a["lsid"] == lsid and isinstance(a["txnNumber"], int)
+    # lsid as mongod writes it: {id, uid}; uid = SHA-256 of the (empty, without auth) user name
+    assert a["lsid"]["id"] == lsid["id"] and isinstance(a["txnNumber"], int)
+    assert bytes(a["lsid"]["uid"]) == hashlib.sha256(b"").digest()
     assert list(a)[:3] == ["txnNumber", "lsid", "_id"]
     ia, ib = rt.decode(a["_id"]).txnOpIndex, rt.decode(b["_id"]).txnOpIndex
     assert ia < ib and a["_id"]["_data"] < b["_id"]["_data"]

@@ -1,6 +1,7 @@
-"""Two routers on one config server (``Cluster(routers=2)``): a database created through
-one mongos is read at once through the other (the second router reloads its catalog on the
-miss instead of answering "empty")."""
+"""Two routers on one cluster (issue 16, item 7; the compose cluster runs the same pair as
+``router``/``router2``): a change stream opened on one router resumes on the other, and a
+database created through one mongos is read at once through the other (the second router
+reloads its catalog on the miss instead of answering "empty")."""
 
 from __future__ import annotations
 
@@ -10,6 +11,30 @@ import pymongo
 import pytest
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def test_stream_opened_on_one_router_resumes_on_the_other(cluster_factory: Any) -> None:
+    cluster = cluster_factory(shards=2, routers=2)
+    a, b = (pymongo.MongoClient(u, serverSelectionTimeoutMS=10000) for u in cluster.router_uris)
+    try:
+        a.admin.command("enableSharding", "tr", primaryShard="shard0")
+        a.admin.command("shardCollection", "tr.c", key={"x": 1})
+        a.admin.command("split", "tr.c", middle={"x": 0})
+        a.admin.command("moveChunk", "tr.c", find={"x": 0}, to="shard1")
+        with a.tr.c.watch(max_await_time_ms=200) as stream:
+            a.tr.c.insert_many([{"x": i} for i in range(-3, 3)])
+            first = [stream.next() for _ in range(3)]
+            token = stream.resume_token
+        b.tr.c.insert_many([{"x": i} for i in range(3, 6)])
+        with b.tr.c.watch(resume_after=token, max_await_time_ms=200) as resumed:
+            rest = [resumed.next() for _ in range(6)]
+        seen = [e["fullDocument"]["x"] for e in first + rest]
+        assert sorted(seen) == list(range(-3, 6))
+        tokens = [e["_id"]["_data"] for e in first + rest]
+        assert all(p < q for p, q in zip(tokens, tokens[1:]))
+    finally:
+        a.close()
+        b.close()
 
 
 def test_database_made_on_one_router_is_read_on_the_other(cluster_factory: Any) -> None:

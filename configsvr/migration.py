@@ -1,0 +1,201 @@
+"""Chunk migration as 8.0 runs it, and the shards' filtering metadata.
+
+The phases follow ``MigrationSourceManager`` (``src/mongo/db/s/migration_source_manager.cpp``:
+``startClone`` -> ``awaitToCatchUp`` -> ``enterCriticalSection`` -> ``commitChunkOnRecipient``
+-> ``commitChunkMetadataOnConfig`` -> ``_cleanup``), the cloner's transfer mods
+(``migration_chunk_cloner_source.cpp``), the recipient's apply loop
+(``migration_destination_manager.cpp``: ``_migrateDriver``, every write ``fromMigrate``) and
+range deletion (``range_deleter_service.cpp``, with ``orphanCleanupDelaySecs`` 0):
+
+1. the donor starts recording the collection's writes (``_shardsimMigrationStart``);
+2. clone: the range's documents are inserted on the recipient with ``fromMigrate``;
+3. catch-up: ``_transferMods`` rounds re-send the documents written meanwhile (replacement
+   upserts and deletes by ``_id``, ``fromMigrate``) until a round is small;
+4. critical section on the donor: new writes to the collection wait, running ones finish; a last
+   ``_transferMods`` round; the retryable-write session records follow the chunk;
+5. commit on the config server: the chunk moves to the recipient at version ``(major + 1, 0)``
+   and the donor's highest remaining chunk becomes ``(major + 1, 1)`` (so both shards'
+   placement versions change: ``ShardingCatalogManager::commitChunkMigration``); both shards
+   get their new filtering metadata;
+6. the critical section is released: the waiting writes fail with StaleConfig (13388) and the
+   routers retry them on the new owner;
+7. range deletion on the donor (``fromMigrate`` deletes).
+
+Not faithful: the config server drives the phases (in 8.0 the donor shard runs
+``MigrationSourceManager`` and the recipient pulls ``_migrateClone``/``_transferMods`` itself);
+the filtering metadata is pushed to the shards instead of being pulled on refresh (every shard
+gets the whole routing table, which post-image look-ups use: :mod:`shard.sharding_runtime`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid as uuid_mod
+from typing import TYPE_CHECKING, Any
+
+from bson import ObjectId
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from shardsim.errors import MongoError
+from shardsim.shard_key import KeyPattern
+
+if TYPE_CHECKING:  # pragma: no cover
+    from configsvr.node import ConfigServerNode
+
+log = logging.getLogger("shardsim.configsvr")
+
+CATCH_UP_ROUNDS = 20  # transfer-mods rounds before the critical section at the latest
+CATCH_UP_SMALL = 16  # a round this small lets the migration enter the critical section
+BATCH = 1000
+
+
+async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | None = None
+                        ) -> None:
+    """Send every shard (or ``shards``) the filtering and routing metadata of the sharded
+    ``ns``: epoch, timestamp, uuid, key, every chunk with its ``lastmod`` and owner, and the
+    shards' hosts (``_shardsimSetFilteringMetadata``; mongod's shards pull it on a refresh).
+    A shard derives its own placement version from its chunks and routes post-image look-ups
+    with the rest. A shard that is down is skipped (it accepts any version until it hears
+    again)."""
+    entry, _, chunk_docs = await node.load_collection(ns)
+    db = ns.split(".", 1)[0]
+    shard_docs = await node.shards()
+    names = shards if shards is not None else [s["_id"] for s in shard_docs]
+    meta = {"epoch": entry["lastmodEpoch"], "timestamp": entry["timestamp"],
+            "uuid": entry["uuid"], "key": entry["key"],
+            "chunks": [{"min": d["min"], "max": d["max"], "lastmod": d["lastmod"],
+                        "shard": d["shard"]} for d in chunk_docs],
+            "shards": {s["_id"]: s["host"] for s in shard_docs}}
+    for shard in names:
+        try:
+            await node.on_shard(shard, db, {"_shardsimSetFilteringMetadata": ns,
+                                            "metadata": meta})
+        except MongoError as exc:
+            if exc.code not in (6, 7, 89, 9001):
+                raise
+            log.warning("filtering metadata of %s not sent to %s: %s", ns, shard, exc.errmsg)
+
+
+async def log_change(node: "ConfigServerNode", shard: str, what: str, ns: str,
+                     details: dict[str, Any]) -> None:
+    """Append an entry to ``config.changelog`` as ``ShardingLogging::logChange`` does
+    (``src/mongo/db/s/sharding_logging.cpp``): ``{_id: "<server>-<time>-<oid>", server, shard,
+    clientAddr, time: Date, what, ns, details}``. The migration writes ``moveChunk.commit``
+    (``details: {min, max, from, to, counts}``, as ``MigrationSourceManager::
+    commitChunkMetadataOnConfig``); ``counts`` holds only ``cloned`` faithfully. A failure to
+    log is not an error of the operation (as in the server)."""
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    server = f"{shard}-{now.isoformat()}-{ObjectId()}"
+    try:
+        await node.insert("changelog", [{"_id": server, "server": shard, "shard": shard,
+                                         "clientAddr": "", "time": now, "what": what,
+                                         "ns": ns, "details": details}])
+    except MongoError as exc:  # pragma: no cover - logging only
+        log.warning("changelog entry %s for %s not written: %s", what, ns, exc)
+
+
+async def _apply_mods(node: "ConfigServerNode", to: str, db: str, coll: str,
+                      mods: dict[str, Any]) -> None:
+    """Apply one ``_transferMods`` reply on the recipient, ``fromMigrate``."""
+    reload, deleted = mods.get("reload") or [], mods.get("deleted") or []
+    for i in range(0, len(reload), BATCH):
+        await node.on_shard(to, db, {"update": coll, "fromMigrate": True, "ordered": True,
+                                     "updates": [{"q": {"_id": d["_id"]}, "u": d, "upsert": True}
+                                                 for d in reload[i:i + BATCH]]})
+    for i in range(0, len(deleted), BATCH):
+        await node.on_shard(to, db, {"delete": coll, "fromMigrate": True, "ordered": True,
+                                     "deletes": [{"q": {"_id": d["_id"]}, "limit": 1}
+                                                 for d in deleted[i:i + BATCH]]})
+
+
+async def _clone_and_catch_up(node: "ConfigServerNode", donor: str, to: str, db: str,
+                              coll: str, sid: str) -> int:
+    """Phases 2-3: clone, then transfer-mods rounds until one is small. Returns the number of
+    documents cloned."""
+    objects = (await node.on_shard(donor, "admin", {"_migrateClone": 1, "sessionId": sid}))[
+        "objects"]
+    for i in range(0, len(objects), BATCH):
+        await node.on_shard(to, db, {"insert": coll, "documents": objects[i:i + BATCH],
+                                     "ordered": False, "fromMigrate": True})
+    for _ in range(CATCH_UP_ROUNDS):
+        mods = await node.on_shard(donor, "admin", {"_transferMods": 1, "sessionId": sid})
+        await _apply_mods(node, to, db, coll, mods)
+        if int(mods.get("size", 0)) <= CATCH_UP_SMALL:
+            break
+    return len(objects)
+
+
+async def _commit(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
+                  chunk_docs: list[dict[str, Any]], donor: str, to: str) -> None:
+    """Phase 5: the chunk's new owner and versions in ``config.chunks``
+    (``commitChunkMigration``), then both shards' filtering metadata."""
+    major = max(d["lastmod"].time for d in chunk_docs) + 1
+    now = node.clock.now()
+    await node.update("chunks", {"_id": doc["_id"]}, {"$set": {
+        "shard": to, "lastmod": Timestamp(major, 0), "onCurrentShardSince": now},
+        "$push": {"history": {"$each": [{"validAfter": now, "shard": to}], "$position": 0}}})
+    rest = [d for d in chunk_docs if d["shard"] == donor and d["_id"] != doc["_id"]]
+    if rest:  # the control chunk: the donor's placement version changes too
+        control = max(rest, key=lambda d: (d["lastmod"].time, d["lastmod"].inc))
+        await node.update("chunks", {"_id": control["_id"]},
+                          {"$set": {"lastmod": Timestamp(major, 1)}})
+    # The two shards first (their versions changed), then everyone's routing information.
+    await push_metadata(node, ns, [donor, to])
+    others = [s["_id"] for s in await node.shards() if s["_id"] not in (donor, to)]
+    if others:
+        await push_metadata(node, ns, others)
+
+
+async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], pattern: KeyPattern,
+                  chunk_docs: list[dict[str, Any]], doc: dict[str, Any], to: str) -> int:
+    """Move chunk ``doc`` of ``ns`` to shard ``to`` (phases 1-7 of the module doc; the caller
+    holds the DDL lock and has created the collection and its shard-key index on ``to``).
+    Returns the number of documents moved. Raises what a shard answers; on an error before
+    the commit the migration is abandoned (the critical section released, the recipient's
+    copies left as orphans the next migration of the range overwrites)."""
+    db, coll = ns.split(".", 1)
+    donor = doc["shard"]
+    sid = f"{donor}_{to}_{uuid_mod.uuid4().hex}"
+    await node.on_shard(donor, "admin", {"_shardsimMigrationStart": ns, "sessionId": sid,
+                                         "key": pattern.pattern, "min": doc["min"],
+                                         "max": doc["max"]})
+    in_cs = False
+    try:
+        cloned = await _clone_and_catch_up(node, donor, to, db, coll, sid)
+        await node.on_shard(donor, "admin", {"_shardsimMigrationCriticalSection": ns,
+                                             "enter": True})
+        in_cs = True
+        mods = await node.on_shard(donor, "admin", {"_transferMods": 1, "sessionId": sid})
+        await _apply_mods(node, to, db, coll, mods)
+        records = (await node.on_shard(donor, "admin", {"_shardsimSessionRecords": 1}))["records"]
+        if records:
+            await node.on_shard(to, "admin", {"_shardsimMergeSessionRecords": 1,
+                                              "records": records})
+        await _commit(node, ns, doc, chunk_docs, donor, to)
+        await log_change(node, donor, "moveChunk.commit", ns, {
+            "min": doc["min"], "max": doc["max"], "from": donor, "to": to,
+            "counts": {"cloned": Int64(cloned), "clonedBytes": Int64(0),
+                       "catchup": Int64(0), "steady": Int64(0)}})
+    finally:
+        if in_cs:
+            await node.on_shard(donor, "admin", {"_shardsimMigrationCriticalSection": ns,
+                                                 "enter": False})
+        await node.on_shard(donor, "admin", {"_shardsimMigrationEnd": 1, "sessionId": sid})
+    await _delete_range(node, donor, db, coll, pattern, doc)
+    log.info("moved chunk %s of %s from %s to %s (%d docs cloned)", doc["min"], ns, donor, to,
+             cloned)
+    return cloned
+
+
+async def _delete_range(node: "ConfigServerNode", donor: str, db: str, coll: str,
+                        pattern: KeyPattern, doc: dict[str, Any]) -> None:
+    """Phase 7: delete the range's documents on the donor with ``fromMigrate``."""
+    from shardsim.shard_key import compare_keys
+    lo, hi = pattern.bound_to_key(doc["min"]), pattern.bound_to_key(doc["max"])
+    ids = [d["_id"] for d in await node.shard_find_all(donor, db, coll)
+           if compare_keys(lo, k := pattern.key_of_doc(d)) <= 0 and compare_keys(k, hi) < 0]
+    for i in range(0, len(ids), BATCH):
+        await node.on_shard(donor, db, {"delete": coll, "fromMigrate": True, "deletes": [
+            {"q": {"_id": {"$in": ids[i:i + BATCH]}}, "limit": 0}]})

@@ -1,0 +1,183 @@
+"""The shard's half of a chunk migration and of shard versioning (internal commands the config
+server sends; mongod's ``_migrateClone``/``_transferMods`` of ``migration_chunk_cloner_source``
+and the critical section of ``migration_source_manager.cpp``, with shardsim's own names where
+the shapes are shardsim's):
+
+======================================  ==========================================================
+``_shardsimSetFilteringMetadata``       install a namespace's filtering metadata (placement
+                                        version, owned chunks) pushed by the config server
+``_shardsimMigrationStart``             the donor starts recording the namespace's writes
+                                        (transfer mods) under a ``sessionId``
+``_migrateClone``                       the documents of the range ``[min, max)``: ``{objects}``
+``_transferMods``                       the writes since the last call: ``{reload, deleted}``
+``_shardsimMigrationCriticalSection``   ``enter: true`` blocks writes to the namespace and waits
+                                        for those running; ``enter: false`` releases them
+``_shardsimMigrationEnd``               stop recording (commit or abort)
+``_shardsimSessionRecords``             export the retryable-write session records
+``_shardsimMergeSessionRecords``        import them on the recipient (a statement executed on
+                                        the donor is executed here too)
+======================================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shardsim.commands import CommandFamily, Request
+from shardsim.errors import MongoError
+from shardsim.shard_key import KeyPattern, compare_keys
+from shardsim.values import id_key
+from shard.sharding_runtime import ModsTracker
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shard.node import ShardNode
+
+commands = CommandFamily("migration")
+
+# sessionId -> (ns, tracker, pattern, min key, max key)
+_Migration = tuple[str, ModsTracker, KeyPattern, tuple[Any, ...], tuple[Any, ...]]
+
+
+def _ns(req: Request) -> str:
+    ns = req.arg
+    if not isinstance(ns, str) or "." not in ns:
+        raise MongoError(73, f"Invalid namespace specified '{ns}'")
+    return ns
+
+
+def _migrations(node: "ShardNode") -> dict[str, _Migration]:
+    migs = getattr(node, "_migrations", None)
+    if migs is None:
+        migs = node._migrations = {}  # type: ignore[attr-defined]
+    return migs
+
+
+def _migration(node: "ShardNode", req: Request) -> _Migration:
+    sid = req.body.get("sessionId")
+    mig = _migrations(node).get(sid) if isinstance(sid, str) else None
+    if mig is None:
+        raise MongoError(117, f"migration session {sid} is not active on this shard")  # ConflictingOperationInProgress
+    return mig
+
+
+def _in_range(mig: _Migration, doc: dict[str, Any]) -> bool:
+    _, _, pattern, lo, hi = mig
+    try:
+        key = pattern.key_of_doc(doc)
+    except MongoError:
+        return False
+    return compare_keys(lo, key) <= 0 and compare_keys(key, hi) < 0
+
+
+@commands.handler("_shardsimSetFilteringMetadata")
+async def set_filtering_metadata(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_shardsimSetFilteringMetadata: ns, metadata: null | {epoch, timestamp, key, chunks:
+    [{min, max, lastmod}]}}`` -> ``{version}`` (this shard's new ``{e, t, v}``)."""
+    ns = _ns(req)
+    meta = req.body.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise MongoError(14, "BSON field 'metadata' is the wrong type, expected type 'object'")
+    node.sharding.set_metadata(ns, meta)
+    return {"version": node.sharding.wanted(ns)}
+
+
+@commands.handler("_shardsimMigrationStart")
+async def migration_start(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_shardsimMigrationStart: ns, sessionId, key, min, max}``: record the namespace's
+    writes from now on (``MigrationChunkClonerSource::startClone``). ``{}``."""
+    ns = _ns(req)
+    sid = req.body.get("sessionId")
+    if not isinstance(sid, str):
+        raise MongoError(14, "BSON field 'sessionId' is the wrong type, expected type 'string'")
+    pattern = KeyPattern(dict(req.body["key"]))
+    tracker = ModsTracker()
+    node.sharding.trackers.setdefault(ns, []).append(tracker)
+    _migrations(node)[sid] = (ns, tracker, pattern, pattern.bound_to_key(req.body["min"]),
+                              pattern.bound_to_key(req.body["max"]))
+    return {}
+
+
+@commands.handler("_migrateClone")
+async def migrate_clone(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_migrateClone: 1, sessionId}`` -> ``{objects: [...]}``: every document of the
+    migrating range, read in one step (mongod sends batches of record ids)."""
+    mig = _migration(node, req)
+    db, _, name = mig[0].partition(".")
+    coll = node.storage.get(db, name)
+    docs = [] if coll is None else [d for d in coll.docs.values() if _in_range(mig, d)]
+    return {"objects": docs}
+
+
+@commands.handler("_transferMods")
+async def transfer_mods(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_transferMods: 1, sessionId}`` -> ``{reload: [docs], deleted: [{_id}], size}``: the
+    current state of each document of the range written since the last call
+    (``MigrationChunkClonerSource::nextModsBatch``)."""
+    mig = _migration(node, req)
+    db, _, name = mig[0].partition(".")
+    coll = node.storage.get(db, name)
+    reload: list[dict[str, Any]] = []
+    deleted: list[dict[str, Any]] = []
+    for _id in mig[1].take():
+        doc = coll.docs.get(id_key(_id)) if coll is not None else None
+        if doc is not None and _in_range(mig, doc):
+            reload.append(doc)
+        else:
+            deleted.append({"_id": _id})
+    return {"reload": reload, "deleted": deleted, "size": len(reload) + len(deleted)}
+
+
+@commands.handler("_shardsimMigrationCriticalSection")
+async def critical_section(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_shardsimMigrationCriticalSection: ns, enter: bool}``: enter (block writes, wait for
+    the running ones) or leave the namespace's critical section. ``{}``."""
+    ns = _ns(req)
+    if req.body.get("enter") is True:
+        await node.sharding.enter_critical_section(ns)
+    else:
+        node.sharding.exit_critical_section(ns)
+    return {}
+
+
+@commands.handler("_shardsimMigrationEnd")
+async def migration_end(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_shardsimMigrationEnd: 1, sessionId}``: stop recording writes. ``{}``."""
+    sid = req.body.get("sessionId")
+    mig = _migrations(node).pop(sid, None) if isinstance(sid, str) else None
+    if mig is not None:
+        trackers = node.sharding.trackers.get(mig[0], [])
+        if mig[1] in trackers:
+            trackers.remove(mig[1])
+        if not trackers:
+            node.sharding.trackers.pop(mig[0], None)
+    return {}
+
+
+@commands.handler("_shardsimSessionRecords")
+async def session_records(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_shardsimSessionRecords: 1}`` -> ``{records: [{lsid, txnNumber, stmts}]}``: the
+    retryable-write history (what mongod's ``SessionCatalogMigrationSource`` sends from the
+    oplog)."""
+    return {"records": [s.record() for s in node.sessions._sessions.values()
+                        if s.executed and s.txn is None]}
+
+
+@commands.handler("_shardsimMergeSessionRecords")
+async def merge_session_records(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_shardsimMergeSessionRecords: 1, records}``: a record of a newer txnNumber replaces
+    this shard's, one of the same txnNumber adds its executed statements
+    (``SessionCatalogMigrationDestination``). ``{n}``."""
+    n = 0
+    for rec in req.body.get("records") or []:
+        s = node.sessions.get(rec.get("lsid"))
+        if s is None or s.txn is not None:
+            continue
+        tn = int(rec["txnNumber"])
+        if tn > s.txn_number:
+            s.txn_number, s.executed = tn, {}
+        if tn == s.txn_number:
+            for x in rec.get("stmts", []):
+                s.executed.setdefault(int(x["i"]), x["r"])
+            node.sessions.note(s)
+            n += 1
+    return {"n": n}

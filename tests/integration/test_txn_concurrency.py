@@ -1,0 +1,257 @@
+"""Cross-shard transactions under concurrency: snapshot reads inside transactions, a seeded run
+of concurrent transactions (commits and aborts) with plain writers, snapshot readers and a
+change-stream watcher, and a coordinator killed between the prepares and its decision."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import pymongo
+from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.read_concern import ReadConcern
+
+from shardsim.testing import ShardedCluster
+
+NEG = list(range(-4, 0))
+POS = list(range(1, 5))
+
+
+def _two_shard_collection(client: pymongo.MongoClient, ns: str) -> tuple[str, str]:
+    db, _coll = ns.split(".")
+    client.admin.command("enableSharding", db)
+    primary = client.config.databases.find_one({"_id": db})["primary"]
+    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
+                 if s["_id"] != primary)
+    client.admin.command("shardCollection", ns, key={"x": 1})
+    client.admin.command("split", ns, middle={"x": 0})
+    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
+    return primary, other
+
+
+def _read(stream: Any, want: int, timeout: float = 20.0) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < want and time.monotonic() < deadline:
+        ev = stream.try_next()
+        if ev is not None:
+            out.append(ev)
+    return out
+
+
+def test_transaction_reads_one_snapshot_on_every_shard() -> None:
+    """A transaction keeps reading the data as of its start on both shards while plain writes
+    change it; a write to a document changed after its snapshot is a WriteConflict (112); a
+    snapshot transaction reads at the router's atClusterTime."""
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        _two_shard_collection(client, "s.c")
+        coll = client.s.c
+        coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
+        for rc in (None, ReadConcern("snapshot")):
+            with client.start_session() as s:
+                s.start_transaction(read_concern=rc)
+                before = {d["_id"]: d["v"] for d in coll.find({}, session=s)}
+                coll.update_many({}, {"$inc": {"v": 1}})  # outside the transaction
+                again = {d["_id"]: d["v"] for d in coll.find({}, session=s)}
+                assert again == before
+                try:
+                    coll.update_one({"_id": 1, "x": 1}, {"$set": {"w": 1}}, session=s)
+                    raise AssertionError("expected a WriteConflict")
+                except OperationFailure as exc:
+                    assert exc.code == 112
+                    assert exc.has_error_label("TransientTransactionError")
+            now = {d["_id"]: d["v"] for d in coll.find({})}
+            assert now == {k: v + 1 for k, v in before.items()}
+
+
+def _transfer_worker(client: pymongo.MongoClient, seed: int, rounds: int,
+                     outcome: dict[tuple[bytes, int], str], lock: threading.Lock) -> None:
+    rnd = random.Random(seed)
+    coll = client.bank.acct
+    with client.start_session() as s:
+        for _ in range(rounds):
+            a, b = rnd.choice(NEG), rnd.choice(POS)
+            amount = rnd.randint(1, 10)
+            s.start_transaction()
+            key = (bytes(s.session_id["id"]), s._server_session.transaction_id)
+            try:
+                coll.update_one({"_id": a, "x": a}, {"$inc": {"bal": -amount}}, session=s)
+                coll.update_one({"_id": b, "x": b}, {"$inc": {"bal": amount}}, session=s)
+                if rnd.random() < 0.3:
+                    s.abort_transaction()
+                    result = "aborted"
+                else:
+                    s.commit_transaction()
+                    result = "committed"
+            except PyMongoError:
+                if s.in_transaction:
+                    try:
+                        s.abort_transaction()
+                    except PyMongoError:
+                        pass
+                result = "aborted"
+            with lock:
+                outcome[key] = result
+
+
+def test_seeded_concurrent_transactions_atomic_and_streamed_once() -> None:
+    """Seeded: 3 sessions in threads run transfers between a document on each shard (commits
+    and aborts, conflicts abort), a plain writer inserts, snapshot readers (transactions with
+    readConcern snapshot, and snapshot reads outside transactions) always see the total
+    unchanged. The watcher sees every committed transaction's two events once, with lsid and
+    txnNumber, nothing of an aborted one, tokens strictly increasing; a transaction's events
+    are contiguous except for events whose cluster time lies between its participants'
+    commit entries (each participant writes its own commitTransaction entry)."""
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        _two_shard_collection(client, "bank.acct")
+        coll = client.bank.acct
+        coll.insert_many([{"_id": i, "x": i, "bal": 100} for i in NEG + POS])
+        outcome: dict[tuple[bytes, int], str] = {}
+        lock = threading.Lock()
+        stop = threading.Event()
+        totals: list[int] = []
+        plain: list[int] = []
+
+        def reader() -> None:
+            with client.start_session() as s:
+                while not stop.is_set():
+                    s.start_transaction(read_concern=ReadConcern("snapshot"))
+                    totals.append(sum(d["bal"] for d in coll.find({"bal": {"$exists": True}},
+                                                                  session=s)))
+                    s.commit_transaction()
+            with client.start_session(snapshot=True) as s:
+                totals.append(sum(d["bal"] for d in coll.find({"bal": {"$exists": True}},
+                                                              session=s)))
+
+        def writer() -> None:
+            n = 100
+            while not stop.is_set():
+                n += 1
+                coll.insert_one({"_id": n, "x": n if n % 2 else -n})
+                plain.append(n)
+                time.sleep(0.005)
+
+        with coll.watch() as stream:
+            workers = [threading.Thread(target=_transfer_worker,
+                                        args=(client, 1500 + i, 8, outcome, lock))
+                       for i in range(3)]
+            side = [threading.Thread(target=reader), threading.Thread(target=writer)]
+            for t in workers + side:
+                t.start()
+            for t in workers:
+                t.join(120)
+            stop.set()
+            for t in side:
+                t.join(30)
+            committed = {k for k, v in outcome.items() if v == "committed"}
+            assert committed and len(outcome) == 24
+            events = _read(stream, 2 * len(committed) + len(plain))
+            assert _read(stream, 1, timeout=1.0) == []
+        assert len(totals) > 3 and all(t == 800 for t in totals), totals
+        print("readers", len(totals), "committed", len(committed), "plain", len(plain))
+        assert sum(d["bal"] for d in coll.find({"bal": {"$exists": True}})) == 800
+        tokens = [e["_id"]["_data"] for e in events]
+        assert all(a < b for a, b in zip(tokens, tokens[1:]))
+        assert sorted(e["documentKey"]["_id"] for e in events if "lsid" not in e) == plain
+        by_txn: dict[tuple[bytes, int], list[int]] = {}
+        for pos, e in enumerate(events):
+            if "lsid" in e:
+                assert set(e["lsid"]) == {"id", "uid"}
+                by_txn.setdefault((bytes(e["lsid"]["id"]), int(e["txnNumber"])), []).append(pos)
+        assert set(by_txn) == committed  # nothing of the aborted ones
+        for positions in by_txn.values():
+            assert len(positions) == 2
+            first, last = positions
+            lo, hi = events[first]["clusterTime"], events[last]["clusterTime"]
+            for between in events[first + 1:last]:
+                assert lo < between["clusterTime"] < hi
+
+
+def test_coordinator_killed_before_decision_aborts_everywhere(tmp_path) -> None:
+    """kill -9 of the coordinator shard after every participant prepared, before the decision
+    is persisted; restarted, it aborts on every participant: no document, no prepared
+    transaction left, nothing in the stream, and the documents are writable again."""
+    with ShardedCluster(shards=2, dbpath=str(tmp_path)) as c:
+        client = c.client()
+        primary, other = _two_shard_collection(client, "k.c")
+        coll = client.k.c
+        coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
+        node = c.cluster.node(primary)
+        with coll.watch() as stream:
+            node.coordinators.pause_before_decision_s = 30.0
+            s = client.start_session()
+            s.start_transaction()
+            coll.update_one({"_id": -1, "x": -1}, {"$set": {"v": 1}}, session=s)
+            coll.update_one({"_id": 1, "x": 1}, {"$set": {"v": 1}}, session=s)
+            errors: list[BaseException] = []
+
+            def commit() -> None:
+                try:
+                    s.commit_transaction()
+                except PyMongoError as exc:
+                    errors.append(exc)
+            t = threading.Thread(target=commit)
+            t.start()
+            deadline = time.monotonic() + 10
+            while not (c.cluster.node(primary).sessions.prepared() and
+                       c.cluster.node(other).sessions.prepared()):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert not any(d.get("decision") for d in node.coordinators.documents())
+            c.kill_shard(primary)
+            c.restart_shard(primary)
+            t.join(60)
+            assert errors  # the client learns the commit failed (or its result is unknown)
+            deadline = time.monotonic() + 20
+            while (c.cluster.node(primary).sessions.prepared() or
+                   c.cluster.node(other).sessions.prepared()):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert c.cluster.node(primary).coordinators.documents() == []
+            assert sorted((d["_id"], d["v"]) for d in coll.find()) == [(-1, 0), (1, 0)]
+            coll.update_one({"_id": 1, "x": 1}, {"$set": {"v": 2}})  # no longer locked
+            events = _read(stream, 1)
+        assert [(e["operationType"], e["documentKey"]["_id"]) for e in events] == [("update", 1)]
+        assert "lsid" not in events[0]
+
+
+def test_snapshot_read_after_prepare_waits_for_the_decision() -> None:
+    """A snapshot read (and a transaction's read) at a time after a cross-shard transaction
+    prepared waits until the coordinator's decision is delivered, then sees the committed
+    documents on both shards: never half of them, never a version that changes later."""
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        primary, _other = _two_shard_collection(client, "p.c")
+        coll = client.p.c
+        coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
+        c.cluster.node(primary).coordinators.pause_after_decision_s = 1.5
+        s = client.start_session()
+        s.start_transaction()
+        coll.update_one({"_id": -1, "x": -1}, {"$set": {"v": 1}}, session=s)
+        coll.update_one({"_id": 1, "x": 1}, {"$set": {"v": 1}}, session=s)
+        t = threading.Thread(target=s.commit_transaction)
+        t.start()
+        deadline = time.monotonic() + 10
+        while not any(d.get("decision") for d in c.cluster.node(primary).coordinators.documents()):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        at = max(txn.prepare_ts for name in (primary, _other)
+                 for txn in c.cluster.node(name).sessions.prepared())
+        start = time.monotonic()
+        with client.start_session(causal_consistency=False) as rs:
+            # the router learns the prepare's time through the client's gossip
+            rs.advance_cluster_time({"clusterTime": at, "signature": {
+                "hash": b"\x00" * 20, "keyId": 0}})
+            reply = client.p.command("find", "c", session=rs, readConcern={
+                "level": "snapshot", "atClusterTime": at})
+        seen = sorted(d["v"] for d in reply["cursor"]["firstBatch"])
+        waited = time.monotonic() - start
+        t.join(30)
+        assert seen == [1, 1]
+        assert waited > 0.5  # it waited for the decision to arrive
+        plain = sorted(d["v"] for d in coll.find({}))
+        assert plain == [1, 1]
