@@ -130,6 +130,20 @@ class Coordinators:
             task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
         return await asyncio.shield(task)
 
+    async def decision_of(self, lsid: dict[str, Any],
+                          txn_number: int) -> dict[str, Any] | None:
+        """The decision of ``(lsid, txn_number)`` when this shard coordinates it (joining the
+        running coordination, or finishing a persisted one), else None
+        (``TransactionCoordinatorService::recoverCommit``)."""
+        key = (bytes(lsid["id"]), int(txn_number))
+        task = self._running.get(key)
+        if task is not None:
+            return await asyncio.shield(task)
+        doc = self._find(lsid, txn_number)
+        if doc is None:
+            return None
+        return await self.coordinate(lsid, txn_number, doc["participants"])
+
     def _find(self, lsid: dict[str, Any], txn_number: int) -> dict[str, Any] | None:
         for doc in self.documents():
             _id = doc["_id"]

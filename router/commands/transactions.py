@@ -10,7 +10,8 @@ two-phase commit handed to the coordinator (the first participant) with
 ``coordinateCommitTransaction {participants}`` (``_handOffCommitToCoordinator``). A commit
 this router never saw start is recovered with the client's ``recoveryToken``
 (``_commitWithRecoveryToken``: ``coordinateCommitTransaction`` with no participants on the
-recovery shard); without a token: 50940. ``abortTransaction`` goes to every participant and
+recovery shard, which answers from its coordinator or its participant; a token without
+``recoveryShardId``: NoSuchTransaction 251); without a token: 50940. ``abortTransaction`` goes to every participant and
 answers the first error (NoSuchTransaction 251 when the router sent nothing).
 """
 
@@ -74,10 +75,17 @@ async def commit_transaction(node: "RouterNode", req: Request) -> dict[str, Any]
         if not isinstance(token, dict):
             raise MongoError(50940, "Cannot recover the transaction decision without a "
                                     "recoveryToken")
-        if shard is None:
-            return {}  # a read-only transaction: nothing to recover
-        cmd = {"coordinateCommitTransaction": 1,
-               "participants": _participant_list(node, [shard]), **_session(req)}
+        if shard is None:  # _commitWithRecoveryToken: a read-only transaction
+            raise MongoError(251, "Recovery token is empty, meaning the transaction only "
+                                  "performed reads and can be safely retried",
+                             labels=["TransientTransactionError"])
+        # an empty participant list: the shard answers from its coordinator's decision or
+        # its own participant (coordinate_commit_transaction_cmd.cpp, recoverCommit)
+        if node.catalog.shard_address(shard) is None:
+            await node.catalog.refresh()  # ShardRegistry reload: a shard this router never used
+        cmd = {"coordinateCommitTransaction": 1, "participants": [], **_session(req)}
+        if isinstance(req.get("writeConcern"), dict):
+            cmd["writeConcern"] = req.get("writeConcern")
         return reply_body(await node.shard_command(shard, "admin", cmd))
     if not txn.participants:
         return {}

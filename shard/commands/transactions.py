@@ -27,6 +27,7 @@ from bson.int64 import Int64
 
 from shardsim.commands import CommandFamily, Request
 from shardsim.errors import MongoError
+from shard.commit_recovery import recover_commit_decision
 from shard.sessions import TRANSIENT, full_lsid
 from shard.write_context import WriteContext
 
@@ -182,8 +183,12 @@ async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[s
     ``txnNumber``, ``autocommit: false`` (from the router): run two-phase commit
     (:mod:`shard.transaction_coordinator`) and answer ``{}`` once committed everywhere, else
     the abort reason (NoSuchTransaction 251 with TransientTransactionError when a participant
-    could not prepare, ``txn_two_phase_commit_cmds.cpp``). BadValue (2) for a bad list."""
+    could not prepare, ``txn_two_phase_commit_cmds.cpp``). BadValue (2) for a bad list. An
+    empty list recovers the decision (:mod:`shard.commit_recovery`)."""
     parts = req.get("participants")
+    if isinstance(parts, list) and not parts and isinstance(req.get("lsid"), dict) \
+            and req.get("txnNumber") is not None:
+        return await recover_commit_decision(node, req)  # a router recovering the decision
     if not isinstance(parts, list) or not parts or \
             not all(isinstance(p, dict) and isinstance(p.get("host"), str) for p in parts):
         raise MongoError(2, "coordinateCommitTransaction needs participants [{shardId, host}]")

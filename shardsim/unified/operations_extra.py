@@ -7,7 +7,8 @@ Collection: ``count``, ``findOne``, ``bulkWrite`` (``insertOne``/``updateOne``/`
 ``dropSearchIndex``, ``updateSearchIndex``). Database: ``listCollectionObjects``. Client:
 ``listDatabaseObjects``, ``clientBulkWrite`` (pymongo's ``MongoClient.bulk_write``, result
 fields of the CRUD spec's ClientBulkWriteResult). Special (``testRunner``) operations:
-``targetedFailPoint`` (on the session's client: the deployment has one router),
+``targetedFailPoint`` (on a client connected directly to the mongos the session is pinned
+to; RunnerError when it is not pinned),
 ``assertSessionPinned/Unpinned``, ``assertSessionDirty/NotDirty``,
 ``assertSameLsidOnLastTwoCommands``, ``assertDifferentLsidOnLastTwoCommands``.
 
@@ -225,14 +226,31 @@ def _client_bulk_result(r: Any) -> dict[str, Any]:
     return out
 
 
+def direct_command(cache: dict[tuple[str, int], Any], address: tuple[str, int],
+                   cmd: Mapping[str, Any]) -> Any:
+    """Run ``cmd`` on ``admin`` of the one server at ``address`` through an internal client
+    connected directly to it, kept in ``cache`` (format: ``targetedFailPoint`` on the pinned
+    mongos, ``killAllSessions`` on each mongos)."""
+    from pymongo import MongoClient
+    client = cache.get(address)
+    if client is None:
+        client = cache[address] = MongoClient(address[0], address[1], directConnection=True,
+                                              serverSelectionTimeoutMS=10000)
+    return client.admin.command(dict(cmd))
+
+
 def special_extra(ctx: "TestContext", name: str, args: Mapping[str, Any]) -> bool:
     """``testRunner`` operations beyond the runner's own; False when unknown."""
     if name == "targetedFailPoint":
+        # format: set the fail point on the mongos the session is pinned to, through a new
+        # client connected directly to it, and disable it later on that same mongos
         session = ctx.entities.get(args["session"], "session")
+        address = getattr(session, "_pinned_address", None)  # pymongo keeps it private
+        if address is None:
+            raise RunnerError("targetedFailPoint: the session is not pinned to a mongos")
         fp = dict(args["failPoint"])
-        session.client.admin.command(fp)
-        owner = next(ce for ce in ctx.clients if ce.client is session.client)
-        ctx.failpoints.append((owner, fp["configureFailPoint"]))
+        ctx.runner.command_on(address, fp)
+        ctx.targeted_failpoints.append((address, fp["configureFailPoint"]))
         return True
     if name in ("assertSessionPinned", "assertSessionUnpinned"):
         session = ctx.entities.get(args["session"], "session")

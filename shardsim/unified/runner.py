@@ -120,6 +120,7 @@ class TestContext:
     iterate_timeout: float
     clients: list[ClientEntity] = field(default_factory=list)
     failpoints: list[tuple[ClientEntity, str]] = field(default_factory=list)
+    targeted_failpoints: list[tuple[tuple[str, int], str]] = field(default_factory=list)
     # change streams/cursors created without saveResultAsEntity (closed at clean-up too)
     unnamed: list[tuple[str, Any]] = field(default_factory=list)
     started_transaction: bool = False
@@ -150,6 +151,7 @@ class Runner:
         # one mongos for setup and outcome checks, as for a client without useMultipleMongoses
         self.internal = MongoClient(_single_host_uri(uri),
                                     serverSelectionTimeoutMS=SERVER_SELECTION_TIMEOUT_MS)
+        self._per_mongos: dict[tuple[str, int], MongoClient] = {}
         self.info = self._server_info(serverless)
         self._kill_all_sessions()
 
@@ -191,21 +193,25 @@ class Runner:
                           csfle=csfle, shards_are_replica_sets=rs_shards,
                           get_parameter=get_parameter)
 
+    def command_on(self, address: tuple[str, int], cmd: Mapping[str, Any]) -> Any:
+        return ops_extra.direct_command(self._per_mongos, address, cmd)  # pinned mongos etc.
     def _kill_all_sessions(self) -> None:
-        """Terminate open transactions (format §Terminating Open Transactions).
-
+        """Terminate open transactions (format §Terminating Open Transactions) on every mongos.
         Interrupted (11601), Unauthorized (13) and CommandNotFound (59, a server without the
         command) are ignored.
         """
-        try:
-            self.internal.admin.command({"killAllSessions": []})
-        except OperationFailure as exc:
-            if exc.code not in (11601, 13, 59):
-                raise
+        hosts = _hosts_of(self.uri) if self.info.topology == "sharded" else []
+        for run in [lambda c, a=a: self.command_on(a, c) for a in hosts] or [self.internal.admin.command]:
+            try:
+                run({"killAllSessions": []})
+            except OperationFailure as exc:
+                if exc.code not in (11601, 13, 59):
+                    raise
 
     def close(self) -> None:
         try:
             self.internal.close()
+            [client.close() for client in self._per_mongos.values()]
         finally:
             pymongo.common.MIN_HEARTBEAT_INTERVAL = self._saved_min_hb
 
@@ -612,6 +618,12 @@ class Runner:
                 client.admin.command({"configureFailPoint": name, "mode": "off"})
             except Exception as exc:  # keep disabling the others
                 errors.append(f"{name}: {exc}")
+        for address, name in reversed(ctx.targeted_failpoints):  # on the mongos they were set on
+            try:
+                self.command_on(address, {"configureFailPoint": name, "mode": "off"})
+            except Exception as exc:
+                errors.append(f"{name} on {address}: {exc}")
+        ctx.targeted_failpoints.clear()
         if errors:
             raise RunnerError(f"could not disable fail point(s): {errors}")
 
