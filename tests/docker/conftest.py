@@ -177,7 +177,12 @@ def compose_cluster() -> Iterator[ComposeCluster]:
     if reason:
         pytest.skip(f"no usable Docker engine: {reason}")
     build_images()
-    c = ComposeCluster(free_port())
+    yield from running(ComposeCluster(free_port()))
+
+
+def running(c: ComposeCluster) -> Iterator[ComposeCluster]:
+    """``up`` the cluster, yield it, and always tear it down with `down -v`; if that fails,
+    remove whatever the project still has (a fixture body: ``yield from running(c)``)."""
     try:
         c.up()
         yield c
@@ -185,7 +190,6 @@ def compose_cluster() -> Iterator[ComposeCluster]:
         try:
             c.down()
         finally:
-            # Last resort if `down` failed: remove whatever the project still has.
             left = c.leftovers()
             for kind, cmd in (("containers", ["rm", "-f", "-v"]), ("networks", ["network", "rm"]),
                               ("volumes", ["volume", "rm", "-f"])):

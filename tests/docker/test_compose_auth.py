@@ -5,14 +5,13 @@ MONGO_INITDB_ROOT_USERNAME / MONGO_INITDB_ROOT_PASSWORD variables."""
 from __future__ import annotations
 
 import secrets
-import subprocess
 from typing import Iterator
 
 import pytest
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
-from conftest import AUTH_COMPOSE_FILE, ComposeCluster, build_images, docker_unavailable
+from conftest import AUTH_COMPOSE_FILE, ComposeCluster, build_images, docker_unavailable, running
 from shardsim.procs import free_port
 
 USER, PASSWORD = "admin", "s3cret-" + secrets.token_hex(4)
@@ -24,21 +23,9 @@ def auth_cluster() -> Iterator[ComposeCluster]:
     if reason:
         pytest.skip(f"no usable Docker engine: {reason}")
     build_images()
-    c = ComposeCluster(free_port(), extra_files=(AUTH_COMPOSE_FILE,),
-                       env={"MONGO_INITDB_ROOT_USERNAME": USER,
-                            "MONGO_INITDB_ROOT_PASSWORD": PASSWORD})
-    try:
-        c.up()
-        yield c
-    finally:
-        try:
-            c.down()
-        finally:
-            left = c.leftovers()
-            for kind, cmd in (("containers", ["rm", "-f", "-v"]), ("networks", ["network", "rm"]),
-                              ("volumes", ["volume", "rm", "-f"])):
-                if left[kind]:
-                    subprocess.run(["docker", *cmd, *left[kind]], capture_output=True, timeout=120)
+    yield from running(ComposeCluster(free_port(), extra_files=(AUTH_COMPOSE_FILE,),
+                                      env={"MONGO_INITDB_ROOT_USERNAME": USER,
+                                           "MONGO_INITDB_ROOT_PASSWORD": PASSWORD}))
 
 
 def _client(c: ComposeCluster, **kw) -> MongoClient:
