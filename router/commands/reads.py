@@ -76,13 +76,7 @@ async def find(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{find, filter, sort, skip, limit, projection, batchSize, singleBatch}`` ->
     ``{cursor: {id, ns, firstBatch}}`` (a router cursor). InvalidNamespace (73); a view over a
     sharded collection is re-run as an aggregate."""
-    try:
-        return await find_on_shards(node, req)
-    except MongoError as exc:
-        resolved = resolved_view(exc)
-        if resolved is None:
-            raise
-        return await run_resolved_view(node, req, "find", resolved)
+    return await on_shards_or_view(node, req, "find", find_on_shards)
 
 
 async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
@@ -154,18 +148,26 @@ def _without(doc: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return out
 
 
+async def on_shards_or_view(node: "RouterNode", req: Request, name: str,
+                            run: Any) -> dict[str, Any]:
+    """``await run(node, req)``; when a shard answers CommandOnShardedViewNotSupportedOnMongod
+    (169) with a ``resolvedView``, re-run ``name`` over the view's source as mongos does
+    (:func:`run_resolved_view`)."""
+    try:
+        return await run(node, req)
+    except MongoError as exc:
+        resolved = resolved_view(exc)
+        if resolved is None:
+            raise
+        return await run_resolved_view(node, req, name, resolved)
+
+
 # -- count and distinct -------------------------------------------------------------------------
 @commands.handler("count")
 async def count(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{count, query, skip, limit}`` -> ``{n}``: the shards' counts summed, then skip and
     limit applied. InvalidNamespace (73); views over sharded collections re-run."""
-    try:
-        return await count_on_shards(node, req)
-    except MongoError as exc:
-        resolved = resolved_view(exc)
-        if resolved is None:
-            raise
-        return await run_resolved_view(node, req, "count", resolved)
+    return await on_shards_or_view(node, req, "count", count_on_shards)
 
 
 async def count_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
@@ -199,13 +201,7 @@ async def count_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
 async def distinct(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{distinct, key, query}`` -> ``{values}``: the union of the shards' values, without
     duplicates, in BSON order. InvalidNamespace (73); views over sharded collections re-run."""
-    try:
-        return await distinct_on_shards(node, req)
-    except MongoError as exc:
-        resolved = resolved_view(exc)
-        if resolved is None:
-            raise
-        return await run_resolved_view(node, req, "distinct", resolved)
+    return await on_shards_or_view(node, req, "distinct", distinct_on_shards)
 
 
 async def distinct_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
@@ -237,13 +233,7 @@ async def aggregate(node: "RouterNode", req: Request) -> dict[str, Any]:
     TypeMismatch (14) / IDLFailedToParse (40414) for a bad pipeline, FailedToParse (9) without
     ``cursor``, InvalidNamespace (73); a final ``$out``/``$merge`` writes through the router
     (:mod:`router.aggregate_write`); views over sharded collections re-run."""
-    try:
-        return await aggregate_on_shards(node, req)
-    except MongoError as exc:
-        resolved = resolved_view(exc)
-        if resolved is None:
-            raise
-        return await run_resolved_view(node, req, "aggregate", resolved)
+    return await on_shards_or_view(node, req, "aggregate", aggregate_on_shards)
 
 
 async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
