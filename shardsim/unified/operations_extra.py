@@ -254,7 +254,12 @@ def special_extra(ctx: "TestContext", name: str, args: Mapping[str, Any]) -> boo
         return True
     if name in ("assertSessionPinned", "assertSessionUnpinned"):
         session = ctx.entities.get(args["session"], "session")
-        pinned = getattr(session, "_pinned_address", None) is not None
+        # pymongo keeps the mongos a transaction is pinned to in _transaction.pinned_address,
+        # also after commit (then _pinned_address, which asks for an active transaction, is
+        # None): "pinned" is that address, "unpinned" needs both to be None.
+        kept = getattr(getattr(session, "_transaction", None), "pinned_address", None)
+        pinned = kept is not None if name == "assertSessionPinned" else \
+            kept is not None or getattr(session, "_pinned_address", None) is not None
         if pinned != (name == "assertSessionPinned"):
             raise AssertionError(f"{name}: the session is {'' if pinned else 'not '}pinned")
         return True

@@ -425,7 +425,11 @@ class Runner:
         except Exception as exc:
             raise AssertionError(f"{label}: unexpected error {type(exc).__name__}: {exc}") from exc
 
-    def _run_op_inner(self, ctx: TestContext, op: Mapping) -> None:
+    def _run_op_inner(self, ctx: TestContext, op: Mapping, *, in_callback: bool = False) -> None:
+        """Run one operation and check its expectations. ``in_callback``: the operation is
+        part of a withTransaction callback, whose errors propagate to withTransaction after
+        their own checks, whatever ``expectError``/``ignoreResultAndError`` say (unified test
+        format, "withTransaction")."""
         name, obj = op["name"], op["object"]
         args = op.get("arguments") or {}
         if obj == "testRunner":
@@ -448,7 +452,8 @@ class Runner:
                 result = ops.collection_op(ctx, target, name, a)
             elif kind == "session":
                 result = ops.session_op(ctx, target, name, a,
-                                        lambda nested: [self._run_op_inner(ctx, o) for o in nested])
+                                        lambda nested: [self._run_op_inner(ctx, o, in_callback=True)
+                                                         for o in nested])
             elif kind == "bucket":
                 result = bucket_op(target, name, a)
             elif kind in ("changeStream", "findCursor", "commandCursor"):
@@ -469,6 +474,8 @@ class Runner:
         except Exception as exc:
             error = exc
         if op.get("ignoreResultAndError"):
+            if in_callback and error is not None:
+                raise error
             return
         if "expectError" in op:
             if error is None:
@@ -476,6 +483,8 @@ class Runner:
                 raise MatchError(f"expected an error, the operation succeeded "
                                  f"(result {_short(value)})")
             self._check_error(ctx, op["expectError"], error)
+            if in_callback:
+                raise error
             return
         if error is not None:
             raise error

@@ -153,3 +153,36 @@ def test_cli_starts_and_stops_its_own_deployment(topology: str, tmp_path: Path) 
     assert res.exit_code == 0, res.output
     assert f"topology {topology}" in res.output
     assert res.output.rstrip("\n").splitlines()[-1] == "2 passed, 0 failed, 0 skipped"
+
+
+def test_with_transaction_callback_errors_reach_with_transaction(single_shard: str,
+                                                                  tmp_path: Path) -> None:
+    """Unified format, "withTransaction": a callback operation's error propagates to
+    withTransaction after its own expectError check (and also under ignoreResultAndError), so
+    the driver aborts instead of committing an aborted transaction and retrying for 120 s."""
+    session = {"session": {"id": "s0", "client": "client0"}}
+    first = {"name": "insertOne", "object": "coll0",
+             "arguments": {"session": "s0", "document": {"_id": 1}}}
+    dup = {**first, "expectError": {"errorLabelsOmit": ["TransientTransactionError"]}}
+    with_txn = {"name": "withTransaction", "object": "s0",
+                "arguments": {"callback": [first, dup]},
+                "expectError": {"errorContains": "E11000"}}
+    ignored = {"name": "withTransaction", "object": "s0",
+               "arguments": {"callback": [first, {**first, "ignoreResultAndError": True}]},
+               "expectError": {"errorContains": "E11000"}}
+    names = {"client": "client0", "events": [
+        {"commandStartedEvent": {"commandName": "insert"}},
+        {"commandStartedEvent": {"commandName": "insert"}},
+        {"commandStartedEvent": {"commandName": "abortTransaction"}}]}
+    doc = _file(tmp_path, "withtxn", [
+        {"description": "expected error", "operations": [with_txn], "expectEvents": [names],
+         "outcome": [{"databaseName": "selftest", "collectionName": "c", "documents": []}]},
+        {"description": "ignored error", "operations": [ignored], "expectEvents": [names]},
+    ])
+    raw = json.loads(doc.read_text())
+    raw["createEntities"].append(session)
+    raw["schemaVersion"] = "1.9"
+    doc.write_text(json.dumps(raw))
+    results = {r.description: r for r in run(single_shard, [doc])}
+    for name in ("expected error", "ignored error"):
+        assert results[name].status == "passed", (name, results[name].reason)
