@@ -14,29 +14,11 @@ import pymongo
 from bson import Binary
 
 from shardsim.testing import ShardedCluster
+from txn_kit import read_events, two_shard_collection
 
 NO_AUTH_UID = hashlib.sha256(b"").digest()
 
 
-def _two_shard_collection(client: pymongo.MongoClient, ns: str) -> tuple[str, str]:
-    db, coll = ns.split(".")
-    client.admin.command("enableSharding", db)
-    primary = client.config.databases.find_one({"_id": db})["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"] if s["_id"] != primary)
-    client.admin.command("shardCollection", ns, key={"x": 1})
-    client.admin.command("split", ns, middle={"x": 0})
-    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
-    return primary, other
-
-
-def _read(stream: Any, want: int, timeout: float = 20.0) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        ev = stream.try_next()
-        if ev is not None:
-            out.append(ev)
-    return out
 
 
 def _shard_oplog(c: ShardedCluster, name: str) -> list[dict[str, Any]]:
@@ -50,7 +32,7 @@ def _shard_oplog(c: ShardedCluster, name: str) -> list[dict[str, Any]]:
 def test_two_phase_commit_events_and_oplog() -> None:
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        primary, other = _two_shard_collection(client, "t.c")
+        primary, other = two_shard_collection(client, "t.c")
         coll = client.t.c
         with coll.watch() as stream:
             with client.start_session() as s:
@@ -64,7 +46,7 @@ def test_two_phase_commit_events_and_oplog() -> None:
                 coll.insert_one({"_id": 11, "x": 1}, session=s)
                 s.abort_transaction()
             coll.insert_one({"_id": 99, "x": 0})
-            events = _read(stream, 4)
+            events = read_events(stream, 4)
         ids = [e["documentKey"]["_id"] for e in events]
         assert sorted(ids[:3]) == [1, 2, 3] and ids[3] == 99
         assert ids.index(1) < ids.index(3)  # statement order within a shard
@@ -97,7 +79,7 @@ def test_snapshot_readers_see_transactions_atomically_and_stream_agrees() -> Non
     rnd = random.Random(1515)
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        _two_shard_collection(client, "bank.acct")
+        two_shard_collection(client, "bank.acct")
         coll = client.bank.acct
         ids = list(range(-4, 0)) + list(range(1, 5))
         coll.insert_many([{"_id": i, "x": i, "bal": 100} for i in ids])
@@ -121,8 +103,8 @@ def test_snapshot_readers_see_transactions_atomically_and_stream_agrees() -> Non
                         committed[tn] = 2
                     total = sum(d["bal"] for d in coll.find())
                     assert total == 800
-            events = _read(stream, 2 * len(committed))
-            assert _read(stream, 1, timeout=1.0) == []
+            events = read_events(stream, 2 * len(committed))
+            assert read_events(stream, 1, timeout=1.0) == []
         tokens = [e["_id"]["_data"] for e in events]
         assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
         seen: dict[int, list[dict[str, Any]]] = {}
@@ -139,7 +121,7 @@ def test_coordinator_restart_after_decision_finishes_the_commit(tmp_path) -> Non
     restarted coordinator commits on every participant and the stream shows the events."""
     with ShardedCluster(shards=2, dbpath=str(tmp_path)) as c:
         client = c.client()
-        primary, other = _two_shard_collection(client, "k.c")
+        primary, other = two_shard_collection(client, "k.c")
         coll = client.k.c
         node = c.cluster.node(primary)
         with coll.watch() as stream:
@@ -167,5 +149,5 @@ def test_coordinator_restart_after_decision_finishes_the_commit(tmp_path) -> Non
             while coll.count_documents({}) < 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert sorted(d["_id"] for d in coll.find()) == [1, 2]
-            events = _read(stream, 2)
+            events = read_events(stream, 2)
         assert sorted(e["documentKey"]["_id"] for e in events) == [1, 2]

@@ -14,31 +14,12 @@ from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.read_concern import ReadConcern
 
 from shardsim.testing import ShardedCluster
+from txn_kit import read_events, two_shard_collection
 
 NEG = list(range(-4, 0))
 POS = list(range(1, 5))
 
 
-def _two_shard_collection(client: pymongo.MongoClient, ns: str) -> tuple[str, str]:
-    db, _coll = ns.split(".")
-    client.admin.command("enableSharding", db)
-    primary = client.config.databases.find_one({"_id": db})["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
-                 if s["_id"] != primary)
-    client.admin.command("shardCollection", ns, key={"x": 1})
-    client.admin.command("split", ns, middle={"x": 0})
-    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
-    return primary, other
-
-
-def _read(stream: Any, want: int, timeout: float = 20.0) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        ev = stream.try_next()
-        if ev is not None:
-            out.append(ev)
-    return out
 
 
 def test_transaction_reads_one_snapshot_on_every_shard() -> None:
@@ -47,7 +28,7 @@ def test_transaction_reads_one_snapshot_on_every_shard() -> None:
     snapshot transaction reads at the router's atClusterTime."""
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        _two_shard_collection(client, "s.c")
+        two_shard_collection(client, "s.c")
         coll = client.s.c
         coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
         for rc in (None, ReadConcern("snapshot")):
@@ -101,13 +82,15 @@ def test_seeded_concurrent_transactions_atomic_and_streamed_once() -> None:
     """Seeded: 3 sessions in threads run transfers between a document on each shard (commits
     and aborts, conflicts abort), a plain writer inserts, snapshot readers (transactions with
     readConcern snapshot, and snapshot reads outside transactions) always see the total
-    unchanged. The watcher sees every committed transaction's two events once, with lsid and
-    txnNumber, nothing of an aborted one, tokens strictly increasing; a transaction's events
-    are contiguous except for events whose cluster time lies between its participants'
-    commit entries (each participant writes its own commitTransaction entry)."""
+    unchanged. The watcher sees every committed transaction's two events once, with lsid
+    {id, uid} and txnNumber, nothing of an aborted one, tokens strictly increasing. Checked
+    against the shards' oplogs: every participant of a transaction committed it at one
+    ``commitTimestamp``; on each shard the transaction's events carry the cluster time of
+    that shard's ``commitTransaction`` entry (as mongod's unwind stage gives them) and sit
+    together, in ``txnOpIndex`` order, in that shard's part of the merged stream."""
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        _two_shard_collection(client, "bank.acct")
+        two_shard_collection(client, "bank.acct")
         coll = client.bank.acct
         coll.insert_many([{"_id": i, "x": i, "bal": 100} for i in NEG + POS])
         outcome: dict[tuple[bytes, int], str] = {}
@@ -149,8 +132,8 @@ def test_seeded_concurrent_transactions_atomic_and_streamed_once() -> None:
                 t.join(30)
             committed = {k for k, v in outcome.items() if v == "committed"}
             assert committed and len(outcome) == 24
-            events = _read(stream, 2 * len(committed) + len(plain))
-            assert _read(stream, 1, timeout=1.0) == []
+            events = read_events(stream, 2 * len(committed) + len(plain))
+            assert read_events(stream, 1, timeout=1.0) == []
         assert len(totals) > 3 and all(t == 800 for t in totals), totals
         print("readers", len(totals), "committed", len(committed), "plain", len(plain))
         assert sum(d["bal"] for d in coll.find({"bal": {"$exists": True}})) == 800
@@ -163,16 +146,51 @@ def test_seeded_concurrent_transactions_atomic_and_streamed_once() -> None:
                 assert set(e["lsid"]) == {"id", "uid"}
                 by_txn.setdefault((bytes(e["lsid"]["id"]), int(e["txnNumber"])), []).append(pos)
         assert set(by_txn) == committed  # nothing of the aborted ones
-        for positions in by_txn.values():
+        commits = _commit_entries(c)
+        one_time = 0
+        for key, positions in by_txn.items():
             assert len(positions) == 2
-            first, last = positions
-            lo, hi = events[first]["clusterTime"], events[last]["clusterTime"]
-            # Each participant writes its commit entry at its own cluster time (docs/
-            # transactions.md), so another shard's event may sort between a transaction's two
-            # events, at a cluster time between theirs or equal to one of them (two shards can
-            # tick to the same Timestamp; the rest of the resume token orders them).
-            for between in events[first + 1:last]:
-                assert lo <= between["clusterTime"] <= hi
+            entries = commits[key]  # {shard: commitTransaction oplog entry}
+            assert len(entries) == 2
+            # two-phase commit: one commit timestamp on every participant
+            assert len({e["o"]["commitTimestamp"] for e in entries.values()}) == 1
+            for pos in positions:
+                ev = events[pos]
+                entry = entries[_owner(ev)]
+                assert ev["clusterTime"] == entry["ts"] >= entry["o"]["commitTimestamp"]
+            one_time += len({events[p]["clusterTime"] for p in positions}) == 1
+        for shard in ("neg", "pos"):
+            # a shard's events of one transaction are adjacent among that shard's events
+            mine = [e for e in events if _owner(e) == shard]
+            seen: set[tuple[bytes, int]] = set()
+            for prev, ev in zip([None] + mine, mine):
+                if "lsid" in ev:
+                    k = (bytes(ev["lsid"]["id"]), int(ev["txnNumber"]))
+                    same = prev is not None and "lsid" in prev and \
+                        (bytes(prev["lsid"]["id"]), int(prev["txnNumber"])) == k
+                    assert same or k not in seen
+                    seen.add(k)
+        print("transactions at one cluster time on both shards:", one_time, "of", len(by_txn))
+
+
+def _owner(event: dict[str, Any]) -> str:
+    """The participant an event of bank.acct comes from (chunk x < 0 or x >= 0)."""
+    return "neg" if event["documentKey"]["x"] < 0 else "pos"
+
+
+def _commit_entries(c: ShardedCluster) -> dict[tuple[bytes, int], dict[str, dict[str, Any]]]:
+    """``{(lsid id, txnNumber): {"neg"|"pos": commitTransaction oplog entry}}`` read from
+    each shard's oplog; which side a shard holds is taken from its prepare entry."""
+    out: dict[tuple[bytes, int], dict[str, dict[str, Any]]] = {}
+    for name in c.shard_names:
+        with pymongo.MongoClient(c.shard_address(name), directConnection=True) as direct:
+            oplog = direct.local["oplog.rs"]
+            for entry in oplog.find({"o.commitTransaction": 1}):
+                prepare = oplog.find_one({"ts": entry["prevOpTime"]["ts"]})
+                side = "neg" if prepare["o"]["applyOps"][0]["o2"]["x"] < 0 else "pos"
+                key = (bytes(entry["lsid"]["id"]), int(entry["txnNumber"]))
+                out.setdefault(key, {})[side] = entry
+    return out
 
 
 def test_coordinator_killed_before_decision_aborts_everywhere(tmp_path) -> None:
@@ -181,7 +199,7 @@ def test_coordinator_killed_before_decision_aborts_everywhere(tmp_path) -> None:
     transaction left, nothing in the stream, and the documents are writable again."""
     with ShardedCluster(shards=2, dbpath=str(tmp_path)) as c:
         client = c.client()
-        primary, other = _two_shard_collection(client, "k.c")
+        primary, other = two_shard_collection(client, "k.c")
         coll = client.k.c
         coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
         node = c.cluster.node(primary)
@@ -218,7 +236,7 @@ def test_coordinator_killed_before_decision_aborts_everywhere(tmp_path) -> None:
             assert c.cluster.node(primary).coordinators.documents() == []
             assert sorted((d["_id"], d["v"]) for d in coll.find()) == [(-1, 0), (1, 0)]
             coll.update_one({"_id": 1, "x": 1}, {"$set": {"v": 2}})  # no longer locked
-            events = _read(stream, 1)
+            events = read_events(stream, 1)
         assert [(e["operationType"], e["documentKey"]["_id"]) for e in events] == [("update", 1)]
         assert "lsid" not in events[0]
 
@@ -229,7 +247,7 @@ def test_snapshot_read_after_prepare_waits_for_the_decision() -> None:
     documents on both shards: never half of them, never a version that changes later."""
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        primary, _other = _two_shard_collection(client, "p.c")
+        primary, _other = two_shard_collection(client, "p.c")
         coll = client.p.c
         coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
         c.cluster.node(primary).coordinators.pause_after_decision_s = 1.5
