@@ -151,3 +151,45 @@ def test_coordinator_restart_after_decision_finishes_the_commit(tmp_path) -> Non
             assert sorted(d["_id"] for d in coll.find()) == [1, 2]
             events = read_events(stream, 2)
         assert sorted(e["documentKey"]["_id"] for e in events) == [1, 2]
+
+
+def test_participant_ahead_in_time_commits_later_as_in_mongod() -> None:
+    """Each participant writes its commitTransaction entry at its own next cluster time
+    (``TransactionParticipant::commitPreparedTransaction`` reserves a new oplog slot, at or
+    after ``commitTimestamp``), and the unwind stage gives the events that entry's time. When
+    one participant's commit is delayed (here a fail point holds it) while plain writes move
+    its clock on, the plain events sort between the transaction's events in the merged stream,
+    as on a real 8.0 cluster: change-stream consumers must not count on a cross-shard
+    transaction's events being adjacent. Both participants commit at one commitTimestamp."""
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        primary, other = two_shard_collection(client, "i.c")
+        coll = client.i.c
+        c.configure_fail_point(other, "failCommand", {"times": 1}, {
+            "failCommands": ["commitTransaction"], "failInternalCommands": True,
+            "blockConnection": True, "blockTimeMS": 1500})
+        with coll.watch() as stream:
+            s = client.start_session()
+            s.start_transaction()
+            coll.insert_one({"_id": "a", "x": -1}, session=s)
+            coll.insert_one({"_id": "b", "x": 1}, session=s)
+            t = threading.Thread(target=s.commit_transaction)
+            t.start()
+            deadline = time.monotonic() + 10
+            while not [e for e in _shard_oplog(c, primary) if "commitTransaction" in e["o"]]:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert coll.find_one({"x": -1})["_id"] == "a"  # the router learns the primary's time
+            for i in range(3):  # plain writes on the other participant, after that time
+                coll.insert_one({"_id": f"p{i}", "x": 10 + i})
+            t.join(30)
+            events = read_events(stream, 5)
+        order = [e["documentKey"]["_id"] for e in events]
+        assert order == ["a", "p0", "p1", "p2", "b"], order
+        a, b = events[0], events[-1]
+        assert a["clusterTime"] < b["clusterTime"]
+        assert (a["lsid"], a["txnNumber"]) == (b["lsid"], b["txnNumber"])
+        commits = [e for name in (primary, other) for e in _shard_oplog(c, name)
+                   if "commitTransaction" in e["o"]]
+        assert len({e["o"]["commitTimestamp"] for e in commits}) == 1
+        assert sorted(e["ts"] for e in commits) == [a["clusterTime"], b["clusterTime"]]
