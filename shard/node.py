@@ -81,8 +81,6 @@ class ShardNode(Node):
         super().__init__(**kwargs)
         self.shard_name = shard_name
         self.options.setdefault("shard_name", shard_name)
-        # $currentDate: {$type: "timestamp"} reserves a tick of this node's cluster-time clock.
-        update_ops.timestamp_source = self.clock.tick
         size_mb = float(self.options.get("oplog_size_mb") or 1024)
         min_ret_h = float(self.options.get("oplog_min_retention_hours") or 0)
         max_age = self.options.get("oplog_max_age_s")
@@ -275,7 +273,9 @@ class ShardNode(Node):
         return reply
 
     async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
-        """The handler under the request's readConcern (:mod:`shard.read_concern`)."""
+        """The handler under the request's readConcern (:mod:`shard.read_concern`), with
+        ``$currentDate: {$type: "timestamp"}`` ticking this shard's clock."""
+        update_ops.set_timestamp_source(self.clock.tick)
         return await run_with_read_concern(self, handler, req)
 
     def flush(self) -> None:

@@ -33,6 +33,7 @@ import datetime
 import decimal
 import functools
 import time
+from contextvars import ContextVar
 from typing import Any, Callable
 
 from bson.decimal128 import Decimal128, create_decimal128_context
@@ -55,9 +56,18 @@ def _default_timestamp() -> Timestamp:
     return Timestamp(int(time.time()), 1)
 
 
-# What ``$currentDate: {$type: "timestamp"}`` stores; a shard points this at its clock's tick
-# (mongod reserves one tick of its cluster-time clock, current_date_node.cpp).
-timestamp_source: Callable[[], Timestamp] = _default_timestamp
+# What ``$currentDate: {$type: "timestamp"}`` stores: mongod reserves one tick of its
+# cluster-time clock (current_date_node.cpp). A context variable, so that several shards in
+# one process (the in-process test kit) each tick their own clock.
+_timestamp_source: ContextVar[Callable[[], Timestamp]] = ContextVar(
+    "timestamp_source", default=_default_timestamp)
+
+
+def set_timestamp_source(source: Callable[[], Timestamp]) -> None:
+    """Make ``source()`` (a BSON Timestamp) what ``$currentDate: {$type: "timestamp"}``
+    stores in the current task and the tasks it starts; a shard sets its clock's ``tick`` for
+    every command it runs. Without it: ``Timestamp(<now s>, 1)``."""
+    _timestamp_source.set(source)
 
 
 # -- numbers (SafeNum) ------------------------------------------------------------------------
@@ -317,7 +327,7 @@ def _new_value(op: str, path: str, operand: Any) -> Any:
         for name, x in _parse_bit(path, operand):
             value = safe_bit(value, x, name)
         return value
-    return _now_date() if _current_date_is_date(operand) else timestamp_source()
+    return _now_date() if _current_date_is_date(operand) else _timestamp_source.get()()
 
 
 _NOOP = object()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from pymongo import DeleteMany, DeleteOne, InsertOne, ReplaceOne, UpdateMany, UpdateOne
 from pymongo.operations import _Op
 
-from .operations import Args, OpResult, RunnerError, _COMMON, _FIND, _fix_find_kwargs, _sort_arg
+from .operations import Args, OpResult, RunnerError, _COMMON, _FIND, _fix_find_kwargs
 
 if TYPE_CHECKING:  # pragma: no cover
     from .runner import TestContext

@@ -26,7 +26,6 @@ from typing import Any, Iterable, Mapping
 import pymongo
 import pymongo.common
 from bson import json_util
-from bson.json_util import JSONOptions
 from pymongo import MongoClient
 from pymongo.client_session import TransactionOptions
 from pymongo.errors import OperationFailure, PyMongoError
@@ -37,13 +36,13 @@ from pymongo.write_concern import WriteConcern
 from . import operations as ops
 from . import operations_extra as ops_extra
 from .cmap import CMAP_EVENTS, CmapRecorder, match_cmap_events
+from .files import discover, load_test_file
 from .gridfs_ops import bucket_op, make_bucket
 from .entities import COMMAND_EVENTS, ClientEntity, CommandRecorder, EntityMap, RecordedEvent
 from .matcher import MatchError, Matcher, RunnerError, bson_type, is_operator
 from .requirements import ServerInfo, check_schema_version, parse_version, skip_reason
 
 # Test files are Extended JSON (relaxed or canonical); keep documents as plain dicts.
-JSON_OPTIONS = JSONOptions(document_class=dict, tz_aware=False)
 DEFAULT_ITERATE_TIMEOUT = 10.0  # s; bound on iterateUntilDocumentOrError (pymongo's next() has none)
 SERVER_SELECTION_TIMEOUT_MS = 10000
 
@@ -72,26 +71,6 @@ class TestResult:
     @property
     def name(self) -> str:
         return f"{self.file}: {self.description}"
-
-
-def load_test_file(path: str | Path) -> dict:
-    """Parse a unified test file (Extended JSON). YAML files are not read (JSON is canonical here)."""
-    text = Path(path).read_text(encoding="utf-8")
-    return json_util.loads(text, json_options=JSON_OPTIONS)
-
-
-def discover(paths: Iterable[str | Path]) -> list[Path]:
-    """The ``*.json`` test files under the given files/directories, sorted by name."""
-    found: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            found.extend(sorted(x for x in p.glob("*.json") if x.is_file()))
-        elif p.is_file():
-            found.append(p)
-        else:
-            raise FileNotFoundError(f"no such spec file or directory: {p}")
-    return found
 
 
 def _hosts_of(uri: str) -> list[tuple[str, int]]:
@@ -426,10 +405,8 @@ class Runner:
             raise AssertionError(f"{label}: unexpected error {type(exc).__name__}: {exc}") from exc
 
     def _run_op_inner(self, ctx: TestContext, op: Mapping, *, in_callback: bool = False) -> None:
-        """Run one operation and check its expectations. ``in_callback``: the operation is
-        part of a withTransaction callback, whose errors propagate to withTransaction after
-        their own checks, whatever ``expectError``/``ignoreResultAndError`` say (unified test
-        format, "withTransaction")."""
+        """Run one operation, check its expectations; ``in_callback`` (withTransaction): errors
+        still propagate after their checks (unified test format, "withTransaction")."""
         name, obj = op["name"], op["object"]
         args = op.get("arguments") or {}
         if obj == "testRunner":

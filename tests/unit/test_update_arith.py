@@ -4,6 +4,8 @@ order mongod applies paths in (shardsim/update.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import datetime
 
 import bson
@@ -170,14 +172,34 @@ def test_parse_errors_before_any_document(update, code, message):
     assert (info.value.code, info.value.errmsg) == (code, message)
 
 
-def test_current_date_date_and_timestamp(monkeypatch):
-    monkeypatch.setattr(update_ops, "timestamp_source", lambda: Timestamp(42, 7))
-    post = apply_update({"_id": 1}, {"$currentDate": {"t": {"$type": "timestamp"}, "d": True,
-                                                       "e": {"$type": "date"}}}, {})
+def test_current_date_date_and_timestamp():
+    def run() -> dict:
+        update_ops.set_timestamp_source(lambda: Timestamp(42, 7))
+        return apply_update({"_id": 1}, {"$currentDate": {"t": {"$type": "timestamp"}, "d": True,
+                                                          "e": {"$type": "date"}}}, {})
+    post = contextvars.copy_context().run(run)
     assert post["t"] == Timestamp(42, 7)
     assert isinstance(post["d"], datetime.datetime) and post["d"].microsecond % 1000 == 0
     assert isinstance(post["e"], datetime.datetime)
     assert list(post) == ["_id", "d", "e", "t"]  # created in path order
+
+
+def test_current_date_timestamp_source_is_per_task():
+    """Two shards in one process (the in-process test kit) each tick their own clock: the
+    source is a context variable set per command, not a module global the last shard wins."""
+    async def shard(ts: Timestamp, gate: asyncio.Event) -> Timestamp:
+        update_ops.set_timestamp_source(lambda: ts)
+        await gate.wait()  # both have set their source before either updates
+        return apply_update({"_id": 1}, {"$currentDate": {"t": {"$type": "timestamp"}}}, {})["t"]
+
+    async def main() -> list[Timestamp]:
+        gate = asyncio.Event()
+        tasks = [asyncio.create_task(shard(Timestamp(1, i), gate)) for i in (1, 2)]
+        await asyncio.sleep(0)
+        gate.set()
+        return list(await asyncio.gather(*tasks))
+
+    assert asyncio.run(main()) == [Timestamp(1, 1), Timestamp(1, 2)]
 
 
 def test_paths_are_applied_in_mongod_order_not_operator_order():
