@@ -124,6 +124,7 @@ class ShardNode(Node):
         cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
         failpoints.install(self)  # configureFailPoint, with test commands only
         promise_faults.install(self)  # shardsimStallPromise, shardsimDelayPromise
+        self.coordinators.install_fail_points()  # hangBeforeWritingDecision, ...
         if self.test_commands:
             # _shardsimTruncateOplog, _shardsimSetClusterTime
             self.commands.install(self, shard_commands.testing.commands)

@@ -40,6 +40,7 @@ from bson.int64 import Int64
 
 from shardsim.client import Pool, parse_address
 from shardsim.errors import MongoError, code_name
+from shardsim.failpoints import FailPoint
 from shardsim.gossip import gossip_command
 from shardsim.values import id_key
 
@@ -60,10 +61,25 @@ class Coordinators:
         self.node = node
         self._running: dict[tuple[bytes, int], asyncio.Task] = {}
         self._pools: dict[str, Pool] = {}
-        # Test hooks: seconds to sleep between the prepares and the persisted decision, and
+        # mongod's fail points (transaction_coordinator_util.cpp / transaction_coordinator.cpp),
+        # configured with configureFailPoint once install_fail_points() ran: the coordination
+        # waits while they are set, between the prepares and the persisted decision, and
         # between the persisted decision and its delivery.
-        self.pause_before_decision_s = 0.0
-        self.pause_after_decision_s = 0.0
+        self.hang_before_decision = FailPoint("hangBeforeWritingDecision")
+        self.hang_before_delivery = FailPoint("hangBeforeWaitingForDecisionWriteConcern")
+
+    def install_fail_points(self) -> None:
+        """Make the coordinator's fail points configurable (``node.failpoints``)."""
+        self.node.failpoints.add(self.hang_before_decision)
+        self.node.failpoints.add(self.hang_before_delivery)
+
+    @staticmethod
+    async def _pause_while_set(fp: FailPoint) -> None:
+        """``if (fp.shouldFail()) fp.pauseWhileSet()``: wait while the fail point stays on."""
+        if fp.should_fail():
+            log.info("Hit %s failpoint", fp.name)
+            while fp.active:
+                await asyncio.sleep(0.01)
 
     # -- persistence ---------------------------------------------------------------------------
     def _coll(self) -> Any:
@@ -159,12 +175,10 @@ class Coordinators:
         decision = doc.get("decision")
         if decision is None:
             decision = await self._prepare_all(doc)
-            if self.pause_before_decision_s:
-                await asyncio.sleep(self.pause_before_decision_s)
+            await self._pause_while_set(self.hang_before_decision)
             doc = dict(doc, decision=decision)
             self._save(doc)
-        if self.pause_after_decision_s:
-            await asyncio.sleep(self.pause_after_decision_s)
+        await self._pause_while_set(self.hang_before_delivery)
         await self._deliver(doc, decision)
         self._delete(doc["_id"])
         return decision

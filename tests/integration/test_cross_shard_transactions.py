@@ -125,7 +125,8 @@ def test_coordinator_restart_after_decision_finishes_the_commit(tmp_path) -> Non
         coll = client.k.c
         node = c.cluster.node(primary)
         with coll.watch() as stream:
-            node.coordinators.pause_after_decision_s = 30.0
+            c.configure_fail_point(primary, "hangBeforeWaitingForDecisionWriteConcern",
+                                   "alwaysOn")
             s = client.start_session()
             s.start_transaction()
             coll.insert_one({"_id": 1, "x": -1}, session=s)

@@ -204,7 +204,7 @@ def test_coordinator_killed_before_decision_aborts_everywhere(tmp_path) -> None:
         coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
         node = c.cluster.node(primary)
         with coll.watch() as stream:
-            node.coordinators.pause_before_decision_s = 30.0
+            c.configure_fail_point(primary, "hangBeforeWritingDecision", "alwaysOn")
             s = client.start_session()
             s.start_transaction()
             coll.update_one({"_id": -1, "x": -1}, {"$set": {"v": 1}}, session=s)
@@ -250,7 +250,7 @@ def test_snapshot_read_after_prepare_waits_for_the_decision() -> None:
         primary, _other = two_shard_collection(client, "p.c")
         coll = client.p.c
         coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
-        c.cluster.node(primary).coordinators.pause_after_decision_s = 1.5
+        c.configure_fail_point(primary, "hangBeforeWaitingForDecisionWriteConcern", "alwaysOn")
         s = client.start_session()
         s.start_transaction()
         coll.update_one({"_id": -1, "x": -1}, {"$set": {"v": 1}}, session=s)
@@ -263,6 +263,9 @@ def test_snapshot_read_after_prepare_waits_for_the_decision() -> None:
             time.sleep(0.02)
         at = max(txn.prepare_ts for name in (primary, _other)
                  for txn in c.cluster.node(name).sessions.prepared())
+        release = threading.Timer(1.5, c.configure_fail_point, args=(
+            primary, "hangBeforeWaitingForDecisionWriteConcern", "off"))
+        release.start()
         start = time.monotonic()
         with client.start_session(causal_consistency=False) as rs:
             # the router learns the prepare's time through the client's gossip

@@ -1,0 +1,103 @@
+"""``kill -9`` of the coordinator shard's process during two-phase commit, on a durable
+process cluster (``shardsim.launcher.Cluster``), held at mongod's own fail points:
+
+* between every participant's prepare and the persisted decision
+  (``hangBeforeWritingDecision``): restarted, the coordinator aborts on every participant;
+* after the persisted commit decision, before its delivery
+  (``hangBeforeWaitingForDecisionWriteConcern``): restarted, it commits on every participant.
+
+Either way the data and the change stream through the router agree: all of the transaction or
+none of it, never half."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pymongo
+import pytest
+from pymongo.errors import PyMongoError
+
+from shardsim.launcher import Cluster
+from txn_kit import read_events, two_shard_collection
+
+
+def _direct(cluster: Cluster, name: str) -> pymongo.MongoClient:
+    proc = cluster.shard(name)
+    return pymongo.MongoClient(proc.host, proc.port, directConnection=True,
+                               serverSelectionTimeoutMS=10000)
+
+
+def _wait(cond: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _prepared_everywhere(cluster: Cluster, names: tuple[str, str]) -> bool:
+    for name in names:
+        with _direct(cluster, name) as d:
+            if d.local["oplog.rs"].count_documents({"o.prepare": True}) == 0:
+                return False
+    return True
+
+
+def _decision(cluster: Cluster, name: str) -> Any:
+    with _direct(cluster, name) as d:
+        doc = d.config.transaction_coordinators.find_one({})
+        return doc and doc.get("decision")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fail_point,outcome", [
+    ("hangBeforeWritingDecision", "abort"),
+    ("hangBeforeWaitingForDecisionWriteConcern", "commit"),
+])
+def test_kill9_coordinator_during_two_phase_commit(tmp_path, fail_point: str,
+                                                   outcome: str) -> None:
+    with Cluster(shards=2, base_dir=str(tmp_path), durable=True) as cluster:
+        client = pymongo.MongoClient(cluster.router_uri)
+        primary, other = two_shard_collection(client, "k.c")
+        coll = client.k.c
+        coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
+        with _direct(cluster, primary) as d:  # the first participant coordinates
+            d.admin.command("configureFailPoint", fail_point, mode="alwaysOn")
+        with coll.watch() as stream:
+            s = client.start_session()
+            s.start_transaction()
+            coll.update_one({"_id": -1, "x": -1}, {"$set": {"v": 1}}, session=s)
+            coll.update_one({"_id": 1, "x": 1}, {"$set": {"v": 1}}, session=s)
+            errors: list[BaseException] = []
+
+            def commit() -> None:
+                try:
+                    s.commit_transaction()
+                except PyMongoError as exc:
+                    errors.append(exc)  # the coordinator died: unknown or aborted
+            t = threading.Thread(target=commit)
+            t.start()
+            _wait(lambda: _prepared_everywhere(cluster, (primary, other)))
+            if outcome == "commit":
+                _wait(lambda: _decision(cluster, primary) is not None)
+                assert _decision(cluster, primary)["decision"] == "commit"
+            else:
+                assert _decision(cluster, primary) is None
+            cluster.shard(primary).kill()  # SIGKILL
+            cluster.restart(cluster.shard(primary))
+            t.join(60)
+            want = 1 if outcome == "commit" else 0
+            _wait(lambda: sorted(d["v"] for d in coll.find()) == [want, want])
+            with _direct(cluster, primary) as d:
+                _wait(lambda: d.config.transaction_coordinators.count_documents({}) == 0)
+            coll.update_one({"_id": 1, "x": 1}, {"$set": {"w": 1}})  # no longer locked
+            events = read_events(stream, 3 if outcome == "commit" else 1)
+            assert read_events(stream, 1, timeout=1.0) == []
+        if outcome == "abort":
+            assert errors
+        got = [(e["documentKey"]["_id"], "lsid" in e) for e in events]
+        expected = [(-1, True), (1, True), (1, False)] if outcome == "commit" else [(1, False)]
+        assert sorted(got) == sorted(expected)
+        assert events[-1]["updateDescription"]["updatedFields"] == {"w": 1}
+        client.close()
