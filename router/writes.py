@@ -18,7 +18,9 @@ batch that gets no reply fails its statements as write errors (one for an ordere
 for an unordered one: ``BatchWriteOp::noteBatchError``), so a partly applied batch always
 reports what was applied. Retryable writes (``lsid``/``txnNumber`` outside a transaction) go to
 the shards with their ``lsid``, ``txnNumber`` and ``stmtIds`` (:mod:`router.retryable_writes`);
-the shards' session records make a retry exactly-once, the router keeps nothing. Statements
+the shards' session records make a retry exactly-once, the router keeps nothing. An update
+the shard answers WouldChangeOwningShard (283) moves its document by a delete and an insert in a
+transaction (:mod:`router.shard_key_update`; findAndModify likewise). Statements
 inside a transaction register their shard with ``RouterNode.transactions``
 (:mod:`router.transactions`).
 

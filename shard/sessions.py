@@ -498,7 +498,10 @@ class Sessions:
         """The session of a retryable write (``txnNumber`` without ``autocommit``), whose
         ``executed`` map (stmtId -> result) belongs to the request's txnNumber; None otherwise.
 
-        Raises TransactionTooOld (225) when ``txnNumber`` is older than the session's."""
+        Raises TransactionTooOld (225) when ``txnNumber`` is older than the session's;
+        IncompleteTransactionHistory (217) when it ran as a transaction (a retry of a
+        shard-key-changing retryable write the router converted), 267 while that one is
+        prepared (``_beginOrContinueRetryableWrite``)."""
         tn = req.body.get("txnNumber")
         if tn is None or req.body.get("autocommit") is False:
             return None
