@@ -18,7 +18,9 @@ batch that gets no reply fails its statements as write errors (one for an ordere
 for an unordered one: ``BatchWriteOp::noteBatchError``), so a partly applied batch always
 reports what was applied. Retryable writes (``lsid``/``txnNumber`` outside a transaction) go to
 the shards with their ``lsid``, ``txnNumber`` and ``stmtIds`` (:mod:`router.retryable_writes`);
-the shards' session records make a retry exactly-once, the router keeps nothing. Statements
+the shards' session records make a retry exactly-once, the router keeps nothing. An update
+the shard answers WouldChangeOwningShard (283) moves its document by a delete and an insert in a
+transaction (:mod:`router.shard_key_update`; findAndModify likewise). Statements
 inside a transaction register their shard with ``RouterNode.transactions``
 (:mod:`router.transactions`).
 
@@ -36,6 +38,7 @@ from bson import ObjectId
 
 from router.forwarding import forwardable, reply_body
 from router import retryable_writes as rw
+from router import shard_key_update as sku
 from router import shard_versioning as sv
 from shardsim.commands import Request, check_type
 from shardsim.errors import MongoError
@@ -59,7 +62,6 @@ class Run:
     idx: list[int] = field(default_factory=list)
     ops: list[Any] = field(default_factory=list)
     broadcast: bool = False
-    key_update: bool = False  # a single update that may change the shard key's owner
     # The routing table the statements were targeted with: its placement versions go with
     # the child batch (mongos sends the version of the ChunkManager it targeted with).
     info: Any = None
@@ -85,6 +87,7 @@ class WriteExecutor:
         self.ordered = req.get("ordered", True) is not False
         self.in_txn = req.get("autocommit") is False
         self.retryable = rw.is_retryable(req.body)
+        self.batch_size = 0  # the client's statements (execute)
         self._snapshot: Any = None  # the CollectionInfo of the last targeting round
 
     # -- targeting ----------------------------------------------------------------------------
@@ -160,82 +163,60 @@ class WriteExecutor:
             cmd["fromMigrate"] = True
         return cmd
 
-    def touches_key(self, op: Any) -> bool:
-        """True for a single (non-multi) update of a sharded collection that may change the
-        document's shard key (replacement, pipeline, or an operator on a key path)."""
-        if self.kind != "update" or self.in_txn or not isinstance(op, dict) or op.get("multi"):
-            return False
-        info = self.router.catalog.collection(self.ns)
-        if info is None:
-            return False
-        u = op.get("u")
-        if isinstance(u, list) or _is_replacement(u):
-            return True
-        if not isinstance(u, dict):
-            return False
-        fields = info.pattern.fields
-        for oper, arg in u.items():
-            if not isinstance(arg, dict):
-                continue
-            for path, val in arg.items():
-                paths = [path, val] if oper == "$rename" and isinstance(val, str) else [path]
-                for p in paths:
-                    if any(p == f or p.startswith(f + ".") or f.startswith(p + ".") for f in fields):
-                        return True
-        return False
-
     async def _send(self, run: Run) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Run one child batch; returns (totals, writeErrors with client indexes)."""
-        if run.key_update:
-            return await self._send_key_update(run)
-        return await self._send_plain(run)
+        """Run one child batch; returns (totals, writeErrors with client indexes). A
+        WouldChangeOwningShard (283) write error of an update goes to
+        :meth:`_would_change_owning_shard`."""
+        totals, errors = await self._send_plain(run)
+        if self.kind == "update" and any(e.get("code") == sku.WCOS for e in errors):
+            return await self._would_change_owning_shard(totals, errors)
+        return totals, errors
 
-    async def _send_key_update(self, run: Run) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """An update that moves its document to another shard (``WouldChangeOwningShard`` on
-        the server, handled by mongos as delete + insert): delete on the current owner and
-        insert the updated document on the new one. Requires a retryable write, like mongos
-        ("Must run update to shard key field in a multi-statement transaction or with
-        retryWrites: true", IllegalOperation 20)."""
-        from shardsim.update import apply_update
-        i, op, shard = run.idx[0], run.ops[0], run.shards[0]
-        info = self.router.catalog.collection(self.ns)
-        plain = Run(run.shards, run.idx, run.ops)
-        find: dict[str, Any] = {"find": self.coll, "filter": op.get("q", {}), "limit": 1,
-                                "singleBatch": True}
-        for k in ("collation", "hint", "sort"):
-            if k in op:
-                find[k] = op[k]
-        docs = (await self.router.shard_command(shard, self.db, find))["cursor"]["firstBatch"]
-        if info is None or not docs:
-            return await self._send_plain(plain)
-        pre = docs[0]
-        try:
-            post = apply_update(pre, op.get("u"), op.get("q", {}))
-            owner = info.chunks.shard_for_doc(post)
-        except MongoError:
-            return await self._send_plain(plain)
-        if owner == shard:
-            return await self._send_plain(plain)
-        if "txnNumber" not in self.req.body:
-            return ({"n": 0, "nModified": 0, "upserted": []},
-                    [{"index": i, "code": 20,
-                      "errmsg": "Must run update to shard key field in a multi-statement "
-                                "transaction or with retryWrites: true."}])
-        # Both halves carry the statement's stmtId: a retry finds the delete (and the insert)
-        # in the shards' session records and applies neither again.
-        session = {k: self.req.body[k] for k in ("lsid", "txnNumber") if k in self.req.body}
-        session["stmtIds"] = [rw.stmt_id_at(self.req.body, i)]
-        await self.router.shard_command(shard, self.db, {
-            "delete": self.coll, "deletes": [{"q": {"_id": pre["_id"]}, "limit": 1}], **session})
-        try:
-            await self.router.shard_command(owner, self.db, {"insert": self.coll,
-                                                             "documents": [post], **session})
-        except MongoError as exc:
-            await self.router.shard_command(shard, self.db, {"insert": self.coll, "documents": [pre]})
-            return ({"n": 0, "nModified": 0, "upserted": []},
-                    [{"index": i, "code": exc.code,
-                      "errmsg": exc.errmsg}])
-        return {"n": 1, "nModified": 1, "upserted": []}, []
+    async def _would_change_owning_shard(self, totals: dict[str, Any], errors: list[dict[str, Any]]
+                                         ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """mongos' ``ClusterWriteCmd::handleWouldChangeOwningShardError`` (legacy path of 8.0,
+        :mod:`router.shard_key_update`): a client batch of more than one statement gets
+        InvalidOptions (72) instead; in a transaction the document is moved by a delete and an
+        insert in it; a retryable write becomes a transaction on its own lsid/txnNumber."""
+        if self.batch_size != 1:
+            if self.in_txn:
+                raise MongoError(72, sku.BATCH_OF_ONE)
+            return totals, [{"index": e["index"], "code": 72, "errmsg": sku.BATCH_OF_ONE}
+                            if e.get("code") == sku.WCOS else e for e in errors]
+        err = next(e for e in errors if e.get("code") == sku.WCOS)
+        rest = [e for e in errors if e is not err]
+        if self.retryable:
+            try:
+                reply, commit = await sku.run_converted(self.router, self.req, self._rerun)
+            except MongoError as exc:
+                extra = {k: exc.extra[k] for k in ("keyPattern", "keyValue") if k in exc.extra}
+                return totals, rest + [{"index": err["index"], "code": exc.code, **extra,
+                                        "errmsg": exc.errmsg}]
+            out = {"n": reply["n"], "nModified": reply.get("nModified", 0),
+                   "upserted": list(reply.get("upserted", [])), "retried": []}
+            if "writeConcernError" in commit:
+                out["writeConcernError"] = commit["writeConcernError"]
+            return out, list(reply.get("writeErrors", []))
+        if not self.in_txn:
+            return totals, errors  # the shard refuses it first (IllegalOperation 20)
+        info = {k: err.get(k) for k in ("preImage", "postImage", "shouldUpsert")}
+        if not await sku.move_document(self.router, self.req, info):
+            return totals, errors
+        totals["n"] += 1
+        if info["shouldUpsert"]:
+            totals["upserted"].append({"index": err["index"], "_id": info["postImage"]["_id"]})
+        else:
+            totals["nModified"] += 1
+        return totals, rest
+
+    async def _rerun(self, txn_fields: dict[str, Any]) -> dict[str, Any]:
+        """The client's update again, as a statement of the transaction ``txn_fields``
+        (without its write concern and stmtIds): the reply body."""
+        body = {k: v for k, v in self.req.body.items()
+                if k not in ("writeConcern", "stmtIds", "stmtId")}
+        body.update(txn_fields)
+        req = sku.internal_request(self.req, self.req.name, self.db, body)
+        return await WriteExecutor(self.router, req, self.kind).execute()
 
     async def _send_plain(self, run: Run, attempt: int = 0
                           ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -400,29 +381,26 @@ class WriteExecutor:
     def _group(self, ops: list[Any], targets: list[Target | None]) -> list[Run]:
         """The child batches: for an ordered batch, consecutive statements for the same shard
         (up to the first untargetable one); for an unordered batch, one per shard. Broadcasts
-        and updates that may move a document (:meth:`touches_key`) each run alone."""
+        run alone."""
         runs: list[Run] = []
         if self.ordered:
             for t in targets:
                 if t is None:
                     break
                 i, shards, broadcast = t
-                special = not broadcast and self.touches_key(ops[i])
-                if runs and not broadcast and not special and not runs[-1].broadcast and \
-                        not runs[-1].key_update and runs[-1].shards == shards:
+                if runs and not broadcast and not runs[-1].broadcast and runs[-1].shards == shards:
                     runs[-1].idx.append(i)
                     runs[-1].ops.append(ops[i])
                 else:
-                    runs.append(Run(shards, [i], [ops[i]], broadcast, special, self._snapshot))
+                    runs.append(Run(shards, [i], [ops[i]], broadcast, self._snapshot))
         else:
             by_shard: dict[str, Run] = {}
             for t in targets:
                 if t is None:
                     continue
                 i, shards, broadcast = t
-                if broadcast or self.touches_key(ops[i]):
-                    runs.append(Run(shards, [i], [ops[i]], broadcast, not broadcast,
-                                    self._snapshot))
+                if broadcast:
+                    runs.append(Run(shards, [i], [ops[i]], True, self._snapshot))
                 else:
                     run = by_shard.setdefault(shards[0], Run(shards, info=self._snapshot))
                     run.idx.append(i)
@@ -442,6 +420,7 @@ class WriteExecutor:
         (:mod:`router.transactions`). Everything else, a shard that is down included, becomes
         ``writeErrors`` next to the counts of what was applied."""
         ops = self.statements()
+        self.batch_size = len(ops)
         # Untargetable statements become write errors.
         targets, errors = await self._target_all(ops)
         runs = self._group(ops, targets)
@@ -619,6 +598,45 @@ async def _find_and_modify(router: "RouterNode", req: Request) -> dict[str, Any]
     if req.get("autocommit") is False:
         router.transactions.participant(req, {shard})
     body = forwardable(req.body)
-    reply = await rw.send_idempotent(lambda: router.shard_command(shard, db, body),
-                                     rw.is_retryable(req.body))
+    try:
+        reply = await rw.send_idempotent(lambda: router.shard_command(shard, db, body),
+                                         rw.is_retryable(req.body))
+    except MongoError as exc:
+        if exc.code != sku.WCOS:
+            raise
+        return await _fam_would_change_owning_shard(router, req, exc)
     return reply_body(reply)
+
+
+async def _fam_would_change_owning_shard(router: "RouterNode", req: Request,
+                                         exc: MongoError) -> dict[str, Any]:
+    """A findAndModify the shard answered WouldChangeOwningShard (283), as mongos 8.0's
+    legacy path (``cluster_find_and_modify_cmd.cpp``): in a transaction
+    (``handleWouldChangeOwningShardErrorTransactionLegacy``) delete the pre-image and insert the
+    post-image in it and answer ``{lastErrorObject: {n, updatedExisting[, upserted]}, value}``
+    (``value``: the post-image with ``new: true``, else the pre-image; null for an upsert
+    without ``new``); a retryable write
+    (``_handleWouldChangeOwningShardErrorRetryableWriteLegacy``) runs the command again in a
+    transaction on its own lsid/txnNumber and commits it (:func:`router.shard_key_update.
+    run_converted`: errors come back with its context, as command errors)."""
+    if rw.is_retryable(req.body):
+        async def rerun(txn_fields: dict[str, Any]) -> dict[str, Any]:
+            body = {k: v for k, v in req.body.items() if k not in ("writeConcern", "stmtId")}
+            body.update(txn_fields)
+            return await _find_and_modify(router, sku.internal_request(req, req.name, req.db, body))
+        reply, commit = await sku.run_converted(router, req, rerun)
+        if "writeConcernError" in commit:
+            reply["writeConcernError"] = commit["writeConcernError"]
+        return reply
+    if req.get("autocommit") is not False:
+        raise exc  # the shard refuses it first (IllegalOperation 20)
+    info = {k: exc.extra.get(k) for k in ("preImage", "postImage", "shouldUpsert")}
+    moved = await sku.move_document(router, req, info)
+    upsert = bool(info["shouldUpsert"])
+    leo: dict[str, Any] = {"n": 1 if moved else 0, "updatedExisting": moved and not upsert}
+    if moved and upsert:
+        leo["upserted"] = info["postImage"]["_id"]
+    value = None
+    if moved:
+        value = info["postImage"] if req.get("new") else (None if upsert else info["preImage"])
+    return {"lastErrorObject": leo, "value": value}

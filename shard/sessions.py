@@ -498,7 +498,10 @@ class Sessions:
         """The session of a retryable write (``txnNumber`` without ``autocommit``), whose
         ``executed`` map (stmtId -> result) belongs to the request's txnNumber; None otherwise.
 
-        Raises TransactionTooOld (225) when ``txnNumber`` is older than the session's."""
+        Raises TransactionTooOld (225) when ``txnNumber`` is older than the session's;
+        IncompleteTransactionHistory (217) when it ran as a transaction (a retry of a
+        shard-key-changing retryable write the router converted), 267 while that one is
+        prepared (``_beginOrContinueRetryableWrite``)."""
         tn = req.body.get("txnNumber")
         if tn is None or req.body.get("autocommit") is False:
             return None
@@ -511,6 +514,14 @@ class Sessions:
             raise MongoError(225, f"Retryable write with txnNumber {tn} is prohibited on session "
                                   f"{_session_id(s.lsid).hex()} because a newer retryable write with "
                                   f"txnNumber {s.txn_number} has already started on this session.")
+        if tn == s.txn_number and s.txn is not None:
+            # _beginOrContinueRetryableWrite: this txnNumber ran as a transaction, e.g. the
+            # router converted a shard-key-changing retryable write into one
+            if s.txn.state == "prepared":
+                raise MongoError(267, "Retryable write that has been converted to a transaction "
+                                      "is in prepare")
+            raise MongoError(217, "Cannot retry a retryable write that has been converted into "
+                                  "a transaction")
         if tn > s.txn_number:
             _refuse_if_prepared(s)
             if s.txn is not None and s.txn.state == "in_progress":
@@ -580,6 +591,11 @@ class Sessions:
                 raise MongoError(225, f"Cannot start transaction {tn} on session "
                                       f"{_session_id(s.lsid).hex()} because a newer transaction "
                                       f"with txnNumber {s.txn_number} has already started on this session.")
+            if tn == s.txn_number and s.txn is None and s.executed:
+                # _beginMultiDocumentTransaction: a retryable write that executed statements
+                raise MongoError(50911, f"Cannot start a transaction at given transaction number "
+                                        f"{tn} a transaction with the same number is in state "
+                                        f"TxnState::ExecutedRetryableWrite")
             if tn == s.txn_number and s.txn is not None:
                 raise MongoError(251, f"Given transaction number {tn} does not match any "
                                       f"in-progress transactions. The active transaction number is "

@@ -16,10 +16,12 @@ class WriteContext:
     ``lsid``, ``txnNumber`` and ``prevOpTime``; ``stmt_id`` its ``stmtId``; ``from_migrate`` its
     ``fromMigrate: true`` (``oplog_entry.idl``). ``txn`` is the open
     :class:`shard.sessions.Transaction` that buffers operations instead of logging them, and
-    ``retry`` the :class:`shard.sessions.Session` of a retryable write.
+    ``retry`` the :class:`shard.sessions.Session` of a retryable write; ``routed``: the write
+    came from a router with a sharded ``shardVersion`` (``isComingFromRouter``), so a change of
+    the shard key is checked (:mod:`shard.shard_key_update`).
     """
 
-    __slots__ = ("lsid", "txn_number", "from_migrate", "txn", "stmt_id", "retry")
+    __slots__ = ("lsid", "txn_number", "from_migrate", "txn", "stmt_id", "retry", "routed")
 
     def __init__(self, lsid: Any = None, txn_number: Any = None, from_migrate: bool = False,
                  txn: Any = None) -> None:
@@ -29,6 +31,7 @@ class WriteContext:
         self.txn = txn
         self.stmt_id: int | None = None
         self.retry: Any = None  # the Session of a retryable write
+        self.routed = False
 
 
 NO_CONTEXT = WriteContext()

@@ -212,7 +212,9 @@ def remote_error(reply: Any) -> MongoError:
     return exc
 
 
-_EXTRA_INFO_FIELDS = ("keyPattern", "keyValue", "violations", "errInfo")
+_EXTRA_INFO_FIELDS = ("keyPattern", "keyValue", "violations", "errInfo",
+                      # WouldChangeOwningShardInfo (283)
+                      "preImage", "postImage", "shouldUpsert", "userPostImage")
 
 
 class Pool:

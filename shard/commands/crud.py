@@ -26,7 +26,7 @@ from shard.commands.helpers import (begin_write, check_fields, coll_name, finish
                                     refuse_view_write, stmt_id_of, txn_view)
 from shardsim.errors import view_error
 from shard.storage import Collection, id_key
-from shard import hints, validation
+from shard import hints, shard_key_update, validation
 from shard.write_context import WriteContext
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ def _write_error(index: int, exc: MongoError) -> dict[str, Any]:
         err["keyValue"] = exc.extra.get("keyValue")
     if "errInfo" in exc.extra:
         err["errInfo"] = exc.extra["errInfo"]
+    if exc.code == shard_key_update.WCOS:  # WouldChangeOwningShardInfo
+        for k in ("preImage", "postImage", "shouldUpsert"):
+            err[k] = exc.extra.get(k)
     err["errmsg"] = exc.errmsg
     return err
 
@@ -211,6 +214,7 @@ def _do_update(node: ShardNode, coll: Collection | None, db: str, name: str,
         new = update_lang.apply_update(doc, concrete, filt)
         matched += 1
         if not update_lang.is_noop(doc, new, concrete):
+            shard_key_update.check_update(node, ctx, f"{db}.{name}", doc, new, multi)
             apply_replace(node, coll, key, doc, new, concrete, ctx)
             modified += 1
         if not multi:
@@ -221,6 +225,7 @@ def _do_update(node: ShardNode, coll: Collection | None, db: str, name: str,
         new = update_lang.apply_update(seed, upd, filt, is_insert=True)
         if "_id" not in new:
             new = {"_id": ObjectId(), **new}
+        shard_key_update.check_upsert(node, ctx, f"{db}.{name}", filt, new)
         if coll is None:
             coll = txn_view(node, node.ensure_collection(db, name, ctx), ctx)
         new = _prepare_insert(new, None)
@@ -429,6 +434,7 @@ async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
             concrete = update_lang.expand_positional(doc, upd, filt, body.get("arrayFilters"))
             new = update_lang.apply_update(doc, concrete, filt)
             if not update_lang.is_noop(doc, new, concrete):
+                shard_key_update.check_update(node, ctx, f"{req.db}.{name}", doc, new, False)
                 apply_replace(node, coll, key, doc, new, concrete, ctx)
             value = new if new_opt else doc
             leo = {"n": 1, "updatedExisting": True}
@@ -444,9 +450,9 @@ async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
             leo = {"n": 0, "updatedExisting": False}
         if value is not None and fields:
             value = q.project([value], fields)[0]
-    except MongoError:
-        if ctx.txn is not None:
-            node.sessions.abort_on_error(req)
+    except MongoError as exc:
+        if ctx.txn is not None and exc.code != shard_key_update.WCOS:
+            node.sessions.abort_on_error(req)  # WouldChangeOwningShard leaves it open
         raise
     reply = {"lastErrorObject": leo, "value": value}
     if ctx.retry is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bson import ObjectId
+
 from shardsim.commands import GENERIC_FIELDS, Request, bson_type_name
 from shardsim.errors import MongoError
 from shardsim import query as q
@@ -19,6 +21,8 @@ from shard.snapshot import SnapshotView
 
 if TYPE_CHECKING:
     from shard.node import ShardNode
+
+UNSHARDED_EPOCH = ObjectId("000000000000000000000000")  # ShardVersion::UNSHARDED()
 
 # Command fields of the IDL (find_command.idl, write_ops.idl) besides the generic ones; anything
 # else fails like mongod's IDL parser: 40415 "BSON field '<cmd>.<field>' is an unknown field."
@@ -101,6 +105,8 @@ def begin_write(node: ShardNode, req: Request) -> WriteContext:
     session (:meth:`Sessions.retryable`; raises TransactionTooOld 225)."""
     ctx = node.write_context(req)
     ctx.retry = node.sessions.retryable(req)
+    sv = req.body.get("shardVersion")
+    ctx.routed = isinstance(sv, dict) and sv.get("e") != UNSHARDED_EPOCH
     return ctx
 
 
@@ -119,7 +125,9 @@ def finish_write(node: ShardNode, req: Request, ctx: WriteContext, reply: dict[s
     TransientTransactionError for WriteConflict 112 / NoSuchTransaction 251)."""
     if errors:
         reply["writeErrors"] = errors
-    if ctx.txn is not None and errors:
+    if ctx.txn is not None and errors and errors[0]["code"] != 283:
+        # WouldChangeOwningShard leaves the transaction open: the router continues it with
+        # a delete and an insert (shard.shard_key_update)
         err = errors[0]
         node.sessions.abort_on_error(req)
         raise MongoError(err["code"], err["errmsg"], labels=["TransientTransactionError"]
