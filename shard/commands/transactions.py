@@ -193,8 +193,9 @@ async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[s
     ``txnNumber``, ``autocommit: false`` (from the router): run two-phase commit
     (:mod:`shard.transaction_coordinator`) and answer ``{}`` once committed everywhere, else
     the abort reason (NoSuchTransaction 251 with TransientTransactionError when a participant
-    could not prepare, ``txn_two_phase_commit_cmds.cpp``). BadValue (2) for a bad list. An
-    empty list recovers the decision (:mod:`shard.commit_recovery`)."""
+    could not prepare, ``txn_two_phase_commit_cmds.cpp``; OperationNotSupportedInTransaction
+    (263) when it refused because the transaction created a collection). BadValue (2) for a
+    bad list. An empty list recovers the decision (:mod:`shard.commit_recovery`)."""
     parts = req.get("participants")
     if isinstance(parts, list) and not parts and isinstance(req.get("lsid"), dict) \
             and req.get("txnNumber") is not None:
@@ -209,6 +210,11 @@ async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[s
                                                   parts)
     if decision["decision"] == "commit":
         return {}
+    status = decision["abortStatus"]
+    if status.get("code") == 263:
+        # a participant refused to prepare a transaction that created a collection: the client
+        # gets that reason (create_new_collections_prepared_transactions.js)
+        raise MongoError(263, str(status.get("errmsg", "")))
     raise MongoError(251, f"Transaction was aborted :: caused by :: "
                           f"{decision['abortStatus'].get('errmsg', '')}", labels=TRANSIENT)
 
