@@ -24,8 +24,11 @@ from shardsim.commands import Request
 # A transaction: (the session's lsid.id bytes, txnNumber).
 TxnKey = tuple[bytes, int]
 
+# Statements that make a participant a writing one (mongod answers ``readOnly: false``): the
+# CRUD writes, and ``create``/``createIndexes``, which create a collection or an index inside
+# the transaction on the database's primary shard (cluster_create_cmd.cpp).
 WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify",
-                            "bulkWrite"})
+                            "bulkWrite", "create", "createIndexes"})
 # Commands that end a transaction: never start one on a shard (isTransactionCommand).
 TXN_COMMANDS = frozenset({"commitTransaction", "abortTransaction", "prepareTransaction",
                           "coordinateCommitTransaction"})

@@ -29,7 +29,7 @@ from shardsim import failpoints, update_ops
 from shardsim.commands import Request
 from shardsim.errors import MongoError
 from shardsim.node import Node
-from shard import noop_writer, oplog_settings
+from shard import noop_writer, oplog_settings, uncommitted_catalog
 from shard import commands as shard_commands
 from shard.change_stream import cursor as cs_cursor
 from shard.change_stream import promise_faults
@@ -44,7 +44,7 @@ from shardsim.query import select
 from shard.sessions import Sessions, full_lsid
 from shard.sharding_runtime import VERSIONED, ShardingRuntime
 from shard.transaction_coordinator import Coordinators
-from shard.storage import (Collection, Storage, new_uuid, validate_collection_name,
+from shard.storage import (CURRENT_TXN, Collection, Storage, new_uuid, validate_collection_name,
                            validate_db_name)
 from shard.write_context import NO_CONTEXT, WriteContext
 
@@ -256,9 +256,12 @@ class ShardNode(Node):
                 self.cluster_time_fields(req, reply)
                 return reply
         self._depth += 1
+        # the transaction's uncommitted collections are visible to its statements only
+        token = CURRENT_TXN.set(self._req_txn.get(id(req)))
         try:
             reply = await super().run_command(req)
         finally:
+            CURRENT_TXN.reset(token)
             self._depth -= 1
             self._req_txn.pop(id(req), None)
             if versioned_write is not None:
@@ -428,13 +431,16 @@ class ShardNode(Node):
         return coll
 
     def ensure_collection(self, db: str, name: str, ctx: WriteContext = NO_CONTEXT) -> Collection:
-        """The collection, created implicitly (as an insert/upsert/createIndexes does)."""
+        """The collection, created implicitly (as an insert/upsert/createIndexes does); inside a
+        transaction (``ctx.txn``) as an uncommitted collection (:mod:`shard.uncommitted_catalog`)."""
         coll = self.storage.get(db, name)
         if coll is None:
             if db in ("local", "admin", "config") and name.startswith("system."):
                 raise MongoError(73, f"cannot write to '{db}.{name}'")
             if db == "local" and name == "oplog.rs":
                 raise MongoError(73, "cannot write to 'local.oplog.rs'")
+            if ctx.txn is not None:  # visible to the transaction only, until it commits
+                return uncommitted_catalog.create(self, ctx.txn, db, name, implicit=True)
             coll = self.create_collection(db, name, ctx=WriteContext(from_migrate=ctx.from_migrate))
         return coll
 

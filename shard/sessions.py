@@ -121,6 +121,10 @@ class Transaction:
         self.ops: list[dict[str, Any]] = []
         self.pre_images: list[tuple[bytes, int, dict[str, Any]]] = []
         self.views: dict[bytes, TxnView] = {}
+        # collections this transaction created, (db, name) -> Collection, published at commit
+        # (shard.uncommitted_catalog); the read concern level of its first statement
+        self.created: dict[tuple[str, str], Any] = {}
+        self.read_level: str | None = None
 
     def view(self, coll: Any) -> "TxnView":
         """The collection as this transaction sees it (its own writes over the committed data)."""
@@ -224,6 +228,7 @@ class Transaction:
         self.views.clear()
         self.ops.clear()
         self.pre_images.clear()
+        self.created.clear()
 
 
 class _MergedDocs:
@@ -607,6 +612,8 @@ class Sessions:
             s.executed = {}
             s.txn = Transaction(s, tn)
             s.txn.read_ts = self._read_ts(body)
+            rc = body.get("readConcern")
+            s.txn.read_level = rc.get("level") if isinstance(rc, dict) else None
             return s.txn
         if s.txn is None or s.txn_number != tn:
             raise MongoError(251, f"Given transaction number {tn} does not match any in-progress "

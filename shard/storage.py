@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from contextvars import ContextVar
 import re
 import uuid as uuid_mod
 from typing import Any, Iterator
@@ -30,6 +31,12 @@ from shardsim.errors import MongoError
 from shardsim.values import format_value, get_path, id_key
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+
+#: the transaction whose statement is running (set by ``ShardNode._run_command``): its
+#: uncommitted collections (:mod:`shard.uncommitted_catalog`) are visible to it alone, as
+#: ``CollectionCatalog::lookupCollectionByNamespace`` consults the operation's
+#: ``UncommittedCatalogUpdates`` (``uncommitted_catalog_updates.cpp``)
+CURRENT_TXN: ContextVar[Any] = ContextVar("shardsim_current_txn", default=None)
 
 # The per-database view catalog collection (NamespaceString::kSystemDotViewsCollectionName).
 VIEWS_COLL = "system.views"
@@ -286,7 +293,13 @@ class Storage:
         self.history = History()  # undo log for snapshot reads (shard.snapshot)
 
     def get(self, db: str, name: str) -> Collection | None:
-        """The collection or None."""
+        """The collection or None; inside a transaction's statement also the collections that
+        transaction created and has not committed (:data:`CURRENT_TXN`)."""
+        txn = CURRENT_TXN.get()
+        if txn is not None and txn.created:
+            coll = txn.created.get((db, name))
+            if coll is not None:
+                return coll
         colls = self.dbs.get(db)
         return colls.get(name) if colls else None
 

@@ -151,7 +151,28 @@ class OplogMatch:
         self.process: Callable[[dict[str, Any]], bool] = build(spec)
 
 
+#: the commands a transaction's applyOps can carry (a collection or index created in it)
+TXN_COMMANDS = ("create", "createIndexes")
+
+
 def crud_predicate(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
-    """Filter for the operations inside an ``applyOps`` (unwound transactions)."""
+    """Filter for the operations inside an ``applyOps`` (unwound transactions): CRUD on a
+    watched namespace; with ``showExpandedEvents`` also ``{op: "c", ns: "<db>.$cmd", o:
+    {create|createIndexes: <coll>}}`` of a watched namespace, which a transaction that created
+    a collection or an index carries (``buildUnwindTransactionFilter`` applies the same
+    ``buildOperationFilter`` as the oplog match, ``change_stream_filter_helpers.cpp``)."""
     ns_ok = ns_predicate(spec)
-    return lambda op: op.get("op") in ("i", "u", "d") and ns_ok(op.get("ns", ""))
+    if not spec.show_expanded:
+        return lambda op: op.get("op") in ("i", "u", "d") and ns_ok(op.get("ns", ""))
+
+    def op_ok(op: dict[str, Any]) -> bool:
+        kind = op.get("op")
+        if kind in ("i", "u", "d"):
+            return ns_ok(op.get("ns", ""))
+        o = op.get("o")
+        if kind != "c" or not isinstance(o, dict) or not o:
+            return False
+        name = next(iter(o))
+        return name in TXN_COMMANDS and \
+            ns_ok(f"{str(op.get('ns', '')).partition('.')[0]}.{o[name]}")
+    return op_ok

@@ -15,7 +15,7 @@ from bson.int64 import Int64
 from shardsim.commands import GENERIC_FIELDS, CommandFamily, Request, check_type
 from shardsim.errors import MongoError
 from shard.collection_kinds import apply_unique_options, normalize_create_options
-from shard import validation
+from shard import uncommitted_catalog, validation
 from shard.commands.helpers import ddl_context, ddl_name, existing_collection, ns_missing
 from shard.commands.views import create_view, drop_view, mod_view
 from shardsim.errors import view_error
@@ -48,7 +48,31 @@ async def create(node: ShardNode, req: Request) -> dict[str, Any]:
     """``create: <coll>[, options]`` (``create_collection.cpp``): ``{}``; logs ``{create,
     <options>, idIndex}``. With ``viewOn``/``pipeline`` it creates a view
     (:func:`shard.commands.views.create_view`). An identical re-create is a no-op (7.0+).
-    Errors: 40415 (unknown option), 48 (exists, or is a view), 40414, 73, 13297."""
+    Errors: 40415 (unknown option), 48 (exists, or is a view), 40414, 73, 13297. Inside a
+    transaction the collection is the transaction's until it commits
+    (:mod:`shard.uncommitted_catalog`); there 72 (read concern not local) and 263 (a view, a
+    time-series or a system collection) too."""
+    txn = node.txn_of(req)
+    if txn is not None:
+        return await _in_transaction(node, req, txn, _create)
+    return await _create(node, req, None)
+
+
+async def _in_transaction(node: ShardNode, req: Request, txn: Any, run: Any) -> dict[str, Any]:
+    """Run the catalog command ``run(node, req, txn)`` as a statement of ``txn``: only with the
+    ``local`` read concern (72), and a failure aborts the transaction, as any failed statement
+    does (:mod:`shard.uncommitted_catalog`)."""
+    try:
+        uncommitted_catalog.check_read_concern(txn, node.commands.canonical(req.name))
+        return await run(node, req, txn)
+    except MongoError:
+        node.sessions.abort_on_error(req)
+        raise
+
+
+async def _create(node: ShardNode, req: Request, txn: Any) -> dict[str, Any]:
+    """``create`` outside (``txn`` None) or inside a transaction: there a new collection exists
+    for the transaction only until it commits; views and time-series collections are 263."""
     storage = node.storage
     name = ddl_name(req)
     options: dict[str, Any] = {}
@@ -59,7 +83,12 @@ async def create(node: ShardNode, req: Request) -> dict[str, Any]:
             raise MongoError(40415, f"BSON field 'create.{k}' is an unknown field.")
         options[k] = v
     if "viewOn" in options or "pipeline" in options:
+        if txn is not None:
+            raise MongoError(263, "Cannot create a view in a multi-document transaction.")
         return create_view(node, req, name, options)
+    if txn is not None and options.get("timeseries") is not None:
+        raise MongoError(263, "Cannot create a time-series collection in a multi-document "
+                              "transaction.")
     validation.check_options("create", options)
     if storage.view_def(req.db, name) is not None:
         raise MongoError(48, f"namespace '{req.db}.{name}' already exists, but is a view")
@@ -74,6 +103,9 @@ async def create(node: ShardNode, req: Request) -> dict[str, Any]:
         if existing.options == options:
             return {}  # 7.0+: an identical create is a no-op
         raise MongoError(48, f"Collection {req.db}.{name} already exists.")
+    if txn is not None:
+        uncommitted_catalog.create(node, txn, req.db, name, options)
+        return {}
     coll = node.create_collection(req.db, name, options, ctx=ddl_context(req))
     ts = options.get("timeseries")
     if ts and "metaField" in ts:  # 6.3+: the default {meta: 1, time: 1} index
@@ -180,7 +212,11 @@ async def create_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
     """``createIndexes: <coll>, indexes: [{key, name, ...}]``: ``{numIndexesBefore,
     numIndexesAfter, createdCollectionAutomatically[, note]}``; one ``{createIndexes, v, key,
     name, ...}`` entry per new index. Errors: 2, 9, 14, 67 (bad spec), 85/86 (conflicting
-    index), 166 (a view)."""
+    index), 166 (a view). Inside a transaction only on a collection it creates
+    (:func:`_create_indexes_in_txn`)."""
+    txn = node.txn_of(req)
+    if txn is not None:
+        return await _in_transaction(node, req, txn, _create_indexes_in_txn)
     storage = node.storage
     name = ddl_name(req)
     specs = check_type(req, "indexes", list, "array", required=True)
@@ -190,6 +226,61 @@ async def create_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
         raise view_error(f"{req.db}.{name}")
     ctx = ddl_context(req)
     created_auto = storage.get(req.db, name) is None
+    prepared = _index_specs(specs)
+    coll = node.ensure_collection(req.db, name, ctx)
+    before = len(coll.indexes)
+    for full in _new_indexes(coll, prepared):
+        coll.add_index(full)
+        storage.note_catalog(coll)
+        node.log_command(req.db, {"createIndexes": name, **full}, coll.ui, ctx=ctx)
+    reply: dict[str, Any] = {"numIndexesBefore": before, "numIndexesAfter": len(coll.indexes),
+                             "createdCollectionAutomatically": created_auto}
+    if len(coll.indexes) == before:
+        reply["note"] = "all indexes already exist"
+    return reply
+
+
+async def _create_indexes_in_txn(node: ShardNode, req: Request, txn: Any) -> dict[str, Any]:
+    """``createIndexes`` as a transaction statement (``create_indexes_cmd.cpp``
+    ``runCreateIndexesWithCoordinator``/``runCreateIndexesOnNewCollection``): indexes that all
+    exist answer as outside; a missing collection is created in the transaction; new indexes
+    only on an empty collection this transaction created, else OperationNotSupportedIn-
+    Transaction (263); a system collection is 263 too."""
+    storage = node.storage
+    name = ddl_name(req)
+    ns = f"{req.db}.{name}"
+    if name.startswith("system."):
+        raise MongoError(263, f"Cannot write to system collection {ns} within a transaction.")
+    specs = check_type(req, "indexes", list, "array", required=True)
+    if not specs:
+        raise MongoError(2, "Must specify at least one index to create")
+    if storage.view_def(req.db, name) is not None:
+        raise view_error(ns)
+    prepared = _index_specs(specs)
+    coll = storage.get(req.db, name)  # the transaction's own new collections included
+    if coll is not None:
+        new = _new_indexes(coll, prepared)
+        if not new:
+            n = len(coll.indexes)
+            return {"numIndexesBefore": n, "numIndexesAfter": n,
+                    "createdCollectionAutomatically": False, "note": "all indexes already exist"}
+        if txn.created.get((req.db, name)) is not coll:
+            raise uncommitted_catalog.existing_collection_error(ns)
+    else:
+        coll = uncommitted_catalog.create(node, txn, req.db, name)
+        new = _new_indexes(coll, prepared)
+    before = len(coll.indexes)
+    uncommitted_catalog.create_indexes(txn, coll, new, txn.view(coll))
+    reply: dict[str, Any] = {"numIndexesBefore": before, "numIndexesAfter": len(coll.indexes),
+                             "createdCollectionAutomatically": True}
+    if len(coll.indexes) == before:
+        reply["note"] = "all indexes already exist"
+    return reply
+
+
+def _index_specs(specs: list[Any]) -> list[dict[str, Any]]:
+    """The full specs ``{v: 2, key, name, ...}`` of ``createIndexes.indexes``. Errors: 14 (not
+    an object), 2 (no key), 67 (bad key or name), 9 (no name)."""
     prepared = []
     for spec in specs:
         if not isinstance(spec, dict):
@@ -215,8 +306,14 @@ async def create_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
             if k not in ("key", "name", "v", "ns"):
                 full[k] = v
         prepared.append(full)
-    coll = node.ensure_collection(req.db, name, ctx)
-    before = len(coll.indexes)
+    return prepared
+
+
+def _new_indexes(coll: Collection, prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The specs of ``prepared`` that ``coll`` does not have yet (``removeExistingIndexes``).
+    Errors: 86 (same name, other key), 85 (same name other options, or same index under
+    another name)."""
+    new: list[dict[str, Any]] = []
     for full in prepared:
         existing = coll.indexes.get(full["name"])
         same_key = next((i for i in coll.indexes.values() if i.spec["key"] == full["key"]), None)
@@ -237,14 +334,10 @@ async def create_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
         if same_key is not None and {k: v for k, v in same_key.spec.items() if k not in ("v", "name")} == \
                 {k: v for k, v in full.items() if k not in ("v", "name")}:
             raise MongoError(85, f"Index already exists with a different name: {same_key.name}")
-        coll.add_index(full)
-        storage.note_catalog(coll)
-        node.log_command(req.db, {"createIndexes": name, **full}, coll.ui, ctx=ctx)
-    reply: dict[str, Any] = {"numIndexesBefore": before, "numIndexesAfter": len(coll.indexes),
-                             "createdCollectionAutomatically": created_auto}
-    if len(coll.indexes) == before:
-        reply["note"] = "all indexes already exist"
-    return reply
+        if any(n["name"] == full["name"] for n in new):
+            continue
+        new.append(full)
+    return new
 
 
 @commands.handler("dropIndexes", "deleteIndexes")

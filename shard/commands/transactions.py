@@ -27,6 +27,7 @@ from bson.int64 import Int64
 
 from shardsim.commands import CommandFamily, Request
 from shardsim.errors import MongoError
+from shard import uncommitted_catalog
 from shard.commit_recovery import recover_commit_decision
 from shard.sessions import TRANSIENT, full_lsid
 from shard.write_context import WriteContext
@@ -43,7 +44,9 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     ``{}`` for an already committed one), with ``operationTime`` = the applyOps entry's ts.
     Errors: NoSuchTransaction (251, TransientTransactionError) for an aborted or unknown
     transaction, TransactionTooOld (225), 50768 (no session / autocommit), WriteConflict (112,
-    TransientTransactionError) when the commit conflicts (the transaction is then aborted)."""
+    TransientTransactionError) when the commit conflicts, also when a collection the
+    transaction created was created by someone else meanwhile (:mod:`shard.uncommitted_catalog`;
+    the transaction is then aborted)."""
     s, txn = node.sessions.txn_for_end(req)
     commit_ts = req.body.get("commitTimestamp")
     if txn.state == "committed":
@@ -55,9 +58,13 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
         return commit_prepared(node, s, txn, commit_ts)
     if commit_ts is not None:
         raise MongoError(72, "commitTimestamp may only be given for a prepared transaction")
+    added: list[Any] = []
     try:
+        # collections the transaction created join the catalog first (112 when taken)
+        added = uncommitted_catalog.publish(node, txn)
         txn.apply(node.storage)
     except MongoError:
+        uncommitted_catalog.unpublish(node, added)
         txn.state = "aborted"
         txn.rollback()
         raise
@@ -119,7 +126,9 @@ async def prepare_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     """``prepareTransaction`` (internal, from a coordinator; ``lsid``, ``txnNumber``,
     ``autocommit: false``) -> ``{prepareTimestamp}``; again the same for a transaction already
     prepared. Errors: NoSuchTransaction (251) for an aborted or unknown one, TransactionCommitted
-    (256), WriteConflict (112, the transaction is then aborted), 225, 50768."""
+    (256), WriteConflict (112, the transaction is then aborted), OperationNotSupportedIn-
+    Transaction (263) when it created a collection (``txn_two_phase_commit_cmds.cpp``; aborted
+    too), 225, 50768."""
     s, txn = node.sessions.txn_for_end(req)
     if txn.state == "prepared":
         return {"prepareTimestamp": txn.prepare_ts}
@@ -130,6 +139,7 @@ async def prepare_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
         raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
                               f"been aborted.", labels=TRANSIENT)
     try:
+        uncommitted_catalog.refuse_prepare(txn)  # 263: no DDL in a distributed transaction
         txn.check(node.storage)
     except MongoError:
         txn.rollback(node.storage)
@@ -183,8 +193,9 @@ async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[s
     ``txnNumber``, ``autocommit: false`` (from the router): run two-phase commit
     (:mod:`shard.transaction_coordinator`) and answer ``{}`` once committed everywhere, else
     the abort reason (NoSuchTransaction 251 with TransientTransactionError when a participant
-    could not prepare, ``txn_two_phase_commit_cmds.cpp``). BadValue (2) for a bad list. An
-    empty list recovers the decision (:mod:`shard.commit_recovery`)."""
+    could not prepare, ``txn_two_phase_commit_cmds.cpp``; OperationNotSupportedInTransaction
+    (263) when it refused because the transaction created a collection). BadValue (2) for a
+    bad list. An empty list recovers the decision (:mod:`shard.commit_recovery`)."""
     parts = req.get("participants")
     if isinstance(parts, list) and not parts and isinstance(req.get("lsid"), dict) \
             and req.get("txnNumber") is not None:
@@ -199,6 +210,11 @@ async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[s
                                                   parts)
     if decision["decision"] == "commit":
         return {}
+    status = decision["abortStatus"]
+    if status.get("code") == 263:
+        # a participant refused to prepare a transaction that created a collection: the client
+        # gets that reason (create_new_collections_prepared_transactions.js)
+        raise MongoError(263, str(status.get("errmsg", "")))
     raise MongoError(251, f"Transaction was aborted :: caused by :: "
                           f"{decision['abortStatus'].get('errmsg', '')}", labels=TRANSIENT)
 
