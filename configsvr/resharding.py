@@ -21,7 +21,8 @@ The phases, as 8.0 has them:
    for the namespace: routed writes through any router wait, then get StaleConfig and are
    retried by the new routing table): a last catch-up, the donors' retryable-write history
    copied to the recipients, then the catalog switch (new UUID, key, chunks; the collection's epoch and
-   timestamp change), the temporary collections renamed over the original on the recipients
+   timestamp change), the critical section promoted to block reads on every donor and recipient
+   (routed reads and post-image look-ups wait for the new routing table), the temporary collections renamed over the original on the recipients
    and the original dropped on donors that own nothing now (all ``fromMigrate``), and the
    ``reshardCollection`` no-op on the primary shard
    (``notifyChangeStreamsOnReshardCollectionComplete``: ``o2: {reshardCollection: ns,
@@ -225,23 +226,34 @@ async def catch_up(node: ConfigServerNode, op: ReshardOp) -> int:
     return len(unique_ids)
 
 
-async def _critical_section(node: ConfigServerNode, op: ReshardOp, enter: bool) -> None:
+async def _critical_section(node: ConfigServerNode, op: ReshardOp, enter: bool,
+                            block_reads: bool = False) -> None:
     """Enter (block the routed writes to ``op.ns`` on every donor and wait for the running
-    ones) or leave the donors' critical section: 8.0's blocking-writes state, in which each
-    donor holds the collection's critical section (``ReshardingDonorService``'s
+    ones) or leave the participants' critical section: 8.0's blocking-writes state, in which
+    each donor holds the collection's critical section (``ReshardingDonorService``'s
     ``_writeTransactionOplogEntryThenTransitionToBlockingWrites``) until the coordinator has
     committed; the writes that waited then fail with StaleConfig (13388) and their routers
-    retry them by the new routing table. Leaving is best effort for each donor."""
-    for donor in op.donors:
+    retry them by the new routing table. ``block_reads``: the promotion before the renames and
+    drops, on every donor and recipient (a recipient that is no donor enters it then), so that
+    routed reads and post-image look-ups wait for the new routing table
+    (``DonorStateMachine::_dropOriginalCollectionThenTransitionToDone``,
+    ``RecipientStateMachine::_renameTemporaryReshardingCollection``:
+    ``promoteRecoverableCriticalSectionToBlockAlsoReads``). Leaving releases it on every
+    participant, best effort for each."""
+    shards = op.donors if enter and not block_reads else \
+        op.donors + [s for s in op.recipients if s not in op.donors]
+    for shard in shards:
         cmd = {"_shardsimMigrationCriticalSection": op.ns, "enter": enter,
                "reason": "reshardCollection"}
         if enter:
-            await node.on_shard(donor, "admin", cmd)
+            if block_reads:
+                cmd["blockReads"] = True
+            await node.on_shard(shard, "admin", cmd)
             continue
         try:
-            await node.on_shard(donor, "admin", cmd)
+            await node.on_shard(shard, "admin", cmd)
         except MongoError as exc:
-            log.warning("critical section of %s not released on %s: %s", op.ns, donor, exc)
+            log.warning("critical section of %s not released on %s: %s", op.ns, shard, exc)
 
 
 async def _move_session_records(node: ConfigServerNode, op: ReshardOp) -> None:
@@ -293,6 +305,7 @@ async def _commit_in_critical_section(node: ConfigServerNode, op: ReshardOp) -> 
         await node.insert("collections", [doc])
         await node.insert("chunks", [chunk_doc(op.new_uuid, op.pattern, c, Timestamp(1, i), now)
                                      for i, c in enumerate(op.chunks)])
+    await _critical_section(node, op, True, block_reads=True)
     for shard in op.recipients:
         await node.on_shard(shard, "admin", {"renameCollection": f"{op.db}.{op.temp}", "to": ns,
                                              "dropTarget": True, "fromMigrate": True})

@@ -48,6 +48,8 @@ WRITES = frozenset({"insert", "update", "delete", "findAndModify", "findandmodif
 # How long a write waits for a critical section before it fails (mongod:
 # migrationLockAcquisitionMaxWaitMS / the critical section signal's wait), seconds.
 CRITICAL_SECTION_WAIT_S = 30.0
+# Attempts of a post-image look-up (mongod's kMaxNumStaleVersionRetries).
+MAX_LOOKUP_ATTEMPTS = 10
 
 
 @dataclass
@@ -154,10 +156,14 @@ class ModsTracker:
 class CriticalSection:
     """A namespace's migration critical section (``ShardingMigrationCriticalSection``):
     writes that arrive while it is held wait for its release, then fail with StaleConfig; the
-    writes already running are waited for when it is entered."""
+    writes already running are waited for when it is entered. Once promoted to block reads
+    too (``blocks_reads``: the commit phase, ``enterCommitPhase`` /
+    ``promoteRecoverableCriticalSectionToBlockAlsoReads``) routed reads and post-image look-ups
+    wait as well."""
 
     def __init__(self) -> None:
         self.released = asyncio.Event()
+        self.blocks_reads = False
 
 
 class ShardingRuntime:
@@ -253,7 +259,7 @@ class ShardingRuntime:
                                  "'object'")
         is_write = command in WRITES
         cs = self.critical.get(ns)
-        if cs is not None and is_write:
+        if cs is not None and (is_write or cs.blocks_reads):
             try:
                 await asyncio.wait_for(cs.released.wait(), CRITICAL_SECTION_WAIT_S)
             except asyncio.TimeoutError:
@@ -284,6 +290,28 @@ class ShardingRuntime:
         while self.in_flight.get(ns):
             ev = self._idle.setdefault(ns, asyncio.Event())
             await ev.wait()
+
+    def block_reads(self, ns: str) -> None:
+        """Promote ``ns``'s critical section (entered) to block routed reads too."""
+        cs = self.critical.get(ns)
+        if cs is not None:
+            cs.blocks_reads = True
+
+    def reads_blocked(self, ns: str) -> bool:
+        """True while ``ns``'s critical section blocks reads."""
+        cs = self.critical.get(ns)
+        return cs is not None and cs.blocks_reads
+
+    async def wait_for_reads(self, ns: str) -> None:
+        """Wait (at most :data:`CRITICAL_SECTION_WAIT_S`) until ``ns``'s critical section no
+        longer blocks reads (``OperationShardingState::waitForCriticalSectionToComplete``)."""
+        cs = self.critical.get(ns)
+        if cs is None or not cs.blocks_reads:
+            return
+        try:
+            await asyncio.wait_for(cs.released.wait(), CRITICAL_SECTION_WAIT_S)
+        except asyncio.TimeoutError:
+            pass
 
     def exit_critical_section(self, ns: str) -> None:
         """Release ``ns``'s critical section: the waiting writes fail with StaleConfig and the
@@ -320,33 +348,46 @@ class ShardingRuntime:
         except MongoError:
             return None
 
-    async def lookup_remote(self, ns: str, owner: str, document_key: dict[str, Any]
+    async def lookup_remote(self, ns: str, owner: str | None, document_key: dict[str, Any]
                             ) -> dict[str, Any] | None:
-        """The document of ``ns`` matching ``document_key`` on shard ``owner`` (a ``find`` over
-        the wire with ``limit: 1``), or None when it is not there. When the owner has no
-        such document and the routing information changed meanwhile (a migration committed),
-        the look-up follows the chunk once more. Raises MongoError (6/9001) when the owner
-        cannot be reached."""
+        """The current document of ``ns`` matching ``document_key``, looked up where this
+        shard's routing table puts it (``owner``, a hint: re-targeted on each attempt), or None
+        when it is not there. Like ``ShardServerProcessInterface::lookupSingleDocument`` (a
+        routed ``$match`` by documentKey, retried after StaleConfig: ``shardVersionRetry``,
+        ``kMaxNumStaleVersionRetries``): while this shard's critical section of ``ns`` blocks
+        reads (a resharding's commit, whose renames and drops make the old routing table
+        wrong) the look-up waits for its release and then targets by the new routing table; a
+        miss while the routing information changed or the critical section began meanwhile is
+        retried the same way. The look-up on another shard is an unversioned ``find`` with
+        ``limit: 1``. Raises MongoError (6/9001) when the owner cannot be reached."""
         db, _, coll = ns.partition(".")
-        for _ in range(2):
-            if owner == self.node.shard_name:
-                return self.node.find_document(ns, document_key)
-            addr = self.hosts.get(owner)
-            if addr is None:
-                return None
-            pool = self._pools.get(owner)
-            if pool is None or (pool.host, pool.port) != addr:
-                pool = self._pools[owner] = Pool(*addr)
-            reply = await gossip_command(self.node.clock, pool, db, {
-                "find": coll, "filter": document_key, "limit": 1, "singleBatch": True})
-            batch = reply["cursor"]["firstBatch"]
-            if batch:
-                return dict(batch[0])
-            again = self.owner_of(ns, document_key)
-            if again is None or again == owner:
-                return None
-            owner = again
+        for _ in range(MAX_LOOKUP_ATTEMPTS):
+            await self.wait_for_reads(ns)
+            meta = self.metadata.get(ns)
+            owner = self.owner_of(ns, document_key)
+            if owner is None or owner == self.node.shard_name:
+                doc = self.node.find_document(ns, document_key)
+            else:
+                doc = await self._find_on(owner, db, coll, document_key)
+            if doc is not None:
+                return doc
+            if not self.reads_blocked(ns) and self.metadata.get(ns) is meta:
+                return None  # nothing moved meanwhile: the document is gone
         return None
+
+    async def _find_on(self, shard: str, db: str, coll: str, document_key: dict[str, Any]
+                       ) -> dict[str, Any] | None:
+        """``find`` of ``document_key`` on ``shard`` (None when its address is unknown)."""
+        addr = self.hosts.get(shard)
+        if addr is None:
+            return None
+        pool = self._pools.get(shard)
+        if pool is None or (pool.host, pool.port) != addr:
+            pool = self._pools[shard] = Pool(*addr)
+        reply = await gossip_command(self.node.clock, pool, db, {
+            "find": coll, "filter": document_key, "limit": 1, "singleBatch": True})
+        batch = reply["cursor"]["firstBatch"]
+        return dict(batch[0]) if batch else None
 
     def close(self) -> None:
         """Close the pools to the other shards."""

@@ -64,11 +64,14 @@ def apply_array_diff(arr: list[Any], diff: dict[str, Any]) -> list[Any]:
 
 class RemoteLookup(Exception):
     """Raised by :class:`AddPostImage` for an ``updateLookup`` whose document belongs to a
-    chunk another shard owns now (``owner``): the cursor looks it up over the wire, as
-    ``ShardServerProcessInterface::lookupSingleDocument`` runs a routed find by documentKey,
-    then runs the stages after this one (:meth:`shard.change_stream.cursor.ShardCursor`)."""
+    chunk another shard owns now (``owner``), or that must wait because this shard's critical
+    section of the namespace blocks reads (a resharding's commit: the routing table is about to
+    change): the cursor looks it up asynchronously (``ShardingRuntime.lookup_remote``), as
+    ``ShardServerProcessInterface::lookupSingleDocument`` runs a routed, versioned read by
+    documentKey that waits out a critical section and is retried by the refreshed routing
+    table, then runs the stages after this one (:meth:`shard.change_stream.cursor.ShardCursor`)."""
 
-    def __init__(self, event: Event, owner: str) -> None:
+    def __init__(self, event: Event, owner: str | None) -> None:
         super().__init__(owner)
         self.event = event
         self.owner = owner
@@ -103,6 +106,8 @@ class AddPostImage:
             owner = sharding.owner_of(ev.ns, key) if sharding is not None else None
             if owner is not None and owner != self.node.shard_name:
                 raise RemoteLookup(ev, owner)  # the chunk lives elsewhere now
+            if sharding is not None and sharding.reads_blocked(ev.ns):
+                raise RemoteLookup(ev, owner)  # waits for the critical section, then routes
             post = self.node.find_document(ev.ns, key)
         else:
             pre = fetch_pre_image(self.node, ev)

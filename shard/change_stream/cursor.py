@@ -77,7 +77,7 @@ class _Deferred:
 
     __slots__ = ("event", "owner", "next_step")
 
-    def __init__(self, event: Event, owner: str, next_step: int) -> None:
+    def __init__(self, event: Event, owner: str | None, next_step: int) -> None:
         self.event = event
         self.owner = owner
         self.next_step = next_step

@@ -129,11 +129,15 @@ async def transfer_mods(node: "ShardNode", req: Request) -> dict[str, Any]:
 
 @commands.handler("_shardsimMigrationCriticalSection")
 async def critical_section(node: "ShardNode", req: Request) -> dict[str, Any]:
-    """``{_shardsimMigrationCriticalSection: ns, enter: bool}``: enter (block writes, wait for
-    the running ones) or leave the namespace's critical section. ``{}``."""
+    """``{_shardsimMigrationCriticalSection: ns, enter: bool, blockReads?: bool}``: enter
+    (block writes, wait for the running ones) or leave the namespace's critical section;
+    ``blockReads: true`` with ``enter`` also blocks routed reads (entered first if needed:
+    ``ShardingRecoveryService::promoteRecoverableCriticalSectionToBlockAlsoReads``). ``{}``."""
     ns = _ns(req)
     if req.body.get("enter") is True:
         await node.sharding.enter_critical_section(ns)
+        if req.body.get("blockReads") is True:
+            node.sharding.block_reads(ns)
     else:
         node.sharding.exit_critical_section(ns)
     return {}
