@@ -10,7 +10,6 @@ Target (issue 7): (a) >= 100,000 events/s on a 2-core machine.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 

@@ -17,7 +17,7 @@ from typing import Any
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 
-from shardsim.commands import Request, bson_type_name
+from shardsim.commands import bson_type_name
 from shardsim.errors import MongoError
 
 MIN_SIZE_MB = 990

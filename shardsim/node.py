@@ -20,7 +20,6 @@ import bson
 from bson import Binary
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
-from bson.timestamp import Timestamp
 
 from shardsim import collation, expressions, node_commands, request_checks, search_indexes
 from shardsim.auth import commands as auth_commands

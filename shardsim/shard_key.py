@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import bson
-from bson import Binary, Decimal128, MaxKey, MinKey, ObjectId, Regex
+from bson import Binary, Decimal128, MaxKey, MinKey, Regex
 from bson.int64 import Int64
 
 from shardsim.errors import MongoError
@@ -272,7 +272,7 @@ class KeyPattern:
             if not found:
                 v = None
             if isinstance(v, list):
-                raise MongoError(2, f"Shard key cannot contain array values or array descendants.")
+                raise MongoError(2, "Shard key cannot contain array values or array descendants.")
             out.append(hash64(v) if f in self.hashed else v)
         return tuple(out)
 

@@ -116,8 +116,8 @@ def parse_op(i: int, op: Any, namespaces: list[str]) -> tuple[str, str, Any]:
             doc = {"_id": ObjectId(), **doc}
         return kind, ns, doc
     if "filter" not in op:
-        raise MongoError(40414, f"BSON field 'bulkWrite.ops.filter' is missing but a required "
-                                f"field")
+        raise MongoError(40414, "BSON field 'bulkWrite.ops.filter' is missing but a required "
+                                "field")
     if kind == "update":
         if "updateMods" not in op:
             raise MongoError(40414, "BSON field 'bulkWrite.ops.updateMods' is missing but a "

@@ -15,7 +15,6 @@ import threading
 import time
 from typing import Any
 
-import bson
 import pymongo
 import pytest
 from bson.int64 import Int64

@@ -12,7 +12,7 @@ from typing import Iterator
 import pymongo
 import pytest
 from bson import Binary, Int64, Timestamp
-from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
+from pymongo.errors import OperationFailure
 
 from shardsim.launcher import Cluster
 

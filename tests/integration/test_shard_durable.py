@@ -3,7 +3,6 @@ entry, pre-image, catalog (UUIDs, indexes, options) and the clock moving on from
 
 from __future__ import annotations
 
-import pymongo
 from pymongo.errors import DuplicateKeyError
 
 import pytest

@@ -30,7 +30,7 @@ def test_non_resumable_label_for_280_and_286_on_any_command():
 
 
 def test_code_names_come_from_the_server_list():
-    from shardsim.error_codes import ERROR_CODE_NAMES, codes_in_category
+    from shardsim.error_codes import ERROR_CODE_NAMES
     assert code_name(47) == "NoMatchingDocument"
     assert code_name(23) == "AlreadyInitialized"
     assert code_name(16) == "InvalidLength"

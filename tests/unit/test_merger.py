@@ -124,7 +124,7 @@ def test_remotes_to_poll_only_empty_live_idle_remotes():
     m = Merger()
     a = m.add_remote("a", "db.c", 1, [], hwm(1))
     b = m.add_remote("b", "db.c", 1, [], hwm(1))
-    c = m.add_remote("c", "db.c", 0, [], hwm(1))
+    m.add_remote("c", "db.c", 0, [], hwm(1))
     m.on_batch(a, [ev(5)], 1, ev(5).token)
     assert m.remotes_to_poll() == [b]
     b.in_flight = True
