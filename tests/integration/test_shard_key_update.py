@@ -7,7 +7,6 @@ committed by two-phase commit. See docs/transactions.md, "Shard-key-changing upd
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pymongo
@@ -17,6 +16,7 @@ from bson import Binary, Int64
 from shardsim import resume_token
 from shardsim.client import Pool, parse_address
 from shardsim.testing import ShardedCluster
+from txn_kit import read_events
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +47,6 @@ def _on_shard(c: ShardedCluster, shard: str, name: str) -> list[dict[str, Any]]:
     finally:
         direct.close()
 
-
-def _read(stream: Any, want: int, timeout: float = 15.0) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        ev = stream.try_next()
-        if ev is not None:
-            out.append(ev)
-    return out
 
 
 def _router_address(c: ShardedCluster) -> str:
@@ -90,7 +81,7 @@ def test_retryable_update_moves_the_document_in_one_transaction(cluster: Sharded
     with coll.watch() as stream, coll.database.client.start_session() as s:
         r = coll.update_one({"x": -5}, {"$set": {"x": 5}}, session=s)
         assert (r.matched_count, r.modified_count) == (1, 1)
-        events = _read(stream, 2)
+        events = read_events(stream, 2)
         txn_number = s._server_session.transaction_id
         lsid_id = s.session_id["id"]
     assert list(coll.find()) == [{"_id": 1, "x": 5, "v": "a"}]
@@ -134,13 +125,13 @@ def test_in_a_transaction_committed_and_aborted(cluster: ShardedCluster) -> None
                 # the transaction sees the move
                 assert coll.find_one({"_id": 1}, session=s) == {"_id": 1, "x": 1}
                 assert coll.find_one({"_id": 1}) == {"_id": 1, "x": -1}  # not outside it
-            events = _read(stream, 2)
+            events = read_events(stream, 2)
             _assert_moved_events(events, s.session_id["id"], s._server_session.transaction_id)
         with client.start_session() as s:
             s.start_transaction()
             coll.update_one({"x": -2}, {"$set": {"x": 2}}, session=s)
             s.abort_transaction()
-        assert _read(stream, 1, timeout=2.0) == []
+        assert read_events(stream, 1, timeout=2.0) == []
     assert sorted(coll.find(), key=lambda d: d["_id"]) == [{"_id": 1, "x": 1}, {"_id": 2, "x": -2}]
     assert _on_shard(cluster, other, "txn") == [{"_id": 1, "x": 1}]
 

@@ -14,7 +14,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.read_concern import ReadConcern
 
 from shardsim.testing import ShardedCluster
-from txn_kit import read_events, two_shard_collection
+from txn_kit import commit_in_background, read_events, two_shard_collection
 
 NEG = list(range(-4, 0))
 POS = list(range(1, 5))
@@ -209,15 +209,7 @@ def test_coordinator_killed_before_decision_aborts_everywhere(tmp_path) -> None:
             s.start_transaction()
             coll.update_one({"_id": -1, "x": -1}, {"$set": {"v": 1}}, session=s)
             coll.update_one({"_id": 1, "x": 1}, {"$set": {"v": 1}}, session=s)
-            errors: list[BaseException] = []
-
-            def commit() -> None:
-                try:
-                    s.commit_transaction()
-                except PyMongoError as exc:
-                    errors.append(exc)
-            t = threading.Thread(target=commit)
-            t.start()
+            t, errors = commit_in_background(s)  # blocks in the two-phase commit
             deadline = time.monotonic() + 10
             while not (c.cluster.node(primary).sessions.prepared() and
                        c.cluster.node(other).sessions.prepared()):

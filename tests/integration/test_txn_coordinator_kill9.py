@@ -11,16 +11,14 @@ none of it, never half."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import pymongo
 import pytest
-from pymongo.errors import PyMongoError
 
 from shardsim.launcher import Cluster
-from txn_kit import read_events, two_shard_collection
+from txn_kit import commit_in_background, read_events, two_shard_collection
 
 
 def _direct(cluster: Cluster, name: str) -> pymongo.MongoClient:
@@ -69,15 +67,7 @@ def test_kill9_coordinator_during_two_phase_commit(tmp_path, fail_point: str,
             s.start_transaction()
             coll.update_one({"_id": -1, "x": -1}, {"$set": {"v": 1}}, session=s)
             coll.update_one({"_id": 1, "x": 1}, {"$set": {"v": 1}}, session=s)
-            errors: list[BaseException] = []
-
-            def commit() -> None:
-                try:
-                    s.commit_transaction()
-                except PyMongoError as exc:
-                    errors.append(exc)  # the coordinator died: unknown or aborted
-            t = threading.Thread(target=commit)
-            t.start()
+            t, errors = commit_in_background(s)  # blocks in the two-phase commit
             _wait(lambda: _prepared_everywhere(cluster, (primary, other)))
             if outcome == "commit":
                 _wait(lambda: _decision(cluster, primary) is not None)

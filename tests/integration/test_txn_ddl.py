@@ -5,7 +5,6 @@ commit's applyOps and the change events with and without showExpandedEvents."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pymongo
@@ -13,6 +12,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from shardsim.testing import ShardedCluster
+from txn_kit import read_events
 
 
 @pytest.fixture(scope="module")
@@ -20,15 +20,6 @@ def cluster() -> Any:
     with ShardedCluster(shards=2) as c:
         yield c
 
-
-def _read(stream: Any, want: int, timeout: float = 15.0) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        ev = stream.try_next()
-        if ev is not None:
-            out.append(ev)
-    return out
 
 
 def _primary_oplog(c: ShardedCluster, client: pymongo.MongoClient, db: str) -> list[dict]:
@@ -190,8 +181,8 @@ def test_commit_applyops_and_change_events(cluster: ShardedCluster) -> None:
             s.commit_transaction()
             lsid = s.session_id
         db.seed.insert_one({"_id": "marker"})
-        evs = _read(expanded, 4)
-        plain_evs = _read(plain, 2)
+        evs = read_events(expanded, 4)
+        plain_evs = read_events(plain, 2)
     assert [e["operationType"] for e in evs] == ["create", "createIndexes", "insert", "insert"]
     create, index, insert = evs[:3]
     uuid = create["collectionUUID"]

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import pymongo
+from pymongo.errors import PyMongoError
 
 
 def two_shard_collection(client: pymongo.MongoClient, ns: str) -> tuple[str, str]:
@@ -32,3 +34,18 @@ def read_events(stream: Any, want: int, timeout: float = 20.0) -> list[dict[str,
         if ev is not None:
             out.append(ev)
     return out
+
+
+def commit_in_background(session: Any) -> tuple[threading.Thread, list[BaseException]]:
+    """Start ``session.commit_transaction()`` on a thread (it may block in two-phase commit);
+    returns the started thread and the list that receives its PyMongoError, if any."""
+    errors: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            session.commit_transaction()
+        except PyMongoError as exc:
+            errors.append(exc)
+    t = threading.Thread(target=commit)
+    t.start()
+    return t, errors
