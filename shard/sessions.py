@@ -445,7 +445,7 @@ class Sessions:
         self._sessions: dict[bytes, Session] = {}
         self.lifetime_s = 60  # transactionLifetimeLimitSeconds
         self._reaper: asyncio.Task | None = None
-        self._decision_waiters: list[asyncio.Future] = []  # shard.prepare_conflicts
+        self._decision_waiters: list[asyncio.Future] = []  # shard.commit_recovery
 
     async def wait_decision(self, timeout_s: float) -> None:
         """Wait until a prepared transaction is committed or aborted (:meth:`decided`), at most
