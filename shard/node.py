@@ -35,7 +35,7 @@ from shard.change_stream import cursor as cs_cursor
 from shard.change_stream import promise_faults
 from shard.auth_store import LocalUserStore
 from shard.durable import DurableStore
-from shard.prepare_conflicts import read_namespace, wait_for_prepared
+from shard.prepare_conflicts import wait_for_prepared
 from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
 from shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
@@ -242,8 +242,17 @@ class ShardNode(Node):
                 self.cluster_time_fields(req, reply)
                 return reply
             # a statement reading at the transaction's snapshot waits for the prepared
-            # transactions it would meet (shard.prepare_conflicts)
-            await wait_for_prepared(self, read_namespace(req), txn.read_ts, own=txn)
+            # transactions it would meet (shard.prepare_conflicts); MaxTimeMSExpired (50) while
+            # waiting aborts the transaction, as any failed statement
+            try:
+                await wait_for_prepared(self, req, txn.read_ts, own=txn)
+            except MongoError as exc:
+                self.sessions.abort_on_error(req)
+                self._req_txn.pop(id(req), None)
+                exc.labels = self.error_labels(req, exc)
+                reply = exc.to_reply()
+                self.cluster_time_fields(req, reply)
+                return reply
         versioned_write = None
         if "shardVersion" in req.body and self.commands.canonical(req.name) in VERSIONED:
             try:  # a routed request: checked against this shard's version (13388)

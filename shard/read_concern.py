@@ -3,6 +3,9 @@
 * ``afterClusterTime``/``atClusterTime`` beyond the newest oplog entry: the shard writes a
   no-op (``makeNoopWriteIfNeeded``), so its oplog reaches the requested time before the read
   runs and every write at or before it is visible;
+* prepare conflicts (:mod:`shard.prepare_conflicts`): ``snapshot``, ``linearizable`` and
+  ``afterClusterTime`` reads wait for the prepared transactions whose documents they meet;
+  other reads outside transactions ignore them (``canIgnorePrepareConflicts``);
 * ``snapshot`` outside a transaction: the read runs on the collection as of ``atClusterTime``
   (given, else the newest oplog entry's ts: the last applied write) through
   :class:`shard.snapshot.SnapshotView`, and the reply carries ``atClusterTime``
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from bson.timestamp import Timestamp
 
-from shard.prepare_conflicts import read_namespace, wait_for_prepared
+from shard.prepare_conflicts import READ_COMMANDS, wait_for_prepared
 from shardsim.commands import Request
 from shardsim.read_concern import attach_cluster_time, parse
 
@@ -49,9 +52,14 @@ async def run_with_read_concern(node: "ShardNode", handler: Callable[[Request], 
     if target is not None:
         reach(node, target)
     if not rc.snapshot:
+        if rc.after is not None or rc.level == "linearizable":
+            # these reads enforce prepare conflicts (canIgnorePrepareConflicts): they read the
+            # latest data, so any prepared document they meet makes them wait
+            if node.commands.canonical(req.name) in READ_COMMANDS:
+                await wait_for_prepared(node, req, None)
         return await handler(req)
     at = rc.at or node.oplog.last_ts() or node.clock.now()
-    await wait_for_prepared(node, read_namespace(req), at)
+    await wait_for_prepared(node, req, at)
     token = SNAPSHOT_AT.set(at)
     try:
         reply = await handler(req)

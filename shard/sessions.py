@@ -125,6 +125,26 @@ class Transaction:
         # (shard.uncommitted_catalog); the read concern level of its first statement
         self.created: dict[tuple[str, str], Any] = {}
         self.read_level: str | None = None
+        # writers and readers waiting for this transaction to end (shard.write_conflicts,
+        # shard.prepare_conflicts), woken by unlock()
+        self._end_waiters: list[asyncio.Future] | None = None
+
+    async def wait_end(self, timeout_s: float) -> None:
+        """Wait until the transaction commits or aborts (:meth:`unlock`), at most
+        ``timeout_s`` seconds; returns at once when it is neither open nor prepared."""
+        if self.state not in ("in_progress", "prepared"):
+            return
+        fut = asyncio.get_running_loop().create_future()
+        if self._end_waiters is None:
+            self._end_waiters = []
+        self._end_waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if self._end_waiters is not None and fut in self._end_waiters:
+                self._end_waiters.remove(fut)
 
     def view(self, coll: Any) -> "TxnView":
         """The collection as this transaction sees it (its own writes over the committed data)."""
@@ -167,7 +187,13 @@ class Transaction:
                 v.coll.prepared[key] = self
 
     def unlock(self) -> None:
-        """Release what :meth:`lock` took, and the write locks of :meth:`TxnView._remember`."""
+        """Release what :meth:`lock` took, and the write locks of :meth:`TxnView._remember`;
+        wake the writers and readers waiting for the transaction to end (they run once the
+        commit or abort that called this has finished: no await in between)."""
+        waiters, self._end_waiters = self._end_waiters, None
+        for fut in waiters or ():
+            if not fut.done():
+                fut.set_result(None)
         for v in self.views.values():
             for key in v.overlay:
                 if v.coll.prepared.get(key) is self:
@@ -419,7 +445,7 @@ class Sessions:
         self._sessions: dict[bytes, Session] = {}
         self.lifetime_s = 60  # transactionLifetimeLimitSeconds
         self._reaper: asyncio.Task | None = None
-        self._decision_waiters: list[asyncio.Future] = []  # shard.prepare_conflicts
+        self._decision_waiters: list[asyncio.Future] = []  # shard.commit_recovery
 
     async def wait_decision(self, timeout_s: float) -> None:
         """Wait until a prepared transaction is committed or aborted (:meth:`decided`), at most

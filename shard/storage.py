@@ -28,6 +28,7 @@ from bson import Binary
 from shard.snapshot import History
 from shard.collection_kinds import check_measurement, id_index_spec, storage_key
 from shardsim.errors import MongoError
+from shard.write_conflicts import check_held
 from shardsim.values import format_value, get_path, id_key
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
@@ -118,15 +119,6 @@ def _unique_values(values: list[Any]) -> list[Any]:
     return out
 
 
-def _prepared_conflict(ns: str) -> MongoError:
-    # mongod makes such a writer wait for the prepared transaction's decision (a prepare
-    # conflict); shardsim fails it with WriteConflict (112), see docs/transactions.md.
-    return MongoError(112, f"Write conflict during plan execution and yielding is disabled. :: "
-                           f"Please retry your operation or multi-document transaction. "
-                           f"(a prepared transaction holds a document of {ns})",
-                      labels=["TransientTransactionError"])
-
-
 class Collection:
     """One collection: identity (``db``, ``name``, ``uuid`` 16 bytes), ``options`` (as given to
     create, shown by listCollections), ``shard_key`` (dict or None), indexes and documents."""
@@ -154,10 +146,12 @@ class Collection:
             idx.unique = True
             self.indexes["_id_"] = idx
         # id_key -> the prepared, undecided transaction holding the document
-        # (shard.sessions.Transaction.lock): other writers get WriteConflict (112).
+        # (shard.sessions.Transaction.lock): other writers wait for it (shard.write_conflicts),
+        # or get WriteConflict (112) inside transactions.
         self.prepared: dict[Any, Any] = {}
         # id_key -> the in-progress transaction that wrote the document (shard.sessions.TxnView):
-        # another transaction writing it gets WriteConflict (112) at once, as WiredTiger's.
+        # another transaction writing it gets WriteConflict (112) at once, as WiredTiger's; a
+        # write outside transactions waits until it ends (shard.write_conflicts).
         self.txn_writers: dict[Any, Any] = {}
 
     @property
@@ -228,8 +222,8 @@ class Collection:
         check_measurement(self.options, doc)
         regs = self.check_unique(doc)
         k = storage_key(self, doc)
-        if self.prepared and k in self.prepared:
-            raise _prepared_conflict(self.ns)
+        if self.prepared or self.txn_writers:
+            check_held(self, k)  # another transaction holds it: WriteConflictWait
         if self.recorder is not None:
             self.recorder.record(self, k, None)
         self.docs[k] = doc
@@ -240,8 +234,8 @@ class Collection:
     def replace(self, key: Any, new: dict[str, Any]) -> dict[str, Any]:
         """Replace the document at ``key`` by ``new`` (same _id); returns the old document."""
         old = self.docs[key]
-        if self.prepared and key in self.prepared:
-            raise _prepared_conflict(self.ns)
+        if self.prepared or self.txn_writers:
+            check_held(self, key)
         regs = self.check_unique(new, own_key=key)
         if self.recorder is not None:
             self.recorder.record(self, key, old)
@@ -253,8 +247,8 @@ class Collection:
 
     def delete(self, key: Any) -> dict[str, Any]:
         """Remove and return the document at ``key``."""
-        if self.prepared and key in self.prepared:
-            raise _prepared_conflict(self.ns)
+        if self.prepared or self.txn_writers:
+            check_held(self, key)
         old = self.docs.pop(key)
         if self.recorder is not None:
             self.recorder.record(self, key, old)

@@ -154,6 +154,24 @@ def _id_in_list(filt: dict[str, Any]) -> list[Any] | None:
     return vals
 
 
+def pinned_id_keys(filt: dict[str, Any] | None) -> list[Any] | None:
+    """The ``id_key`` of every document ``filt`` can match when it pins ``_id`` (an equality or
+    an ``$in`` of plain values: :func:`select` answers it from the ``_id`` map, as mongod's
+    IDHACK / ``_id`` index plan), else None (a collection scan that reads every document)."""
+    if not filt:
+        return None
+    exact, value = _exact_id(filt)
+    if exact:
+        if isinstance(value, str) and collation.active():
+            return None
+        return [id_key(value)]
+    in_values = _id_in_list(filt)
+    if in_values is not None and not (collation.active() and
+                                      any(isinstance(v, str) for v in in_values)):
+        return [id_key(v) for v in in_values]
+    return None
+
+
 def select(coll: Any, filt: dict[str, Any] | None) -> Iterator[tuple[Any, dict[str, Any]]]:
     """``(id_key, doc)`` for every document of ``coll`` matching ``filt`` in natural order.
 

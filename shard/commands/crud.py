@@ -27,6 +27,7 @@ from shard.commands.helpers import (begin_write, check_fields, coll_name, finish
 from shardsim.errors import view_error
 from shard.storage import Collection, id_key
 from shard import hints, shard_key_update, validation
+from shard.write_conflicts import WriteConflictWait, check_statement, write_conflict_retry
 from shard.write_context import WriteContext
 
 if TYPE_CHECKING:
@@ -93,6 +94,16 @@ def _prepare_insert(doc: Any, raw_size: int | None) -> dict[str, Any]:
     return doc
 
 
+def _interrupted(node: ShardNode, ctx: WriteContext, exc: MongoError) -> None:
+    """Re-raise an interruption (MaxTimeMSExpired 50 while waiting for a write conflict): it
+    fails the whole batch, not one statement (``write_ops_exec.cpp`` ``handleError``); the
+    statements that ran stay recorded for a retryable write."""
+    if exc.code == 50:
+        if ctx.retry is not None:
+            node.sessions.note(ctx.retry)
+        raise exc
+
+
 def _batch_opts(req: Request) -> tuple[bool, bool]:
     """``(ordered, bypassDocumentValidation)``; TypeMismatch (14) for a non-bool ordered."""
     ordered = req.body.get("ordered", True)
@@ -142,7 +153,10 @@ async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
             raw_size = len(raw_docs[i]) if raw_docs is not None else None
             doc = _prepare_insert(doc, raw_size)
             validation.check(coll, doc)
-            k = coll.insert(doc)
+            try:
+                k = coll.insert(doc)
+            except WriteConflictWait as exc:  # writeConflictRetry (shard.write_conflicts)
+                k = await write_conflict_retry(req, exc, lambda: coll.insert(doc))
             if note:
                 storage.note_doc(coll, k, doc)
             node.log_op("i", coll, doc, coll.document_key(doc), ctx=ctx, size=raw_size)
@@ -150,6 +164,7 @@ async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
                 retry.record_result(ctx.stmt_id, 1)
             n += 1
         except MongoError as exc:
+            _interrupted(node, ctx, exc)
             errors.append(_write_error(i, exc))
             if ordered or txn is not None:
                 break
@@ -208,6 +223,8 @@ def _do_update(node: ShardNode, coll: Collection | None, db: str, name: str,
                stmt: dict[str, Any], ctx: WriteContext, filt: dict[str, Any], upd: Any,
                multi: bool, upsert: bool, kind: str, array_filters: Any) -> tuple[int, int, Any]:
     storage = node.storage
+    if ctx.txn is None and coll is not None and (coll.prepared or coll.txn_writers):
+        check_statement(coll, filt, multi)  # waits before it starts (shard.write_conflicts)
     matched = modified = 0
     for key, doc in _candidates(coll, filt, stmt.get("sort") if not multi else None):
         concrete = update_lang.expand_positional(doc, upd, filt, array_filters)
@@ -289,7 +306,12 @@ async def update(node: ShardNode, req: Request) -> dict[str, Any]:
                     m, mod, up = int(done), int(done), _NONE
             else:
                 coll = txn_view(node, storage.get(req.db, name), ctx)
-                m, mod, up = do_update(node, coll, req.db, name, stmt, ctx, i)
+                try:
+                    m, mod, up = do_update(node, coll, req.db, name, stmt, ctx, i)
+                except WriteConflictWait as exc:  # writeConflictRetry (shard.write_conflicts)
+                    m, mod, up = await write_conflict_retry(req, exc, lambda: do_update(
+                        node, txn_view(node, storage.get(req.db, name), ctx), req.db, name,
+                        stmt, ctx, i))
                 if retry is not None:
                     retry.record_result(ctx.stmt_id, {"n": m, "m": mod,
                                                       "u": [up] if up is not _NONE else []})
@@ -299,6 +321,7 @@ async def update(node: ShardNode, req: Request) -> dict[str, Any]:
                 n += 1
                 upserted.append({"index": i, "_id": up})
         except MongoError as exc:
+            _interrupted(node, ctx, exc)
             errors.append(_write_error(i, exc))
             if ordered or ctx.txn is not None:
                 break
@@ -317,6 +340,29 @@ def delete_doc(node: ShardNode, coll: Collection, key: Any, ctx: WriteContext) -
         node.storage.note_doc(coll, key, None)
     node.log_op("d", coll, coll.document_key(old), None, ctx=ctx, pre_image=old)
     return old
+
+
+def _delete_stmt(node: ShardNode, req: Request, name: str, stmt: dict[str, Any],
+                 ctx: WriteContext) -> int:
+    """Run one checked delete statement ``{q, limit}``; returns how many it deleted. Outside a
+    transaction, :class:`WriteConflictWait` before anything is deleted when another
+    transaction holds a document it meets."""
+    coll = txn_view(node, node.storage.get(req.db, name), ctx)
+    limit = stmt["limit"]
+    if ctx.txn is None and coll is not None and (coll.prepared or coll.txn_writers):
+        with collation_scope(stmt.get("collation")):
+            check_statement(coll, stmt["q"], limit == 0)
+    deleted = 0
+    matched: Any = q.select(coll, stmt["q"])
+    if stmt.get("collation") is not None:
+        with collation_scope(stmt["collation"]):
+            matched = list(matched)
+    for key, _doc in matched:
+        delete_doc(node, coll, key, ctx)
+        deleted += 1
+        if limit == 1:
+            break
+    return deleted
 
 
 @commands.handler("delete")
@@ -356,21 +402,16 @@ async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
                     n += int(done) if not isinstance(done, dict) else int(done.get("n", 0))
                     continue
             hints.check_hint(storage.get(req.db, name), stmt.get("hint"))
-            coll = txn_view(node, storage.get(req.db, name), ctx)
-            deleted = 0
-            matched: Any = q.select(coll, stmt["q"])
-            if stmt.get("collation") is not None:
-                with collation_scope(stmt["collation"]):
-                    matched = list(matched)
-            for key, _doc in matched:
-                delete_doc(node, coll, key, ctx)
-                deleted += 1
-                if limit == 1:
-                    break
+            try:
+                deleted = _delete_stmt(node, req, name, stmt, ctx)
+            except WriteConflictWait as exc:  # writeConflictRetry (shard.write_conflicts)
+                deleted = await write_conflict_retry(
+                    req, exc, lambda: _delete_stmt(node, req, name, stmt, ctx))
             n += deleted
             if retry is not None:
                 retry.record_result(ctx.stmt_id, deleted)
         except MongoError as exc:
+            _interrupted(node, ctx, exc)
             errors.append(_write_error(i, exc))
             if ordered or ctx.txn is not None:
                 break
@@ -379,6 +420,56 @@ async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
 
 
 # -- findAndModify ------------------------------------------------------------------------
+def _find_and_modify_once(node: ShardNode, req: Request, name: str, ctx: WriteContext,
+                          filt: dict[str, Any], sort: Any, fields: Any) -> tuple[dict, Any]:
+    """One attempt of a findAndModify: ``(lastErrorObject, value)``. Outside a transaction,
+    :class:`WriteConflictWait` before anything changed when another transaction holds the
+    document it would modify (or a prepared one its scan meets)."""
+    storage = node.storage
+    body = req.body
+    remove = body.get("remove", False)
+    upd = body.get("update")
+    new_opt = body.get("new", False)
+    upsert = body.get("upsert", False)
+    coll = txn_view(node, storage.get(req.db, name), ctx)
+    if ctx.txn is None and coll is not None and coll.prepared:
+        check_statement(coll, filt, False)  # a prepare conflict of its scan
+    candidates = list(q.select(coll, filt))
+    if sort and len(candidates) > 1:
+        order = q.sort_docs([d for _, d in candidates], sort)
+        by_id = {id(d): k for k, d in candidates}
+        candidates = [(by_id[id(d)], d) for d in order]
+    value = None
+    leo: dict[str, Any] = {"n": 0}
+    if remove:
+        if candidates:
+            key, doc = candidates[0]
+            value = delete_doc(node, coll, key, ctx)
+            leo = {"n": 1}
+    elif candidates:
+        key, doc = candidates[0]
+        concrete = update_lang.expand_positional(doc, upd, filt, body.get("arrayFilters"))
+        new = update_lang.apply_update(doc, concrete, filt)
+        if not update_lang.is_noop(doc, new, concrete):
+            shard_key_update.check_update(node, ctx, f"{req.db}.{name}", doc, new, False)
+            apply_replace(node, coll, key, doc, new, concrete, ctx)
+        value = new if new_opt else doc
+        leo = {"n": 1, "updatedExisting": True}
+    elif upsert:
+        stmt = {"q": filt, "u": upd, "upsert": True}
+        if body.get("arrayFilters") is not None:
+            stmt["arrayFilters"] = body["arrayFilters"]
+        _, _, up = do_update(node, coll, req.db, name, stmt, ctx, 0)
+        coll = txn_view(node, storage.get(req.db, name), ctx)
+        leo = {"n": 1, "updatedExisting": False, "upserted": up}
+        value = coll.docs.get(id_key(up)) if new_opt else None
+    else:
+        leo = {"n": 0, "updatedExisting": False}
+    if value is not None and fields:
+        value = q.project([value], fields)[0]
+    return leo, value
+
+
 @commands.handler("findAndModify", "findandmodify")
 async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
     """``findAndModify`` (``find_and_modify.cpp``): ``{lastErrorObject: {n, updatedExisting?,
@@ -415,41 +506,13 @@ async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
         if isinstance(done, dict):
             return {**done, "retriedStmtId": ctx.stmt_id}
     hints.check_hint(storage.get(req.db, name), body.get("hint"))
-    coll = txn_view(node, storage.get(req.db, name), ctx)
+    args = (node, req, name, ctx, filt, sort, fields)
     try:
-        candidates = list(q.select(coll, filt))
-        if sort and len(candidates) > 1:
-            order = q.sort_docs([d for _, d in candidates], sort)
-            by_id = {id(d): k for k, d in candidates}
-            candidates = [(by_id[id(d)], d) for d in order]
-        value = None
-        leo: dict[str, Any] = {"n": 0}
-        if remove:
-            if candidates:
-                key, doc = candidates[0]
-                value = delete_doc(node, coll, key, ctx)
-                leo = {"n": 1}
-        elif candidates:
-            key, doc = candidates[0]
-            concrete = update_lang.expand_positional(doc, upd, filt, body.get("arrayFilters"))
-            new = update_lang.apply_update(doc, concrete, filt)
-            if not update_lang.is_noop(doc, new, concrete):
-                shard_key_update.check_update(node, ctx, f"{req.db}.{name}", doc, new, False)
-                apply_replace(node, coll, key, doc, new, concrete, ctx)
-            value = new if new_opt else doc
-            leo = {"n": 1, "updatedExisting": True}
-        elif upsert:
-            stmt = {"q": filt, "u": upd, "upsert": True}
-            if body.get("arrayFilters") is not None:
-                stmt["arrayFilters"] = body["arrayFilters"]
-            _, _, up = do_update(node, coll, req.db, name, stmt, ctx, 0)
-            coll = txn_view(node, storage.get(req.db, name), ctx)
-            leo = {"n": 1, "updatedExisting": False, "upserted": up}
-            value = coll.docs.get(id_key(up)) if new_opt else None
-        else:
-            leo = {"n": 0, "updatedExisting": False}
-        if value is not None and fields:
-            value = q.project([value], fields)[0]
+        try:
+            leo, value = _find_and_modify_once(*args)
+        except WriteConflictWait as exc:  # writeConflictRetry (shard.write_conflicts)
+            leo, value = await write_conflict_retry(req, exc,
+                                                    lambda: _find_and_modify_once(*args))
     except MongoError as exc:
         if ctx.txn is not None and exc.code != shard_key_update.WCOS:
             node.sessions.abort_on_error(req)  # WouldChangeOwningShard leaves it open

@@ -62,6 +62,9 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     try:
         # collections the transaction created join the catalog first (112 when taken)
         added = uncommitted_catalog.publish(node, txn)
+        # its documents stop being held first, so the storage layer lets their owner write
+        # them; the writers waiting on them run only after this commit (shard.write_conflicts)
+        txn.unlock()
         txn.apply(node.storage)
     except MongoError:
         uncommitted_catalog.unpublish(node, added)
@@ -69,7 +72,6 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
         txn.rollback()
         raise
     txn.state = "committed"
-    txn.unlock()
     if not txn.ops:
         return _with_write_concern(req, {})
     # lsid/txnNumber and prevOpTime, no stmtId: the applyOps entry of a transaction.

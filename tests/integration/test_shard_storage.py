@@ -588,7 +588,22 @@ def test_transaction_writes_are_isolated_until_commit(raw, client):
     assert list(client.iso.c.find()) == [{"_id": 0, "n": 0}]
     tx2 = {**tx, "txnNumber": Int64(2)}
     raw("iso", {"insert": "c", "documents": [{"_id": 5}], "startTransaction": True, **tx2})
-    client.iso.c.insert_one({"_id": 5, "outside": True})  # a concurrent writer takes the key
+    # A concurrent writer of the same key waits for the transaction (writeConflictRetry),
+    # then finds the key taken.
+    outcome: list[Exception] = []
+
+    def outside() -> None:
+        try:
+            client.iso.c.insert_one({"_id": 5, "outside": True})
+        except Exception as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    t = threading.Thread(target=outside)
+    t.start()
+    time.sleep(0.5)
+    assert t.is_alive()
     r = raw("admin", {"commitTransaction": 1, **tx2})
-    assert r["code"] == 112 and r["errorLabels"] == ["TransientTransactionError"]
-    assert client.iso.c.find_one({"_id": 5}) == {"_id": 5, "outside": True}
+    assert r["ok"] == 1.0, r
+    t.join(10)
+    assert [type(e) for e in outcome] == [DuplicateKeyError]
+    assert client.iso.c.find_one({"_id": 5}) == {"_id": 5}
