@@ -11,15 +11,18 @@ result and, for skips, the reason (from ``runOnRequirements``), then the summary
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import quote_plus
 
 import click
 from pymongo.errors import PyMongoError
 
-from .runner import DEFAULT_ITERATE_TIMEOUT, Runner, TestResult
+from .runner import DEFAULT_ITERATE_TIMEOUT, Runner, TestResult, redact_uri
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,27 +87,79 @@ def default_spec_dir() -> Path:
     return CACHE_SPEC_DIR
 
 
+def credentials_from_env() -> tuple[str, str]:
+    """The user ``--auth`` creates and authenticates as: ``$MONGO_INITDB_ROOT_USERNAME`` /
+    ``$MONGO_INITDB_ROOT_PASSWORD``, default ``root`` / ``root`` (as ``shardsim up --auth``)."""
+    return (os.environ.get("MONGO_INITDB_ROOT_USERNAME") or "root",
+            os.environ.get("MONGO_INITDB_ROOT_PASSWORD") or "root")
+
+
+def with_credentials(uri: str, user: str, password: str, auth_source: str = "admin") -> str:
+    """``mongodb://h:p,.../[db][?opts]`` with ``user:password@`` (percent-encoded) and
+    ``authSource`` added, as a driver's test runner puts its credentials in the URI."""
+    scheme, rest = uri.split("://", 1)
+    hosts, sep, tail = rest.partition("/")
+    path, qmark, query = tail.partition("?")
+    opts = [o for o in query.split("&") if o]
+    if not any(o.lower().startswith("authsource=") for o in opts):
+        opts.append(f"authSource={auth_source}")
+    return (f"{scheme}://{quote_plus(user)}:{quote_plus(password)}@{hosts}/{path}"
+            f"?{'&'.join(opts)}")
+
+
 @contextlib.contextmanager
 def deployment(topology: str, uri: str | None, shards: int,
-               mongoses: int = 1) -> Iterator[str]:
+               mongoses: int = 1, auth: tuple[str, str] | None = None) -> Iterator[str]:
     """Yield a connection string for ``topology``; start (and always stop) processes if
     needed. A started sharded cluster has ``mongoses`` routers, all listed in the URI (tests
-    whose clients set ``useMultipleMongoses: true`` need at least two)."""
+    whose clients set ``useMultipleMongoses: true`` need at least two). ``auth``: ``(user,
+    password)``: the started processes get a key file (authentication on) and that user with
+    ``root`` on ``admin``; the URI carries the credentials. With ``uri`` it is ignored (put
+    the credentials in the URI)."""
     if uri:
         yield uri
         return
     if topology == "sharded":
         from shardsim.launcher import Cluster
-        with Cluster(shards=shards, routers=mongoses) as cluster:
-            yield cluster.routers_uri
+        with Cluster(shards=shards, routers=mongoses, auth=auth) as cluster:
+            target = cluster.routers_uri
+            yield with_credentials(target, *auth) if auth else target
         return
     from shardsim.procs import RoleProcess
-    shard = RoleProcess("shard", ["--port", "0", "--shard-name", "rs0"], name="shard rs0")
-    shard.start()
+    with contextlib.ExitStack() as stack:
+        args = ["--port", "0", "--shard-name", "rs0"]
+        if auth:
+            key_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="shardsim-spec-"))
+            args += ["--keyFile", _write_key_file(key_dir)]
+        shard = RoleProcess("shard", args, name="shard rs0")
+        shard.start()
+        stack.callback(shard.stop)
+        target = f"mongodb://{shard.host}:{shard.port}/?directConnection=true"
+        if auth:
+            _create_root_user(target, *auth)
+            target = with_credentials(target, *auth)
+        yield target
+
+
+def _write_key_file(directory: str) -> str:
+    """A random key file (mode 0600) in ``directory``, like the launcher's."""
+    import base64
+    path = os.path.join(directory, "keyfile")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(base64.b64encode(os.urandom(756)).decode() + "\n")
+    return path
+
+
+def _create_root_user(uri: str, user: str, password: str) -> None:
+    """The first user of a fresh process, through the localhost exception."""
+    import pymongo
+    client: pymongo.MongoClient = pymongo.MongoClient(uri, serverSelectionTimeoutMS=30000)
     try:
-        yield f"mongodb://{shard.host}:{shard.port}/?directConnection=true"
+        client.admin.command("createUser", user, pwd=password,
+                             roles=[{"role": "root", "db": "admin"}])
     finally:
-        shard.stop()
+        client.close()
 
 
 def summary_line(results: list[TestResult]) -> str:
@@ -182,12 +237,17 @@ def render_table(results: list[TestResult], console: object) -> None:
 @click.option("--shards", default=2, show_default=True, help="Shards of the started cluster.")
 @click.option("--mongoses", default=2, show_default=True,
               help="Routers of the started sharded cluster (useMultipleMongoses tests need 2).")
+@click.option("--auth", is_flag=True,
+              help="Start the deployment with authentication on (a key file and a root user from "
+                   "$MONGO_INITDB_ROOT_USERNAME / $MONGO_INITDB_ROOT_PASSWORD, default root / "
+                   "root) and run every client as that user. With --uri, put the credentials "
+                   "in the URI instead.")
 @click.option("--iterate-timeout", default=DEFAULT_ITERATE_TIMEOUT, show_default=True,
               help="Seconds iterateUntilDocumentOrError waits for a change event.")
 @click.option("--verbose", "-v", is_flag=True, help="Print each failure's full diff/traceback.")
 def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], suites: tuple[str, ...],
-         name_filter: str | None, shards: int, mongoses: int, iterate_timeout: float,
-         verbose: bool) -> None:
+         name_filter: str | None, shards: int, mongoses: int, auth: bool,
+         iterate_timeout: float, verbose: bool) -> None:
     """Run unified spec tests (default: change streams) with pymongo and print
     passed/failed/skipped; with --suite, a table per suite."""
     from rich.console import Console
@@ -207,14 +267,20 @@ def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], suites: tu
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         try:
-            target = stack.enter_context(deployment(topology, uri, shards, mongoses))
+            if auth and uri:
+                raise click.ClickException("--auth starts an authenticated deployment; with "
+                                           "--uri put the credentials in the URI "
+                                           "(mongodb://user:password@host/?authSource=admin)")
+            creds = credentials_from_env() if auth else None
+            target = stack.enter_context(deployment(topology, uri, shards, mongoses, creds))
             runner = stack.enter_context(Runner(target, iterate_timeout=iterate_timeout))
         except (RuntimeError, PyMongoError) as exc:
             raise click.ClickException(f"cannot start or reach the deployment: {exc}") from None
         console.print(f"running unified spec tests from {', '.join(map(str, dirs))} against "
-                      f"{target}")
+                      f"{redact_uri(target)}")
         info = runner.info
-        console.print(f"server {'.'.join(map(str, info.version))}, topology {info.topology}")
+        console.print(f"server {'.'.join(map(str, info.version))}, topology {info.topology}, "
+                      f"auth {'on (' + ', '.join(info.auth_mechanisms) + ')' if info.auth else 'off'}")
         if uri and info.topology != topology:
             console.print(f"note: --topology {topology} ignored, the deployment at --uri is "
                           f"{info.topology}")

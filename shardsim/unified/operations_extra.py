@@ -227,15 +227,20 @@ def _client_bulk_result(r: Any) -> dict[str, Any]:
 
 
 def direct_command(cache: dict[tuple[str, int], Any], address: tuple[str, int],
-                   cmd: Mapping[str, Any]) -> Any:
+                   cmd: Mapping[str, Any], uri: str | None = None) -> Any:
     """Run ``cmd`` on ``admin`` of the one server at ``address`` through an internal client
     connected directly to it, kept in ``cache`` (format: ``targetedFailPoint`` on the pinned
-    mongos, ``killAllSessions`` on each mongos)."""
+    mongos, ``killAllSessions`` on each mongos). ``uri``: a connection string for that server
+    whose credentials and options the client takes (an authenticated deployment)."""
     from pymongo import MongoClient
     client = cache.get(address)
     if client is None:
-        client = cache[address] = MongoClient(address[0], address[1], directConnection=True,
-                                              serverSelectionTimeoutMS=10000)
+        if uri is not None:
+            client = MongoClient(uri, directConnection=True, serverSelectionTimeoutMS=10000)
+        else:
+            client = MongoClient(address[0], address[1], directConnection=True,
+                                 serverSelectionTimeoutMS=10000)
+        cache[address] = client
     return client.admin.command(dict(cmd))
 
 

@@ -77,16 +77,38 @@ def _hosts_of(uri: str) -> list[tuple[str, int]]:
     return list(parse_uri(uri, validate=False, warn=True)["nodelist"])
 
 
-def _single_host_uri(uri: str) -> str:
-    """``uri`` reduced to its first host, keeping options (useMultipleMongoses: false)."""
-    parsed = parse_uri(uri, validate=False, warn=True)
-    nodes = parsed["nodelist"]
-    if len(nodes) <= 1:
-        return uri
+def _split_uri(uri: str) -> tuple[str, str, str, str]:
+    """``scheme://[userinfo@]hosts[/tail]`` → ``(scheme, "userinfo@" or "", hosts, "/tail" or "")``
+    (userinfo is percent-encoded, so it has no ``/`` and its last ``@`` ends it)."""
     scheme, rest = uri.split("://", 1)
     hostpart, sep, tail = rest.partition("/")
-    host, port = nodes[0]
-    return f"{scheme}://{host}:{port}/{tail}" if sep else f"{scheme}://{host}:{port}"
+    userinfo, at, hosts = hostpart.rpartition("@")
+    return scheme, userinfo + at, hosts, sep + tail
+
+
+def _single_host_uri(uri: str) -> str:
+    """``uri`` reduced to its first host, keeping credentials and options
+    (useMultipleMongoses: false)."""
+    nodes = parse_uri(uri, validate=False, warn=True)["nodelist"]
+    if len(nodes) <= 1:
+        return uri
+    return host_uri(uri, nodes[0])
+
+
+def host_uri(uri: str, address: tuple[str, int]) -> str:
+    """``uri`` with its host list replaced by ``address`` (credentials and options kept)."""
+    scheme, userinfo, _hosts, tail = _split_uri(uri)
+    host, port = address
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{userinfo}{host}:{port}{tail}"
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` with the password of its userinfo replaced by ``***`` (for printing)."""
+    scheme, userinfo, hosts, tail = _split_uri(uri)
+    if ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***@"
+    return f"{scheme}://{userinfo}{hosts}{tail}"
 
 
 @dataclass
@@ -158,7 +180,17 @@ class Runner:
                 rs_shards = bool(shards) and all("/" in s.get("host", "") for s in shards)
             except PyMongoError:
                 rs_shards = False
-        auth = parse_uri(self.uri, validate=False, warn=True).get("username") is not None
+        # auth: the runner (and every client entity) authenticates with the URI's credentials,
+        # so authentication is on exactly when the URI has a user; the mechanisms are what the
+        # server offers that user (hello's saslSupportedMechs), as drivers' runners ask
+        parsed = parse_uri(self.uri, validate=False, warn=True)
+        user = parsed.get("username")
+        auth = user is not None
+        mechanisms: list[str] = []
+        if auth:
+            source = parsed["options"].get("authsource") or parsed.get("database") or "admin"
+            reply = admin.command("hello", saslSupportedMechs=f"{source}.{user}")
+            mechanisms = list(reply.get("saslSupportedMechs") or [])
         csfle = importlib.util.find_spec("pymongocrypt") is not None and (
             shutil.which("mongocryptd") is not None)
 
@@ -169,11 +201,13 @@ class Runner:
             return reply[name]
 
         return ServerInfo(version=version, topology=topology, serverless=serverless, auth=auth,
-                          csfle=csfle, shards_are_replica_sets=rs_shards,
+                          auth_mechanisms=mechanisms, csfle=csfle, shards_are_replica_sets=rs_shards,
                           get_parameter=get_parameter)
 
     def command_on(self, address: tuple[str, int], cmd: Mapping[str, Any]) -> Any:
-        return ops_extra.direct_command(self._per_mongos, address, cmd)  # pinned mongos etc.
+        # pinned mongos etc.; with the deployment's credentials, if any
+        return ops_extra.direct_command(self._per_mongos, address, cmd,
+                                        uri=host_uri(self.uri, address))
     def _kill_all_sessions(self) -> None:
         """Terminate open transactions (format §Terminating Open Transactions) on every mongos.
         Interrupted (11601), Unauthorized (13) and CommandNotFound (59, a server without the
