@@ -11,7 +11,8 @@ documents: ``{_id: {id: UUID, uid: BinData(0, sha256)}, lastUse: Date}`` with
 Stage options (``ListSessionsSpec``): ``{}`` lists the current user's sessions (the
 no-auth uid, SHA-256 of the empty string, without authentication), ``{allUsers: true}``
 every session, ``{users: [{user, db}, ...]}`` those users' sessions. Errors as mongod's:
-InvalidNamespace (73) outside ``{aggregate: 1}`` on ``admin``, FailedToParse (9) for a
+InvalidNamespace (73) outside ``{aggregate: 1}`` (on any database, as mongod since 3.6's
+``isCollectionlessAggregateNS`` check), FailedToParse (9) for a
 non-object spec, 40414/40415/14 for the spec's fields, 50705 for ``allUsers`` with
 ``users``.
 """
@@ -131,8 +132,9 @@ def is_list_local_sessions(pipeline: Any) -> bool:
 def local_sessions_docs(cache: LocalSessionCache, db: str, target: Any, pipeline: list[Any],
                         conn: Any) -> list[dict[str, Any]]:
     """The documents of a pipeline's leading ``$listLocalSessions`` stage; InvalidNamespace
-    (73) unless it is ``{aggregate: 1}`` on ``admin``."""
-    if db != "admin" or target != 1 or isinstance(target, bool):
-        raise MongoError(73, f"{STAGE} must be run against the 'admin' database with "
-                             f"{{aggregate: 1}}")
+    (73) unless it is ``{aggregate: 1}`` (on any database ``db``:
+    ``document_source_list_local_sessions.cpp`` checks ``isCollectionlessAggregateNS`` only)."""
+    if target != 1 or isinstance(target, bool):
+        raise MongoError(73, f"{STAGE} must be run against the database with {{aggregate: 1}}, "
+                             f"not a collection")
     return cache.list(pipeline[0][STAGE], conn)

@@ -155,8 +155,11 @@ def test_list_local_sessions(router_client: pymongo.MongoClient,
             none = list(client.admin.aggregate(
                 [{"$listLocalSessions": {"users": [{"user": "nobody", "db": "admin"}]}}]))
             assert none == []
+        # any database with {aggregate: 1} (mongod checks isCollectionlessAggregateNS only)
+        assert list(client.test.aggregate([{"$listLocalSessions": {"allUsers": True}},
+                                           {"$limit": 1}, {"$count": "n"}])) == [{"n": 1}]
         with pytest.raises(OperationFailure) as info:
-            list(client.test.aggregate([{"$listLocalSessions": {}}]))
+            list(client.test.coll.aggregate([{"$listLocalSessions": {}}]))
         assert info.value.code == 73
         with pytest.raises(OperationFailure) as info:
             list(client.admin.aggregate([{"$listLocalSessions": {"allUsers": True,

@@ -38,10 +38,12 @@ def test_records_and_filters() -> None:
     assert len(cache.list({"allUsers": True}, ANON)) == 2
     assert cache.list({"users": [{"user": "alice", "db": "admin"}]}, ANON) == alice
     assert len(local_sessions_docs(cache, "admin", 1, [{"$listLocalSessions": {}}], ANON)) == 1
+    # any database, as long as it is {aggregate: 1} (isCollectionlessAggregateNS)
+    assert len(local_sessions_docs(cache, "test", 1, [{"$listLocalSessions": {}}], ANON)) == 1
 
 
 @pytest.mark.parametrize("db, target, spec, code", [
-    ("test", 1, {}, 73), ("admin", "coll", {}, 73), ("admin", 1, 5, 9),
+    ("test", "coll", {}, 73), ("admin", "coll", {}, 73), ("admin", True, {}, 73), ("admin", 1, 5, 9),
     ("admin", 1, {"bogus": 1}, 40415), ("admin", 1, {"allUsers": True, "users": []}, 50705),
     ("admin", 1, {"users": [{"user": 1}]}, 40414)])
 def test_errors(db: str, target: object, spec: object, code: int) -> None:
