@@ -22,7 +22,8 @@ from urllib.parse import quote_plus
 import click
 from pymongo.errors import PyMongoError
 
-from .runner import DEFAULT_ITERATE_TIMEOUT, Runner, TestResult, redact_uri
+from .runner import DEFAULT_ITERATE_TIMEOUT, Runner, TestResult
+from .uris import redact_uri
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

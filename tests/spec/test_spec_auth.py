@@ -14,7 +14,8 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from shardsim.unified.cli import deployment, suite_dir, with_credentials
-from shardsim.unified.runner import Runner, _single_host_uri, host_uri, redact_uri
+from shardsim.unified.runner import Runner
+from shardsim.unified.uris import _single_host_uri, host_uri, redact_uri
 
 USER, PASSWORD = "spec-root", "p@ss:w/rd"  # needs percent-encoding in the URI
 

@@ -18,7 +18,8 @@ from shardsim.unified.matcher import MatchError, Matcher, RunnerError, bson_type
 from shardsim.unified.requirements import (ServerInfo, check_schema_version, parse_version,
                                            skip_reason)
 from shardsim.unified.files import load_test_file
-from shardsim.unified.runner import exact_equal, _single_host_uri
+from shardsim.unified.runner import exact_equal
+from shardsim.unified.uris import _single_host_uri
 from shardsim.unified.cli import summary_line
 from shardsim.unified.runner import TestResult as Result
 
