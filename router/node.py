@@ -143,6 +143,16 @@ class RouterNode(Node):
         await self.catalog.refresh()
         return reply["primary"]
 
+    async def _reload_empty_shard_registry(self) -> None:
+        """Reload the catalog when it knows no shard (a router started before the shards were
+        added, between two periodic refreshes), as ``ShardRegistry::getAllShardIds`` reloads
+        an empty registry before answering (``shard_registry.cpp``). Concurrent callers share
+        one reload; a config server that does not answer leaves the catalog as it is."""
+        try:
+            await self.catalog.refresh(if_generation=self.catalog.generation)
+        except MongoError as exc:
+            log.debug("catalog reload failed: %s", exc.errmsg)
+
     def read_primary(self, db: str) -> str | None:
         """Where reads of an unsharded namespace of ``db`` go: its primary shard, or the first
         shard when the database does not exist (it then answers "empty"/"not found")."""
@@ -158,6 +168,8 @@ class RouterNode(Node):
         (:data:`shardsim.gossip.OPERATION_TIME`)."""
         token = OPERATION_TIME.set([None])
         try:
+            if not self.catalog.shards():
+                await self._reload_empty_shard_registry()
             if req.body.get("autocommit") is False:
                 # inside a transaction a statement is not re-run on StaleConfig: the error
                 # aborts the transaction, which the driver retries whole

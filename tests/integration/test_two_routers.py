@@ -52,3 +52,26 @@ def test_database_made_on_one_router_is_read_on_the_other(cluster_factory: Any) 
     finally:
         a.close()
         b.close()
+
+
+def test_router_that_knows_no_shard_reloads_before_answering() -> None:
+    """A router whose catalog was loaded before the shards were added (and not refreshed
+    since) reloads it before routing, as ``ShardRegistry::getAllShardIds`` reloads an empty
+    registry: a delete on a new database answers ``n: 0`` instead of ShardNotFound (70)."""
+    from shardsim.testing import ShardedCluster
+
+    with ShardedCluster(shards=2, routers=2) as c:
+        router = c.cluster.node("router1")
+
+        async def forget_shards() -> None:  # on the cluster's loop: no refresh between
+            router._refresher.cancel()
+            router.catalog._shards = {}
+            router.catalog._shard_docs = []
+        c._call(forget_shards())
+        client = pymongo.MongoClient(c.uris[1])
+        try:
+            assert client.fresh.c.delete_many({}).deleted_count == 0
+            assert client.fresh2.c.find_one() is None
+        finally:
+            client.close()
+        assert router.catalog.shards()
