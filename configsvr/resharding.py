@@ -288,9 +288,10 @@ async def _commit_in_critical_section(node: ConfigServerNode, op: ReshardOp) -> 
     await _move_session_records(node, op)
     now = node.clock.now()
     ns = op.ns
-    if op.entry is not None:
-        await node.delete("chunks", {"uuid": op.old_uuid})
     untrack = op.provenance != "reshardCollection" and op.to_shard == op.primary
+    # A router reads config.collections and config.chunks one after the other: the new chunks
+    # go in first and the entry is swapped in one write, so every read pairs an entry with its
+    # own complete chunks (old entry + old chunks, or new + new); the old chunks go last.
     if untrack:
         await node.delete("collections", {"_id": ns})
     else:
@@ -301,10 +302,14 @@ async def _commit_in_critical_section(node: ConfigServerNode, op: ReshardOp) -> 
         doc.pop("unsplittable", None)
         if op.provenance != "reshardCollection":
             doc["unsplittable"] = True
-        await node.delete("collections", {"_id": ns})
-        await node.insert("collections", [doc])
         await node.insert("chunks", [chunk_doc(op.new_uuid, op.pattern, c, Timestamp(1, i), now)
                                      for i, c in enumerate(op.chunks)])
+        if op.entry is not None:
+            await node.update("collections", {"_id": ns}, doc)
+        else:
+            await node.insert("collections", [doc])
+    if op.entry is not None:
+        await node.delete("chunks", {"uuid": op.old_uuid})
     await _critical_section(node, op, True, block_reads=True)
     for shard in op.recipients:
         await node.on_shard(shard, "admin", {"renameCollection": f"{op.db}.{op.temp}", "to": ns,

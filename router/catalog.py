@@ -9,6 +9,7 @@ namespace is not known yet).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,10 @@ from shardsim.gossip import gossip_command
 from shardsim.shard_key import Chunk, ChunkMap, KeyPattern
 from shardsim.client import Pool, parse_address
 from shardsim.clock import HybridLogicalClock
+
+log = logging.getLogger("shardsim.router")
+# Reads again of a catalog caught half-way through a collection's chunk rewrite.
+TORN_READ_RETRIES = 5
 
 
 @dataclass
@@ -81,34 +86,24 @@ class CatalogCache:
         """Reload the whole catalog from the config server (MongoError 6/9001 if it is down).
         With ``if_generation``: only when nothing was reloaded since that generation (many
         requests told StaleConfig at once cause one reload, as mongos' CatalogCache joins
-        refreshes in flight)."""
+        refreshes in flight). A read that caught the config server between writes of one
+        collection's entry and chunks (a resharding's commit swaps them) leaves a chunk map
+        with gaps: it is read again, up to :data:`TORN_READ_RETRIES` times, as mongos refuses
+        such a routing table and refreshes again."""
         async with self._lock:
             gen = self.generation
             if if_generation is not None and gen != if_generation:
                 return
-            shards = await self._find_all("shards")
-            dbs = await self._find_all("databases")
-            colls = await self._find_all("collections")
-            chunks = await self._find_all("chunks")
+            for attempt in range(TORN_READ_RETRIES + 1):
+                shards, dbs, collections = await self._read_all()
+                torn = [ns for ns, info in collections.items()
+                        if not info.chunks.covers_key_space()]
+                if not torn:
+                    break
+                log.debug("catalog read with gaps in %s (attempt %d)", torn, attempt + 1)
+                await asyncio.sleep(0.02)
             if gen != self.generation:  # someone refreshed meanwhile
                 return
-            by_uuid: dict[bytes, list[dict[str, Any]]] = {}
-            for c in chunks:
-                by_uuid.setdefault(bytes(c["uuid"]), []).append(c)
-            collections: dict[str, CollectionInfo] = {}
-            for entry in colls:
-                pattern = KeyPattern(dict(entry["key"]))
-                cmap = ChunkMap(pattern, [
-                    Chunk(pattern.bound_to_key(d["min"]), pattern.bound_to_key(d["max"]), d["shard"])
-                    for d in by_uuid.get(bytes(entry["uuid"]), [])])
-                versions: dict[str, Timestamp] = {}
-                for d in by_uuid.get(bytes(entry["uuid"]), []):
-                    lm, cur = d["lastmod"], versions.get(d["shard"])
-                    if cur is None or (lm.time, lm.inc) > (cur.time, cur.inc):
-                        versions[d["shard"]] = lm
-                collections[entry["_id"]] = CollectionInfo(
-                    entry["_id"], entry["uuid"], dict(entry["key"]), bool(entry.get("unique")),
-                    pattern, cmap, entry.get("lastmodEpoch"), entry.get("timestamp"), versions)
             shards.sort(key=lambda s: s["_id"])
             self._shard_docs = shards
             self._shards = {s["_id"]: _host_of(s) for s in shards}
@@ -116,6 +111,33 @@ class CatalogCache:
             self._collections = collections
             self.loaded_at = time.monotonic()
             self.generation += 1
+
+    async def _read_all(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                       dict[str, "CollectionInfo"]]:
+        """``config.shards``, ``config.databases``, and every tracked collection's
+        :class:`CollectionInfo` (routing table and placement versions) from the config server."""
+        shards = await self._find_all("shards")
+        dbs = await self._find_all("databases")
+        colls = await self._find_all("collections")
+        chunks = await self._find_all("chunks")
+        by_uuid: dict[bytes, list[dict[str, Any]]] = {}
+        for c in chunks:
+            by_uuid.setdefault(bytes(c["uuid"]), []).append(c)
+        collections: dict[str, CollectionInfo] = {}
+        for entry in colls:
+            pattern = KeyPattern(dict(entry["key"]))
+            cmap = ChunkMap(pattern, [
+                Chunk(pattern.bound_to_key(d["min"]), pattern.bound_to_key(d["max"]), d["shard"])
+                for d in by_uuid.get(bytes(entry["uuid"]), [])])
+            versions: dict[str, Timestamp] = {}
+            for d in by_uuid.get(bytes(entry["uuid"]), []):
+                lm, cur = d["lastmod"], versions.get(d["shard"])
+                if cur is None or (lm.time, lm.inc) > (cur.time, cur.inc):
+                    versions[d["shard"]] = lm
+            collections[entry["_id"]] = CollectionInfo(
+                entry["_id"], entry["uuid"], dict(entry["key"]), bool(entry.get("unique")),
+                pattern, cmap, entry.get("lastmodEpoch"), entry.get("timestamp"), versions)
+        return shards, dbs, collections
 
     # -- look-ups ---------------------------------------------------------------------------
     def shards(self) -> list[tuple[str, str, int]]:

@@ -354,6 +354,18 @@ class ChunkMap:
     def shard_for_doc(self, doc: Any) -> str:
         return self.find(self.pattern.key_of_doc(doc)).shard
 
+    def covers_key_space(self) -> bool:
+        """True when the chunks tile the whole key space: the first starts at MinKey in every
+        field, each ends where the next starts, the last ends at MaxKey. A routing table read
+        while the config server rewrites a collection's chunks (a resharding's commit) may not
+        (mongos' ``RoutingTableHistory`` refuses a chunk map with gaps and refreshes again)."""
+        if not self.chunks:
+            return False
+        if not all(isinstance(v, MinKey) for v in self.chunks[0].min) or \
+                not all(isinstance(v, MaxKey) for v in self.chunks[-1].max):
+            return False
+        return all(compare_keys(a.max, b.min) == 0 for a, b in zip(self.chunks, self.chunks[1:]))
+
     def shards_for_query(self, query: Any) -> list[str]:
         """Shards whose chunks may hold documents matching ``query`` (mongos'
         ``getShardIdsForQuery``, simplified): the full shard key by equality -> one chunk; an

@@ -85,3 +85,16 @@ def test_shards_for_query_targets_ranges_and_in() -> None:
     hmap = ChunkMap(hk, [Chunk((MinKey(),), (Int64(0),), "a"), Chunk((Int64(0),), (MaxKey(),), "b")])
     assert hmap.shards_for_query({"x": 42}) == [hmap.find((hash64(42),)).shard]
     assert hmap.shards_for_query({"x": {"$gt": 1}}) == ["a", "b"]
+
+
+def test_chunk_map_covers_key_space_only_without_gaps() -> None:
+    """A routing table read half-way through a chunk rewrite (no chunks yet, or some missing)
+    is told apart from a complete one, so the router reads the catalog again."""
+    p = KeyPattern({"a": 1})
+    lo, hi = (MinKey(),), (MaxKey(),)
+    assert ChunkMap(p, [Chunk(lo, (0,), "s0"), Chunk((0,), hi, "s1")]).covers_key_space()
+    assert ChunkMap(p, [Chunk(lo, hi, "s0")]).covers_key_space()
+    assert not ChunkMap(p, []).covers_key_space()
+    assert not ChunkMap(p, [Chunk((0,), hi, "s1")]).covers_key_space()
+    assert not ChunkMap(p, [Chunk(lo, (0,), "s0")]).covers_key_space()
+    assert not ChunkMap(p, [Chunk(lo, (0,), "s0"), Chunk((5,), hi, "s1")]).covers_key_space()
