@@ -75,3 +75,26 @@ def test_router_that_knows_no_shard_reloads_before_answering() -> None:
         finally:
             client.close()
         assert router.catalog.shards()
+
+
+def test_delete_through_a_router_that_has_not_seen_the_database() -> None:
+    """A database made through one router (primary shard1) and a deleteMany through another
+    that has not refreshed since: it reloads its catalog on the miss and deletes on the
+    database's primary (was: the first shard, deleting nothing)."""
+    from shardsim.testing import ShardedCluster
+
+    with ShardedCluster(shards=2, routers=2) as c:
+        router = c.cluster.node("router1")
+
+        async def stop_refreshing() -> None:
+            router._refresher.cancel()
+        c._call(stop_refreshing())
+        a, b = pymongo.MongoClient(c.uris[0]), pymongo.MongoClient(c.uris[1])
+        try:
+            a.admin.command("enableSharding", "seen", primaryShard="shard1")
+            a.seen.c.insert_many([{"_id": 1}, {"_id": 2}])
+            assert b.seen.c.delete_many({}).deleted_count == 2
+            assert a.seen.c.count_documents({}) == 0
+        finally:
+            a.close()
+            b.close()
