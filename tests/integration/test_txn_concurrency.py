@@ -14,7 +14,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.read_concern import ReadConcern
 
 from shardsim.testing import ShardedCluster
-from txn_kit import commit_in_background, read_events, two_shard_collection
+from txn_kit import commit_in_background, hold_prepared, read_events, two_shard_collection
 
 NEG = list(range(-4, 0))
 POS = list(range(1, 5))
@@ -239,22 +239,7 @@ def test_snapshot_read_after_prepare_waits_for_the_decision() -> None:
     documents on both shards: never half of them, never a version that changes later."""
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        primary, _other = two_shard_collection(client, "p.c")
-        coll = client.p.c
-        coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
-        c.configure_fail_point(primary, "hangBeforeWaitingForDecisionWriteConcern", "alwaysOn")
-        s = client.start_session()
-        s.start_transaction()
-        coll.update_one({"_id": -1, "x": -1}, {"$set": {"v": 1}}, session=s)
-        coll.update_one({"_id": 1, "x": 1}, {"$set": {"v": 1}}, session=s)
-        t = threading.Thread(target=s.commit_transaction)
-        t.start()
-        deadline = time.monotonic() + 10
-        while not any(d.get("decision") for d in c.cluster.node(primary).coordinators.documents()):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        at = max(txn.prepare_ts for name in (primary, _other)
-                 for txn in c.cluster.node(name).sessions.prepared())
+        coll, primary, t, at = hold_prepared(c, client)
         release = threading.Timer(1.5, c.configure_fail_point, args=(
             primary, "hangBeforeWaitingForDecisionWriteConcern", "off"))
         release.start()

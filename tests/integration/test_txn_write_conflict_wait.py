@@ -13,7 +13,7 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 from pymongo.read_concern import ReadConcern
 
 from shardsim.testing import ShardedCluster
-from txn_kit import two_shard_collection
+from txn_kit import hold_prepared
 
 
 def _later(seconds: float, fn: Any, *args: Any) -> threading.Timer:
@@ -113,29 +113,6 @@ def test_transaction_statement_still_fails_at_once() -> None:
         assert coll.find_one({"_id": 1})["v"] == 1
 
 
-def _hold_prepared(c: ShardedCluster, client: Any) -> tuple[Any, str, threading.Thread, Any]:
-    """A cross-shard transaction setting v=1 on _id -1 and 1, held prepared (the coordinator
-    hangs after its decision); returns (collection, primary shard, committing thread, ts)."""
-    primary, other = two_shard_collection(client, "p.c")
-    coll = client.p.c
-    coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0},
-                      {"_id": -2, "x": -2, "v": 0}])
-    c.configure_fail_point(primary, "hangBeforeWaitingForDecisionWriteConcern", "alwaysOn")
-    s = client.start_session()
-    s.start_transaction()
-    coll.update_one({"_id": -1, "x": -1}, {"$set": {"v": 1}}, session=s)
-    coll.update_one({"_id": 1, "x": 1}, {"$set": {"v": 1}}, session=s)
-    t = threading.Thread(target=s.commit_transaction)
-    t.start()
-    deadline = time.monotonic() + 10
-    while not any(d.get("decision") for d in c.cluster.node(primary).coordinators.documents()):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    at = max(txn.prepare_ts for name in (primary, other)
-             for txn in c.cluster.node(name).sessions.prepared())
-    return coll, primary, t, at
-
-
 def test_reads_of_a_prepared_document() -> None:
     """A causally consistent read (afterClusterTime) of a prepared document waits for the
     decision and returns the committed version; a read of an unprepared document of the same
@@ -143,7 +120,7 @@ def test_reads_of_a_prepared_document() -> None:
     (kIgnoreConflicts) and returns the version from before it at once."""
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        coll, primary, t, at = _hold_prepared(c, client)
+        coll, primary, t, at = hold_prepared(c, client, extra=({"_id": -2, "x": -2, "v": 0},))
         start = time.monotonic()
         assert coll.find_one({"_id": 1})["v"] == 0  # no afterClusterTime: no wait
         assert coll.find_one({"_id": -2})["v"] == 0
@@ -171,7 +148,7 @@ def test_plain_write_of_a_prepared_document_waits() -> None:
     applies to the committed version; a linearizable read waits too."""
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        coll, primary, t, _at = _hold_prepared(c, client)
+        coll, primary, t, _at = hold_prepared(c, client, extra=({"_id": -2, "x": -2, "v": 0},))
         timer = _later(1.0, c.configure_fail_point, primary,
                        "hangBeforeWaitingForDecisionWriteConcern", "off")
         start = time.monotonic()
