@@ -140,6 +140,10 @@ class CatalogCache:
         return shards, dbs, collections
 
     # -- look-ups ---------------------------------------------------------------------------
+    def has_shards(self) -> bool:
+        """Whether the cached catalog knows any shard (checked on every command: no list)."""
+        return bool(self._shards)
+
     def shards(self) -> list[tuple[str, str, int]]:
         """``[(name, host, port), ...]`` sorted by name."""
         return [(n, h, p) for n, (h, p) in sorted(self._shards.items())]

@@ -168,7 +168,7 @@ class RouterNode(Node):
         (:data:`shardsim.gossip.OPERATION_TIME`)."""
         token = OPERATION_TIME.set([None])
         try:
-            if not self.catalog.shards():
+            if not self.catalog.has_shards():
                 await self._reload_empty_shard_registry()
             if req.body.get("autocommit") is False:
                 # inside a transaction a statement is not re-run on StaleConfig: the error
