@@ -178,7 +178,6 @@ def do_update(node: ShardNode, coll: Collection | None, db: str, name: str, stmt
     """Run one update statement ``{q, u, multi?, upsert?, arrayFilters?}`` on ``coll`` (None
     when missing: an upsert creates it). Returns (n matched, n modified, upserted _id or
     ``_NONE``). Raises 9, 14, 40414 for a bad statement and the update language's errors."""
-    storage = node.storage
     if not isinstance(stmt, dict):
         raise MongoError(14, "BSON field 'update.updates' is the wrong type, expected type 'object'")
     if "q" not in stmt:
