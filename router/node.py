@@ -153,6 +153,12 @@ class RouterNode(Node):
         except MongoError as exc:
             log.debug("catalog reload failed: %s", exc.errmsg)
 
+    async def refresh_on_database_miss(self, db: str) -> None:
+        """Reload the catalog when it has no entry for ``db`` (a database made through another
+        mongos since the last refresh), as mongos' CatalogCache loads a database on a miss."""
+        if self.catalog.primary_shard(db) is None:
+            await self.catalog.refresh()
+
     def read_primary(self, db: str) -> str | None:
         """Where reads of an unsharded namespace of ``db`` go: its primary shard, or the first
         shard when the database does not exist (it then answers "empty"/"not found")."""

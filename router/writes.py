@@ -126,10 +126,8 @@ class WriteExecutor:
         router = self.router
         info = self._snapshot
         if info is None:
-            if self.kind == "delete" and router.catalog.primary_shard(self.db) is None:
-                # a database this router has not seen (made through another mongos): reload
-                # before targeting its primary, as mongos' CatalogCache does on a miss
-                await router.catalog.refresh()
+            if self.kind == "delete":  # inserts/updates ask the config server below
+                await router.refresh_on_database_miss(self.db)
             primary = await router.ensure_database(self.db) if self.kind != "delete" \
                 else router.read_primary(self.db)
             if primary is None:

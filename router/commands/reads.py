@@ -54,10 +54,8 @@ async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> 
     (:mod:`router.transactions`); the shards become participants when they are sent to."""
     info = node.catalog.collection(ns)
     db = ns.split(".", 1)[0]
-    if info is None and node.catalog.primary_shard(db) is None:
-        # a database this router has not seen (made through another mongos): reload the
-        # catalog before reading, as mongos' CatalogCache does on a miss
-        await node.catalog.refresh()
+    if info is None:
+        await node.refresh_on_database_miss(db)
         info = node.catalog.collection(ns)
     shard_versioning.TARGETED_WITH.set((ns, info))  # versions of this snapshot go out
     if info is None:

@@ -117,8 +117,8 @@ async def check_metadata_consistency(node: "RouterNode", req: Request) -> dict[s
                                  "admin database")
     elif isinstance(arg, bool) or not isinstance(arg, (int, float)) or arg != 1:
         raise MongoError(14, "checkMetadataConsistency argument must be 1 or a collection name")
-    if db != "admin" and node.catalog.primary_shard(db) is None:
-        await node.catalog.refresh()
+    if db != "admin":
+        await node.refresh_on_database_miss(db)
         if node.catalog.primary_shard(db) is None:
             raise MongoError(26, f"Database {db} not found")
     reply = reply_body(await node.config_command(
