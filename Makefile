@@ -47,7 +47,7 @@ bench: $(STAMP)
 
 # The official change-stream spec tests at a pinned commit of the public specifications repository.
 fetch-specs: $(STAMP)
-	$(PY) -m shardsim.specfetch --commit $(SPEC_COMMIT) --dest $(SPEC_CACHE)
+	$(PY) -m shardsim.tools.specfetch --commit $(SPEC_COMMIT) --dest $(SPEC_CACHE)
 
 docker-base:
 	bash deploy/make-base-image.sh

@@ -14,8 +14,8 @@ from pymongo import InsertOne, MongoClient
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shardsim.load.cluster import list_shards, prepare  # noqa: E402
-from shardsim.load.plan import KEY_SPACE, PlanSpec  # noqa: E402
+from shardsim.tools.load.cluster import list_shards, prepare  # noqa: E402
+from shardsim.tools.load.plan import KEY_SPACE, PlanSpec  # noqa: E402
 
 DB = "bench"
 

@@ -18,7 +18,7 @@ from pymongo import MongoClient
 
 from _common import (DB, cluster_time, cpu_seconds, direct_client, insert_backlog, machine, ratio,
                      read_events, spread_collection, spread_ids)
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ import pymongo
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import cpu_seconds, insert_then_event, machine  # noqa: E402  (also puts the project root on sys.path)
-from shardsim.launcher import Cluster  # noqa: E402
+from shardsim.tools.launcher import Cluster  # noqa: E402
 
 
 def pct(s: list[float], p: float) -> float:

@@ -35,7 +35,7 @@ import pymongo
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import insert_then_event, machine  # noqa: E402  (also puts the project root on sys.path)
-from shardsim.launcher import Cluster  # noqa: E402
+from shardsim.tools.launcher import Cluster  # noqa: E402
 
 SITECUSTOMIZE = r'''
 import atexit, json, os, time
@@ -48,7 +48,7 @@ if _DIR:
         end = buf.find(b"\0", start)
         return bytes(buf[start:end]).decode("latin-1") if end > start else "?"
 
-    from shardsim import client as _client, server as _server
+    from shardsim.core import client as _client, server as _server
 
     _respond = _server.Server._respond
 

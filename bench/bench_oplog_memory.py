@@ -19,7 +19,7 @@ import time
 from pymongo import MongoClient
 
 from _common import machine
-from shardsim.procs import RoleProcess
+from shardsim.tools.procs import RoleProcess
 
 
 def rss_mb(pid: int) -> float:

@@ -15,7 +15,7 @@ import time
 from pymongo import MongoClient
 
 from _common import DB, insert_backlog, machine, spread_collection, spread_ids
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 
 
 def run(nshards: int, docs: int) -> tuple[float, float, int]:

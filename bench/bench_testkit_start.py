@@ -1,5 +1,5 @@
 """Start-up time of a 3-shard cluster: in process (shardsim.testing.ShardedCluster) vs as
-processes (shardsim.launcher.Cluster, what ``shardsim up`` runs), in the same run.
+processes (shardsim.tools.launcher.Cluster, what ``shardsim up`` runs), in the same run.
 
 "Ready" is the moment a fresh pymongo client's ``ping`` through the router returns, measured
 from just before ``start()``; stopping is timed too. Each variant runs ``--repeat`` times
@@ -16,7 +16,7 @@ import time
 from pymongo import MongoClient
 
 from _common import machine
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 from shardsim.testing import ShardedCluster
 
 

@@ -17,7 +17,7 @@ import time
 from pymongo import MongoClient
 
 from _common import DB, insert_backlog, machine, spread_collection, spread_ids
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 
 
 def _watchers(uri: str, n: int, ready, stop) -> None:

@@ -14,7 +14,7 @@ import time
 from pymongo import MongoClient
 
 from _common import DB, direct_client, insert_backlog, machine, ratio, spread_collection, spread_ids
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 
 
 def singles(coll, ids) -> float:

@@ -1,6 +1,6 @@
 """``python -m configsvr --port P [--host H] [--dbpath DIR] [--oplog-size-mb MB]``: run the config server.
 
-Prints ``shardsim configsvr ready on HOST:PORT`` once listening (see :mod:`shardsim.procs`).
+Prints ``shardsim configsvr ready on HOST:PORT`` once listening (see :func:`shardsim.core.server.ready_line`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import logging
 
 import click
 
-from shardsim.procs import ready_line
-from shardsim.auth.cli import apply as apply_security, security_options
-from shardsim.server import run_node
+from shardsim.core.server import ready_line
+from shardsim.core.auth.cli import apply as apply_security, security_options
+from shardsim.core.server import run_node
 
 
 @click.command(context_settings={"show_default": True})
@@ -42,7 +42,7 @@ def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_
     """Run the shardsim config server (a mongod --configsvr look-alike holding the catalog)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
     sec_options, tls = apply_security("configsvr", **security)
     node = ConfigServerNode(host=host, port=port, test_commands=not no_test_commands,
                             options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms,

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from shardsim.errors import MongoError
-from shardsim.shard_key import KeyPattern, SortKey
+from shardsim.core.errors import MongoError
+from shardsim.core.shard_key import KeyPattern, SortKey
 
 if TYPE_CHECKING:
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 log = logging.getLogger("shardsim.balancer")
 

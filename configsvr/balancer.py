@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
 
-from configsvr import auto_merger
-from configsvr.balancer_policy import Migration, first_violation, select_for_collection
-from shardsim.errors import MongoError
-from shardsim.shard_key import KeyPattern
+from shardsim.configsvr import auto_merger
+from shardsim.configsvr.balancer_policy import Migration, first_violation, select_for_collection
+from shardsim.core.errors import MongoError
+from shardsim.core.shard_key import KeyPattern
 
 if TYPE_CHECKING:
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 log = logging.getLogger("shardsim.balancer")
 

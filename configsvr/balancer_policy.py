@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shardsim.shard_key import KeyPattern, SortKey
+from shardsim.core.shard_key import KeyPattern, SortKey
 
 # balancer_policy.cpp: a migration only when the two shards differ by 3 chunk sizes or more
 IMBALANCE_CHUNKS = 3

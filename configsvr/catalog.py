@@ -2,7 +2,7 @@
 documents and initial chunks, and finding the chunk a ``split``/``moveChunk`` names.
 
 The catalog documents' shapes are listed in :mod:`configsvr.node`; chunk bounds are shard-key
-documents (``{field: value}``), compared as key tuples (``shardsim.shard_key``).
+documents (``{field: value}``), compared as key tuples (``shardsim.core.shard_key``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 from bson import Binary, ObjectId
 from bson.timestamp import Timestamp
 
-from shardsim.shard_key import Chunk, ChunkMap, KeyPattern, compare_keys, hashed_split_points
-from shardsim.client import parse_address
-from shardsim.commands import Request
-from shardsim.errors import MongoError
+from shardsim.core.shard_key import Chunk, ChunkMap, KeyPattern, compare_keys, hashed_split_points
+from shardsim.core.client import parse_address
+from shardsim.core.commands import Request
+from shardsim.core.errors import MongoError
 
 
 def shard_host(entry: dict[str, Any]) -> tuple[str, int]:

@@ -15,11 +15,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from shardsim.auth.cluster_time import new_key_doc
-from shardsim.errors import MongoError
+from shardsim.core.auth.cluster_time import new_key_doc
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 log = logging.getLogger("shardsim.configsvr.keys")
 PUSH_INTERVAL_S = 2.0

@@ -38,11 +38,11 @@ from bson import ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim.errors import MongoError
-from shardsim.shard_key import KeyPattern
+from shardsim.core.errors import MongoError
+from shardsim.core.shard_key import KeyPattern
 
 if TYPE_CHECKING:  # pragma: no cover
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 log = logging.getLogger("shardsim.configsvr")
 
@@ -192,7 +192,7 @@ async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], patt
 async def _delete_range(node: "ConfigServerNode", donor: str, db: str, coll: str,
                         pattern: KeyPattern, doc: dict[str, Any]) -> None:
     """Phase 7: delete the range's documents on the donor with ``fromMigrate``."""
-    from shardsim.shard_key import compare_keys
+    from shardsim.core.shard_key import compare_keys
     lo, hi = pattern.bound_to_key(doc["min"]), pattern.bound_to_key(doc["max"])
     ids = [d["_id"] for d in await node.shard_find_all(donor, db, coll)
            if compare_keys(lo, k := pattern.key_of_doc(d)) <= 0 and compare_keys(k, hi) < 0]

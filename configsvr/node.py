@@ -14,7 +14,7 @@ Every catalog change is a normal write to those collections (run through the nod
 table), so it is in the config server's oplog. The router forwards the sharding commands here
 under the server's internal names (``_configsvrAddShard``, ``_configsvrShardCollection``, ...;
 ``src/mongo/db/s/config/configsvr_*_command.cpp``); one lock serialises them like the DDL
-coordinators do. Shards are reached with :func:`shardsim.gossip.gossip_command`.
+coordinators do. Shards are reached with :func:`shardsim.core.gossip.gossip_command`.
 
 The commands are module-level handlers, one family per module of :mod:`configsvr.commands`
 (``shards``, ``databases``, ``collections``, ``chunks``), installed by
@@ -30,17 +30,17 @@ from typing import Any
 
 from bson import Binary
 
-from configsvr.balancer import Balancer
-from configsvr.catalog import shard_host, split_ns
-from configsvr.commands import FAMILIES
-from shardsim.gossip import gossip_command
-from shardsim.shard_key import KeyPattern
-from shard.node import ShardNode
-from shardsim.auth.session import SYSTEM_USER, AuthSession
-from configsvr import keys as cluster_keys
-from shardsim.client import Pool, remote_error
-from shardsim.commands import ConnectionInfo, Request
-from shardsim.errors import MongoError
+from shardsim.configsvr.balancer import Balancer
+from shardsim.configsvr.catalog import shard_host, split_ns
+from shardsim.configsvr.commands import FAMILIES
+from shardsim.core.gossip import gossip_command
+from shardsim.core.shard_key import KeyPattern
+from shardsim.shard.node import ShardNode
+from shardsim.core.auth.session import SYSTEM_USER, AuthSession
+from shardsim.configsvr import keys as cluster_keys
+from shardsim.core.client import Pool, remote_error
+from shardsim.core.commands import ConnectionInfo, Request
+from shardsim.core.errors import MongoError
 
 __all__ = ["CONFIG_SHARD_NAME", "ConfigServerNode", "shard_host", "split_ns"]
 

@@ -48,13 +48,13 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, ObjectId
 from bson.timestamp import Timestamp
 
-from configsvr import migration
-from configsvr.catalog import chunk_doc
-from shardsim.errors import MongoError
-from shardsim.shard_key import Chunk, ChunkMap, KeyPattern, SortKey, hashed_split_points
+from shardsim.configsvr import migration
+from shardsim.configsvr.catalog import chunk_doc
+from shardsim.core.errors import MongoError
+from shardsim.core.shard_key import Chunk, ChunkMap, KeyPattern, SortKey, hashed_split_points
 
 if TYPE_CHECKING:
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 log = logging.getLogger("shardsim.resharding")
 _BATCH = 1000

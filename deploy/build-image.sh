@@ -95,7 +95,7 @@ build_app() {  # build_app CTX
     tmp=$(mktemp -d)
     # Build from a copy of the tracked+untracked source (not .venv, .cache, ...): pip builds
     # setuptools projects in place, and the shared work tree should not get build/ litter.
-    local src=(pyproject.toml README.md shardsim shard router configsvr)
+    local src=(pyproject.toml setup.py README.md shardsim shard router configsvr)
     if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
         # (a tracked file deleted in the work tree fails to copy: that is fine)
         git ls-files -co --exclude-standard -z -- "${src[@]}" |

@@ -1,9 +1,9 @@
 #!/bin/sh
 # shardsim container entrypoint: the first argument names the role.
 #
-#   configsvr [ARGS...]     python -m configsvr --host 0.0.0.0 --port 27017 ARGS...
-#   shard [ARGS...]         python -m shard     --host 0.0.0.0 --port 27017 ARGS...
-#   router [ARGS...]        python -m router    --host 0.0.0.0 --port 27017 ARGS...
+#   configsvr [ARGS...]     python -m shardsim.configsvr --host 0.0.0.0 --port 27017 ARGS...
+#   shard [ARGS...]         python -m shardsim.shard     --host 0.0.0.0 --port 27017 ARGS...
+#   router [ARGS...]        python -m shardsim.router    --host 0.0.0.0 --port 27017 ARGS...
 #   init [ARGS...]          add the shards to the cluster through the router (one-shot)
 #   spark-master [ARGS...]  a Spark standalone master (pyspark's bundled Spark; Spark image only)
 #   spark-worker [ARGS...]  a Spark standalone worker
@@ -24,7 +24,7 @@ spark_home() {
 
 case "$role" in
     configsvr|shard|router)
-        exec python -m "$role" --host 0.0.0.0 --port "$PORT" "$@" ;;
+        exec python -m "shardsim.$role" --host 0.0.0.0 --port "$PORT" "$@" ;;
     init)
         exec python /usr/local/lib/shardsim/init_cluster.py "$@" ;;
     spark-master)

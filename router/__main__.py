@@ -1,6 +1,6 @@
 """``python -m router --port P --configdb HOST:PORT [--no-test-commands]``: run a router.
 
-Prints ``shardsim router ready on HOST:PORT`` once listening (see :mod:`shardsim.procs`).
+Prints ``shardsim router ready on HOST:PORT`` once listening (see :func:`shardsim.core.server.ready_line`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import logging
 
 import click
 
-from shardsim.procs import ready_line
-from shardsim.auth.cli import apply as apply_security, security_options
-from shardsim.server import run_node
+from shardsim.core.server import ready_line
+from shardsim.core.auth.cli import apply as apply_security, security_options
+from shardsim.core.server import run_node
 
 
 @click.command(context_settings={"show_default": True})
@@ -28,7 +28,7 @@ def main(port: int, host: str, configdb: str, no_test_commands: bool, log_level:
     """Run a shardsim router (a mongos look-alike)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
     sec_options, tls = apply_security("router", **security)
     node = RouterNode(configdb=configdb, host=host, port=port, test_commands=not no_test_commands,
                       options={"configdb": configdb, **sec_options})

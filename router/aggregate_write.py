@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from router import writes
-from shardsim.commands import Request, bson_type_name
-from shardsim.errors import MongoError
+from shardsim.router import writes
+from shardsim.core.commands import Request, bson_type_name
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 # Runs an aggregate body on the router and returns its documents.
 Reader = Callable[[Request], Awaitable[list[dict[str, Any]]]]

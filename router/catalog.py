@@ -17,10 +17,10 @@ from typing import Any
 from bson import Binary
 from bson.timestamp import Timestamp
 
-from shardsim.gossip import gossip_command
-from shardsim.shard_key import Chunk, ChunkMap, KeyPattern
-from shardsim.client import Pool, parse_address
-from shardsim.clock import HybridLogicalClock
+from shardsim.core.gossip import gossip_command
+from shardsim.core.shard_key import Chunk, ChunkMap, KeyPattern
+from shardsim.core.client import Pool, parse_address
+from shardsim.core.clock import HybridLogicalClock
 
 log = logging.getLogger("shardsim.router")
 # Reads again of a catalog caught half-way through a collection's chunk rewrite.

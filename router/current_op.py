@@ -6,7 +6,7 @@ shard unless ``localOps: true``; ``DocumentSourceCurrentOp::doGetNext`` adds ``s
 shard's entry):
 
 * ``localOps: true`` — the router's own operations: its cursors
-  (:func:`shardsim.current_op.local_operations`). Each router change-stream cursor carries
+  (:func:`shardsim.core.current_op.local_operations`). Each router change-stream cursor carries
   shardsim's ``changeStream`` sub-document (why the stream waits:
   :mod:`router.change_stream.current_op`);
 * otherwise — every shard answers for itself (``$currentOp`` with ``fromMongos: true``), each
@@ -14,7 +14,7 @@ shard's entry):
   router change-stream cursors need ``localOps: true``).
 
 The stages after ``$currentOp`` run on the router over the union. Options and errors:
-:func:`shardsim.current_op.parse`.
+:func:`shardsim.core.current_op.parse`.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from router.forwarding import BIG_BATCH
-from shardsim import current_op
-from shardsim.commands import Request
+from shardsim.router.forwarding import BIG_BATCH
+from shardsim.core import current_op
+from shardsim.core.commands import Request
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 
 async def aggregate_current_op(node: "RouterNode", req: Request) -> dict[str, Any]:
     """Answer ``aggregate`` whose pipeline starts with ``$currentOp``; returns ``{cursor:
     {firstBatch, id, ns: "admin.$cmd.aggregate"}}``. Raises MongoError 14/9/73/40602
-    (:func:`shardsim.current_op.parse`) and a shard's error when one fails."""
+    (:func:`shardsim.core.current_op.parse`) and a shard's error when one fails."""
     pipeline = req.body["pipeline"]
     options = current_op.parse(req.db, req.arg, pipeline)
     if options["localOps"]:
@@ -46,7 +46,7 @@ async def aggregate_current_op(node: "RouterNode", req: Request) -> dict[str, An
         docs = [{"shard": name, **dict(d)} for name, (_, part) in zip(shards, results)
                 for d in part]
     if len(pipeline) > 1:
-        from shardsim.query import run_pipeline
+        from shardsim.core.query import run_pipeline
         docs = run_pipeline(docs, pipeline[1:], None)
     batch_size = (req.get("cursor") or {}).get("batchSize")
     return await node.cursor_reply("admin.$cmd.aggregate", docs, req, batch_size)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardsim.commands import Request
-from shardsim.errors import MongoError
+from shardsim.core.commands import Request
+from shardsim.core.errors import MongoError
 
 # Fields of a client command the router does not forward as such (the router adds its own
 # $clusterTime; $readPreference and the other $-fields are for the router only).

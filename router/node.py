@@ -11,7 +11,7 @@
   ``fromMigrate: true``).
 * Cluster time: every shard command carries the router's ``$clusterTime``; replies advance
   the router's clock and the reply ``operationTime`` is the newest ``operationTime`` of the
-  shard replies consumed (:mod:`shardsim.gossip`, notes §7.4).
+  shard replies consumed (:mod:`shardsim.core.gossip`, notes §7.4).
 * Change streams are built by :mod:`router.change_stream` (``aggregate_change_stream``); the
   router-wide state they share is :attr:`RouterNode.promise_requests`.
 """
@@ -24,23 +24,23 @@ from typing import Any
 
 from bson.int64 import Int64
 
-from router import security as router_security
-from router import shard_versioning
-from router.catalog import CatalogCache
-from router.change_stream.promise_requests import PromiseRequests
-from router.commands import FAMILIES
-from router.forwarding import BIG_BATCH
-from shardsim.gossip import OPERATION_TIME, gossip_command
-from router.read_concern import run_with_read_concern
-from router.transactions import TransactionRouter
-from router.writes import NamespaceGate
-from shardsim.client import Pool, parse_address
-from shardsim.commands import Request
-from shardsim.cursors import ListCursor
-from shardsim import failpoints
-from shardsim.errors import RETRYABLE_WRITE_CODES, MongoError, transaction_labels
-from shardsim.txn_rules import check_transaction_command
-from shardsim.node import Node
+from shardsim.router import security as router_security
+from shardsim.router import shard_versioning
+from shardsim.router.catalog import CatalogCache
+from shardsim.router.change_stream.promise_requests import PromiseRequests
+from shardsim.router.commands import FAMILIES
+from shardsim.router.forwarding import BIG_BATCH
+from shardsim.core.gossip import OPERATION_TIME, gossip_command
+from shardsim.router.read_concern import run_with_read_concern
+from shardsim.router.transactions import TransactionRouter
+from shardsim.router.writes import NamespaceGate
+from shardsim.core.client import Pool, parse_address
+from shardsim.core.commands import Request
+from shardsim.core.cursors import ListCursor
+from shardsim.core import failpoints
+from shardsim.core.errors import RETRYABLE_WRITE_CODES, MongoError, transaction_labels
+from shardsim.core.txn_rules import check_transaction_command
+from shardsim.core.node import Node
 
 log = logging.getLogger("shardsim.router")
 
@@ -52,7 +52,7 @@ class RouterNode(Node):
     """``python -m router --configdb HOST:PORT``.
 
     Attributes other router modules use: ``catalog`` (:class:`router.catalog.CatalogCache`),
-    ``config_pool`` (:class:`shardsim.client.Pool` to the config server),
+    ``config_pool`` (:class:`shardsim.core.client.Pool` to the config server),
     :meth:`pool_for` (a shard's pool), :meth:`shard_command`, ``cursors``, and the state the
     command handlers share:
 
@@ -171,7 +171,7 @@ class RouterNode(Node):
     # -- dispatch -------------------------------------------------------------------------
     async def run_command(self, req: Request) -> dict[str, Any]:
         """Run one command with a fresh operationTime holder
-        (:data:`shardsim.gossip.OPERATION_TIME`)."""
+        (:data:`shardsim.core.gossip.OPERATION_TIME`)."""
         token = OPERATION_TIME.set([None])
         try:
             if not self.catalog.has_shards():
@@ -193,7 +193,7 @@ class RouterNode(Node):
 
     async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
         """The handler under the request's readConcern (:mod:`router.read_concern`); inside a
-        transaction only the commands :func:`shardsim.txn_rules.check_transaction_command`
+        transaction only the commands :func:`shardsim.core.txn_rules.check_transaction_command`
         allows (263 otherwise)."""
         if req.body.get("autocommit") is False:
             check_transaction_command(self.commands.canonical(req.name), req.db)
@@ -208,7 +208,7 @@ class RouterNode(Node):
 
     def error_labels(self, req: Request | None, exc: MongoError) -> list[str]:
         """Labels as mongos adds them (``ErrorLabelBuilder``, ``error_labels.cpp``): inside a
-        transaction :func:`shardsim.errors.transaction_labels` (TransientTransactionError for a
+        transaction :func:`shardsim.core.errors.transaction_labels` (TransientTransactionError for a
         transient code, RetryableWriteError for a commit/abort failing with a retryable one);
         RetryableWriteError on a retryable write failing with a retryable code; change-stream
         labels from the base class. UnknownTransactionCommitResult is the driver's to add."""

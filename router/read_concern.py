@@ -3,7 +3,7 @@
 cluster time as its snapshot time, which is sent to every targeted shard (so all shards read the
 same point in time) and returned to the client as ``atClusterTime`` (``cursor.atClusterTime``
 for find/aggregate, top level for distinct). Validation (levels, snapshot only for
-find/aggregate/distinct: InvalidOptions 72) is :func:`shardsim.read_concern.parse`; waiting for
+find/aggregate/distinct: InvalidOptions 72) is :func:`shardsim.core.read_concern.parse`; waiting for
 ``afterClusterTime`` is the shards' (:mod:`shard.read_concern`).
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from shardsim.commands import Request
-from shardsim.read_concern import attach_cluster_time, parse
+from shardsim.core.commands import Request
+from shardsim.core.read_concern import attach_cluster_time, parse
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 
 async def run_with_read_concern(node: "RouterNode", handler: Callable[[Request], Awaitable[dict]],

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
 
-from router.forwarding import forwardable, namespace
-from shardsim.commands import Request
-from shardsim.cursors import Batch, Cursor
+from shardsim.router.forwarding import forwardable, namespace
+from shardsim.core.commands import Request
+from shardsim.core.cursors import Batch, Cursor
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 
 class RemoteCursor(Cursor):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from shardsim.errors import RETRYABLE_WRITE_CODES, MongoError
+from shardsim.core.errors import RETRYABLE_WRITE_CODES, MongoError
 
 # Codes after which a child batch of a retryable write is sent again (ErrorCategory::
 # RetriableError in error_codes.yml: network errors, shutdown, not-primary).

@@ -1,5 +1,5 @@
 """The router's side of security: its users come from the config server
-(:class:`shardsim.auth.store.RemoteUserStore` over ``admin.system.users``/``system.roles``
+(:class:`shardsim.core.auth.store.RemoteUserStore` over ``admin.system.users``/``system.roles``
 there) and so do its HMAC keys (``admin.system.keys``, read at start-up and with every catalog
 refresh, like mongos' ``KeysCollectionManager`` refresher).
 """
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router.forwarding import BIG_BATCH
-from shardsim.auth.store import RemoteUserStore
-from shardsim.errors import MongoError
+from shardsim.router.forwarding import BIG_BATCH
+from shardsim.core.auth.store import RemoteUserStore
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 
 async def _find_admin(node: "RouterNode", coll: str) -> list[dict[str, Any]]:

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardsim.commands import Request
-from shardsim.errors import MongoError
+from shardsim.core.commands import Request
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 WCOS = 283
 BATCH_OF_ONE = ("Document shard key value updates that cause the doc to move shards must be "
@@ -83,7 +83,7 @@ async def move_document(router: "RouterNode", req: Request, info: dict[str, Any]
     (each targeted by shard key, through :class:`router.writes.WriteExecutor`). Returns False
     when the delete matched nothing (not an upsert); raises 117 / the insert's error (a
     DuplicateKey on ``_id`` with :data:`DUPLICATE_CONTEXT`)."""
-    from router.writes import WriteExecutor
+    from shardsim.router.writes import WriteExecutor
     db, coll = req.db, req.arg
     session = txn_body(req.body)
     delete = internal_request(req, "delete", db, {
@@ -125,7 +125,7 @@ async def run_converted(router: "RouterNode", req: Request, rerun: Any) -> Any:
     the document, :func:`move_document`), then commit with the client's write concern. Returns
     ``(rerun's result, commit reply)``. On an error the transaction is aborted and the error
     raised with :data:`TXN_FAILED_CONTEXT` (DuplicateKey on ``_id``: :data:`DUPLICATE_CONTEXT`)."""
-    from router.commands import transactions as txn_cmds
+    from shardsim.router.commands import transactions as txn_cmds
     start = txn_body(req.body, startTransaction=True, readConcern={"level": "local"})
     router.transactions.begin(start)
     try:
@@ -145,7 +145,7 @@ async def run_converted(router: "RouterNode", req: Request, rerun: Any) -> Any:
 
 async def _abort(router: "RouterNode", req: Request) -> None:
     """``implicitlyAbortTransaction``: abort on every participant, errors ignored."""
-    from router.commands import transactions as txn_cmds
+    from shardsim.router.commands import transactions as txn_cmds
     try:
         await txn_cmds.abort_transaction(router, internal_request(
             req, "abortTransaction", "admin", txn_body(req.body, abortTransaction=1)))

@@ -23,7 +23,7 @@ from bson import ObjectId
 from bson.timestamp import Timestamp
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 STALE_CONFIG = 13388
 MAX_STALE_RETRIES = 10

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 from bson import Timestamp
 
-from shardsim.commands import Request
+from shardsim.core.commands import Request
 
 # A transaction: (the session's lsid.id bytes, txnNumber).
 TxnKey = tuple[bytes, int]

@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 from bson import ObjectId
 
-from router.forwarding import forwardable, reply_body
-from router import retryable_writes as rw
-from router import shard_key_update as sku
-from router import shard_versioning as sv
-from shardsim.commands import Request, check_type
-from shardsim.errors import MongoError
+from shardsim.router.forwarding import forwardable, reply_body
+from shardsim.router import retryable_writes as rw
+from shardsim.router import shard_key_update as sku
+from shardsim.router import shard_versioning as sv
+from shardsim.core.commands import Request, check_type
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 _FIELD = {"insert": "documents", "update": "updates", "delete": "deletes"}
 # Batch options forwarded with every child batch.
@@ -113,7 +113,7 @@ class WriteExecutor:
         found = await asyncio.gather(*(probe(s) for s in shards))
         hits = [(shard, docs[0]) for shard, docs in zip(shards, found) if docs]
         if sort and len(hits) > 1:
-            from shardsim.query import sort_docs
+            from shardsim.core.query import sort_docs
             first = sort_docs([d for _, d in hits], sort)[0]
             return next(shard for shard, d in hits if d is first)
         return hits[0][0] if hits else None

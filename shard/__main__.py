@@ -1,6 +1,6 @@
 """``python -m shard --port P [--host H] --shard-name NAME [--dbpath DIR] ...``: run one shard.
 
-Prints ``shardsim shard ready on HOST:PORT`` once listening (see :mod:`shardsim.procs`).
+Prints ``shardsim shard ready on HOST:PORT`` once listening (see :func:`shardsim.core.server.ready_line`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import sys
 
 import click
 
-from shardsim.procs import ready_line
-from shardsim.auth.cli import apply as apply_security, security_options
-from shardsim.server import run_node
+from shardsim.core.server import ready_line
+from shardsim.core.auth.cli import apply as apply_security, security_options
+from shardsim.core.server import run_node
 
 
 @click.command(context_settings={"show_default": True})
@@ -50,7 +50,7 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
     """Run a shardsim shard (a mongod --shardsvr look-alike)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
     options = {
         "dbpath": dbpath, "noop_interval_ms": noop_interval_ms, "promise_mode": promise_mode,
         "oplog_size_mb": oplog_size_mb, "oplog_cache_mb": oplog_cache_mb,

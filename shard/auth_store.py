@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardsim.auth.store import UserStore
-from shardsim.values import id_key
+from shardsim.core.auth.store import UserStore
+from shardsim.core.values import id_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 
 class LocalUserStore(UserStore):
-    """:class:`shardsim.auth.store.UserStore` over ``node.storage`` (``admin.system.*``)."""
+    """:class:`shardsim.core.auth.store.UserStore` over ``node.storage`` (``admin.system.*``)."""
 
     def __init__(self, node: "ShardNode") -> None:
         self.node = node

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 import bson
 from bson.int64 import Int64
 
-from shardsim.errors import MongoError
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
-    from shard.storage import Collection
+    from shardsim.shard.node import ShardNode
+    from shardsim.shard.storage import Collection
 
 STAGE = "$collStats"
 _OPTIONS = ("latencyStats", "storageStats", "count", "queryExecStats")

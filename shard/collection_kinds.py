@@ -25,8 +25,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from shardsim.errors import MongoError
-from shardsim.values import id_key
+from shardsim.core.errors import MongoError
+from shardsim.core.values import id_key
 
 _GRANULARITY_SPAN = {"seconds": 3600, "minutes": 86400, "hours": 2592000}
 

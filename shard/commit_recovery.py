@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardsim.commands import Request
-from shardsim.errors import MongoError
-from shard.sessions import TRANSIENT, full_lsid
+from shardsim.core.commands import Request
+from shardsim.core.errors import MongoError
+from shardsim.shard.sessions import TRANSIENT, full_lsid
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 _ABORTED = "Transaction was aborted"
 

@@ -27,11 +27,11 @@ from typing import Any
 
 import bson
 
-from shardsim.clock import ts_from_key, ts_key
-from shardsim.errors import MongoError
-from shardsim.node import CODEC
-from shard.oplog_disk import PUT_OPLOG, migrate as migrate_oplog, oplog_row
-from shard.storage import Collection, id_key
+from shardsim.core.clock import ts_from_key, ts_key
+from shardsim.core.errors import MongoError
+from shardsim.core.node import CODEC
+from shardsim.shard.oplog_disk import PUT_OPLOG, migrate as migrate_oplog, oplog_row
+from shardsim.shard.storage import Collection, id_key
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS catalog (uuid BLOB PRIMARY KEY, rec BLOB NOT NULL);

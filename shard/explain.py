@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
 
-from shardsim import query as q
-from shardsim.explain_common import parsed_query
+from shardsim.core import query as q
+from shardsim.core.explain_common import parsed_query
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.storage import Collection, Index
+    from shardsim.shard.storage import Collection, Index
 
 _RANGE_OPS = {"$eq", "$gt", "$gte", "$lt", "$lte", "$in"}
 
@@ -63,7 +63,7 @@ def choose_index(coll: "Collection | None", filt: dict[str, Any], hint: Any) -> 
     if coll is None:
         return None
     if hint is not None and hint != {} and hint != "":
-        from shard.hints import resolve_hint
+        from shardsim.shard.hints import resolve_hint
         return resolve_hint(coll, hint)
     ordered = sorted(coll.indexes.values(), key=lambda i: i.name != "_id_")
     for idx in ordered:

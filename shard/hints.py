@@ -18,12 +18,12 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from shardsim.errors import MongoError
-from shardsim.shard_key import compare
-from shardsim.values import get_path
+from shardsim.core.errors import MongoError
+from shardsim.core.shard_key import compare
+from shardsim.core.values import get_path
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.storage import Collection, Index
+    from shardsim.shard.storage import Collection, Index
 
 NATURAL = "$natural"
 _BAD_HINT = "hint provided does not correspond to an existing index"

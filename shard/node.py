@@ -25,28 +25,28 @@ from bson import Binary, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim import failpoints, update_ops
-from shardsim.commands import Request
-from shardsim.errors import MongoError
-from shardsim.node import Node
-from shard import noop_writer, oplog_settings, uncommitted_catalog
-from shard import commands as shard_commands
-from shard.change_stream import cursor as cs_cursor
-from shard.change_stream import promise_faults
-from shard.auth_store import LocalUserStore
-from shard.durable import DurableStore
-from shard.prepare_conflicts import wait_for_prepared
-from shardsim.auth import user_commands
-from shard.oplog import Oplog, PreImages
-from shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
-from shard.read_concern import run_with_read_concern
-from shardsim.query import select
-from shard.sessions import Sessions, full_lsid
-from shard.sharding_runtime import VERSIONED, ShardingRuntime
-from shard.transaction_coordinator import Coordinators
-from shard.storage import (CURRENT_TXN, Collection, Storage, new_uuid, validate_collection_name,
+from shardsim.core import failpoints, update_ops
+from shardsim.core.commands import Request
+from shardsim.core.errors import MongoError
+from shardsim.core.node import Node
+from shardsim.shard import noop_writer, oplog_settings, uncommitted_catalog
+from shardsim.shard import commands as shard_commands
+from shardsim.shard.change_stream import cursor as cs_cursor
+from shardsim.shard.change_stream import promise_faults
+from shardsim.shard.auth_store import LocalUserStore
+from shardsim.shard.durable import DurableStore
+from shardsim.shard.prepare_conflicts import wait_for_prepared
+from shardsim.core.auth import user_commands
+from shardsim.shard.oplog import Oplog, PreImages
+from shardsim.shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
+from shardsim.shard.read_concern import run_with_read_concern
+from shardsim.core.query import select
+from shardsim.shard.sessions import Sessions, full_lsid
+from shardsim.shard.sharding_runtime import VERSIONED, ShardingRuntime
+from shardsim.shard.transaction_coordinator import Coordinators
+from shardsim.shard.storage import (CURRENT_TXN, Collection, Storage, new_uuid, validate_collection_name,
                            validate_db_name)
-from shard.write_context import NO_CONTEXT, WriteContext
+from shardsim.shard.write_context import NO_CONTEXT, WriteContext
 
 TERM = Int64(1)
 OPLOG_VERSION = Int64(2)

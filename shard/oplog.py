@@ -1,7 +1,7 @@
 """The shard's oplog (``local.oplog.rs``) and pre-image store (``config.system.preimages``).
 
 The oplog is an in-memory, append-only list of MongoDB oplog entries ordered by ``ts`` (a BSON
-``Timestamp``), indexed by :func:`shardsim.clock.ts_key`. It is what the change-stream stages
+``Timestamp``), indexed by :func:`shardsim.core.clock.ts_key`. It is what the change-stream stages
 scan and what ``find`` on ``local.oplog.rs`` reads. Durable shards use its subclass
 :class:`shard.oplog_disk.DiskOplog`: the entries live in SQLite (:mod:`shard.durable`) and these
 lists hold only a bounded cache of the newest ones.
@@ -34,7 +34,7 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 from sortedcontainers import SortedDict
 
-from shardsim.clock import ts_from_key, ts_key
+from shardsim.core.clock import ts_from_key, ts_key
 
 Listener = Callable[[dict[str, Any]], None]
 

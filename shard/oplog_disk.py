@@ -25,7 +25,7 @@ works on the counters and journals ``("truncate", key)``, which the next commit 
 the newest ``cache_bytes`` of entries (the clock restarts after the newest ``ts``).
 
 The table (created by :mod:`shard.durable`): ``oplog (ts INTEGER PRIMARY KEY, cmd, ns, db,
-size, entry)`` — ``ts`` the :func:`shardsim.clock.ts_key`, ``cmd`` 1 for ``op: "c"`` entries,
+size, entry)`` — ``ts`` the :func:`shardsim.core.clock.ts_key`, ``cmd`` 1 for ``op: "c"`` entries,
 ``ns``/``db`` the namespace and database of CRUD/no-op entries with a namespace (NULL
 otherwise: what the in-memory indexes index), ``size`` the bytes the oplog accounts for the
 entry, ``entry`` its BSON. The small columns come before the BLOB so counting and indexing never
@@ -43,9 +43,9 @@ from typing import Any, Iterator
 import bson
 from bson.timestamp import Timestamp
 
-from shardsim.clock import ts_from_key, ts_key
-from shardsim.node import CODEC
-from shard.oplog import Oplog
+from shardsim.core.clock import ts_from_key, ts_key
+from shardsim.core.node import CODEC
+from shardsim.shard.oplog import Oplog
 
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 

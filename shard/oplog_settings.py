@@ -17,8 +17,8 @@ from typing import Any
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 
-from shardsim.commands import bson_type_name
-from shardsim.errors import MongoError
+from shardsim.core.commands import bson_type_name
+from shardsim.core.errors import MongoError
 
 MIN_SIZE_MB = 990
 MAX_SIZE_MB = 1073741824  # 1 PB in MB

@@ -19,7 +19,7 @@ read of a causally consistent session) and the reads of writes enforce. Change s
 the oplog, which holds no prepared documents, and never wait.
 
 Which documents a read meets: shardsim has no secondary-index plans, so a filter that pins
-``_id`` (equality or ``$in``, :func:`shardsim.query.pinned_id_keys`: mongod's IDHACK / ``_id``
+``_id`` (equality or ``$in``, :func:`shardsim.core.query.pinned_id_keys`: mongod's IDHACK / ``_id``
 index scan) meets those documents only, and any other read is a collection scan that meets
 every document of the collection. Writers meeting a prepared document wait the same way
 (:mod:`shard.write_conflicts`); writers inside transactions whose snapshot is older than the
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from bson.timestamp import Timestamp
 
-from shardsim import query as q
-from shardsim.errors import MongoError
-from shardsim.values import id_key
+from shardsim.core import query as q
+from shardsim.core.errors import MongoError
+from shardsim.core.values import id_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 #: seconds between two checks while waiting (the transaction's end wakes the waiters earlier)
 RECHECK_S = 0.5

@@ -11,7 +11,7 @@
   :class:`shard.snapshot.SnapshotView`, and the reply carries ``atClusterTime``
   (``cursor.atClusterTime`` for find/aggregate, top level for distinct).
 
-Parsing and the per-command rules are :mod:`shardsim.read_concern`'s.
+Parsing and the per-command rules are :mod:`shardsim.core.read_concern`'s.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from bson.timestamp import Timestamp
 
-from shard.prepare_conflicts import READ_COMMANDS, wait_for_prepared
-from shardsim.commands import Request
-from shardsim.read_concern import attach_cluster_time, parse
+from shardsim.shard.prepare_conflicts import READ_COMMANDS, wait_for_prepared
+from shardsim.core.commands import Request
+from shardsim.core.read_concern import attach_cluster_time, parse
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 #: the snapshot time of the snapshot read the current command runs (None: latest data)
 SNAPSHOT_AT: ContextVar[Timestamp | None] = ContextVar("shardsim_snapshot_at", default=None)
@@ -44,7 +44,7 @@ def reach(node: "ShardNode", ts: Timestamp) -> None:
 async def run_with_read_concern(node: "ShardNode", handler: Callable[[Request], Awaitable[dict]],
                                 req: Request) -> dict[str, Any]:
     """Run ``handler(req)`` under the request's readConcern (see the module doc). Errors are
-    :func:`shardsim.read_concern.parse`'s and SnapshotTooOld (239)."""
+    :func:`shardsim.core.read_concern.parse`'s and SnapshotTooOld (239)."""
     rc = parse(req.body, node.commands.canonical(req.name), node.clock.now())
     if rc is None or req.body.get("autocommit") is False:
         return await handler(req)

@@ -43,10 +43,10 @@ from typing import Any
 from bson import Binary
 from bson.int64 import Int64
 
-from shardsim.commands import Request
-from shardsim.errors import MongoError
-from shard.snapshot import SnapshotDocs
-from shard.storage import id_key
+from shardsim.core.commands import Request
+from shardsim.core.errors import MongoError
+from shardsim.shard.snapshot import SnapshotDocs
+from shardsim.shard.storage import id_key
 
 TRANSIENT = ["TransientTransactionError"]
 # The uid of a session of an unauthenticated client: SHA-256 of the empty string

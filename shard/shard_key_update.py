@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 import bson
 
-from shardsim.errors import MongoError
-from shardsim.shard_key import get_path
+from shardsim.core.errors import MongoError
+from shardsim.core.shard_key import get_path
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
-    from shard.write_context import WriteContext
+    from shardsim.shard.node import ShardNode
+    from shardsim.shard.write_context import WriteContext
 
 WCOS = 283
 UPDATE_MOVES = "This update would cause the doc to change owning shards"

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 from bson import ObjectId
 from bson.timestamp import Timestamp
 
-from shardsim.client import Pool, parse_address
-from shardsim.errors import MongoError
-from shardsim.gossip import gossip_command
-from shardsim.shard_key import Chunk, ChunkMap, KeyPattern, compare_keys
-from shardsim.values import id_key
+from shardsim.core.client import Pool, parse_address
+from shardsim.core.errors import MongoError
+from shardsim.core.gossip import gossip_command
+from shardsim.core.shard_key import Chunk, ChunkMap, KeyPattern, compare_keys
+from shardsim.core.values import id_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 UNSHARDED = {"e": ObjectId("000000000000000000000000"), "t": Timestamp(0, 0),
              "v": Timestamp(0, 0)}

@@ -27,7 +27,7 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from shardsim.errors import MongoError
+from shardsim.core.errors import MongoError
 
 DEFAULT_WINDOW_S = 300  # minSnapshotHistoryWindowInSeconds
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024  # --snapshot-history-mb 32

@@ -25,11 +25,11 @@ from typing import Any, Iterator
 
 from bson import Binary
 
-from shard.snapshot import History
-from shard.collection_kinds import check_measurement, id_index_spec, storage_key
-from shardsim.errors import MongoError
-from shard.write_conflicts import check_held
-from shardsim.values import format_value, get_path, id_key
+from shardsim.shard.snapshot import History
+from shardsim.shard.collection_kinds import check_measurement, id_index_spec, storage_key
+from shardsim.core.errors import MongoError
+from shardsim.shard.write_conflicts import check_held
+from shardsim.core.values import format_value, get_path, id_key
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 
@@ -99,7 +99,7 @@ class Index:
         if self.sparse and not any_found:
             return []
         if self.partial is not None:
-            from shardsim.query import matches
+            from shardsim.core.query import matches
             if not matches(self.partial, doc):
                 return []
         out = []

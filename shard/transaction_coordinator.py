@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING, Any
 from bson import Timestamp
 from bson.int64 import Int64
 
-from shardsim.client import Pool, parse_address
-from shardsim.errors import MongoError, code_name
-from shardsim.failpoints import FailPoint
-from shardsim.gossip import gossip_command
-from shardsim.values import id_key
+from shardsim.core.client import Pool, parse_address
+from shardsim.core.errors import MongoError, code_name
+from shardsim.core.failpoints import FailPoint
+from shardsim.core.gossip import gossip_command
+from shardsim.core.values import id_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 log = logging.getLogger("shardsim.coordinator")
 

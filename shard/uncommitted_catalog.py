@@ -44,13 +44,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardsim.errors import MongoError
-from shard.storage import (CURRENT_TXN, ID_INDEX, Collection, new_uuid, validate_collection_name,
+from shardsim.core.errors import MongoError
+from shardsim.shard.storage import (CURRENT_TXN, ID_INDEX, Collection, new_uuid, validate_collection_name,
                            validate_db_name)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
-    from shard.sessions import Transaction
+    from shardsim.shard.node import ShardNode
+    from shardsim.shard.sessions import Transaction
 
 TRANSIENT = ["TransientTransactionError"]
 

@@ -6,14 +6,14 @@ insert, update, replacement and upsert of the CRUD commands.
   documents that already failed the validator; ``off`` checks nothing.
 * ``validationAction``: ``error`` (default) refuses the write with DocumentValidationFailure
   (121) ``"Document failed validation"`` and ``errInfo: {failingDocumentId, details}``
-  (details from :func:`shardsim.doc_validation.failure_details`); ``warn`` lets it through
+  (details from :func:`shardsim.core.doc_validation.failure_details`); ``warn`` lets it through
   and logs it.
 * ``bypassDocumentValidation: true`` on insert/update/findAndModify (and the router's
   bulkWrite) skips the check; chunk migrations and internal writes never check.
 
 :func:`check_options` validates the options when ``create``/``collMod`` set them: TypeMismatch
 (14) for a non-object validator or a non-string level/action, BadValue (2) for an unknown
-level or action, and the ``$jsonSchema`` checks of :func:`shardsim.doc_validation.check_schema`.
+level or action, and the ``$jsonSchema`` checks of :func:`shardsim.core.doc_validation.check_schema`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import contextvars
 import logging
 from typing import Any
 
-from shardsim import query as q
-from shardsim.commands import bson_type_name
-from shardsim.doc_validation import check_schema, failure_details
-from shardsim.errors import MongoError
+from shardsim.core import query as q
+from shardsim.core.commands import bson_type_name
+from shardsim.core.doc_validation import check_schema, failure_details
+from shardsim.core.errors import MongoError
 
 log = logging.getLogger("shardsim.shard.validation")
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from shardsim import query as q
-from shardsim.errors import MongoError
-from shard.prepare_conflicts import deadline_of, prepared_met, wait_for_end
+from shardsim.core import query as q
+from shardsim.core.errors import MongoError
+from shardsim.shard.prepare_conflicts import deadline_of, prepared_met, wait_for_end
 
 LIVE = ("in_progress", "prepared")
 

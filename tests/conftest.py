@@ -1,13 +1,13 @@
 """Shared fixtures: a real local cluster (config server, shards, router) on free loopback ports.
 
-* ``cluster`` (session scope): one :class:`shardsim.launcher.Cluster` with 3 in-memory shards,
+* ``cluster`` (session scope): one :class:`shardsim.tools.launcher.Cluster` with 3 in-memory shards,
   started on first use and always stopped at the end of the session. Tests that use it share
   it, so give your databases/collections unique names and do not stop or kill its processes
   (build your own with ``cluster_factory`` for that).
 * ``router_client`` (function scope): a pymongo ``MongoClient`` connected to ``cluster``'s
   router, closed after the test.
 * ``cluster_factory`` (function scope): ``cluster_factory(shards=2, durable=True, ...)`` starts a
-  private :class:`~shardsim.launcher.Cluster` (same arguments) that is stopped after the test,
+  private :class:`~shardsim.tools.launcher.Cluster` (same arguments) that is stopped after the test,
   pass or fail.
 
 With ``SHARDSIM_TEST_CLUSTER=inprocess`` both build in-process clusters instead
@@ -25,7 +25,7 @@ import sys
 import pymongo
 import pytest
 
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 
 sys.path.insert(0, os.path.dirname(__file__))
 from inprocess_cluster import InProcessCluster, in_process  # noqa: E402

@@ -1,4 +1,4 @@
-"""The launcher's :class:`shardsim.launcher.Cluster` interface over the in-process test kit, so
+"""The launcher's :class:`shardsim.tools.launcher.Cluster` interface over the in-process test kit, so
 the project's own integration tests run against :class:`shardsim.testing.ShardedCluster` when
 ``SHARDSIM_TEST_CLUSTER=inprocess`` (read by ``tests/conftest.py``).
 
@@ -29,7 +29,7 @@ def in_process() -> bool:
 
 
 class MemberProxy:
-    """A kit member seen as a :class:`shardsim.procs.RoleProcess`."""
+    """A kit member seen as a :class:`shardsim.tools.procs.RoleProcess`."""
 
     def __init__(self, kit: ShardedCluster, name: str, module: str) -> None:
         self.kit = kit

@@ -22,7 +22,7 @@ the node's catalog access (``find_all``, ``insert``, ``on_shard``, ``ensure_data
 
 from __future__ import annotations
 
-from configsvr.commands import (balancer, chunks, collections, databases, metadata, resharding,
+from shardsim.configsvr.commands import (balancer, chunks, collections, databases, metadata, resharding,
                                 shards)
 
 # Installed in this order by ConfigServerNode.__init__ (no two define the same command).

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from configsvr.catalog import split_ns
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
+from shardsim.configsvr.catalog import split_ns
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 commands = CommandFamily("balancer")
 

@@ -11,15 +11,15 @@ from bson import MaxKey, MinKey
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from configsvr import migration
-from configsvr.catalog import chunk_doc, chunk_map, locate_chunk, split_ns
-from configsvr.commands.metadata import check_migrations_allowed
-from shardsim.shard_key import Chunk, KeyPattern, SortKey, compare_keys
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
+from shardsim.configsvr import migration
+from shardsim.configsvr.catalog import chunk_doc, chunk_map, locate_chunk, split_ns
+from shardsim.configsvr.commands.metadata import check_migrations_allowed
+from shardsim.core.shard_key import Chunk, KeyPattern, SortKey, compare_keys
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 log = logging.getLogger("shardsim.configsvr")
 

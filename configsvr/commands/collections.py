@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, ObjectId
 from bson.timestamp import Timestamp
 
-from configsvr import migration
-from configsvr.catalog import chunk_doc, initial_chunks, split_ns
-from shardsim.shard_key import KeyPattern
-from shardsim.errors import view_error
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
+from shardsim.configsvr import migration
+from shardsim.configsvr.catalog import chunk_doc, initial_chunks, split_ns
+from shardsim.core.shard_key import KeyPattern
+from shardsim.core.errors import view_error
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 log = logging.getLogger("shardsim.configsvr")
 _UNSHARDABLE_DBS = ("admin", "local", "config")

@@ -9,11 +9,11 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 log = logging.getLogger("shardsim.configsvr")
 

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 from bson import MaxKey, MinKey, ObjectId
 from bson.timestamp import Timestamp
 
-from configsvr import migration
-from configsvr.catalog import split_ns
-from shardsim.commands import CommandFamily, Request, check_type
-from shardsim.errors import MongoError
-from shardsim.shard_key import KeyPattern, SortKey, compare_keys
+from shardsim.configsvr import migration
+from shardsim.configsvr.catalog import split_ns
+from shardsim.core.commands import CommandFamily, Request, check_type
+from shardsim.core.errors import MongoError
+from shardsim.core.shard_key import KeyPattern, SortKey, compare_keys
 
 if TYPE_CHECKING:
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 commands = CommandFamily("metadata")
 

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from configsvr import resharding
-from configsvr.catalog import split_ns
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
-from shardsim.shard_key import Chunk, KeyPattern
+from shardsim.configsvr import resharding
+from shardsim.configsvr.catalog import split_ns
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
+from shardsim.core.shard_key import Chunk, KeyPattern
 
 if TYPE_CHECKING:
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 commands = CommandFamily("resharding")
 

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
 
-from configsvr.catalog import shard_host
-from shardsim.gossip import gossip_command
-from shardsim.client import Pool, parse_address
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
+from shardsim.configsvr.catalog import shard_host
+from shardsim.core.gossip import gossip_command
+from shardsim.core.client import Pool, parse_address
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:
-    from configsvr.node import ConfigServerNode
+    from shardsim.configsvr.node import ConfigServerNode
 
 log = logging.getLogger("shardsim.configsvr")
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.change_stream.async_results_merger import Merger, Remote
-from router.change_stream.cursor import RouterChangeStream, RouterChangeStreamCursor
-from router.change_stream.merge_cursors import ChangeStreamMerge
-from router.change_stream.promise_requests import PromiseRequests
-from shardsim import change_stream_spec as shard_spec
-from shardsim.errors import MongoError
+from shardsim.router.change_stream.async_results_merger import Merger, Remote
+from shardsim.router.change_stream.cursor import RouterChangeStream, RouterChangeStreamCursor
+from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
+from shardsim.router.change_stream.promise_requests import PromiseRequests
+from shardsim.core import change_stream_spec as shard_spec
+from shardsim.core.errors import MongoError
 
 __all__ = ["aggregate_change_stream", "ChangeStreamMerge", "Merger", "PromiseRequests", "Remote",
            "RouterChangeStream", "RouterChangeStreamCursor"]
@@ -53,7 +53,7 @@ async def aggregate_change_stream(router: Any, req: Any) -> dict[str, Any]:
     ``aggregate`` when ``pipeline[0]`` is ``$changeStream``).
 
     ``router`` — the :class:`router.node.RouterNode`; ``req`` — a
-    :class:`shardsim.commands.Request` (``db``, ``body`` with ``aggregate``, ``pipeline``,
+    :class:`shardsim.core.commands.Request` (``db``, ``body`` with ``aggregate``, ``pipeline``,
     ``cursor``). Returns the reply body ``{cursor: {firstBatch: [], postBatchResumeToken, id,
     ns}}``. Raises MongoError: the shard parser's validation errors (e.g. 40415/14/2/50865/
     40674/260/73, the same parser as the shards', before any shard is touched), 31123 for

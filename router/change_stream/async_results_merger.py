@@ -34,9 +34,9 @@ from collections import deque
 from operator import attrgetter
 from typing import Any, Iterable
 
-from shardsim.errors import MongoError
-from router.change_stream.raw_events import Block, Item, Key
-from shardsim.resume_token import token_key
+from shardsim.core.errors import MongoError
+from shardsim.router.change_stream.raw_events import Block, Item, Key
+from shardsim.core.resume_token import token_key
 
 CONFIG_SHARDS_NS = "config.shards"
 

@@ -34,9 +34,9 @@ from typing import Any
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from router.change_stream.async_results_merger import Merger, Remote
-from shardsim.clock import ts_from_key, ts_key
-from shardsim.resume_token import token_ts_key
+from shardsim.router.change_stream.async_results_merger import Merger, Remote
+from shardsim.core.clock import ts_from_key, ts_key
+from shardsim.core.resume_token import token_ts_key
 
 
 def _promise_ts(remote: Remote) -> int | None:

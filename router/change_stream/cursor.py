@@ -45,16 +45,16 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from router.change_stream.async_results_merger import CONFIG_SHARDS_NS, Merger, Remote
-from shardsim.resume_token import token_ts_key
-from router.change_stream.handle_topology_change import NewShard
-from router.change_stream.merge_cursors import ChangeStreamMerge
-from router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
+from shardsim.router.change_stream.async_results_merger import CONFIG_SHARDS_NS, Merger, Remote
+from shardsim.core.resume_token import token_ts_key
+from shardsim.router.change_stream.handle_topology_change import NewShard
+from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
+from shardsim.router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
                                              split_cursor)
-from shardsim.gossip import gossip_command, track_operation_time
-from shardsim.clock import ts_add_ticks, ts_key
-from shardsim.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
-from shardsim.errors import MongoError, change_stream_labels
+from shardsim.core.gossip import gossip_command, track_operation_time
+from shardsim.core.clock import ts_add_ticks, ts_key
+from shardsim.core.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
+from shardsim.core.errors import MongoError, change_stream_labels
 
 log = logging.getLogger("shardsim.router.change_stream")
 
@@ -370,7 +370,7 @@ class RouterChangeStreamCursor(Cursor):
     def current_op_extra(self) -> dict[str, Any]:
         """``{changeStream: {...}}``: why the stream waits (shardsim's own field,
         :mod:`router.change_stream.current_op`)."""
-        from router.change_stream.current_op import change_stream_report
+        from shardsim.router.change_stream.current_op import change_stream_report
         st = self.stream
         return {"changeStream": change_stream_report(st.merger, st.router.clock.now())}
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardsim.resume_token import is_hwm_data, is_invalidate_data
-from router.change_stream.raw_events import Item, Key, document_string
-from shardsim.resume_token import token_key
-from shardsim.errors import MongoError
+from shardsim.core.resume_token import is_hwm_data, is_invalidate_data
+from shardsim.router.change_stream.raw_events import Item, Key, document_string
+from shardsim.core.resume_token import token_key
+from shardsim.core.errors import MongoError
 
 
 class EnsureResumeTokenPresent:

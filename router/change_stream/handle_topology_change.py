@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from shardsim.resume_token import hwm_token, token_ts_key
-from router.change_stream.raw_events import Item
+from shardsim.core.resume_token import hwm_token, token_ts_key
+from shardsim.router.change_stream.raw_events import Item
 
 
 @dataclass(slots=True)

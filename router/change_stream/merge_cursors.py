@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from shardsim.cursors import array_header_bytes
-from shardsim.errors import MongoError
-from router.change_stream.async_results_merger import Merger
-from router.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
-from router.change_stream.handle_topology_change import HandleTopologyChange, NewShard
-from router.change_stream.raw_events import Block, Item, Key
+from shardsim.core.cursors import array_header_bytes
+from shardsim.core.errors import MongoError
+from shardsim.router.change_stream.async_results_merger import Merger
+from shardsim.router.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
+from shardsim.router.change_stream.handle_topology_change import HandleTopologyChange, NewShard
+from shardsim.router.change_stream.raw_events import Block, Item, Key
 
 # Operation types :meth:`ChangeStreamMerge.take` leaves to :meth:`ChangeStreamMerge.next`.
 _GENERAL_OPS = frozenset({"invalidate", "kNewShardDetected"})

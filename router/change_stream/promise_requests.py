@@ -47,11 +47,11 @@ from typing import Any
 import bson
 from bson.timestamp import Timestamp
 
-from shardsim.resume_token import token_ts_key
-from shardsim.client import Connection
-from shardsim.clock import HybridLogicalClock, ts_from_key, ts_key
-from shardsim.errors import MongoError
-from shardsim.node import CODEC, DUMMY_SIGNATURE
+from shardsim.core.resume_token import token_ts_key
+from shardsim.core.client import Connection
+from shardsim.core.clock import HybridLogicalClock, ts_from_key, ts_key
+from shardsim.core.errors import MongoError
+from shardsim.core.node import CODEC, DUMMY_SIGNATURE
 
 log = logging.getLogger("shardsim.router.change_stream")
 
@@ -73,7 +73,7 @@ class PromiseRequests:
     out now (``pending``, its task), the newest time wanted meanwhile (``want``) and the streams
     to wake once that is sent (``deferred``); plus the open streams (``streams``, weak: a stream
     adds itself once established and discards itself when closed). ``clock`` — the router's
-    :class:`~shardsim.clock.HybridLogicalClock` (gossiped on requests, advanced by replies).
+    :class:`~shardsim.core.clock.HybridLogicalClock` (gossiped on requests, advanced by replies).
 
     Cost control: the request is sticky on the shard, so at most one is sent per shard address
     and newer time, and at most one is out per address (a newer time wanted meanwhile goes out

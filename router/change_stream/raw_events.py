@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from shardsim.cursors import ONE_BY_ONE_OP_ELEMENTS
-from shardsim.cursors import SORT_KEY_LAYOUT_FIELD as LAYOUT_CHECKED_FIELD
-from shardsim.cursors import SORT_KEY_SIZES_FIELD as SIZES_FIELD
-from shardsim.errors import MongoError
-from shardsim.resume_token import token_key
+from shardsim.core.cursors import ONE_BY_ONE_OP_ELEMENTS
+from shardsim.core.cursors import SORT_KEY_LAYOUT_FIELD as LAYOUT_CHECKED_FIELD
+from shardsim.core.cursors import SORT_KEY_SIZES_FIELD as SIZES_FIELD
+from shardsim.core.errors import MongoError
+from shardsim.core.resume_token import token_key
 
-from shardsim.resume_token import SortKey as Key  # (data_hex, has_type_bits, type_bits)
+from shardsim.core.resume_token import SortKey as Key  # (data_hex, has_type_bits, type_bits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def split_cursor(raw: bytes, batch_field: str) -> tuple[dict[str, Any], list[Any
     RawBSONDocument, no decode). None when anything is unusual (an element type
     not handled here, an event in another layout): the caller then takes the general path."""
     import bson
-    from shardsim.node import CODEC
+    from shardsim.core.node import CODEC
     if not isinstance(raw, bytes):
         raw = bytes(raw)  # a memoryview of the wire message: one copy per reply
     end = _i32.unpack_from(raw, 0)[0] - 1
@@ -554,7 +554,7 @@ def item_from_raw_event(event: Any, *, is_config: bool = False) -> Item:
         # Slow path: find out what is wrong (or handle an unusual field layout) by decoding.
         import bson
         from bson.raw_bson import RawBSONDocument
-        from shardsim.client import RAW_CODEC
+        from shardsim.core.client import RAW_CODEC
         try:
             sort_key = event["$sortKey"]
         except KeyError:

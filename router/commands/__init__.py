@@ -29,13 +29,13 @@ module            commands
 
 Each module declares ``commands = CommandFamily(...)`` and module-level handlers
 ``async def insert(node, req) -> dict``; :class:`router.node.RouterNode` installs
-:data:`FAMILIES` after the commands every node answers (:mod:`shardsim.node`), so a test can
+:data:`FAMILIES` after the commands every node answers (:mod:`shardsim.core.node`), so a test can
 also call ``await crud.insert(node, request)`` directly.
 """
 
 from __future__ import annotations
 
-from router.commands import (admin, bulk_write, crud, ddl, explain, reads, sharding,
+from shardsim.router.commands import (admin, bulk_write, crud, ddl, explain, reads, sharding,
                              sharding_ddl, transactions, users)
 
 FAMILIES = (transactions.commands, crud.commands, bulk_write.commands, reads.commands,

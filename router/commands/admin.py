@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router.forwarding import BIG_BATCH, forwardable, reply_body
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
+from shardsim.router.forwarding import BIG_BATCH, forwardable, reply_body
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 commands = CommandFamily("admin")
 

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from bson import ObjectId
 
-from router import writes
-from shardsim.commands import CommandFamily, Request, bson_type_name
-from shardsim.errors import MongoError, code_name
+from shardsim.router import writes
+from shardsim.core.commands import CommandFamily, Request, bson_type_name
+from shardsim.core.errors import MongoError, code_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 commands = CommandFamily("bulk_write")
 

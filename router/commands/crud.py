@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router import writes
-from router.commands.admin import CONFIG_DATABASES, config_write
-from router.forwarding import namespace
-from shardsim.commands import CommandFamily, Request
+from shardsim.router import writes
+from shardsim.router.commands.admin import CONFIG_DATABASES, config_write
+from shardsim.router.forwarding import namespace
+from shardsim.core.commands import CommandFamily, Request
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 commands = CommandFamily("crud")
 

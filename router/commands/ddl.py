@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from router.commands.admin import CONFIG_DATABASES, config_read
-from router.forwarding import BIG_BATCH, forwardable, namespace, reply_body, session_fields
-from shardsim.client import remote_error
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
+from shardsim.router.commands.admin import CONFIG_DATABASES, config_read
+from shardsim.router.forwarding import BIG_BATCH, forwardable, namespace, reply_body, session_fields
+from shardsim.core.client import remote_error
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 commands = CommandFamily("ddl")
 

@@ -37,14 +37,14 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from router.commands.reads import read_targets
-from router.forwarding import forwardable, namespace, reply_body
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
-from shardsim.explain_common import parse_request, server_info, server_parameters
+from shardsim.router.commands.reads import read_targets
+from shardsim.router.forwarding import forwardable, namespace, reply_body
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
+from shardsim.core.explain_common import parse_request, server_info, server_parameters
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 commands = CommandFamily("explain")
 _READS = ("find", "count", "distinct")

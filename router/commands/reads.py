@@ -25,19 +25,19 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
-from router import aggregate_write, change_stream, shard_versioning
-from router.current_op import aggregate_current_op
-from shardsim import current_op, local_sessions
-from router.commands.admin import CONFIG_DATABASES, config_read
-from router.remote_cursor import tailable_find
-from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
-from shardsim.shard_key import compare
-from shardsim.commands import CommandFamily, Request, check_type
-from shardsim.errors import MongoError
-from shardsim.search_indexes import check_search_stages
+from shardsim.router import aggregate_write, change_stream, shard_versioning
+from shardsim.router.current_op import aggregate_current_op
+from shardsim.core import current_op, local_sessions
+from shardsim.router.commands.admin import CONFIG_DATABASES, config_read
+from shardsim.router.remote_cursor import tailable_find
+from shardsim.router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
+from shardsim.core.shard_key import compare
+from shardsim.core.commands import CommandFamily, Request, check_type
+from shardsim.core.errors import MongoError
+from shardsim.core.search_indexes import check_search_stages
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 commands = CommandFamily("reads")
 
@@ -127,7 +127,7 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
     results = await asyncio.gather(*(node.drain(s, db, body, session=sess) for s in shards))
     docs = [d for _, part in results for d in part]
     if sort:
-        from shardsim.query import sort_docs
+        from shardsim.core.query import sort_docs
         docs = sort_docs(docs, sort)
     docs = docs[skip:]
     if limit is not None:
@@ -215,7 +215,7 @@ async def distinct_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]
     replies = await asyncio.gather(*(node.shard_command(s, db, body) for s in shards))
     if len(replies) == 1:
         return {"values": replies[0]["values"]}
-    from shardsim.values import id_key
+    from shardsim.core.values import id_key
     seen: dict[Any, Any] = {}
     for rep in replies:
         for v in rep["values"]:
@@ -249,7 +249,7 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
     if current_op.is_current_op(pipeline) and cursor_opt is not None:
         return await aggregate_current_op(node, req)
     if req.get("explain") is True:  # aggregate with explain: true = verbosity queryPlanner
-        from router.commands.explain import explain_command
+        from shardsim.router.commands.explain import explain_command
         inner = {k: v for k, v in req.body.items() if k not in ("explain", "$db")}
         return await explain_command(node, req.db, "aggregate", inner, "queryPlanner", req.conn)
     if cursor_opt is None and not req.get("explain"):
@@ -284,7 +284,7 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
     results = await asyncio.gather(*(node.drain(s, db, body, session=sess) for s in shards))
     docs = [d for _, part in results for d in part]
     if split < len(pipeline):
-        from shardsim.query import run_pipeline
+        from shardsim.core.query import run_pipeline
         docs = run_pipeline(docs, pipeline[split:], None)
     return await node.cursor_reply(ns, docs, req, batch_size)
 
@@ -307,7 +307,7 @@ async def _aggregate_database(node: "RouterNode", req: Request, batch_size: Any)
     ns = f"{db}.$cmd.aggregate"
     pipeline = req.get("pipeline")
     if local_sessions.is_list_local_sessions(pipeline):  # the router's own sessions
-        from shardsim.query import run_pipeline
+        from shardsim.core.query import run_pipeline
         docs = local_sessions.local_sessions_docs(node.local_sessions, db, req.arg, pipeline,
                                                   req.conn)
         return await node.cursor_reply(ns, run_pipeline(docs, pipeline[1:], None), req,
@@ -363,7 +363,7 @@ async def run_resolved_view(node: "RouterNode", req: Request, name: str,
     if name == "count":
         return {"n": len(docs)}
     if name == "distinct":
-        from shardsim.query import distinct_values
+        from shardsim.core.query import distinct_values
         return {"values": sorted(distinct_values(docs, check_type(req, "key", str, "string")),
                                  key=functools.cmp_to_key(compare))}
     ns = f"{db}.{view_coll}"

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router import writes
-from router.forwarding import reply_body
-from shardsim.commands import CommandFamily, Request, check_type
-from shardsim.errors import MongoError
+from shardsim.router import writes
+from shardsim.router.forwarding import reply_body
+from shardsim.core.commands import CommandFamily, Request, check_type
+from shardsim.core.errors import MongoError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 commands = CommandFamily("sharding")
 

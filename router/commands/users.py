@@ -1,18 +1,18 @@
 """User and role management through the router: mongos runs these on the config server
 (``src/mongo/s/commands/cluster_user_management_commands.cpp``) and then invalidates its user
 cache. ``connectionStatus``, ``saslStart``/``saslContinue`` and ``logout`` are the router's own
-(:mod:`shardsim.auth.commands`); ``invalidateUserCache`` drops the cache here only.
+(:mod:`shardsim.core.auth.commands`); ``invalidateUserCache`` drops the cache here only.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router.forwarding import forwardable, reply_body
-from shardsim.commands import CommandFamily, Request
+from shardsim.router.forwarding import forwardable, reply_body
+from shardsim.core.commands import CommandFamily, Request
 
 if TYPE_CHECKING:  # pragma: no cover
-    from router.node import RouterNode
+    from shardsim.router.node import RouterNode
 
 commands = CommandFamily("users")
 

@@ -17,12 +17,12 @@ from typing import Any
 
 from bson.int64 import Int64
 
-from shardsim import resume_token as rt
-from shardsim.clock import ts_from_key, ts_key
-from shardsim.errors import MongoError
-from shardsim import change_stream_spec as spec_mod
-from shard.change_stream.check_resumability import assert_history_available
-from shard.change_stream.cursor import ChangeStreamCursor
+from shardsim.core import resume_token as rt
+from shardsim.core.clock import ts_from_key, ts_key
+from shardsim.core.errors import MongoError
+from shardsim.core import change_stream_spec as spec_mod
+from shardsim.shard.change_stream.check_resumability import assert_history_available
+from shardsim.shard.change_stream.cursor import ChangeStreamCursor
 
 __all__ = ["aggregate_change_stream", "open_cursor"]
 
@@ -74,10 +74,10 @@ def open_cursor(node: Any, db: str, target: Any, pipeline: list[Any], *,
 async def aggregate_change_stream(node: Any, req: Any) -> dict[str, Any]:
     """Run ``aggregate`` whose ``pipeline[0]`` is ``$changeStream`` on a shard.
 
-    ``req`` is a :class:`shardsim.commands.Request` (``db``, ``body`` with ``aggregate``,
+    ``req`` is a :class:`shardsim.core.commands.Request` (``db``, ``body`` with ``aggregate``,
     ``pipeline``, ``cursor``, optional ``needsMerge``). Returns the reply body
     ``{"cursor": {firstBatch, postBatchResumeToken, id, ns}}``. Raises MongoError with mongod's
-    codes for invalid specifications (see :mod:`shardsim.change_stream_spec`), history loss (286),
+    codes for invalid specifications (see :mod:`shardsim.core.change_stream_spec`), history loss (286),
     missing required images (47).
     """
     body = req.body

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardsim.errors import MongoError
-from shard.change_stream.add_pre_image import event_repr, fetch_pre_image
-from shard.change_stream.transform import Event
+from shardsim.core.errors import MongoError
+from shardsim.shard.change_stream.add_pre_image import event_repr, fetch_pre_image
+from shardsim.shard.change_stream.transform import Event
 
 
 def apply_diff(doc: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:

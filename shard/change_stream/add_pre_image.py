@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardsim.errors import MongoError
-from shard.change_stream.transform import Event
+from shardsim.core.errors import MongoError
+from shardsim.shard.change_stream.transform import Event
 
 
 def event_repr(doc: dict[str, Any]) -> str:

@@ -11,9 +11,9 @@ that invalidate again and keeps running (it is swallowed by the resume check ins
 
 from __future__ import annotations
 
-from shardsim import resume_token as rt
-from shardsim.change_stream_spec import StreamSpec
-from shard.change_stream.transform import Event
+from shardsim.core import resume_token as rt
+from shardsim.core.change_stream_spec import StreamSpec
+from shardsim.shard.change_stream.transform import Event
 
 
 def is_invalidating(spec: StreamSpec, ev: Event) -> bool:

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardsim import resume_token as rt
-from shardsim.clock import ts_key
-from shardsim.errors import MongoError
-from shardsim.change_stream_spec import StreamSpec
-from shard.change_stream.transform import Event
+from shardsim.core import resume_token as rt
+from shardsim.core.clock import ts_key
+from shardsim.core.errors import MongoError
+from shardsim.core.change_stream_spec import StreamSpec
+from shardsim.shard.change_stream.transform import Event
 
 CHECK_NEXT, FOUND, SURPASSED = 0, 1, 2
 

@@ -12,7 +12,7 @@ pipeline has this stage only then (:mod:`.pipeline`).
 
 from __future__ import annotations
 
-from shard.change_stream.transform import Event
+from shardsim.shard.change_stream.transform import Event
 
 
 class TopologyChangeDetected(Exception):

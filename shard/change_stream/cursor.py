@@ -41,20 +41,20 @@ from bson.codec_options import DEFAULT_CODEC_OPTIONS
 from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS, RawBSONDocument
 from bson.timestamp import Timestamp
 
-from shardsim import resume_token as rt
-from shardsim.clock import ts_from_key, ts_key
-from shardsim.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, ONE_BY_ONE_OP_ELEMENTS,
+from shardsim.core import resume_token as rt
+from shardsim.core.clock import ts_from_key, ts_key
+from shardsim.core.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, ONE_BY_ONE_OP_ELEMENTS,
                               SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD, Batch, Cursor,
                               array_header_bytes)
-from shardsim.errors import MongoError
-from shard.change_stream import fast_crud, promise_faults
-from shard.change_stream.check_resumability import HISTORY_LOST_MSG
-from shard.change_stream.check_topology_change import TopologyChangeDetected
-from shard.change_stream.pipeline import ShardPipeline, build_pipeline, fused_crud
-from shardsim.change_stream_spec import StreamSpec
-from shard.change_stream.split_large_event import event_size_limit, too_large
-from shard.change_stream.transform import Event
-from shard.change_stream.add_post_image import RemoteLookup
+from shardsim.core.errors import MongoError
+from shardsim.shard.change_stream import fast_crud, promise_faults
+from shardsim.shard.change_stream.check_resumability import HISTORY_LOST_MSG
+from shardsim.shard.change_stream.check_topology_change import TopologyChangeDetected
+from shardsim.shard.change_stream.pipeline import ShardPipeline, build_pipeline, fused_crud
+from shardsim.core.change_stream_spec import StreamSpec
+from shardsim.shard.change_stream.split_large_event import event_size_limit, too_large
+from shardsim.shard.change_stream.transform import Event
+from shardsim.shard.change_stream.add_post_image import RemoteLookup
 
 DEFAULT_AWAIT_MS = 1000
 _ID_FIRST = b"\x03_id\x00"

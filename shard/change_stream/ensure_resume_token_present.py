@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardsim.errors import MongoError
-from shard.change_stream.check_resumability import CHECK_NEXT, FOUND, CheckResumability
-from shard.change_stream.transform import Event
+from shardsim.core.errors import MongoError
+from shardsim.shard.change_stream.check_resumability import CHECK_NEXT, FOUND, CheckResumability
+from shardsim.shard.change_stream.transform import Event
 
 
 def _token_repr(token: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ run of entries at a time:
 
 * cached per namespace (and collection UUID) and operation type: the ``ns`` element, the
   ``operationType`` element and the resume token's constant hex middle
-  (:func:`shardsim.resume_token.event_mid_hex`), and for a documentKey ``{_id: <positive
+  (:func:`shardsim.core.resume_token.event_mid_hex`), and for a documentKey ``{_id: <positive
   int32 | ObjectId>}`` a template of the whole token document (per byte count of an int id);
 * per event: the ``_id`` token document, ``clusterTime`` packed from the scan key,
   ``wallTime`` (cached per equal ``datetime``: the shard's ``wall_now`` hands out one object
@@ -46,10 +46,10 @@ from bson.binary import Binary
 from bson.objectid import ObjectId
 from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS
 
-from shardsim import resume_token as rt
-from shard.change_stream.oplog_match import ns_predicate
-from shardsim.change_stream_spec import StreamSpec
-from shard.change_stream.transform import update_description
+from shardsim.core import resume_token as rt
+from shardsim.shard.change_stream.oplog_match import ns_predicate
+from shardsim.core.change_stream_spec import StreamSpec
+from shardsim.shard.change_stream.transform import update_description
 
 # Set False to send every entry through the general path (tests compare the two).
 ENABLED = True

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from shardsim.change_stream_spec import StreamSpec
+from shardsim.core.change_stream_spec import StreamSpec
 
 INTERNAL_DBS = frozenset({"admin", "config", "local"})
 

@@ -37,21 +37,21 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from shardsim import resume_token as rt
-from shard.change_stream import fast_crud
-from shard.change_stream.add_post_image import AddPostImage
-from shard.change_stream.add_pre_image import AddPreImage
-from shard.change_stream.check_invalidate import CheckInvalidate
-from shard.change_stream.check_resumability import CheckResumability
-from shard.change_stream.check_topology_change import CheckTopologyChange
-from shard.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
-from shard.change_stream.oplog_match import OplogMatch, crud_predicate
-from shardsim.change_stream_spec import StreamSpec
-from shard.change_stream.split_large_event import SplitLargeEvent, event_size_limit
-from shard.change_stream.transform import Transform
-from shard.change_stream.unwind_transaction import UnwindTransaction
-from shardsim.clock import ts_key
-from shard.change_stream.user_stages import UserStages
+from shardsim.core import resume_token as rt
+from shardsim.shard.change_stream import fast_crud
+from shardsim.shard.change_stream.add_post_image import AddPostImage
+from shardsim.shard.change_stream.add_pre_image import AddPreImage
+from shardsim.shard.change_stream.check_invalidate import CheckInvalidate
+from shardsim.shard.change_stream.check_resumability import CheckResumability
+from shardsim.shard.change_stream.check_topology_change import CheckTopologyChange
+from shardsim.shard.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
+from shardsim.shard.change_stream.oplog_match import OplogMatch, crud_predicate
+from shardsim.core.change_stream_spec import StreamSpec
+from shardsim.shard.change_stream.split_large_event import SplitLargeEvent, event_size_limit
+from shardsim.shard.change_stream.transform import Transform
+from shardsim.shard.change_stream.unwind_transaction import UnwindTransaction
+from shardsim.core.clock import ts_key
+from shardsim.shard.change_stream.user_stages import UserStages
 
 __all__ = ["build_pipeline", "ShardPipeline", "fused_crud"]
 

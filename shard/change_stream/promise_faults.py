@@ -37,9 +37,9 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from shardsim.clock import ts_from_key, ts_key
-from shardsim.errors import MongoError
-from shardsim.failpoints import FailPoint
+from shardsim.core.clock import ts_from_key, ts_key
+from shardsim.core.errors import MongoError
+from shardsim.core.failpoints import FailPoint
 
 STALL_PROMISE = "shardsimStallPromise"
 DELAY_PROMISE = "shardsimDelayPromise"
@@ -47,7 +47,7 @@ PIN_COMMAND = "_shardsimSetClusterTime"
 
 
 class PromiseFailPoint(FailPoint):
-    """A :class:`~shardsim.failpoints.FailPoint` whose (re)configuration updates the node's
+    """A :class:`~shardsim.core.failpoints.FailPoint` whose (re)configuration updates the node's
     :class:`PromiseFaults` (and checks ``delayMs`` for ``shardsimDelayPromise``)."""
 
     def __init__(self, name: str, faults: "PromiseFaults") -> None:

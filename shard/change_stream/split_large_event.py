@@ -14,9 +14,9 @@ from typing import Any
 
 import bson
 
-from shardsim import resume_token as rt
-from shardsim.errors import MongoError
-from shardsim.change_stream_spec import StreamSpec
+from shardsim.core import resume_token as rt
+from shardsim.core.errors import MongoError
+from shardsim.core.change_stream_spec import StreamSpec
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024  # BSONObjMaxUserSize
 # An event may exceed the user limit a little with $sortKey/_id overhead (BSONObjMaxInternalSize).

@@ -12,7 +12,7 @@ reads it: ``updatedFields``, ``removedFields``, ``truncatedArrays`` and, with
 ``showExpandedEvents``, ``disambiguatedPaths`` (paths with a numeric or dotted field name, array
 indexes as ints).
 
-The resume token is built once per event (:func:`shardsim.resume_token.event_token_data`) in the
+The resume token is built once per event (:func:`shardsim.core.resume_token.event_token_data`) in the
 client token's version until the stream passes the resume point, then version 2
 (``ChangeStreamEventTransformation::makeResumeToken``).
 """
@@ -23,9 +23,9 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from shardsim import resume_token as rt
-from shardsim.clock import ts_key
-from shardsim.change_stream_spec import StreamSpec
+from shardsim.core import resume_token as rt
+from shardsim.core.clock import ts_key
+from shardsim.core.change_stream_spec import StreamSpec
 
 CLASSIC_OPS = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase",
                          "invalidate"})

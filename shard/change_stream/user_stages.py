@@ -18,9 +18,9 @@ import mongomock.aggregate as mm
 from bson.decimal128 import Decimal128
 from mongomock.aggregate import _Parser  # expression evaluator
 
-from shardsim.commands import bson_type_name
-from shardsim.errors import MongoError
-from shardsim import query as q
+from shardsim.core.commands import bson_type_name
+from shardsim.core.errors import MongoError
+from shardsim.core import query as q
 
 StageFn = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 

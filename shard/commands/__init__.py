@@ -1,4 +1,4 @@
-"""The shard's commands, one family per module, each a :class:`shardsim.commands.CommandFamily`
+"""The shard's commands, one family per module, each a :class:`shardsim.core.commands.CommandFamily`
 of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
 :class:`shard.node.ShardNode`):
 
@@ -22,13 +22,13 @@ of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
 
 ``helpers`` holds what several families share (namespace checks, the write context of a batch,
 reads through views and transactions). ``ShardNode.__init__`` installs :data:`FAMILIES` after
-the common commands (:mod:`shardsim.node_commands`), so the shard's session commands override
+the common commands (:mod:`shardsim.core.node_commands`), so the shard's session commands override
 the common no-ops.
 """
 
 from __future__ import annotations
 
-from shard.commands import (balancing, catalog, crud, ddl, explain, internal, migration, oplog,
+from shardsim.shard.commands import (balancing, catalog, crud, ddl, explain, internal, migration, oplog,
                             reads, testing, transactions)
 
 FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,

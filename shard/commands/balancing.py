@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 import bson
 from bson.int64 import Int64
 
-from shardsim.commands import CommandFamily, Request, check_type
-from shardsim.errors import MongoError
-from shardsim.shard_key import KeyPattern, SortKey, compare_keys
-from shard.commands.helpers import ddl_name
+from shardsim.core.commands import CommandFamily, Request, check_type
+from shardsim.core.errors import MongoError
+from shardsim.core.shard_key import KeyPattern, SortKey, compare_keys
+from shardsim.shard.commands.helpers import ddl_name
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 commands = CommandFamily("balancing")
 

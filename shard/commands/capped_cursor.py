@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from shardsim import query as q
-from shardsim.cursors import Batch, Cursor
+from shardsim.core import query as q
+from shardsim.core.cursors import Batch, Cursor
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 AWAIT_POLL_S = 0.02
 

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary
 from bson.int64 import Int64
 
-from shardsim.commands import CommandFamily, Request, check_type
-from shardsim.cursors import ListCursor
-from shardsim.errors import MongoError
-from shardsim import query as q
-from shard.coll_stats import storage_stats
-from shard.commands.helpers import ddl_name, existing_collection
-from shard.storage import ID_INDEX, Collection, validate_db_name
+from shardsim.core.commands import CommandFamily, Request, check_type
+from shardsim.core.cursors import ListCursor
+from shardsim.core.errors import MongoError
+from shardsim.core import query as q
+from shardsim.shard.coll_stats import storage_stats
+from shardsim.shard.commands.helpers import ddl_name, existing_collection
+from shardsim.shard.storage import ID_INDEX, Collection, validate_db_name
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 commands = CommandFamily("catalog")
 

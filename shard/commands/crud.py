@@ -15,23 +15,23 @@ from typing import TYPE_CHECKING, Any
 import bson
 from bson import ObjectId, Regex
 
-from shardsim.bson_limits import check_insert_depth, check_update_depth
-from shardsim.commands import CommandFamily, Request, check_type
-from shardsim.collation import collation_scope
-from shardsim.expressions import let_scope
-from shardsim.errors import MongoError
-from shardsim import query as q
-from shardsim import update as update_lang
-from shard.commands.helpers import (begin_write, check_fields, coll_name, finish_write,
+from shardsim.core.bson_limits import check_insert_depth, check_update_depth
+from shardsim.core.commands import CommandFamily, Request, check_type
+from shardsim.core.collation import collation_scope
+from shardsim.core.expressions import let_scope
+from shardsim.core.errors import MongoError
+from shardsim.core import query as q
+from shardsim.core import update as update_lang
+from shardsim.shard.commands.helpers import (begin_write, check_fields, coll_name, finish_write,
                                     refuse_view_write, stmt_id_of, txn_view)
-from shardsim.errors import view_error
-from shard.storage import Collection, id_key
-from shard import hints, shard_key_update, validation
-from shard.write_conflicts import WriteConflictWait, check_statement, write_conflict_retry
-from shard.write_context import WriteContext
+from shardsim.core.errors import view_error
+from shardsim.shard.storage import Collection, id_key
+from shardsim.shard import hints, shard_key_update, validation
+from shardsim.shard.write_conflicts import WriteConflictWait, check_statement, write_conflict_retry
+from shardsim.shard.write_context import WriteContext
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 MAX_DOC = 16 * 1024 * 1024
 _NONE = object()  # "no upserted _id" (None is a valid _id)

@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
 
-from shardsim.commands import GENERIC_FIELDS, CommandFamily, Request, check_type
-from shardsim.errors import MongoError
-from shard.collection_kinds import apply_unique_options, normalize_create_options
-from shard import uncommitted_catalog, validation
-from shard.commands.helpers import ddl_context, ddl_name, existing_collection, ns_missing
-from shard.commands.views import create_view, drop_view, mod_view
-from shardsim.errors import view_error
-from shard.storage import Collection, validate_collection_name, validate_db_name
-from shard.write_context import WriteContext
+from shardsim.core.commands import GENERIC_FIELDS, CommandFamily, Request, check_type
+from shardsim.core.errors import MongoError
+from shardsim.shard.collection_kinds import apply_unique_options, normalize_create_options
+from shardsim.shard import uncommitted_catalog, validation
+from shardsim.shard.commands.helpers import ddl_context, ddl_name, existing_collection, ns_missing
+from shardsim.shard.commands.views import create_view, drop_view, mod_view
+from shardsim.core.errors import view_error
+from shardsim.shard.storage import Collection, validate_collection_name, validate_db_name
+from shardsim.shard.write_context import WriteContext
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 commands = CommandFamily("ddl")
 

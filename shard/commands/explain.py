@@ -18,17 +18,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shard import explain as plans
-from shard import hints
-from shard.commands.helpers import coll_name
-from shardsim import query as q
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
-from shardsim.explain_common import (parse_request, parsed_query, query_hashes, server_info,
+from shardsim.shard import explain as plans
+from shardsim.shard import hints
+from shardsim.shard.commands.helpers import coll_name
+from shardsim.core import query as q
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
+from shardsim.core.explain_common import (parse_request, parsed_query, query_hashes, server_info,
                                      server_parameters)
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 commands = CommandFamily("explain")
 _EXPLAINABLE = ("find", "count", "distinct", "aggregate", "update", "delete", "findAndModify")

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 from bson import ObjectId
 
-from shardsim.commands import GENERIC_FIELDS, Request, bson_type_name
-from shardsim.errors import MongoError
-from shardsim import query as q
-from shardsim.errors import view_error
-from shard.storage import Collection, validate_collection_name, validate_db_name
-from shard.write_context import WriteContext
-from shard.read_concern import SNAPSHOT_AT
-from shard.snapshot import SnapshotView
+from shardsim.core.commands import GENERIC_FIELDS, Request, bson_type_name
+from shardsim.core.errors import MongoError
+from shardsim.core import query as q
+from shardsim.core.errors import view_error
+from shardsim.shard.storage import Collection, validate_collection_name, validate_db_name
+from shardsim.shard.write_context import WriteContext
+from shardsim.shard.read_concern import SNAPSHOT_AT
+from shardsim.shard.snapshot import SnapshotView
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 UNSHARDED_EPOCH = ObjectId("000000000000000000000000")  # ShardVersion::UNSHARDED()
 

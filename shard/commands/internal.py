@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from bson import Binary
 
-from shardsim.commands import CommandFamily, Request, check_type
-from shardsim.errors import MongoError
-from shard.commands.helpers import ddl_name
-from shard.write_context import WriteContext
+from shardsim.core.commands import CommandFamily, Request, check_type
+from shardsim.core.errors import MongoError
+from shardsim.shard.commands.helpers import ddl_name
+from shardsim.shard.write_context import WriteContext
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 commands = CommandFamily("internal")
 

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
-from shardsim.shard_key import KeyPattern, compare_keys
-from shardsim.values import id_key
-from shard.sharding_runtime import ModsTracker
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
+from shardsim.core.shard_key import KeyPattern, compare_keys
+from shardsim.core.values import id_key
+from shardsim.shard.sharding_runtime import ModsTracker
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 commands = CommandFamily("migration")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shard.oplog_settings import _number, check_min_retention_hours, check_size_mb
-from shardsim.commands import CommandFamily, Request
+from shardsim.shard.oplog_settings import _number, check_min_retention_hours, check_size_mb
+from shardsim.core.commands import CommandFamily, Request
 
 commands = CommandFamily("oplog")
 

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from bson.timestamp import Timestamp
 
-from shardsim.clock import ts_key
-from shardsim.cursors import Batch, Cursor, ListCursor
-from shardsim.errors import MongoError
-from shardsim import query as q
+from shardsim.core.clock import ts_key
+from shardsim.core.cursors import Batch, Cursor, ListCursor
+from shardsim.core.errors import MongoError
+from shardsim.core import query as q
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 
 def oplog_cursor(node: ShardNode, ns: str, filt: dict[str, Any], sort: dict[str, Any] | None,

@@ -14,21 +14,21 @@ from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
 
-from shardsim.commands import CommandFamily, Request, check_type
-from shard import coll_stats, hints
-from shard.commands.capped_cursor import TailableCollectionCursor
-from shardsim.cursors import Batch, Cursor, ListCursor
-from shardsim.errors import MongoError
-from shardsim import query as q
-from shard.change_stream import aggregate_change_stream
-from shardsim import current_op, local_sessions
-from shard.commands.helpers import Database, check_fields, coll_name, txn_view, view_docs
-from shard.commands.oplog_cursor import oplog_cursor
-from shardsim.errors import view_error
-from shard.storage import Collection
+from shardsim.core.commands import CommandFamily, Request, check_type
+from shardsim.shard import coll_stats, hints
+from shardsim.shard.commands.capped_cursor import TailableCollectionCursor
+from shardsim.core.cursors import Batch, Cursor, ListCursor
+from shardsim.core.errors import MongoError
+from shardsim.core import query as q
+from shardsim.shard.change_stream import aggregate_change_stream
+from shardsim.core import current_op, local_sessions
+from shardsim.shard.commands.helpers import Database, check_fields, coll_name, txn_view, view_docs
+from shardsim.shard.commands.oplog_cursor import oplog_cursor
+from shardsim.core.errors import view_error
+from shardsim.shard.storage import Collection
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 commands = CommandFamily("reads")
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from shardsim.clock import ts_key
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
+from shardsim.core.clock import ts_key
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
 
 commands = CommandFamily("testing")
 

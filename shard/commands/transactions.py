@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any
 from bson import Timestamp
 from bson.int64 import Int64
 
-from shardsim.commands import CommandFamily, Request
-from shardsim.errors import MongoError
-from shard import uncommitted_catalog
-from shard.commit_recovery import recover_commit_decision
-from shard.sessions import TRANSIENT, full_lsid
-from shard.write_context import WriteContext
+from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
+from shardsim.shard import uncommitted_catalog
+from shardsim.shard.commit_recovery import recover_commit_decision
+from shardsim.shard.sessions import TRANSIENT, full_lsid
+from shardsim.shard.write_context import WriteContext
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 commands = CommandFamily("transactions")
 

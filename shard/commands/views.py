@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardsim.commands import Request, bson_type_name
-from shardsim.errors import MongoError
-from shard.commands.helpers import ddl_context
-from shard.storage import VIEWS_COLL, Collection, validate_collection_name
-from shard.write_context import WriteContext
+from shardsim.core.commands import Request, bson_type_name
+from shardsim.core.errors import MongoError
+from shardsim.shard.commands.helpers import ddl_context
+from shardsim.shard.storage import VIEWS_COLL, Collection, validate_collection_name
+from shardsim.shard.write_context import WriteContext
 
 if TYPE_CHECKING:
-    from shard.node import ShardNode
+    from shardsim.shard.node import ShardNode
 
 # Options a view accepts besides viewOn/pipeline (create_collection.cpp refuses the others).
 _VIEW_OPTIONS = frozenset({"viewOn", "pipeline", "collation"})

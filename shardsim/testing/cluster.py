@@ -3,10 +3,10 @@
 The config server, the shards and the router are the role classes the processes run
 (:class:`configsvr.node.ConfigServerNode`, :class:`shard.node.ShardNode`,
 :class:`router.node.RouterNode`), each behind the same server loop
-(:class:`shardsim.server.Server`) on a real loopback socket on a free port, all on ONE event
+(:class:`shardsim.core.server.Server`) on a real loopback socket on a free port, all on ONE event
 loop: the caller's (``async with AsyncShardedCluster() as c``) or, for
 :class:`shardsim.testing.ShardedCluster`, a background thread's. Shards are added with the
-router's own ``addShard`` command, as ``shardsim up`` does (:mod:`shardsim.launcher`).
+router's own ``addShard`` command, as ``shardsim up`` does (:mod:`shardsim.tools.launcher`).
 
 Faults on demand are methods (see each): :meth:`pause_shard` / :meth:`resume_shard`,
 :meth:`kill_shard` / :meth:`restart_shard`, :meth:`add_shard` / :meth:`remove_shard`,
@@ -29,10 +29,10 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from shardsim.clock import ts_key
-from shardsim.commands import ConnectionInfo, Request
-from shardsim.errors import MongoError
-from shardsim.node import Node
+from shardsim.core.clock import ts_key
+from shardsim.core.commands import ConnectionInfo, Request
+from shardsim.core.errors import MongoError
+from shardsim.core.node import Node
 from shardsim.testing.members import Member, TaskTracker, run_as
 
 PROMISE_MODES = ("clock", "mongod")
@@ -178,20 +178,20 @@ class AsyncShardedCluster:
         return path
 
     def _make_config(self, port: int) -> Node:
-        from configsvr.node import ConfigServerNode
+        from shardsim.configsvr.node import ConfigServerNode
         assert self.config is not None
         return ConfigServerNode(host=self.host, port=port, options={
             "dbpath": self.config.dbpath, "noop_interval_ms": self.noop_interval_ms})
 
     def _make_router(self, port: int) -> Node:
-        from router.node import RouterNode
+        from shardsim.router.node import RouterNode
         assert self.config is not None
         configdb = self.config.address
         return RouterNode(configdb=configdb, host=self.host, port=port,
                           options={"configdb": configdb})
 
     def _new_shard_member(self) -> Member:
-        from shard.node import ShardNode
+        from shardsim.shard.node import ShardNode
         name = f"shard{self._shard_seq}"
         self._shard_seq += 1
         dbpath = self._data_dir(name)
@@ -333,7 +333,7 @@ class AsyncShardedCluster:
         and the config server when None; the writer restarts with it. mongod's
         ``periodicNoopIntervalSecs`` is 10 s by default: ``set_noop_interval(10_000)``
         reproduces the latency an idle shard adds to a merged stream (SERVER-80427)."""
-        from shard import noop_writer
+        from shardsim.shard import noop_writer
         if int(ms) < 1:
             raise ValueError("the no-op interval is at least 1 ms")
         members = [self._shard(name)] if name is not None else \
@@ -430,7 +430,7 @@ class AsyncShardedCluster:
 
 
 async def _start_noop_writer(node: Any) -> None:
-    from shard import noop_writer
+    from shardsim.shard import noop_writer
     noop_writer.start(node)
 
 

@@ -1,6 +1,6 @@
 """One member of an in-process cluster: a role's node behind the ordinary server loop.
 
-:class:`GatedServer` is :class:`shardsim.server.Server` (the loop every role process runs) with
+:class:`GatedServer` is :class:`shardsim.core.server.Server` (the loop every role process runs) with
 two additions the test kit needs: a *gate* that, when closed, holds every command of every
 connection before it runs and every reply before it is sent (``pause_shard``: the shard stops
 answering, as a mongod stopped with SIGSTOP would), and :meth:`GatedServer.abort` which drops the
@@ -18,9 +18,9 @@ import asyncio
 import contextvars
 from typing import Any, Awaitable, Callable
 
-from shardsim import wire
-from shardsim.node import Node
-from shardsim.server import Server
+from shardsim.core import wire
+from shardsim.core.node import Node
+from shardsim.core.server import Server
 
 #: The member (by name) on whose behalf the current task runs; tasks inherit it.
 OWNER: contextvars.ContextVar[str | None] = contextvars.ContextVar("shardsim_testing_owner",

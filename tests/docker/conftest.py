@@ -20,7 +20,7 @@ from typing import Iterator
 
 import pytest
 
-from shardsim.procs import free_port
+from shardsim.tools.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"

@@ -12,7 +12,7 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 from conftest import AUTH_COMPOSE_FILE, ComposeCluster, build_images, docker_unavailable, running
-from shardsim.procs import free_port
+from shardsim.tools.procs import free_port
 
 USER, PASSWORD = "admin", "s3cret-" + secrets.token_hex(4)
 

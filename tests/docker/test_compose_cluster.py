@@ -132,7 +132,7 @@ def test_watch_through_router_gets_every_event_in_order(compose_cluster):
 def test_spec_command_against_compose_cluster(compose_cluster):
     """`shardsim spec --uri` (the unified change-stream spec tests) passes against the router."""
     shardsim = Path(sys.executable).with_name("shardsim")
-    cmd = [str(shardsim)] if shardsim.exists() else [sys.executable, "-m", "shardsim.cli"]
+    cmd = [str(shardsim)] if shardsim.exists() else [sys.executable, "-m", "shardsim.tools.cli"]
     r = subprocess.run([*cmd, "spec", "--uri", compose_cluster.uri], capture_output=True, text=True,
                        timeout=600, env=dict(os.environ, NO_COLOR="1", COLUMNS="200"))
     # The report is a table with one row per test: keep the rows that are not passes/skips.

@@ -9,7 +9,7 @@ import random
 import sys
 import tempfile
 
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 
 from .checkers import CHECKERS
 from .harness import ROLES, TrialResult, run_trial

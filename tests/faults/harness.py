@@ -1,5 +1,5 @@
 """The fault-trial runner: one trial kills one process of a durable cluster
-(:class:`shardsim.launcher.Cluster` with ``durable=True``) with ``kill -9`` while a writer and a
+(:class:`shardsim.tools.launcher.Cluster` with ``durable=True``) with ``kill -9`` while a writer and a
 change stream run, restarts it, and checks every invariant of :mod:`.checkers`.
 
 A trial is bounded (``ops`` writes, deadlines on every wait) and seeded: its seed chooses the
@@ -19,7 +19,7 @@ from typing import Any
 import pymongo
 from pymongo.errors import PyMongoError
 
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 
 from .checkers import Observed, check
 

@@ -1,7 +1,7 @@
 """Reusable fixtures for tests that start real role processes on free loopback ports.
 
 ``shard_process(name="shard0", dbpath=None, *extra_args)`` starts ``python -m shard`` and
-returns its :class:`shardsim.procs.RoleProcess` (``.address``, ``.port``); every process started
+returns its :class:`shardsim.tools.procs.RoleProcess` (``.address``, ``.port``); every process started
 through the factory is stopped when the test ends, pass or fail. ``shard`` is one ready
 in-memory shard; ``shard_client(proc)`` gives a ``directConnection`` pymongo client that is
 closed at the end.
@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import pymongo
 import pytest
 
-from shardsim.procs import RoleProcess
+from shardsim.tools.procs import RoleProcess
 
 
 @pytest.fixture

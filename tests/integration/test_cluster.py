@@ -12,9 +12,9 @@ import pytest
 from bson import MaxKey, MinKey
 from pymongo.errors import BulkWriteError, OperationFailure
 
-from shardsim.shard_key import ChunkMap, Chunk, KeyPattern
-from shardsim.client import Connection
-from shardsim.launcher import Cluster
+from shardsim.core.shard_key import ChunkMap, Chunk, KeyPattern
+from shardsim.core.client import Connection
+from shardsim.tools.launcher import Cluster
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,7 +19,7 @@ from pymongo.errors import OperationFailure
 
 pytestmark = pytest.mark.timeout(180)
 
-SHARDSIM = [sys.executable, "-m", "shardsim.cli"]
+SHARDSIM = [sys.executable, "-m", "shardsim.tools.cli"]
 MARK = "SHARDSIM_TEST_RUN"
 
 

@@ -17,11 +17,11 @@ import pymongo
 import pymongo.errors
 import pytest
 
-from shardsim.launcher import Cluster, ClusterError, pid_is
+from shardsim.tools.launcher import Cluster, ClusterError, pid_is
 
 pytestmark = pytest.mark.timeout(120)
 
-SHARDSIM = [sys.executable, "-m", "shardsim.cli"]
+SHARDSIM = [sys.executable, "-m", "shardsim.tools.cli"]
 
 
 # Every process of one `shardsim up` run inherits this variable; /proc/<pid>/environ finds them
@@ -53,7 +53,8 @@ def role_of(argv: list[str]) -> str | None:
     """``configsvr``/``shard``/``router`` for a role process's argv (after its exec)."""
     if "-m" in argv and argv.index("-m") + 1 < len(argv):
         module = argv[argv.index("-m") + 1]
-        return module if module in ("configsvr", "shard", "router") else None
+        role = module.removeprefix("shardsim.")
+        return role if module.startswith("shardsim.") and role in ("configsvr", "shard", "router") else None
     return None
 
 

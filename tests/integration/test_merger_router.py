@@ -21,17 +21,17 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
-from shardsim.resume_token import hwm_token
-from router.change_stream.promise_requests import PromiseRequests
-from shardsim.resume_token import token_key
-from shardsim import resume_token as rt
-from shardsim.client import Pool
-from shardsim.clock import ts_key
-from shardsim.commands import Request
-from shardsim.cursors import Batch, Cursor
-from shardsim.errors import MongoError
-from shardsim.node import Node
-from shardsim.server import Server
+from shardsim.core.resume_token import hwm_token
+from shardsim.router.change_stream.promise_requests import PromiseRequests
+from shardsim.core.resume_token import token_key
+from shardsim.core import resume_token as rt
+from shardsim.core.client import Pool
+from shardsim.core.clock import ts_key
+from shardsim.core.commands import Request
+from shardsim.core.cursors import Batch, Cursor
+from shardsim.core.errors import MongoError
+from shardsim.core.node import Node
+from shardsim.core.server import Server
 
 
 UUID = bytes(range(16))
@@ -171,8 +171,8 @@ class FakeRouter(Node):
         self.config_pool = Pool(*config_addr)
         self._pools: dict = {}
         self.promise_requests = PromiseRequests(self.clock)
-        from router import change_stream
-        from shardsim import failpoints
+        from shardsim.router import change_stream
+        from shardsim.core import failpoints
 
         async def aggregate(req: Request) -> dict:
             return await change_stream.aggregate_change_stream(self, req)
@@ -670,7 +670,7 @@ def test_promise_request_ignored_still_bounded_by_await_and_order_kept(h):
 def test_router_prefetches_a_remote_backlog_while_the_client_reads(h):
     # A full shard batch (REMOTE_BATCH_SIZE events) means a backlog: the router asks for the
     # next one at once instead of when its buffer is empty, so the shards keep reading.
-    from router.change_stream.cursor import REMOTE_BATCH_SIZE
+    from shardsim.router.change_stream.cursor import REMOTE_BATCH_SIZE
     coll = h.client.db.coll
     with coll.watch(max_await_time_ms=200, batch_size=10) as stream:
         for i in range(2 * REMOTE_BATCH_SIZE + 100):

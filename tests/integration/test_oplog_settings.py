@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pymongo.errors import OperationFailure
 
-from shardsim.procs import RoleProcess
+from shardsim.tools.procs import RoleProcess
 
 
 def test_bad_oplog_sizes_are_refused_and_history_is_kept(shard_process, shard_client):

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from configsvr import migration
+from shardsim.configsvr import migration
 from shardsim.testing import ShardedCluster
 
 pytestmark = pytest.mark.timeout(60)

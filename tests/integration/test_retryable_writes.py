@@ -18,7 +18,7 @@ from bson.int64 import Int64
 from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError, PyMongoError
 
-from shardsim.client import Pool, parse_address
+from shardsim.core.client import Pool, parse_address
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -7,7 +7,7 @@ import pymongo
 import pytest
 from pymongo.errors import OperationFailure
 
-from shardsim.procs import RoleProcess, free_port
+from shardsim.tools.procs import RoleProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
 

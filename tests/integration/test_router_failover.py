@@ -49,7 +49,7 @@ def test_killed_shard_fails_fast_with_write_error_and_recovers(cluster_factory) 
 
 
 def _owner(client: pymongo.MongoClient, ns: str, doc: dict) -> str:
-    from shardsim.shard_key import Chunk, ChunkMap, KeyPattern
+    from shardsim.core.shard_key import Chunk, ChunkMap, KeyPattern
     entry = client.config.collections.find_one({"_id": ns})
     pattern = KeyPattern(entry["key"])
     cmap = ChunkMap(pattern, [Chunk(pattern.bound_to_key(c["min"]), pattern.bound_to_key(c["max"]),

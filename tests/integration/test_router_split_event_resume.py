@@ -9,7 +9,7 @@ from typing import Any
 import pymongo
 from bson.timestamp import Timestamp
 
-from shardsim import resume_token as rt
+from shardsim.core import resume_token as rt
 
 
 def _take(stream: Any, n: int) -> list[dict[str, Any]]:

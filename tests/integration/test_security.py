@@ -14,7 +14,7 @@ import pytest
 from bson import Binary, Int64, Timestamp
 from pymongo.errors import OperationFailure
 
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 
 ROOT = ("root", "rootpw")
 
@@ -145,8 +145,8 @@ def _raw_command(c: Cluster, cmd: dict, user=("reader", "readpw", "sec")) -> dic
     """Run ``cmd`` as-is (pymongo would replace our $clusterTime with its own)."""
     import socket
     import bson
-    from shardsim import wire
-    from shardsim.auth.scram import SCRAM_SHA_256, ClientConversation
+    from shardsim.core import wire
+    from shardsim.core.auth.scram import SCRAM_SHA_256, ClientConversation
     host, port = c.router.host, c.router.port
     s = socket.create_connection((host, port))
 

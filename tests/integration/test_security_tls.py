@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from pymongo.errors import ServerSelectionTimeoutError
 
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 
 
 def make_certs(tmp: Path) -> dict[str, str]:

@@ -20,8 +20,8 @@ from bson import Binary, Int64, SON, Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure
 
-from shardsim import resume_token as rt
-from shardsim.procs import RoleProcess
+from shardsim.core import resume_token as rt
+from shardsim.tools.procs import RoleProcess
 
 
 @pytest.fixture(scope="module")

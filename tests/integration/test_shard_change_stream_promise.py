@@ -19,11 +19,11 @@ import uuid
 
 from bson import Binary, Int64, Timestamp
 
-from shard.change_stream.cursor import safe_promise_key
-from shard.node import ShardNode
-from shardsim.client import Pool
-from shardsim.clock import ts_key
-from shardsim.server import Server
+from shardsim.shard.change_stream.cursor import safe_promise_key
+from shardsim.shard.node import ShardNode
+from shardsim.core.client import Pool
+from shardsim.core.clock import ts_key
+from shardsim.core.server import Server
 
 
 async def _scenario() -> tuple[list, list, int, int]:

@@ -15,10 +15,10 @@ from bson import Int64, SON, Timestamp
 from pymongo import DeleteOne, InsertOne, ReplaceOne, UpdateOne
 from pymongo.errors import OperationFailure
 
-from shardsim import resume_token as rt
-from shardsim.client import Pool
-from shardsim.clock import ts_key
-from shardsim.procs import RoleProcess
+from shardsim.core import resume_token as rt
+from shardsim.core.client import Pool
+from shardsim.core.clock import ts_key
+from shardsim.tools.procs import RoleProcess
 
 
 class _Procs:

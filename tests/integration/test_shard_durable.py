@@ -84,7 +84,7 @@ def _command(proc, db: str, body: dict) -> dict:
 
     import bson
 
-    from shardsim import wire
+    from shardsim.core import wire
     with socket.create_connection((proc.host, proc.port), timeout=10) as sock:
         sock.sendall(wire.encode_op_msg(bson.encode({**body, "$db": db})))
         buf = b""

@@ -13,8 +13,8 @@ import pymongo
 import pytest
 from bson import Binary, Int64
 
-from shardsim import resume_token
-from shardsim.client import Pool, parse_address
+from shardsim.core import resume_token
+from shardsim.core.client import Pool, parse_address
 from shardsim.testing import ShardedCluster
 from txn_kit import read_events
 

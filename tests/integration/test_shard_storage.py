@@ -20,8 +20,8 @@ from bson.son import SON
 from bson.timestamp import Timestamp
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
 
-from shardsim import wire
-from shardsim.procs import RoleProcess
+from shardsim.core import wire
+from shardsim.tools.procs import RoleProcess
 
 
 @pytest.fixture(scope="module")

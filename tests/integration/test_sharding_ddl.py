@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def ddl_cluster():
-    from shardsim.launcher import Cluster
+    from shardsim.tools.launcher import Cluster
     c = Cluster(shards=3)
     c.start()
     try:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from bson import Binary
 
-from shardsim.client import Pool, parse_address
-from shardsim.errors import MongoError
+from shardsim.core.client import Pool, parse_address
+from shardsim.core.errors import MongoError
 from shardsim.testing import ShardedCluster
 from txn_kit import two_shard_collection
 

@@ -1,5 +1,5 @@
 """``kill -9`` of the coordinator shard's process during two-phase commit, on a durable
-process cluster (``shardsim.launcher.Cluster``), held at mongod's own fail points:
+process cluster (``shardsim.tools.launcher.Cluster``), held at mongod's own fail points:
 
 * between every participant's prepare and the persisted decision
   (``hangBeforeWritingDecision``): restarted, the coordinator aborts on every participant;
@@ -17,7 +17,7 @@ from typing import Any
 import pymongo
 import pytest
 
-from shardsim.launcher import Cluster
+from shardsim.tools.launcher import Cluster
 from txn_kit import commit_in_background, read_events, two_shard_collection
 
 

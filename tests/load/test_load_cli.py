@@ -20,7 +20,7 @@ pytestmark = [
 
 def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     result = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "shardsim.cli", "load", "--ops", "20000", "--shards", "3",
+    cmd = [sys.executable, "-m", "shardsim.tools.cli", "load", "--ops", "20000", "--shards", "3",
            "--seed", "11", "--result", str(result), "--plot", str(tmp_path / "plot.png"),
            "--idle-timeout", "10", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220, cwd=tmp_path)
@@ -56,10 +56,10 @@ def test_load_with_injected_reorder_fails_naming_first_bad_event(tmp_path):
 
 
 def test_load_against_unreachable_router_exits_2(tmp_path):
-    from shardsim.procs import free_port
+    from shardsim.tools.procs import free_port
 
     proc = subprocess.run(
-        [sys.executable, "-m", "shardsim.cli", "load", "--ops", "100", "--uri",
+        [sys.executable, "-m", "shardsim.tools.cli", "load", "--ops", "100", "--uri",
          f"mongodb://127.0.0.1:{free_port()}/", "--result", str(tmp_path / "r.json")],
         capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr

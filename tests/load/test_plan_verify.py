@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from shardsim.load.plan import (DELETE, INSERT, KEY_SPACE, UPDATE, Chunk, ChunkMap, Plan,
+from shardsim.tools.load.plan import (DELETE, INSERT, KEY_SPACE, UPDATE, Chunk, ChunkMap, Plan,
                                 PlanSpec, batches, parse_mix, partition_by_shard, split_points)
-from shardsim.load.verify import Event, inject_fault, verify
+from shardsim.tools.load.verify import Event, inject_fault, verify
 
 
 def _spec(**kw):

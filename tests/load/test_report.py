@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from array import array
 
-from shardsim.load.plan import Chunk, ChunkMap, Plan, PlanSpec
-from shardsim.load.report import compute, percentile, plot, write_json
-from shardsim.load.verify import Event
-from shardsim.load.watch import ShardSample, token_time
-from shardsim.load.writer import WriteResult
-from shardsim.resume_token import make_high_water_mark
+from shardsim.tools.load.plan import Chunk, ChunkMap, Plan, PlanSpec
+from shardsim.tools.load.report import compute, percentile, plot, write_json
+from shardsim.tools.load.verify import Event
+from shardsim.tools.load.watch import ShardSample, token_time
+from shardsim.tools.load.writer import WriteResult
+from shardsim.core.resume_token import make_high_water_mark
 from bson.timestamp import Timestamp
 
 
@@ -56,8 +56,8 @@ def test_compute_latency_and_plot(tmp_path):
 
 
 def test_wait_sampler_accounts_held_time_and_report_names_the_longest():
-    from shardsim.load.report import table
-    from shardsim.load.watch import WaitSampler
+    from shardsim.tools.load.report import table
+    from shardsim.tools.load.watch import WaitSampler
     w = WaitSampler("mongodb://unused", "load", interval=0.5)
     held = {"_data": "82AA"}
     w.sample([{"ns": "load.c0", "changeStream": {"heldEvent": held, "waitingFor": ["s1", "config"]}}])

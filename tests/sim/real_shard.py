@@ -5,7 +5,7 @@ the same writes, commit delays and promise mode names) whose change-stream curso
 ones: each client stream's cursor on it is opened by ``shard.change_stream.aggregate_change_stream``
 (the shard's ``aggregate`` handler: ``open_cursor``, the pipeline of
 ``shard/change_stream/pipeline.py`` run by ``shard/change_stream/cursor.py``
-``ChangeStreamCursor``, registered in a real ``shardsim.cursors.CursorManager``) over a real
+``ChangeStreamCursor``, registered in a real ``shardsim.core.cursors.CursorManager``) over a real
 in-memory ``shard.oplog.Oplog``, and each getMore is ``CursorManager.get_more``. The replies
 (events with ``$sortKey``, ``postBatchResumeToken``, the vouched layout sizes) are BSON-encoded
 and read back by the router's own reply parser (``router.change_stream.cursor._cursor_batch``:
@@ -48,22 +48,22 @@ import bson
 from bson import Binary, Timestamp
 from bson.raw_bson import RawBSONDocument
 
-from router.change_stream.cursor import _cursor_batch, _plain
-from router.change_stream.raw_events import item_from_raw_event
-from shard.change_stream import aggregate_change_stream
-from shard.change_stream.check_resumability import INITIATING_SET_MSG
-from shard.change_stream.cursor import ChangeStreamCursor, PromiseWaiters
-from shard.oplog import Oplog
-from shardsim import resume_token as rt
-from shardsim.clock import ts_from_key, ts_key
-from shardsim.cursors import CursorManager
-from shardsim.errors import MongoError
+from shardsim.router.change_stream.cursor import _cursor_batch, _plain
+from shardsim.router.change_stream.raw_events import item_from_raw_event
+from shardsim.shard.change_stream import aggregate_change_stream
+from shardsim.shard.change_stream.check_resumability import INITIATING_SET_MSG
+from shardsim.shard.change_stream.cursor import ChangeStreamCursor, PromiseWaiters
+from shardsim.shard.oplog import Oplog
+from shardsim.core import resume_token as rt
+from shardsim.core.clock import ts_from_key, ts_key
+from shardsim.core.cursors import CursorManager
+from shardsim.core.errors import MongoError
 
 from .scheduler import Scheduler
 from .shard_model import SimEvent, SimShard
 
 if TYPE_CHECKING:
-    from router.change_stream.async_results_merger import Remote
+    from shardsim.router.change_stream.async_results_merger import Remote
 
     from .stream import Stream
 

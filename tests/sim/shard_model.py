@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shardsim.resume_token import hwm_data, token_key
+from shardsim.core.resume_token import hwm_data, token_key
 
 from .scheduler import Scheduler
 

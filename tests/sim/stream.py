@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import bson
 
-from router.change_stream.async_results_merger import Merger
-from router.change_stream.handle_topology_change import NewShard
-from router.change_stream.merge_cursors import ChangeStreamMerge
-from router.change_stream.raw_events import Block, Item, split_cursor
-from shardsim.resume_token import hwm_data, token_key
-from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
-from shardsim.errors import MongoError
+from shardsim.router.change_stream.async_results_merger import Merger
+from shardsim.router.change_stream.handle_topology_change import NewShard
+from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
+from shardsim.router.change_stream.raw_events import Block, Item, split_cursor
+from shardsim.core.resume_token import hwm_data, token_key
+from shardsim.core.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
+from shardsim.core.errors import MongoError
 
 from .real_shard import NS, RealShard
 from .shard_model import ShardCursor, SimEvent, SimShard

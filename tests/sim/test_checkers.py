@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from shardsim.errors import MongoError
+from shardsim.core.errors import MongoError
 
 from sim.checkers import (check_all, completeness, no_stream_error, order, pbrt_covers_batch,
                           pbrt_monotonic, pbrt_never_passed, release_after_promises)

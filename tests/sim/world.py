@@ -26,7 +26,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from shardsim.resume_token import hwm_data, token_key
+from shardsim.core.resume_token import hwm_data, token_key
 
 from .checkers import check_all
 from .real_shard import RealShard, event_token

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import pytest
 
-from shardsim.procs import RoleProcess
+from shardsim.tools.procs import RoleProcess
 
 
 @pytest.fixture(scope="module")

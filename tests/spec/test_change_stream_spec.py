@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardsim.unified.cli import default_spec_dir, summary_line
-from shardsim.unified.runner import Runner, TestResult
+from shardsim.tools.unified.cli import default_spec_dir, summary_line
+from shardsim.tools.unified.runner import Runner, TestResult
 
 SPEC_DIR = default_spec_dir()
 # tests runnable at a server reporting 8.0.x, per topology (spec-tests-table.md)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardsim.unified.cli import deployment, suite_dir, suite_names, summary_line
-from shardsim.unified.runner import Runner, TestResult
+from shardsim.tools.unified.cli import deployment, suite_dir, suite_names, summary_line
+from shardsim.tools.unified.runner import Runner, TestResult
 
 SUITES = [s for s in suite_names(("all",)) if s != "change-streams"]  # test_change_stream_spec
 # pymongo 4.20's client bulkWrite sets partialResult whenever fewer errors than operations came

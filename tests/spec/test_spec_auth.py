@@ -13,9 +13,9 @@ import pymongo
 import pytest
 from pymongo.errors import OperationFailure
 
-from shardsim.unified.cli import deployment, suite_dir, with_credentials
-from shardsim.unified.runner import Runner
-from shardsim.unified.uris import _single_host_uri, host_uri, redact_uri
+from shardsim.tools.unified.cli import deployment, suite_dir, with_credentials
+from shardsim.tools.unified.runner import Runner
+from shardsim.tools.unified.uris import _single_host_uri, host_uri, redact_uri
 
 USER, PASSWORD = "spec-root", "p@ss:w/rd"  # needs percent-encoding in the URI
 

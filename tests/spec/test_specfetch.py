@@ -1,4 +1,4 @@
-"""Offline tests of ``shardsim.specfetch`` (this machine cannot reach GitHub)."""
+"""Offline tests of ``shardsim.tools.specfetch`` (this machine cannot reach GitHub)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from shardsim import specfetch
+from shardsim.tools import specfetch
 
 SHA = "92b3c0b9"
 
@@ -91,7 +91,7 @@ def test_suite_names_and_dirs():
     """`shardsim spec --suite`: `all` expands to the suites found, each to its JSON directory."""
     import click
     import pytest as _pytest
-    from shardsim.unified import cli
+    from shardsim.tools.unified import cli
     names = cli.suite_names(("crud", "all", "crud"))
     assert names[0] == "crud" and names.count("crud") == 1
     assert set(names) <= set(cli.SUITES)

@@ -13,15 +13,15 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from shardsim.unified.entities import CommandRecorder, EntityMap
-from shardsim.unified.matcher import MatchError, Matcher, RunnerError, bson_type
-from shardsim.unified.requirements import (ServerInfo, check_schema_version, parse_version,
+from shardsim.tools.unified.entities import CommandRecorder, EntityMap
+from shardsim.tools.unified.matcher import MatchError, Matcher, RunnerError, bson_type
+from shardsim.tools.unified.requirements import (ServerInfo, check_schema_version, parse_version,
                                            skip_reason)
-from shardsim.unified.files import load_test_file
-from shardsim.unified.runner import exact_equal
-from shardsim.unified.uris import _single_host_uri
-from shardsim.unified.cli import summary_line
-from shardsim.unified.runner import TestResult as Result
+from shardsim.tools.unified.files import load_test_file
+from shardsim.tools.unified.runner import exact_equal
+from shardsim.tools.unified.uris import _single_host_uri
+from shardsim.tools.unified.cli import summary_line
+from shardsim.tools.unified.runner import TestResult as Result
 
 M = Matcher()
 

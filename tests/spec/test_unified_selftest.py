@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shardsim.unified.cli import SHARED_SPEC_DIR
-from shardsim.unified.runner import Runner, TestResult
+from shardsim.tools.unified.cli import SHARED_SPEC_DIR
+from shardsim.tools.unified.runner import Runner, TestResult
 
 VALID_PASS = SHARED_SPEC_DIR.parents[2] / "unified-test-format" / "tests" / "valid-pass"
 # Every valid-pass example runs ($collStats storage statistics included: shard/coll_stats.py).
@@ -109,7 +109,7 @@ def test_wrong_expectations_fail(single_shard: str, tmp_path: Path) -> None:
 def test_cli_table_summary_and_exit_status(single_shard: str, tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from shardsim.unified.cli import spec
+    from shardsim.tools.unified.cli import spec
 
     good = {"operationType": "insert", "fullDocument": {"_id": 1, "x": 1}}
     path = _file(tmp_path, "cli", [
@@ -140,7 +140,7 @@ def test_cli_starts_and_stops_its_own_deployment(topology: str, tmp_path: Path) 
     """Without --uri, `shardsim spec` starts the deployment itself and leaves nothing running."""
     from click.testing import CliRunner
 
-    from shardsim.unified.cli import spec
+    from shardsim.tools.unified.cli import spec
 
     path = _file(tmp_path, "own", [
         {"description": "insert", "operations": [

@@ -147,7 +147,7 @@ def test_current_op_needs_admin_and_aggregate_1(cluster: Any) -> None:
 
 
 def test_load_wait_sampler_names_the_paused_shard(cluster: Any) -> None:
-    from shardsim.load.watch import WaitSampler
+    from shardsim.tools.load.watch import WaitSampler
     client = cluster.client()
     primary, other = split(client, "waits.c")
     coll = client.waits.c

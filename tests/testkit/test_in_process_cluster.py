@@ -37,7 +37,7 @@ def _refused(address: str) -> bool:
 def _ping(address: str) -> None:
     """A hello over a raw socket (no pymongo threads): the member answers."""
     import bson
-    from shardsim import wire
+    from shardsim.core import wire
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as s:
         s.sendall(wire.encode_op_msg(bson.encode({"ping": 1, "$db": "admin"}), request_id=1))

@@ -12,7 +12,7 @@ import pymongo
 import pytest
 from bson.timestamp import Timestamp
 
-from shardsim.errors import MongoError
+from shardsim.core.errors import MongoError
 from shardsim.testing import ShardedCluster
 
 pytestmark = pytest.mark.timeout(180)

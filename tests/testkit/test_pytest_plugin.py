@@ -51,7 +51,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project pip-installed (no dependencies: they are in this venv) into a directory."""
     target = tmp_path_factory.mktemp("site")
     src = tmp_path_factory.mktemp("src")  # pip builds in the tree: build from a copy
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, src / name)
     for pkg in ("shardsim", "shard", "router", "configsvr"):
         shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
@@ -68,6 +68,24 @@ def _pytest(installed: Path, where: Path, body: str, *args: str) -> subprocess.C
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "test_user.py", *args], cwd=where, env=env, capture_output=True,
                           text=True, timeout=240)
+
+
+def test_the_install_adds_one_top_level_package(installed: Path) -> None:
+    """Installed, the roles live under ``shardsim.`` (no top-level ``router``/``shard``/``configsvr``)."""
+    top = sorted(p.name for p in installed.iterdir()
+                 if p.is_dir() and not p.name.endswith((".dist-info", ".egg-info")) and p.name != "bin")
+    assert top == ["shardsim"]
+    assert {p.name for p in (installed / "shardsim").iterdir()} >= {"core", "tools", "testing", "router",
+                                                                     "shard", "configsvr"}
+
+
+def test_a_user_module_named_like_a_role_does_not_break_the_kit(installed: Path, tmp_path: Path) -> None:
+    """A web service's own ``router.py`` beside its tests: the kit still starts its cluster."""
+    (tmp_path / "router.py").write_text("raise ImportError('the user\'s own router module')\n")
+    (tmp_path / "shard.py").write_text("raise ImportError('the user\'s own shard module')\n")
+    run = _pytest(installed, tmp_path, USER_TEST, "--shardsim-shards", "2")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout
 
 
 def test_a_user_test_file_with_only_sharded_cluster_passes(installed: Path, tmp_path: Path) -> None:

@@ -1,13 +1,17 @@
 """The layout rules of docs/architecture.md, checked from the source so they stay true.
 
-* Roles talk over the wire only: ``router/`` imports neither ``shard/`` nor ``configsvr/``;
-  ``shard/`` imports neither ``router/`` nor ``configsvr/``; ``configsvr/`` may build on the shard's
-  node (a config server is a mongod) but never imports ``router/``.
-* The shared core ``shardsim/`` imports no role, except the tools that start roles inside the
-  calling process (the in-process test kit, ``shardsim/testing``).
-* Small pieces: no production function longer than 150 lines, no production module longer than
-  800 lines.
+The floors, bottom up, each a folder (no exception list):
 
+* ``shardsim/core/`` imports nothing of shardsim outside itself;
+* the roles talk over the wire only: ``router/`` (``shardsim.router``) and ``shard/``
+  (``shardsim.shard``) import the core and themselves; ``configsvr/`` may also build on the
+  shard's node (a config server is a mongod);
+* ``shardsim/testing/`` (the in-process test kit) is the one place that runs roles in-process:
+  core, roles and itself;
+* ``shardsim/tools/`` starts roles as processes and never imports them: core, testing, itself.
+
+Installed, the roles are ``shardsim.router`` etc.; a bare ``import router`` would be a bug.
+Small pieces: no production function longer than 150 lines, no module longer than 800 lines.
 Every import counts, also one inside a function (that is where cross-role imports used to hide).
 """
 
@@ -19,61 +23,83 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROLES = ("router", "shard", "configsvr")
-PACKAGES = ROLES + ("shardsim",)
-# package -> top-level packages it must not import
-FORBIDDEN = {
-    "router": {"shard", "configsvr"},
-    "shard": {"router", "configsvr"},
-    "configsvr": {"router"},
-    "shardsim": {"router", "shard", "configsvr"},
+# floor folder -> the shardsim packages (second dotted component) it may import
+FLOORS = {
+    "shardsim/core": {"core"},
+    "shard": {"core", "shard"},
+    "router": {"core", "router"},
+    "configsvr": {"core", "shard", "configsvr"},
+    "shardsim/testing": {"core", "shard", "router", "configsvr", "testing"},
+    "shardsim/tools": {"core", "testing", "tools"},
 }
-# Core modules allowed to import roles: they run roles in the caller's process.
-CORE_MAY_IMPORT_ROLES = ("shardsim/testing/",)
+ROLES = ("router", "shard", "configsvr")
 MAX_FUNCTION_LINES = 150
 MAX_MODULE_LINES = 800
 
 
-def _sources(package: str) -> list[pathlib.Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+def _sources(folder: str) -> list[pathlib.Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
 
 
-def _imported_top_levels(tree: ast.AST) -> list[tuple[int, str]]:
+def _imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, dotted module) of every absolute import, inside functions too."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+            found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
+            if node.module == "shardsim":
+                found += [(node.lineno, f"shardsim.{alias.name}") for alias in node.names]
+            else:
+                found.append((node.lineno, node.module))
     return found
+
+
+def _violations(folder: str, tree: ast.AST, rel: str) -> list[str]:
+    bad = []
+    for line, module in _imports(tree):
+        parts = module.split(".")
+        if parts[0] in ROLES:
+            bad.append(f"{rel}:{line} imports {module} (roles are shardsim.{parts[0]})")
+        elif parts[0] == "shardsim" and len(parts) > 1 and parts[1] not in FLOORS[folder]:
+            bad.append(f"{rel}:{line} imports {module}")
+    return bad
 
 
 def _rel(path: pathlib.Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_no_import_crosses_roles(package):
+def test_every_package_file_is_on_a_floor():
+    """Nothing of shardsim lives outside the floors (a new top-level module would escape the rules)."""
+    loose = [_rel(p) for p in (ROOT / "shardsim").glob("*.py") if p.name != "__init__.py"]
+    folders = {_rel(p) for p in (ROOT / "shardsim").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert not loose, f"modules outside a floor: {loose}"
+    assert folders <= set(FLOORS), f"unknown folders: {folders - set(FLOORS)}"
+
+
+@pytest.mark.parametrize("folder", sorted(FLOORS))
+def test_each_floor_imports_only_what_it_may(folder):
     bad = []
-    for path in _sources(package):
+    for path in _sources(folder):
         rel = _rel(path)
-        if package == "shardsim" and rel.startswith(CORE_MAY_IMPORT_ROLES):
-            continue
-        tree = ast.parse(path.read_text(), filename=rel)
-        bad += [f"{rel}:{line} imports {top}" for line, top in _imported_top_levels(tree)
-                if top in FORBIDDEN[package]]
-    assert not bad, "imports across roles (see docs/architecture.md):\n" + "\n".join(bad)
+        bad += _violations(folder, ast.parse(path.read_text(), filename=rel), rel)
+    assert not bad, "imports across floors (see docs/architecture.md):\n" + "\n".join(bad)
 
 
 def test_the_rule_checker_sees_imports_inside_functions():
-    tree = ast.parse("def f():\n    from shard.storage import id_key\n    import router.node\n")
-    assert [top for _, top in _imported_top_levels(tree)] == ["shard", "router"]
+    tree = ast.parse("def f():\n    from shardsim.shard.storage import id_key\n    import shardsim.router.node\n"
+                     "    from shardsim import tools\n    import router\n")
+    assert [m for _, m in _imports(tree)] == ["shardsim.shard.storage", "shardsim.router.node",
+                                                "shardsim.tools", "router"]
+    assert len(_violations("shardsim/core", tree, "x.py")) == 4
+    assert len(_violations("configsvr", tree, "x.py")) == 3
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_functions_and_modules_are_small(package):
+@pytest.mark.parametrize("folder", sorted(FLOORS))
+def test_functions_and_modules_are_small(folder):
     long_funcs, long_mods = [], []
-    for path in _sources(package):
+    for path in _sources(folder):
         rel = _rel(path)
         text = path.read_text()
         if text.count("\n") > MAX_MODULE_LINES:

@@ -1,4 +1,4 @@
-"""Unit tests of shardsim.auth: the privilege table covers every command, built-in roles and
+"""Unit tests of shardsim.core.auth: the privilege table covers every command, built-in roles and
 resource matching, SCRAM credentials, the cluster-time KeyRing."""
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ import asyncio
 import pytest
 from bson import Binary, Int64, Timestamp
 
-from shardsim.auth import privileges, roles
-from shardsim.auth.cluster_time import KeyRing, new_key_doc
-from shardsim.auth.scram import ClientConversation, ServerConversation, make_credentials
-from shardsim.auth.session import AuthSession
-from shardsim.auth.store import MemoryUserStore
-from shardsim.errors import MongoError
+from shardsim.core.auth import privileges, roles
+from shardsim.core.auth.cluster_time import KeyRing, new_key_doc
+from shardsim.core.auth.scram import ClientConversation, ServerConversation, make_credentials
+from shardsim.core.auth.session import AuthSession
+from shardsim.core.auth.store import MemoryUserStore
+from shardsim.core.errors import MongoError
 
 
 def test_every_registered_command_is_in_the_table() -> None:
-    from configsvr.node import ConfigServerNode
-    from router.node import RouterNode
-    from shard.node import ShardNode
+    from shardsim.configsvr.node import ConfigServerNode
+    from shardsim.router.node import RouterNode
+    from shardsim.shard.node import ShardNode
     names = set(ShardNode().commands.names()) | set(ConfigServerNode().commands.names()) \
         | set(RouterNode(configdb="127.0.0.1:1").commands.names())
     missing = sorted(n for n in names if n not in privileges.TABLE and not n.startswith("_"))
@@ -57,7 +57,7 @@ def test_any_database_roles_and_root() -> None:
 
 
 def test_change_stream_privileges() -> None:
-    from shardsim.commands import ConnectionInfo, Request
+    from shardsim.core.commands import ConnectionInfo, Request
 
     def req(arg, db, spec=None):
         body = {"aggregate": arg, "pipeline": [{"$changeStream": spec or {}}], "$db": db}

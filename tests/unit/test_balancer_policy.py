@@ -1,4 +1,4 @@
-"""configsvr.balancer_policy (balancer_policy.cpp's data-size policy), the shard's split
+"""shardsim.configsvr.balancer_policy (balancer_policy.cpp's data-size policy), the shard's split
 points (auto_split_vector.cpp) and the balancer's active window, without processes."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import datetime
 
 from bson import MaxKey, MinKey
 
-from configsvr.balancer import in_window
-from configsvr.balancer_policy import first_violation, select_for_collection
-from shard.commands.balancing import split_points
-from shardsim.shard_key import KeyPattern
+from shardsim.configsvr.balancer import in_window
+from shardsim.configsvr.balancer_policy import first_violation, select_for_collection
+from shardsim.shard.commands.balancing import split_points
+from shardsim.core.shard_key import KeyPattern
 
 MB = 1024 * 1024
 P = KeyPattern({"k": 1})
@@ -74,7 +74,7 @@ def test_active_window() -> None:
 def test_auto_merger_runs() -> None:
     from bson.timestamp import Timestamp
 
-    from configsvr.auto_merger import mergeable_runs
+    from shardsim.configsvr.auto_merger import mergeable_runs
 
     def c(lo, hi, shard, since):
         return {**_chunk(lo, hi, shard), "onCurrentShardSince": Timestamp(since, 1)}

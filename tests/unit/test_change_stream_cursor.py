@@ -11,13 +11,13 @@ import time
 import pytest
 from bson import Binary, Timestamp
 
-from shardsim import resume_token as rt
-from shardsim.clock import HybridLogicalClock, ts_key
-from shardsim.errors import MongoError
-from shard import noop_writer
-from shard.change_stream import open_cursor
-from shard.change_stream.cursor import PromiseWaiters
-from shard.oplog import Oplog, PreImages
+from shardsim.core import resume_token as rt
+from shardsim.core.clock import HybridLogicalClock, ts_key
+from shardsim.core.errors import MongoError
+from shardsim.shard import noop_writer
+from shardsim.shard.change_stream import open_cursor
+from shardsim.shard.change_stream.cursor import PromiseWaiters
+from shardsim.shard.oplog import Oplog, PreImages
 
 U1 = Binary(bytes(range(16)), 4)
 
@@ -207,8 +207,8 @@ def test_noop_writer_writes_only_when_idle():
 
 def test_failed_first_batch_releases_the_oplog_listener():
     from types import SimpleNamespace
-    from shard.change_stream import aggregate_change_stream
-    from shardsim.cursors import CursorManager
+    from shardsim.shard.change_stream import aggregate_change_stream
+    from shardsim.core.cursors import CursorManager
     node = FakeNode()
     node.cursors = CursorManager()
     node.write("i", "d.c", {"_id": 1}, {"_id": 1})
@@ -229,7 +229,7 @@ def test_needs_merge_batch_vouches_for_its_sort_key_layout_only_when_true():
     import struct
 
     from bson import Int64
-    from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
+    from shardsim.core.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
 
     node = FakeNode()
     plain = cursor(node, needs_merge=True)

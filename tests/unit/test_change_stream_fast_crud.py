@@ -17,10 +17,10 @@ from bson import (Binary, Code, DBRef, Decimal128, Int64, MaxKey, MinKey, Object
                   Timestamp)
 from bson.tz_util import FixedOffset, utc
 
-from shardsim import resume_token as rt
-from shard.change_stream import fast_crud, open_cursor
-from shardsim import change_stream_spec as spec_mod
-from shard.change_stream.cursor import RawEvent
+from shardsim.core import resume_token as rt
+from shardsim.shard.change_stream import fast_crud, open_cursor
+from shardsim.core import change_stream_spec as spec_mod
+from shardsim.shard.change_stream.cursor import RawEvent
 
 from test_change_stream_cursor import FakeNode
 
@@ -271,7 +271,7 @@ def test_token_doc_round_trip():
 def test_batches_are_as_full_as_the_byte_limit_allows(monkeypatch, limit_bytes):
     """``fetch`` (bulk or event by event) fills a batch while the array of events stays within
     the byte limit, and always returns at least one event."""
-    from shard.change_stream import cursor as cursor_mod
+    from shardsim.shard.change_stream import cursor as cursor_mod
     monkeypatch.setattr(cursor_mod, "BATCH_BYTES_LIMIT", limit_bytes)
     node = FakeNode()
     node.write_noop({"msg": "initiating set"})

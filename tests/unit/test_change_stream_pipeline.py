@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from bson import Timestamp
 
-from shardsim import resume_token as rt
-from shardsim import change_stream_spec as spec_mod
-from shard.change_stream.pipeline import ShardPipeline, build_pipeline, fused_crud
+from shardsim.core import resume_token as rt
+from shardsim.core import change_stream_spec as spec_mod
+from shardsim.shard.change_stream.pipeline import ShardPipeline, build_pipeline, fused_crud
 
 OPLOG_MATCH = "$_internalChangeStreamOplogMatch"
 UNWIND = "$_internalChangeStreamUnwindTransaction"

@@ -9,17 +9,17 @@ import datetime
 import pytest
 from bson import Binary, Int64, Timestamp
 
-from shardsim import resume_token as rt
-from shardsim.errors import MongoError
-from shard.change_stream import oplog_match
-from shardsim import change_stream_spec as spec_mod
-from shard.change_stream.add_post_image import apply_diff
-from shard.change_stream.check_invalidate import CheckInvalidate
-from shard.change_stream.check_resumability import (CheckResumability, assert_history_available)
-from shard.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
-from shard.change_stream.transform import Transform, update_description
-from shard.change_stream.unwind_transaction import unwind
-from shard.oplog import Oplog
+from shardsim.core import resume_token as rt
+from shardsim.core.errors import MongoError
+from shardsim.shard.change_stream import oplog_match
+from shardsim.core import change_stream_spec as spec_mod
+from shardsim.shard.change_stream.add_post_image import apply_diff
+from shardsim.shard.change_stream.check_invalidate import CheckInvalidate
+from shardsim.shard.change_stream.check_resumability import (CheckResumability, assert_history_available)
+from shardsim.shard.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
+from shardsim.shard.change_stream.transform import Transform, update_description
+from shardsim.shard.change_stream.unwind_transaction import unwind
+from shardsim.shard.oplog import Oplog
 
 U1 = Binary(bytes(range(16)), 4)
 U2 = Binary(bytes(range(1, 17)), 4)
@@ -267,7 +267,7 @@ def test_spec_resume_after_invalidate_and_uuidless_tokens():
 
 
 def test_user_project_with_dotted_computed_path():
-    from shard.change_stream.user_stages import compile_stage
+    from shardsim.shard.change_stream.user_stages import compile_stage
     fn = compile_stage("$project", {"_id": 1, "operationType": 1, "ns.viewOn": "db.coll"})
     out = fn({"_id": {"_data": "00"}, "operationType": "insert", "ns": {"db": "a", "coll": "b"}})
     assert out == {"_id": {"_data": "00"}, "operationType": "insert", "ns": {"viewOn": "db.coll"}}

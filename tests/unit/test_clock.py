@@ -2,7 +2,7 @@
 
 from bson.timestamp import Timestamp
 
-from shardsim.clock import HybridLogicalClock, ts_add_ticks, ts_from_key, ts_key
+from shardsim.core.clock import HybridLogicalClock, ts_add_ticks, ts_from_key, ts_key
 
 
 class FakeWall:

@@ -11,11 +11,11 @@ from bson import Binary
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim.clock import DEFAULT_MAX_DRIFT_S, MAX_TIME_VALUE, HybridLogicalClock
-from shardsim.cluster_time import parse_gossip
-from shardsim.commands import ConnectionInfo, Request
-from shardsim.errors import MongoError
-from shard.node import ShardNode
+from shardsim.core.clock import DEFAULT_MAX_DRIFT_S, MAX_TIME_VALUE, HybridLogicalClock
+from shardsim.core.cluster_time import parse_gossip
+from shardsim.core.commands import ConnectionInfo, Request
+from shardsim.core.errors import MongoError
+from shardsim.shard.node import ShardNode
 
 NOW = 1_700_000_000
 

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from shardsim.commands import CommandFamily, CommandTable, ConnectionInfo, Request
-from shardsim.errors import MongoError
+from shardsim.core.commands import CommandFamily, CommandTable, ConnectionInfo, Request
+from shardsim.core.errors import MongoError
 
 
 def _req(name: str) -> Request:

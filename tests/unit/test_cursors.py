@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from shardsim.cursors import CursorManager, ListCursor
-from shardsim.errors import MongoError
+from shardsim.core.cursors import CursorManager, ListCursor
+from shardsim.core.errors import MongoError
 
 
 def run(coro):

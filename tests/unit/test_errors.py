@@ -1,6 +1,6 @@
 """Error replies and change-stream labels (error_codes.yml, error_labels.cpp)."""
 
-from shardsim.errors import MongoError, change_stream_labels, code_name
+from shardsim.core.errors import MongoError, change_stream_labels, code_name
 
 
 def test_reply_shape_field_order():
@@ -30,7 +30,7 @@ def test_non_resumable_label_for_280_and_286_on_any_command():
 
 
 def test_code_names_come_from_the_server_list():
-    from shardsim.error_codes import ERROR_CODE_NAMES
+    from shardsim.core.error_codes import ERROR_CODE_NAMES
     assert code_name(47) == "NoMatchingDocument"
     assert code_name(23) == "AlreadyInitialized"
     assert code_name(16) == "InvalidLength"
@@ -42,8 +42,8 @@ def test_code_names_come_from_the_server_list():
 
 
 def test_label_sets_agree_with_the_server_categories():
-    from shardsim.error_codes import codes_in_category
-    from shardsim.errors import (NON_RESUMABLE_CHANGE_STREAM_CODES, RESUMABLE_CHANGE_STREAM_CODES,
+    from shardsim.core.error_codes import codes_in_category
+    from shardsim.core.errors import (NON_RESUMABLE_CHANGE_STREAM_CODES, RESUMABLE_CHANGE_STREAM_CODES,
                                  RETRYABLE_WRITE_CODES)
     retriable = codes_in_category("RetriableError")
     assert RETRYABLE_WRITE_CODES == retriable
@@ -53,7 +53,7 @@ def test_label_sets_agree_with_the_server_categories():
 
 
 def test_translate_error_hides_python_text():
-    from shardsim.query import translate_error
+    from shardsim.core.query import translate_error
     err = translate_error(TypeError("unsupported operand type(s) for +: 'Decimal128' and 'int'"))
     assert err.code == 2 and "unsupported operand" not in err.errmsg and err.code_name == "BadValue"
     err = translate_error(NotImplementedError("The $foo operator is not implemented in mongomock yet"))

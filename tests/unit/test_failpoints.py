@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from bson.int64 import Int64
 
-from shardsim import failpoints
-from shardsim.commands import ConnectionInfo, Request
-from shardsim.cursors import Batch, Cursor
-from shardsim.errors import MongoError
-from shardsim.failpoints import FailPoint
-from shardsim.node import Node
+from shardsim.core import failpoints
+from shardsim.core.commands import ConnectionInfo, Request
+from shardsim.core.cursors import Batch, Cursor
+from shardsim.core.errors import MongoError
+from shardsim.core.failpoints import FailPoint
+from shardsim.core.node import Node
 
 CLIENT = ConnectionInfo(id=7, peer="127.0.0.1:1", app_name="app-a")
 OTHER_APP = ConnectionInfo(id=8, peer="127.0.0.1:2", app_name="app-b")

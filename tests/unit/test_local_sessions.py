@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 from bson import Binary
 
-from shardsim.errors import MongoError
-from shardsim.local_sessions import LocalSessionCache, local_sessions_docs
+from shardsim.core.errors import MongoError
+from shardsim.core.local_sessions import LocalSessionCache, local_sessions_docs
 
 ANON = SimpleNamespace(auth=None)
 ALICE = SimpleNamespace(auth=SimpleNamespace(users=[("alice", "admin")]))

@@ -11,13 +11,13 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from router.change_stream.async_results_merger import Merger
-from shardsim.resume_token import hwm_data, hwm_token, is_hwm_data
-from router.change_stream.handle_topology_change import NewShard
-from router.change_stream.merge_cursors import ChangeStreamMerge
-from router.change_stream.raw_events import Item, item_from_raw_event, strip_sort_key
-from shardsim.resume_token import token_key
-from shardsim.errors import MongoError
+from shardsim.router.change_stream.async_results_merger import Merger
+from shardsim.core.resume_token import hwm_data, hwm_token, is_hwm_data
+from shardsim.router.change_stream.handle_topology_change import NewShard
+from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
+from shardsim.router.change_stream.raw_events import Item, item_from_raw_event, strip_sort_key
+from shardsim.core.resume_token import token_key
+from shardsim.core.errors import MongoError
 
 
 def ev(ts: int, tie: int = 0, op: str = "insert") -> Item:
@@ -262,8 +262,8 @@ def test_config_event_metadata():
 
 
 def test_token_helpers_agree_with_the_shared_codec():
-    from shardsim.resume_token import is_invalidate_data, token_ts_key
-    from shardsim import resume_token as rt
+    from shardsim.core.resume_token import is_invalidate_data, token_ts_key
+    from shardsim.core import resume_token as rt
     ts = Timestamp(1234, 5)
     inv = rt.event_token(ts, bytes(16), "invalidate", None, from_invalidate=True)
     ins = rt.event_token(ts, bytes(16), "insert", {"_id": 1})
@@ -274,7 +274,7 @@ def test_token_helpers_agree_with_the_shared_codec():
 
 
 def test_invalidate_resume_token_is_not_required_to_be_seen():
-    from shardsim import resume_token as rt
+    from shardsim.core import resume_token as rt
     inv_tok = rt.event_token(Timestamp(0, 5), bytes(16), "invalidate", None, from_invalidate=True)
     m, cs = _merge([ev(8)], [ev(9)], resume=inv_tok)
     assert [x.payload for x in _drain(cs)] == ["e8.0", "e9.0"]
@@ -290,8 +290,8 @@ def test_event_below_an_earlier_promise_fails_instead_of_reordering():
 
 @pytest.mark.parametrize("doc_id", [5, 5.5, "abc", {"a": 1}])
 def test_fast_event_parsing_matches_the_generic_path(doc_id):
-    from router.change_stream.raw_events import _fast_item
-    from shardsim import resume_token as rt
+    from shardsim.router.change_stream.raw_events import _fast_item
+    from shardsim.core import resume_token as rt
     tok = rt.event_token(Timestamp(1, 1), bytes(16), "update", {"_id": doc_id})
     ev = {"_id": tok, "operationType": "update", "clusterTime": Timestamp(1, 1),
           "ns": {"db": "a", "coll": "b"}, "documentKey": {"_id": doc_id}}

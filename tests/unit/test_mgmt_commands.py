@@ -11,10 +11,10 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from shard.node import ShardNode
-from shard.snapshot import documents_at
-from shardsim.commands import ConnectionInfo, Request
-from shardsim.errors import MongoError
+from shardsim.shard.node import ShardNode
+from shardsim.shard.snapshot import documents_at
+from shardsim.core.commands import ConnectionInfo, Request
+from shardsim.core.errors import MongoError
 
 
 def _run(node: ShardNode, db: str, body: dict[str, Any]) -> dict[str, Any]:

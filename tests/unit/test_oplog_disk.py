@@ -11,10 +11,10 @@ import bson
 import pytest
 from bson import Timestamp
 
-from shardsim.clock import ts_key
-from shard.oplog import Oplog
-from shard import oplog_disk
-from shard.oplog_disk import PUT_OPLOG, DiskOplog, migrate, oplog_row
+from shardsim.core.clock import ts_key
+from shardsim.shard.oplog import Oplog
+from shardsim.shard import oplog_disk
+from shardsim.shard.oplog_disk import PUT_OPLOG, DiskOplog, migrate, oplog_row
 
 SIZE = 100  # accounted bytes per entry
 

@@ -8,10 +8,10 @@ import datetime
 
 from bson import Binary, Timestamp
 
-from shardsim.clock import HybridLogicalClock
-from shard.change_stream import open_cursor
-from shard.change_stream.cursor import PromiseWaiters
-from shard.oplog import Oplog, PreImages
+from shardsim.core.clock import HybridLogicalClock
+from shardsim.shard.change_stream import open_cursor
+from shardsim.shard.change_stream.cursor import PromiseWaiters
+from shardsim.shard.oplog import Oplog, PreImages
 
 U1 = Binary(bytes(range(16)), 4)
 
@@ -187,7 +187,7 @@ def test_idle_stream_getmore_skips_unrelated_writes_and_still_promises_the_end()
         b = await cur.fetch(None, 0, first=False)
         assert b.docs == []
         assert calls == ["d.$cmd"]  # only the command; the 500 inserts were never looked at
-        from shardsim import resume_token as rt
+        from shardsim.core import resume_token as rt
         p = rt.decode(b.post_batch_resume_token)  # mongod mode: HWM of the newest entry
         assert rt.is_high_water_mark(p) and p.clusterTime == node.oplog.last_ts()
         node.write("i", "d.idle", {"_id": 1}, {"_id": 1})
@@ -199,7 +199,7 @@ def test_idle_stream_getmore_skips_unrelated_writes_and_still_promises_the_end()
 
 
 def test_truncation_calls_no_cursor_and_history_loss_is_still_detected():
-    from shardsim.errors import MongoError
+    from shardsim.core.errors import MongoError
     node = FakeNode()
     node.oplog.max_bytes = 2000
     curs = [open_cursor(node, "d", f"c{i}", [{"$changeStream": {}}]) for i in range(20)]

@@ -8,7 +8,7 @@ import random
 import pytest
 from bson import Timestamp
 
-from shard.oplog import Oplog
+from shardsim.shard.oplog import Oplog
 
 
 def _fill(log: Oplog, rng: random.Random, n: int, start: int) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from bson.int64 import Int64
 
-from shardsim.errors import MongoError
-from shardsim.query import distinct_values, matches
-from shardsim.update import apply_update, update_diff, upsert_seed
+from shardsim.core.errors import MongoError
+from shardsim.core.query import distinct_values, matches
+from shardsim.core.update import apply_update, update_diff, upsert_seed
 
 
 def diff_of(pre: dict, update) -> tuple[dict, dict]:
@@ -68,7 +68,7 @@ def test_noop_update_produces_identical_document():
 
 
 def test_noop_rules_follow_mongod():
-    from shardsim.update import is_noop
+    from shardsim.core.update import is_noop
     pre = {"_id": 1, "v": -1}
     # A replacement without _id always writes (ObjectReplaceExecutor compares with _id).
     assert not is_noop(pre, apply_update(pre, {"v": -1}, {}), {"v": -1})
@@ -126,7 +126,7 @@ def test_matcher_and_helpers():
 
 
 def test_find_projection_semantics():
-    from shardsim.query import project
+    from shardsim.core.query import project
     doc = {"_id": 1, "a": [1, 2, 3, 4], "b": {"c": 1, "d": 2}, "e": [{"x": 1, "y": 1}, {"x": 2, "y": 2}], "z": 5}
     assert project([doc], {"b.c": 1}) == [{"_id": 1, "b": {"c": 1}}]
     assert list(project([doc], {"z": 1, "a": {"$slice": [1, 2]}})[0]) == ["_id", "a", "z"]
@@ -143,7 +143,7 @@ def test_find_projection_semantics():
 
 
 def test_sort_uses_bson_order_and_array_min_max():
-    from shardsim.query import sort_docs
+    from shardsim.core.query import sort_docs
     docs = [{"_id": 1, "a": [5, 1]}, {"_id": 2, "a": 3}, {"_id": 3}, {"_id": 4, "a": []},
             {"_id": 5, "a": "s"}, {"_id": 6, "a": [2, 9]}, {"_id": 7, "a": None}]
     assert [d["_id"] for d in sort_docs(docs, {"a": 1})] == [4, 3, 7, 1, 6, 2, 5]
@@ -155,7 +155,7 @@ def test_sort_uses_bson_order_and_array_min_max():
 
 
 def test_positional_and_array_filter_updates_expand_to_real_paths():
-    from shardsim.update import expand_positional
+    from shardsim.core.update import expand_positional
     pre = {"_id": 1, "a": [{"b": 0, "k": "x"}, {"b": 5, "k": "y"}, {"b": 7, "k": "y"}]}
     u = expand_positional(pre, {"$set": {"a.$[].b": 1}}, {})
     assert u == {"$set": {"a.0.b": 1, "a.1.b": 1, "a.2.b": 1}}
@@ -179,8 +179,8 @@ def test_positional_and_array_filter_updates_expand_to_real_paths():
 
 
 def test_select_by_id_uses_the_id_map():
-    from shardsim.query import select
-    from shard.storage import Collection
+    from shardsim.core.query import select
+    from shardsim.shard.storage import Collection
     c = Collection("d", "c", b"s" * 16)
     for i in [5, 3, 9, 1]:
         c.insert({"_id": i, "v": i})

@@ -14,13 +14,13 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from router.change_stream.async_results_merger import Merger
-from shardsim.resume_token import hwm_data
-from router.change_stream.merge_cursors import ChangeStreamMerge
-from router.change_stream.raw_events import Block, Item, _fast_item, element_headers, parse_block, split_cursor
-from shardsim.resume_token import token_key
-from shardsim import resume_token as rt
-from shardsim.cursors import Batch, array_header_bytes, cursor_reply
+from shardsim.router.change_stream.async_results_merger import Merger
+from shardsim.core.resume_token import hwm_data
+from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
+from shardsim.router.change_stream.raw_events import Block, Item, _fast_item, element_headers, parse_block, split_cursor
+from shardsim.core.resume_token import token_key
+from shardsim.core import resume_token as rt
+from shardsim.core.cursors import Batch, array_header_bytes, cursor_reply
 
 U = bytes(range(16))
 
@@ -201,8 +201,8 @@ def test_cursor_reply_splices_raw_elements_like_encoding_the_docs():
 
 
 def test_server_frames_a_spliced_cursor_reply_like_the_encoded_document():
-    from shardsim import wire
-    from shardsim.server import encode_reply_parts
+    from shardsim.core import wire
+    from shardsim.core.server import encode_reply_parts
 
     docs = [{"_id": i, "pad": "z" * (i * 7)} for i in range(50)]
     elements = [b"\x03%d\x00" % i + bson.encode(d) for i, d in enumerate(docs)]
@@ -220,7 +220,7 @@ def test_server_frames_a_spliced_cursor_reply_like_the_encoded_document():
 
 
 def test_a_mark_without_sizes_is_not_trusted_the_batch_is_checked_in_full():
-    from shardsim.cursors import SORT_KEY_LAYOUT_FIELD
+    from shardsim.core.cursors import SORT_KEY_LAYOUT_FIELD
     evs = [event(100 + i, IDS[i % len(IDS)], pad=i) for i in range(60)]
     plain = bson.encode({"nextBatch": evs, "id": Int64(7), "ns": "d.c"})
     vouched = bson.encode({"nextBatch": evs, "id": Int64(7), "ns": "d.c", SORT_KEY_LAYOUT_FIELD: True})
@@ -246,8 +246,8 @@ def test_a_mark_without_sizes_is_not_trusted_the_batch_is_checked_in_full():
 def test_a_batch_with_the_shards_sizes_is_located_without_a_walk_and_checked_against_the_bytes(count):
     import struct
 
-    from router.change_stream.raw_events import NUMPY_MIN_EVENTS, block_from_sizes
-    from shardsim.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
+    from shardsim.router.change_stream.raw_events import NUMPY_MIN_EVENTS, block_from_sizes
+    from shardsim.core.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
     assert (count >= NUMPY_MIN_EVENTS) == (count == 130)
     evs = [event(100 + i, IDS[i % len(IDS)], pad=i * 3) for i in range(count)]
     docs = [bson.encode(e) for e in evs]

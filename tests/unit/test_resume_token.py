@@ -12,8 +12,8 @@ import pytest
 from bson import Binary, Decimal128, Int64, ObjectId
 from bson.timestamp import Timestamp
 
-from shardsim import resume_token as rt
-from shardsim.errors import MongoError
+from shardsim.core import resume_token as rt
+from shardsim.core.errors import MongoError
 
 VECTORS = Path("/work/shared/specs/resume-token-vectors.json")
 if not VECTORS.exists():  # CI checkouts fetch the shared specs next to the project

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from bson import Timestamp
 
-from router.commands import FAMILIES, admin, sharding, transactions
-from router.node import RouterNode
-from router import retryable_writes as rw
-from router.transactions import TransactionRouter
-from shardsim.commands import ConnectionInfo, Request
-from shardsim.errors import MongoError
+from shardsim.router.commands import FAMILIES, admin, sharding, transactions
+from shardsim.router.node import RouterNode
+from shardsim.router import retryable_writes as rw
+from shardsim.router.transactions import TransactionRouter
+from shardsim.core.commands import ConnectionInfo, Request
+from shardsim.core.errors import MongoError
 
 LSID = {"id": b"\x01" * 16}
 

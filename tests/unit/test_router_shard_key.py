@@ -8,9 +8,9 @@ import pytest
 from bson import Binary, MaxKey, MinKey, ObjectId
 from bson.int64 import Int64
 
-from shardsim.shard_key import (Chunk, ChunkMap, KeyPattern, compare, hash64,
+from shardsim.core.shard_key import (Chunk, ChunkMap, KeyPattern, compare, hash64,
                               hashed_split_points)
-from shardsim.errors import MongoError
+from shardsim.core.errors import MongoError
 
 
 def test_hash64_matches_the_server_check_value() -> None:

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from shardsim import node_commands
-from shardsim.commands import ConnectionInfo, Request
-from shardsim.errors import MongoError
-from shardsim.node import Node
-from shard.commands import catalog, crud, reads, transactions
-from shard.node import ShardNode
+from shardsim.core import node_commands
+from shardsim.core.commands import ConnectionInfo, Request
+from shardsim.core.errors import MongoError
+from shardsim.core.node import Node
+from shardsim.shard.commands import catalog, crud, reads, transactions
+from shardsim.shard.node import ShardNode
 
 
 def _req(name: str, db: str, body: dict[str, Any]) -> Request:

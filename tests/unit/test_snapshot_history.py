@@ -4,9 +4,9 @@ oldest changes go first, and a read older than what is left gets SnapshotTooOld 
 import pytest
 from bson.timestamp import Timestamp
 
-from shard.snapshot import History, documents_at
-from shard.storage import Collection, Storage, new_uuid
-from shardsim.errors import MongoError
+from shardsim.shard.snapshot import History, documents_at
+from shardsim.shard.storage import Collection, Storage, new_uuid
+from shardsim.core.errors import MongoError
 
 
 def _coll(max_bytes: int):

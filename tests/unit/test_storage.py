@@ -9,11 +9,11 @@ from bson import Binary, Decimal128, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from shardsim.clock import ts_key
-from shardsim.errors import MongoError
-from shard.oplog import Oplog, PreImages
-from shard.storage import Collection
-from shardsim.values import id_key
+from shardsim.core.clock import ts_key
+from shardsim.core.errors import MongoError
+from shardsim.shard.oplog import Oplog, PreImages
+from shardsim.shard.storage import Collection
+from shardsim.core.values import id_key
 
 
 def entry(secs: int, inc: int, **extra) -> dict:

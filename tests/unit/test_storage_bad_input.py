@@ -10,8 +10,8 @@ import bson
 from bson import Binary, ObjectId, Timestamp
 from bson.int64 import Int64
 
-from shardsim.commands import ConnectionInfo, Request
-from shard.node import ShardNode
+from shardsim.core.commands import ConnectionInfo, Request
+from shardsim.shard.node import ShardNode
 
 VALUES = [None, True, 1, -1, 0, 2.5, "x", "", [], [1], [{}], {}, {"a": 1}, {"$set": 1},
           {"$bogus": {}}, Binary(b"x"), ObjectId(), Int64(5), Timestamp(1, 1),

@@ -12,9 +12,9 @@ import bson
 import pytest
 from bson import Decimal128, Int64, Timestamp
 
-from shardsim import update_ops
-from shardsim.errors import MongoError
-from shardsim.update import apply_update, update_diff, validate_update
+from shardsim.core import update_ops
+from shardsim.core.errors import MongoError
+from shardsim.core.update import apply_update, update_diff, validate_update
 
 I32_MAX = 2 ** 31 - 1
 I64_MAX = 2 ** 63 - 1

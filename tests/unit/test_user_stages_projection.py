@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from shard.change_stream.user_stages import compile_stage
-from shardsim.errors import MongoError
+from shardsim.shard.change_stream.user_stages import compile_stage
+from shardsim.core.errors import MongoError
 
 TOKEN = {"_data": "8200000001000000012B0429296E1404"}
 

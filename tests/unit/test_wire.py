@@ -9,8 +9,8 @@ import bson
 import crc32c
 import pytest
 
-from shardsim import wire
-from shardsim.errors import MongoError
+from shardsim.core import wire
+from shardsim.core.errors import MongoError
 
 
 def op_msg_bytes(body: dict, *, flags: int = 0, sections: bytes | None = None,

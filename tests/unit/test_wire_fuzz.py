@@ -1,8 +1,8 @@
 """Property tests (hypothesis) of the wire codec and command parsing, and BSON limits at the
 door (issue 17, item 3).
 
-- Random and garbled bytes fed to :class:`shardsim.wire.MessageReader` never raise anything but
-  its documented :class:`~shardsim.wire.ProtocolError` (an impossible header length); every
+- Random and garbled bytes fed to :class:`shardsim.core.wire.MessageReader` never raise anything but
+  its documented :class:`~shardsim.core.wire.ProtocolError` (an impossible header length); every
   framed message parses to an OpMsg, an OpQuery or a BadMessage carrying a MongoError.
 - A parsed message, turned into a command and run on an in-process shard, always gets a reply
   that encodes as BSON and carries no Python exception text (no InternalError, no traceback,
@@ -25,12 +25,12 @@ from bson.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardsim import wire
-from shardsim.bson_limits import MAX_USER_STORAGE_DEPTH
-from shardsim.commands import ConnectionInfo
-from shardsim.errors import MongoError
-from shardsim.server import request_from_op_msg, request_from_op_query
-from shard.node import ShardNode
+from shardsim.core import wire
+from shardsim.core.bson_limits import MAX_USER_STORAGE_DEPTH
+from shardsim.core.commands import ConnectionInfo
+from shardsim.core.errors import MongoError
+from shardsim.core.server import request_from_op_msg, request_from_op_query
+from shardsim.shard.node import ShardNode
 
 PY_TEXT = re.compile(r"Traceback|RecursionError|ValueError|KeyError|TypeError|IndexError|"
                      r"AttributeError|OverflowError|UnicodeDecodeError|struct\.error|"
@@ -89,7 +89,7 @@ def node() -> ShardNode:
 
 
 def run(node: ShardNode, msg: wire.Message) -> dict:
-    """The reply a server sends for ``msg`` (as shardsim.server._respond builds it)."""
+    """The reply a server sends for ``msg`` (as shardsim.core.server._respond builds it)."""
     async def go() -> dict:
         if isinstance(msg, wire.BadMessage):
             return msg.error.to_reply()

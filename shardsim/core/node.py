@@ -1,0 +1,216 @@
+"""What every role (shard, configsvr, router) shares: clock, cursors, the command table, and the
+commands every mongod/mongos answers the same way (ping, buildInfo, getMore, killCursors, ...).
+
+The common commands are module-level handlers in :mod:`shardsim.core.node_commands`, installed
+first; a role subclasses :class:`Node`, overrides :meth:`hello` (and the parameter/status hooks)
+and installs its own command families on ``self.commands`` after them. Replies get ``ok``,
+``$clusterTime`` and ``operationTime`` here (``appendRequiredFieldsToResponse`` in the server's
+service entry points).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+from typing import Any
+
+import bson
+from bson import Binary
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.int64 import Int64
+
+from shardsim.core import collation, expressions, node_commands, request_checks, search_indexes
+from shardsim.core.auth import commands as auth_commands
+from shardsim.core.auth.security import Security
+from shardsim.core.clock import HybridLogicalClock
+from shardsim.core.cluster_time import parse_gossip
+from shardsim.core.commands import CommandTable, Request
+from shardsim.core.cursors import CursorManager
+from shardsim.core.local_sessions import LocalSessionCache
+from shardsim.core.errors import MongoError, change_stream_labels
+from shardsim.core.node_commands import SERVER_VERSION
+
+log = logging.getLogger("shardsim")
+
+# How every role decodes command bodies: plain ordered dicts, UUIDs left as Binary subtype 4,
+# dates outside datetime's range kept as DatetimeMS (fidelity: types round-trip unchanged).
+CODEC = CodecOptions(document_class=dict, tz_aware=False,
+                     datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+DUMMY_SIGNATURE = {"hash": Binary(b"\x00" * 20, 0), "keyId": Int64(0)}
+
+
+def decode(raw: bytes) -> dict[str, Any]:
+    """Decode a BSON document with the project's codec; InvalidBSON (22) on bad bytes."""
+    try:
+        return bson.decode(raw, CODEC)
+    except RecursionError:  # nesting the wire check lets through cannot get here; be safe
+        raise MongoError(15, "BSONObj exceeded maximum nested object depth: 200") from None
+    except Exception as exc:  # bson.errors.InvalidBSON and friends
+        raise MongoError(22, f"invalid BSON: {exc}") from None
+
+
+def encode(doc: Any) -> bytes:
+    """Encode a reply document; RawBSONDocument values are copied as raw bytes."""
+    return bson.encode(doc, codec_options=CODEC)
+
+
+class Node:
+    """Base of every role. ``options`` are the process's command-line settings (dict)."""
+
+    role = "node"
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, test_commands: bool = True,
+                 options: dict[str, Any] | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.test_commands = test_commands
+        self.options = dict(options or {})
+        self.clock = HybridLogicalClock()
+        self.cursors = CursorManager()
+        self.commands = CommandTable()
+        self.local_sessions = LocalSessionCache()  # $listLocalSessions (shardsim/local_sessions.py)
+        self.started = time.time()
+        self.started_mono = time.monotonic()
+        self.commands.install(self, node_commands.commands, auth_commands.commands,
+                              search_indexes.commands)
+        # roles install theirs after; --auth / --keyFile (key: the key file's content)
+        self.security = Security(self, enabled=bool(self.options.get("auth")),
+                                 key=self.options.get("key"))
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        """``host:port`` as hello and serverStatus report it."""
+        return f"{self.host}:{self.port}"
+
+    def hello(self, req: Request) -> dict[str, Any]:
+        """The role-specific part of ``hello``; the common fields are added by the handler."""
+        return {}
+
+    # -- reply decoration -----------------------------------------------------------------
+    def cluster_time_fields(self, req: Request | None, reply: dict[str, Any]) -> None:
+        """Append ``$clusterTime`` and ``operationTime`` (gossip out)."""
+        now = self.clock.now()
+        if now.time == 0 and now.inc == 0:
+            now = self.clock.advance_to_wall()
+        security = self.security
+        sig = security.sign(now, DUMMY_SIGNATURE) if security.enabled else DUMMY_SIGNATURE
+        reply["$clusterTime"] = {"clusterTime": now, "signature": sig}
+        op_time = reply.pop("__operationTime", None)
+        reply["operationTime"] = op_time if op_time is not None else now
+
+    def error_labels(self, req: Request | None, exc: MongoError) -> list[str]:
+        """errorLabels for a failed command (error_labels.cpp): change-stream labels by default."""
+        if exc.labels:
+            return exc.labels
+        if req is None:
+            return []
+        return change_stream_labels(exc.code, is_change_stream=self.is_change_stream_request(req),
+                                    command=self.commands.canonical(req.name))
+
+    def is_change_stream_request(self, req: Request) -> bool:
+        """True for an aggregate whose pipeline starts with $changeStream, or a getMore on one."""
+        name = req.name
+        if name == "aggregate":
+            pipeline = req.body.get("pipeline")
+            return bool(pipeline) and isinstance(pipeline, list) and isinstance(pipeline[0], dict) \
+                and "$changeStream" in pipeline[0]
+        if name == "getMore":
+            try:
+                cursor = self.cursors.get(int(req.body.get("getMore", 0)))
+            except (MongoError, TypeError, ValueError):
+                return False
+            return bool(getattr(cursor, "is_change_stream", False))
+        return False
+
+    # -- dispatch -------------------------------------------------------------------------
+    def gossip_in(self, req: Request) -> None:
+        """Take in a request's ``$clusterTime`` as ``VectorClock::gossipIn`` does: shape-checked
+        (:func:`shardsim.core.cluster_time.parse_gossip`: 14, 40414, 140), with authentication on its
+        signature checked (:meth:`shardsim.core.auth.security.Security.check_cluster_time`: 210/211,
+        ``LogicalTimeValidator::validate``), then rate-limited
+        (:meth:`shardsim.core.clock.HybridLogicalClock.check`: 205, 40484); a refused time moves
+        nothing and fails the command."""
+        ts = parse_gossip(req.body)
+        if ts is not None:
+            if self.security.enabled:
+                self.security.check_cluster_time(req, req.body["$clusterTime"])
+            self.clock.advance(ts)
+
+    async def run_command(self, req: Request) -> dict[str, Any]:
+        """Run one command and return the complete reply (never raises MongoError)."""
+        try:
+            self.gossip_in(req)
+            handler = self.commands.lookup(req.name)
+            if self.security.enabled:
+                await self.security.authorize(req)
+            if "lsid" in req.body:
+                self.local_sessions.vivify(req.body["lsid"], req.conn)
+            # maxTimeMS, writeConcern and write batch shapes (shardsim/request_checks.py)
+            request_checks.check_request(self.commands.canonical(req.name), req.body)
+            if ("let" in req.body or "collation" in req.body) and req.name != "bulkWrite":
+                with expressions.let_scope(req.body.get("let")), \
+                        collation.collation_scope(req.body.get("collation")):
+                    reply = await self.invoke(handler, req)
+            else:
+                reply = await self.invoke(handler, req)
+            if "ok" not in reply:
+                reply["ok"] = 1.0
+        except MongoError as exc:
+            exc.labels = self.error_labels(req, exc)
+            reply = exc.to_reply()
+        except RecursionError:  # input nested deeper than a handler can walk: mongod's Overflow
+            reply = MongoError(15, "BSONObj exceeded maximum nested object depth: 200").to_reply()
+        except Exception as exc:  # a bug must not take the process down
+            log.exception("command %s failed", req.name)
+            reply = MongoError(1, f"{type(exc).__name__}: {exc}").to_reply()
+        self.cluster_time_fields(req, reply)
+        return reply
+
+    async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
+        """Run the command's handler (roles wrap it: readConcern on the router and shards)."""
+        return await handler(req)
+
+    # -- parameters and status ------------------------------------------------------------
+    def parameters(self) -> dict[str, Any]:
+        """getParameter's values; roles extend."""
+        return {
+            "enableTestCommands": self.test_commands,
+            "featureCompatibilityVersion": {"version": "8.0"},
+            "cursorTimeoutMillis": Int64(self.cursors.timeout_ms),
+            "maxBSONDepth": 200,
+        }
+
+    def set_parameter(self, name: str, value: Any) -> None:
+        """Apply one setParameter value (``cursorTimeoutMillis`` here); roles extend."""
+        if name == "cursorTimeoutMillis":
+            self.cursors.timeout_ms = int(value)
+
+    def parsed_options(self) -> dict[str, Any]:
+        """The role's part of getCmdLineOpts ``parsed``; roles extend."""
+        return {}
+
+    def server_status(self) -> dict[str, Any]:
+        """serverStatus: the common sections; roles extend."""
+        return {
+            "host": self.address, "version": SERVER_VERSION, "process": self.process_name(),
+            "pid": Int64(os.getpid()), "uptime": float(int(time.time() - self.started)),
+            "uptimeMillis": Int64(int((time.monotonic() - self.started_mono) * 1000)),
+            "localTime": datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None),
+            "metrics": {"cursor": {"open": {"total": Int64(len(self.cursors))}}},
+        }
+
+    def process_name(self) -> str:
+        """serverStatus ``process`` (``mongos`` for the router)."""
+        return "mongod"
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def startup(self) -> None:
+        """Called by the server loop once it listens (``self.port`` is known)."""
+        self.cursors.start_reaper()
+
+    async def shutdown(self) -> None:
+        """Kill every open cursor."""
+        await self.cursors.kill_all()

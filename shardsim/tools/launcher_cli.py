@@ -1,0 +1,273 @@
+"""``shardsim up`` / ``shardsim status`` / ``shardsim down``: the local mini cluster from a shell.
+
+``up`` starts a config server, N shards and a router (:class:`shardsim.tools.launcher.Cluster`),
+prints the connection string and one status line per process, and stops everything on Ctrl-C
+(or SIGTERM) at any moment, also during start-up (exit 130 then), with no child left behind. ``up --detach`` leaves the cluster running and writes ``cluster.json`` (pids,
+ports, log files) in the run directory; ``status`` and ``down`` read it from any shell.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import click
+
+from shardsim.tools.launcher import (Cluster, ClusterError, default_run_dir, pid_is, read_state,
+                               state_path, stop_pid, write_state)
+
+
+def _status_line(name: str, module: str, host: str | None, port: int | None, pid: int | None,
+                 alive: bool) -> str:
+    role = {"configsvr": "config server", "shard": "shard", "router": "router"}.get(module, module)
+    state = "running" if alive else "DOWN"
+    return f"  {name:<10} {role:<13} {host}:{port:<6} pid {pid or '-':<8} {state}"
+
+
+# Foreground ``up``: the first SIGINT/SIGTERM raises KeyboardInterrupt, which ends start-up or
+# the wait loop; every later one is ignored, so that the cleanup it starts cannot itself be cut
+# short and leave processes behind (the cleanup is bounded: SIGKILL after 5 s per process).
+_stopping = False
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
+    raise KeyboardInterrupt
+
+
+def _direct_children() -> list[int]:
+    """Pids whose parent is this process, zombies included (Linux ``/proc``; empty elsewhere)."""
+    me, pids = os.getpid(), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if len(fields) > 1 and int(fields[1]) == me:
+            pids.append(int(entry))
+    return pids
+
+
+def _reap(pids: list[int]) -> list[int]:
+    """Reap whichever of ``pids`` have exited; returns those still running."""
+    left = []
+    for pid in pids:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere (subprocess's own bookkeeping)
+            continue
+        if not done:
+            left.append(pid)
+    return left
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # its own session (start_new_session) ...
+    except OSError:
+        try:
+            os.kill(pid, sig)  # ... or not yet (forked, before setsid/exec)
+        except OSError:
+            pass
+
+
+def _stop_stray_children(timeout: float = 5.0) -> None:
+    """Backstop after :meth:`Cluster.stop`: every child of ``up`` is a cluster process, so a
+    child still there is one the cluster lost track of (e.g. a Ctrl-C landed just as
+    ``Popen`` returned its pid). SIGTERM, SIGKILL after ``timeout`` s, and reap."""
+    pids = _reap(_direct_children())
+    for pid in pids:
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.02)
+        pids = _reap(pids)
+    for pid in pids:
+        _signal_group(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _stop_all(cluster: Cluster | None) -> None:
+    """Stop the cluster and any stray child; a KeyboardInterrupt that lands in here (only the
+    first signal raises) just restarts the idempotent cleanup."""
+    global _stopping
+    _stopping = True
+    while True:
+        try:
+            if cluster is not None:
+                cluster.stop()
+            _stop_stray_children()
+            return
+        except KeyboardInterrupt:
+            continue
+
+
+def _print_cluster(cluster: Cluster) -> None:
+    click.echo(f"shardsim cluster ready: {cluster.router_uri}")
+    for uri in cluster.router_uris[1:]:
+        click.echo(f"another router: {uri}")
+    if cluster.auth is not None:
+        click.echo(f"authentication on: user '{cluster.auth[0]}' (root, authSource admin); "
+                   f"key file {cluster.key_file}")
+    for p in cluster.processes:
+        click.echo(_status_line(p.name, p.module, p.host, p.port, p.pid, p.alive()))
+
+
+run_dir_option = click.option(
+    "--run-dir", type=click.Path(file_okay=False), default=None,
+    help="Where a detached cluster's state (cluster.json) and logs live "
+         "[default: $SHARDSIM_RUN_DIR or <tmp>/shardsim-<uid>].")
+
+
+@click.command()
+@click.option("--shards", type=click.IntRange(1, 64), default=3, show_default=True,
+              help="Number of shards.")
+@click.option("--port", type=int, default=27017, show_default=True,
+              help="Router port (0 picks a free one).")
+@click.option("--dbpath", type=click.Path(file_okay=False), default=None,
+              help="Make every process durable, with its data under this directory.")
+@click.option("--routers", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="Number of routers (the second and later ones on free ports).")
+@click.option("--detach", is_flag=True, help="Leave the cluster running in the background.")
+@click.option("--auth", is_flag=True,
+              help="Key file for the members and a root user from $MONGO_INITDB_ROOT_USERNAME / "
+                   "$MONGO_INITDB_ROOT_PASSWORD (default root / root).")
+@click.option("--tlsCertificateKeyFile", "tls_cert", type=click.Path(dir_okay=False),
+              default=None, help="Serve TLS only (requireTLS) with this PEM certificate+key.")
+@click.option("--tlsCAFile", "tls_ca", type=click.Path(dir_okay=False), default=None,
+              help="The CA of the members' certificates (with --tlsCertificateKeyFile).")
+@run_dir_option
+def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | None,
+       auth: bool = False, tls_cert: str | None = None, tls_ca: str | None = None,
+       routers: int = 1) -> None:
+    """Start a local cluster: config server, SHARDS shards and a router on 127.0.0.1:PORT."""
+    global _stopping
+    run_dir = run_dir or default_run_dir()
+    if detach:
+        state = read_state(run_dir)
+        if state and any(pid_is(p["pid"], p["module"]) for p in state["processes"]):
+            raise click.ClickException(
+                f"a detached cluster is already running ({state['router_uri']}); "
+                f"run 'shardsim down' first (state: {state_path(run_dir)})")
+    base_dir = dbpath or (os.path.join(run_dir, "cluster") if detach else None)
+    # SIGTERM behaves like Ctrl-C: stop everything. Installed before the first child exists.
+    if threading.current_thread() is threading.main_thread():
+        _stopping = False
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)  # also when started with SIGINT ignored
+    # One try/finally from before the first child to the very end: whatever ends `up` (Ctrl-C
+    # at any moment of start-up or later, a start failure, a process dying) stops everything.
+    # Only a detached cluster that started completely is left running.
+    cluster: Cluster | None = None
+    phase = "starting"  # -> "failed" | "running" | "detached"
+    code = 0
+    try:
+        creds = (os.environ.get("MONGO_INITDB_ROOT_USERNAME") or "root",
+                 os.environ.get("MONGO_INITDB_ROOT_PASSWORD") or "root") if auth else None
+        tls = {"cert": tls_cert, "ca": tls_ca or tls_cert} if tls_cert else None
+        cluster = Cluster(shards=shards, base_dir=base_dir, durable=dbpath is not None,
+                          port=port, detach=detach, auth=creds, tls=tls, routers=routers)
+        try:
+            cluster.start()
+        except ClusterError as exc:
+            phase = "failed"
+            raise click.ClickException(f"cluster did not start: {exc}") from None
+        if detach:
+            write_state(run_dir, cluster.state())
+            phase = "detached"
+            _stopping = True  # from here on Ctrl-C must not stop the detached cluster
+            _print_cluster(cluster)
+            click.echo(f"detached; state in {state_path(run_dir)} "
+                       f"('shardsim status', 'shardsim down')")
+            return
+        phase = "running"
+        _print_cluster(cluster)
+        click.echo("press Ctrl-C to stop")
+        while True:
+            time.sleep(0.5)
+            dead = [p for p in cluster.processes if not p.alive()]
+            if dead:
+                for p in dead:
+                    click.echo(f"{p.name} exited unexpectedly (code {p.proc.returncode if p.proc else '?'}); "
+                               f"last output:\n" + "\n".join(list(p.output)[-20:]), err=True)
+                code = 1
+                break
+    except KeyboardInterrupt:
+        if phase == "starting":
+            code = 130
+    finally:
+        if phase != "detached":
+            _stopping = True
+            if phase != "failed":
+                click.echo("stopping cluster ...", err=True)
+            _stop_all(cluster)
+            if phase != "failed":
+                click.echo("interrupted; everything stopped" if code == 130 else "stopped",
+                           err=True)
+    sys.exit(code)
+
+
+def _ping(host: str, port: int) -> bool:
+    import pymongo
+    try:
+        client: Any = pymongo.MongoClient(host, port, directConnection=True,
+                                          serverSelectionTimeoutMS=1500, connectTimeoutMS=1500)
+        try:
+            client.admin.command("ping")
+            return True
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+@click.command()
+@run_dir_option
+def status(run_dir: str | None) -> None:
+    """Show the detached cluster's processes (exit 1 if none is running or one is down)."""
+    run_dir = run_dir or default_run_dir()
+    state = read_state(run_dir)
+    if state is None:
+        click.echo(f"no detached cluster (no {state_path(run_dir)})")
+        sys.exit(1)
+    ok = True
+    click.echo(f"shardsim cluster: {state['router_uri']}")
+    for p in state["processes"]:
+        alive = pid_is(p["pid"], p["module"]) and _ping(p["host"], p["port"])
+        ok = ok and alive
+        click.echo(_status_line(p["name"], p["module"], p["host"], p["port"], p["pid"], alive))
+    sys.exit(0 if ok else 1)
+
+
+@click.command()
+@run_dir_option
+def down(run_dir: str | None) -> None:
+    """Stop the detached cluster and remove its state file."""
+    run_dir = run_dir or default_run_dir()
+    state = read_state(run_dir)
+    if state is None:
+        click.echo(f"no detached cluster (no {state_path(run_dir)})")
+        return
+    for p in reversed(state["processes"]):
+        stopped = stop_pid(p["pid"], p["module"])
+        click.echo(f"  {p['name']:<10} {'stopped' if stopped else 'was not running'}")
+    os.remove(state_path(run_dir))
+    click.echo("cluster stopped")
