@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern, SortKey
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -58,9 +59,8 @@ async def merge_round(node: ConfigServerNode, min_age: float) -> int:
         chunks = await node.find_all("chunks", {"uuid": c["uuid"]})
         for run in mergeable_runs(pattern, chunks, now, min_age):
             try:
-                await node.local("_configsvrCommitChunksMerge", "admin", {
-                    "_configsvrCommitChunksMerge": c["_id"],
-                    "bounds": [run[0]["min"], run[-1]["max"]]})
+                merge = csrq.CommitChunksMerge(c["_id"], bounds=[run[0]["min"], run[-1]["max"]])
+                await node.local(merge.NAME, "admin", merge.to_command())
                 merged += 1
             except MongoError as exc:  # the chunks changed meanwhile: next time
                 log.info("auto-merge of %s failed: %s", c["_id"], exc)

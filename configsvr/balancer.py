@@ -39,6 +39,8 @@ from shardsim.configsvr import auto_merger
 from shardsim.configsvr.balancer_policy import Migration, first_violation, select_for_collection
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern
+from shardsim.core.protocol import shard as shrq
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -94,11 +96,11 @@ class Balancer:
         if not isinstance(mb, (int, float)) or mb <= 0:
             mb = DEFAULT_CHUNK_MB
         interval, short = DEFAULT_INTERVAL, SHORT_INTERVAL
-        ms = bal.get("_shardsimRoundIntervalMs")
+        ms = bal.get(csrq.BALANCER_ROUND_INTERVAL_FIELD)
         if isinstance(ms, (int, float)) and ms > 0:
             interval = short = ms / 1000.0
         merge_every, merge_age = auto_merger.DEFAULT_INTERVAL, auto_merger.DEFAULT_MIN_AGE
-        ms = bal.get("_shardsimAutoMergerIntervalMs")
+        ms = bal.get(csrq.AUTO_MERGER_INTERVAL_FIELD)
         if isinstance(ms, (int, float)) and ms > 0:
             merge_every = merge_age = ms / 1000.0
         return {"mode": mode, "activeWindow": bal.get("activeWindow"),
@@ -163,8 +165,8 @@ class Balancer:
         req = [{"ns": c["_id"], "UUID": c["uuid"]} for c in colls]
         for shard in shards:
             try:
-                reply = await self.node.on_shard(shard, "admin", {
-                    "_shardsvrGetStatsForBalancing": 1, "collections": req, "scaleFactor": 1})
+                reply = await self.node.on_shard(
+                    shard, "admin", shrq.GetStatsForBalancing(1, req, scaleFactor=1).to_command())
             except MongoError as exc:
                 log.info("no balancing stats from %s: %s", shard, exc)
                 continue
@@ -239,11 +241,11 @@ class Balancer:
         bounds = [m.chunk["min"], m.chunk["max"]]
         if reply.get("splitKeys"):
             middle = reply["splitKeys"][0]
-            await self.node.local("_configsvrSplitChunk", "admin",
-                                  {"_configsvrSplitChunk": m.ns, "middle": middle})
+            split = csrq.SplitChunk(m.ns, middle=middle)
+            await self.node.local(split.NAME, "admin", split.to_command())
             bounds = [m.chunk["min"], middle]
-        await self.node.local("_configsvrMoveChunk", "admin",
-                              {"_configsvrMoveChunk": m.ns, "bounds": bounds, "to": m.to})
+        move = csrq.MoveChunk(m.ns, bounds=bounds, to=m.to)
+        await self.node.local(move.NAME, "admin", move.to_command())
         log.info("balancer moved %s %s from %s to %s (%s)", m.ns, bounds, m.donor, m.to,
                  m.reason)
 

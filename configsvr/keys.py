@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from shardsim.core.auth.cluster_time import new_key_doc
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol import shard as shrq
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.configsvr.node import ConfigServerNode
@@ -52,7 +53,7 @@ async def push(node: "ConfigServerNode") -> None:
     docs = node.security.store.keys()
     for entry in await node.shards():
         try:
-            await node.on_shard(entry["_id"], "admin", {"_shardsimSetClusterKeys": docs})
+            await node.on_shard(entry["_id"], "admin", shrq.SetClusterKeys(docs).to_command())
         except MongoError as exc:
             log.debug("cannot hand keys to %s: %s", entry["_id"], exc.errmsg)
 

@@ -40,6 +40,8 @@ from bson.timestamp import Timestamp
 
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern
+from shardsim.core.protocol import shard as shrq
+from shardsim.core.protocol.versions import NETWORK_ERRORS
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.configsvr.node import ConfigServerNode
@@ -70,10 +72,9 @@ async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | N
             "shards": {s["_id"]: s["host"] for s in shard_docs}}
     for shard in names:
         try:
-            await node.on_shard(shard, db, {"_shardsimSetFilteringMetadata": ns,
-                                            "metadata": meta})
+            await node.on_shard(shard, db, shrq.SetFilteringMetadata(ns, meta).to_command())
         except MongoError as exc:
-            if exc.code not in (6, 7, 89, 9001):
+            if exc.code not in NETWORK_ERRORS:
                 raise
             log.warning("filtering metadata of %s not sent to %s: %s", ns, shard, exc.errmsg)
 
@@ -114,13 +115,13 @@ async def _clone_and_catch_up(node: "ConfigServerNode", donor: str, to: str, db:
                               coll: str, sid: str) -> int:
     """Phases 2-3: clone, then transfer-mods rounds until one is small. Returns the number of
     documents cloned."""
-    objects = (await node.on_shard(donor, "admin", {"_migrateClone": 1, "sessionId": sid}))[
+    objects = (await node.on_shard(donor, "admin", shrq.MigrateClone(1, sid).to_command()))[
         "objects"]
     for i in range(0, len(objects), BATCH):
         await node.on_shard(to, db, {"insert": coll, "documents": objects[i:i + BATCH],
                                      "ordered": False, "fromMigrate": True})
     for _ in range(CATCH_UP_ROUNDS):
-        mods = await node.on_shard(donor, "admin", {"_transferMods": 1, "sessionId": sid})
+        mods = await node.on_shard(donor, "admin", shrq.TransferMods(1, sid).to_command())
         await _apply_mods(node, to, db, coll, mods)
         if int(mods.get("size", 0)) <= CATCH_UP_SMALL:
             break
@@ -158,21 +159,19 @@ async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], patt
     db, coll = ns.split(".", 1)
     donor = doc["shard"]
     sid = f"{donor}_{to}_{uuid_mod.uuid4().hex}"
-    await node.on_shard(donor, "admin", {"_shardsimMigrationStart": ns, "sessionId": sid,
-                                         "key": pattern.pattern, "min": doc["min"],
-                                         "max": doc["max"]})
+    await node.on_shard(donor, "admin", shrq.MigrationStart(
+        ns, sid, pattern.pattern, doc["min"], doc["max"]).to_command())
     in_cs = False
     try:
         cloned = await _clone_and_catch_up(node, donor, to, db, coll, sid)
-        await node.on_shard(donor, "admin", {"_shardsimMigrationCriticalSection": ns,
-                                             "enter": True})
+        await node.on_shard(donor, "admin", shrq.MigrationCriticalSection(ns, True).to_command())
         in_cs = True
-        mods = await node.on_shard(donor, "admin", {"_transferMods": 1, "sessionId": sid})
+        mods = await node.on_shard(donor, "admin", shrq.TransferMods(1, sid).to_command())
         await _apply_mods(node, to, db, coll, mods)
-        records = (await node.on_shard(donor, "admin", {"_shardsimSessionRecords": 1}))["records"]
+        records = (await node.on_shard(donor, "admin",
+                                       shrq.SessionRecords(1).to_command()))["records"]
         if records:
-            await node.on_shard(to, "admin", {"_shardsimMergeSessionRecords": 1,
-                                              "records": records})
+            await node.on_shard(to, "admin", shrq.MergeSessionRecords(1, records).to_command())
         await _commit(node, ns, doc, chunk_docs, donor, to)
         await log_change(node, donor, "moveChunk.commit", ns, {
             "min": doc["min"], "max": doc["max"], "from": donor, "to": to,
@@ -180,9 +179,9 @@ async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], patt
                        "catchup": Int64(0), "steady": Int64(0)}})
     finally:
         if in_cs:
-            await node.on_shard(donor, "admin", {"_shardsimMigrationCriticalSection": ns,
-                                                 "enter": False})
-        await node.on_shard(donor, "admin", {"_shardsimMigrationEnd": 1, "sessionId": sid})
+            await node.on_shard(donor, "admin",
+                                shrq.MigrationCriticalSection(ns, False).to_command())
+        await node.on_shard(donor, "admin", shrq.MigrationEnd(1, sid).to_command())
     await _delete_range(node, donor, db, coll, pattern, doc)
     log.info("moved chunk %s of %s from %s to %s (%d docs cloned)", doc["min"], ns, donor, to,
              cloned)

@@ -52,6 +52,7 @@ from shardsim.configsvr import migration
 from shardsim.configsvr.catalog import chunk_doc
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import Chunk, ChunkMap, KeyPattern, SortKey, hashed_split_points
+from shardsim.core.protocol import shard as shrq
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -151,9 +152,9 @@ async def prepare(node: ConfigServerNode, op: ReshardOp, shards: list[str],
     if not op.chunks:
         op.chunks = _split_chunks(op.pattern, docs, shards)
     for shard in op.recipients:
-        await node.on_shard(shard, op.db, {"_shardsimEnsureCollection": op.temp,
-                                           "uuid": op.new_uuid, "shardKey": op.pattern.pattern,
-                                           "options": op.options, "primary": False})
+        await node.on_shard(shard, op.db, shrq.EnsureCollection(
+            op.temp, uuid=op.new_uuid, shardKey=op.pattern.pattern, options=op.options,
+            primary=False).to_command())
         specs = [i for i in op.indexes if i.get("name") != "_id_"]
         if op.pattern.pattern != {"_id": 1}:
             name = "_".join(f"{f}_{v}" for f, v in op.pattern.pattern.items())
@@ -243,11 +244,10 @@ async def _critical_section(node: ConfigServerNode, op: ReshardOp, enter: bool,
     shards = op.donors if enter and not block_reads else \
         op.donors + [s for s in op.recipients if s not in op.donors]
     for shard in shards:
-        cmd = {"_shardsimMigrationCriticalSection": op.ns, "enter": enter,
-               "reason": "reshardCollection"}
+        cmd = shrq.MigrationCriticalSection(op.ns, enter, reason="reshardCollection",
+                                            blockReads=True if enter and block_reads else None
+                                            ).to_command()
         if enter:
-            if block_reads:
-                cmd["blockReads"] = True
             await node.on_shard(shard, "admin", cmd)
             continue
         try:
@@ -261,14 +261,14 @@ async def _move_session_records(node: ConfigServerNode, op: ReshardOp) -> None:
     donor is not applied again on its new owner (8.0's ``ReshardingTxnCloner`` and the
     session application of the recipients' oplog appliers)."""
     for donor in op.donors:
-        records = (await node.on_shard(donor, "admin", {"_shardsimSessionRecords": 1}))[
+        records = (await node.on_shard(donor, "admin", shrq.SessionRecords(1).to_command()))[
             "records"]
         if not records:
             continue
         for shard in op.recipients:
             if shard != donor:
-                await node.on_shard(shard, "admin", {"_shardsimMergeSessionRecords": 1,
-                                                     "records": records})
+                await node.on_shard(shard, "admin",
+                                    shrq.MergeSessionRecords(1, records).to_command())
 
 
 async def commit(node: ConfigServerNode, op: ReshardOp) -> None:
@@ -319,8 +319,7 @@ async def _commit_in_critical_section(node: ConfigServerNode, op: ReshardOp) -> 
     else:  # unsharded (untracked) now: no shard keeps the old version
         for shard in [s["_id"] for s in await node.shards()]:
             try:
-                await node.on_shard(shard, op.db, {"_shardsimSetFilteringMetadata": ns,
-                                                   "metadata": None})
+                await node.on_shard(shard, op.db, shrq.SetFilteringMetadata(ns).to_command())
             except MongoError as exc:
                 log.warning("metadata of %s not cleared on %s: %s", ns, shard, exc)
     for shard in op.donors:
@@ -334,9 +333,9 @@ async def _commit_in_critical_section(node: ConfigServerNode, op: ReshardOp) -> 
                           "shardKey": op.pattern.pattern, "oldShardKey": op.old_key,
                           "unique": op.unique, "numInitialChunks": len(op.chunks),
                           "provenance": op.provenance}
-    await node.on_shard(op.primary, op.db, {
-        "_shardsimNoop": {"msg": f"Reshard collection {ns} with shard key {op.pattern.pattern}"},
-        "o2": o2, "ns": ns, "ui": op.old_uuid})
+    await node.on_shard(op.primary, op.db, shrq.Noop(
+        {"msg": f"Reshard collection {ns} with shard key {op.pattern.pattern}"},
+        o2=o2, ns=ns, ui=op.old_uuid).to_command())
     log.info("%s %s: new key %s, %d chunks on %s", op.provenance, ns, op.pattern.pattern,
              len(op.chunks), op.recipients)
 

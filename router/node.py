@@ -41,6 +41,7 @@ from shardsim.core import failpoints
 from shardsim.core.errors import RETRYABLE_WRITE_CODES, MongoError, transaction_labels
 from shardsim.core.txn_rules import check_transaction_command
 from shardsim.core.node import Node
+from shardsim.core.protocol import configsvr as csrq
 
 log = logging.getLogger("shardsim.router")
 
@@ -139,7 +140,7 @@ class RouterNode(Node):
             return primary
         if db in ("admin", "config", "local"):
             raise MongoError(73, f"cannot write to the '{db}' database through the router")
-        reply = await self.config_command({"_configsvrCreateDatabase": db})
+        reply = await self.config_command(csrq.CreateDatabase(db).to_command())
         await self.catalog.refresh()
         return reply["primary"]
 

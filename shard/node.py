@@ -119,9 +119,9 @@ class ShardNode(Node):
             self.storage.journal = []
             self.durable.load(self)
         self.commands.install(self, *shard_commands.FAMILIES,  # after the common family
-                              user_commands.commands)
+                              user_commands.commands,
+                              cs_cursor.commands)  # _shardsimAdvanceClusterTime (promise requests)
         self.security.store = LocalUserStore(self)  # shard-local admin.system.users/roles
-        cs_cursor.register(self)  # _shardsimAdvanceClusterTime (router promise requests)
         failpoints.install(self)  # configureFailPoint, with test commands only
         promise_faults.install(self)  # shardsimStallPromise, shardsimDelayPromise
         self.coordinators.install_fail_points()  # hangBeforeWritingDecision, ...

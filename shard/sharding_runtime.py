@@ -168,13 +168,16 @@ class CriticalSection:
 
 class ShardingRuntime:
     """``node.sharding``: metadata per namespace (``metadata``), critical sections
-    (``critical``), transfer-mods trackers (``trackers``) and versioned writes in flight."""
+    (``critical``), transfer-mods trackers (``trackers``), the donor's active migrations by
+    session id (``migrations``: ``(ns, tracker, key pattern, min key, max key)``) and versioned
+    writes in flight."""
 
     def __init__(self, node: "ShardNode") -> None:
         self.node = node
         self.metadata: dict[str, CollectionMetadata | None] = {}
         self.critical: dict[str, CriticalSection] = {}
         self.trackers: dict[str, list[ModsTracker]] = {}
+        self.migrations: dict[str, tuple[str, ModsTracker, Any, tuple[Any, ...], tuple[Any, ...]]] = {}
         self.in_flight: dict[str, int] = {}
         self._idle: dict[str, asyncio.Event] = {}
         self.hosts: dict[str, tuple[str, int]] = {}  # other shards' addresses

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from shardsim.configsvr.catalog import split_ns
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -19,14 +20,14 @@ if TYPE_CHECKING:
 commands = CommandFamily("balancer")
 
 
-@commands.handler("_configsvrBalancerStart")
+@commands.handler(csrq.BalancerStart.NAME)
 async def balancer_start(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{}``: balancer mode ``full`` in ``config.settings``; the next round starts now."""
     await node.balancer.set_mode("full")
     return {}
 
 
-@commands.handler("_configsvrBalancerStop")
+@commands.handler(csrq.BalancerStop.NAME)
 async def balancer_stop(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{}``: balancer mode ``off``; waits for a round in progress to end, as the server
     does (``Balancer::joinCurrentRound``)."""
@@ -36,14 +37,14 @@ async def balancer_stop(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("_configsvrBalancerStatus")
+@commands.handler(csrq.BalancerStatus.NAME)
 async def balancer_status(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{mode: "full" | "off", inBalancerRound, numBalancerRounds: Long, term: Long}``."""
     settings = await node.balancer.settings()
     return node.balancer.status(settings["mode"])
 
 
-@commands.handler("_configsvrBalancerCollectionStatus")
+@commands.handler(csrq.BalancerCollectionStatus.NAME)
 async def balancer_collection_status(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{balancerCompliant: bool, firstComplianceViolation?: "draining" |
     "chunksImbalance"}`` for one sharded collection (``Balancer::getBalancerStatusForNs``).

@@ -17,6 +17,8 @@ from shardsim.configsvr.commands.metadata import check_migrations_allowed
 from shardsim.core.shard_key import Chunk, KeyPattern, SortKey, compare_keys
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol import shard as shrq
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -26,7 +28,7 @@ log = logging.getLogger("shardsim.configsvr")
 commands = CommandFamily("chunks")
 
 
-@commands.handler("_configsvrSplitChunk")
+@commands.handler(csrq.SplitChunk.NAME)
 async def split_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """split: at ``middle``, or at the median key of the chunk named by ``find``/``bounds``
     (the midpoint of the hash range for a hashed key). ``{_configsvrSplitChunk: ns, middle |
@@ -89,7 +91,7 @@ async def _median(node: ConfigServerNode, entry: dict[str, Any], pattern: KeyPat
     return keys[len(keys) // 2]
 
 
-@commands.handler("_configsvrMoveChunk")
+@commands.handler(csrq.MoveChunk.NAME)
 async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """moveChunk as a migration (``migration_source_manager.cpp``): write
     ``migrateChunkToNewShard`` on the donor when the recipient had no chunk of the collection,
@@ -121,10 +123,9 @@ async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         # MigrationDestinationManager::cloneCollectionIndexesAndOptions does
         listed = await node.on_shard(donor, db, {"listCollections": 1, "filter": {"name": coll}})
         infos = listed["cursor"]["firstBatch"]
-        await node.on_shard(to, db, {"_shardsimEnsureCollection": coll, "uuid": uuid,
-                                     "shardKey": pattern.pattern,
-                                     "options": infos[0].get("options", {}) if infos else {},
-                                     "primary": False})
+        await node.on_shard(to, db, shrq.EnsureCollection(
+            coll, uuid=uuid, shardKey=pattern.pattern,
+            options=infos[0].get("options", {}) if infos else {}, primary=False).to_command())
         if pattern.pattern != {"_id": 1}:
             name = "_".join(f"{f}_{v}" for f, v in pattern.pattern.items())
             try:
@@ -134,10 +135,10 @@ async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
                 if exc.code not in (85, 86, 68):
                     raise
         if not recipient_had_chunks:
-            await node.on_shard(donor, db, {
-                "_shardsimNoop": {"msg": f"Migrating chunk from shard {donor} to shard {to} "
-                                         f"with no chunks for this collection"},
-                "o2": {"migrateChunkToNewShard": ns, "fromShardId": donor, "toShardId": to},
-                "ns": ns, "ui": uuid})
+            await node.on_shard(donor, db, shrq.Noop(
+                {"msg": f"Migrating chunk from shard {donor} to shard {to} "
+                        f"with no chunks for this collection"},
+                o2={"migrateChunkToNewShard": ns, "fromShardId": donor, "toShardId": to},
+                ns=ns, ui=uuid).to_command())
         await migration.migrate(node, ns, entry, pattern, chunk_docs, doc, to)
         return {"millis": 0}

@@ -19,6 +19,8 @@ from shardsim.core.shard_key import KeyPattern
 from shardsim.core.errors import view_error
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol import shard as shrq
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -29,7 +31,7 @@ _UNSHARDABLE_DBS = ("admin", "local", "config")
 commands = CommandFamily("collections")
 
 
-@commands.handler("_configsvrShardCollection")
+@commands.handler(csrq.ShardCollection.NAME)
 async def shard_collection(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """shardCollection (``create_collection_coordinator.cpp``): catalog entries, the
     collection with one UUID on every shard that gets chunks, and the ``shardCollection``
@@ -78,9 +80,9 @@ async def shard_collection(node: ConfigServerNode, req: Request) -> dict[str, An
                                       req.get("numInitialChunks"))
         owners = [primary] + sorted({c.shard for c in chunks} - {primary})
         for shard in owners:
-            await node.on_shard(shard, db, {
-                "_shardsimEnsureCollection": coll, "uuid": uuid, "shardKey": pattern.pattern,
-                "options": options, "primary": shard == primary})
+            await node.on_shard(shard, db, shrq.EnsureCollection(
+                coll, uuid=uuid, shardKey=pattern.pattern, options=options,
+                primary=shard == primary).to_command())
             if pattern.pattern != {"_id": 1}:
                 name = "_".join(f"{f}_{v}" for f, v in pattern.pattern.items())
                 spec: dict[str, Any] = {"key": pattern.pattern, "name": name}
@@ -108,14 +110,14 @@ async def shard_collection(node: ConfigServerNode, req: Request) -> dict[str, An
               "presplitHashedZones": bool(req.get("presplitHashedZones", False))}
         if options.get("capped"):
             o2["capped"] = True
-        await node.on_shard(primary, db, {"_shardsimNoop": {"msg": {"shardCollection": ns}},
-                                          "o2": o2, "ns": ns, "ui": uuid})
+        await node.on_shard(primary, db, shrq.Noop({"msg": {"shardCollection": ns}}, o2=o2, ns=ns,
+                                                   ui=uuid).to_command())
         await migration.push_metadata(node, ns)  # every shard learns the collection's version
         log.info("sharded %s on %s: %d chunks over %s", ns, pattern.pattern, len(chunks), owners)
         return {"collectionsharded": ns}
 
 
-@commands.handler("_configsvrDropCollection")
+@commands.handler(csrq.DropCollection.NAME)
 async def drop_collection_meta(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrDropCollection: ns}`` -> ``{}``: remove the collection and its chunks from
     the catalog (the router drops the data on the shards)."""
@@ -128,7 +130,7 @@ async def drop_collection_meta(node: ConfigServerNode, req: Request) -> dict[str
     return {}
 
 
-@commands.handler("_configsvrRenameCollection")
+@commands.handler(csrq.RenameCollection.NAME)
 async def rename_collection_meta(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrRenameCollection: ns, to}`` -> ``{}``: the catalog entry of ``ns`` under
     ``to`` (a sharded target's entry and chunks are dropped first)."""

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol import shard as shrq
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -20,7 +22,7 @@ log = logging.getLogger("shardsim.configsvr")
 commands = CommandFamily("databases")
 
 
-@commands.handler("_configsvrCreateDatabase")
+@commands.handler(csrq.CreateDatabase.NAME)
 async def create_database(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrCreateDatabase: db, primaryShard?}`` -> ``{databaseVersion, primary}``: the
     database's catalog entry, created if missing (:meth:`ConfigServerNode.ensure_database`).
@@ -35,7 +37,7 @@ async def create_database(node: ConfigServerNode, req: Request) -> dict[str, Any
     return {"databaseVersion": entry["version"], "primary": entry["primary"]}
 
 
-@commands.handler("_configsvrMovePrimary")
+@commands.handler(csrq.MovePrimary.NAME)
 async def move_primary(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """movePrimary (``move_primary_coordinator.cpp``): clone every unsharded collection of
     the database (same UUID, options, indexes, documents, all ``fromMigrate``) and its views
@@ -69,14 +71,10 @@ async def move_primary(node: ConfigServerNode, req: Request) -> dict[str, Any]:
                 continue
             ns = f"{db}.{name}"
             meta = sharded.get(ns)
-            ensure: dict[str, Any] = {"_shardsimEnsureCollection": name,
-                                      "uuid": info.get("info", {}).get("uuid"),
-                                      "options": info.get("options", {}), "primary": False}
-            if meta is not None:
-                ensure["shardKey"] = meta["key"]
-            if ensure["uuid"] is None:
-                del ensure["uuid"]
-            await node.on_shard(to, db, ensure)
+            ensure = shrq.EnsureCollection(name, uuid=info.get("info", {}).get("uuid"),
+                                           shardKey=meta["key"] if meta is not None else None,
+                                           options=info.get("options", {}), primary=False)
+            await node.on_shard(to, db, ensure.to_command())
             if meta is not None:
                 continue  # its documents belong to chunks and stay where they are
             idx = await node.on_shard(old, db, {"listIndexes": name, "cursor": {"batchSize": 1 << 30}})
@@ -116,7 +114,7 @@ async def _move_views(node: ConfigServerNode, db: str, views: list[dict[str, Any
         await node.on_shard(old, db, {"drop": info["name"], "fromMigrate": True})
 
 
-@commands.handler("_configsvrDropDatabase")
+@commands.handler(csrq.DropDatabase.NAME)
 async def drop_database_meta(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrDropDatabase: db}`` -> ``{}``: remove the database, its sharded
     collections and their chunks from the catalog (the router drops the data on the shards)."""

@@ -17,6 +17,8 @@ from shardsim.configsvr.catalog import split_ns
 from shardsim.core.commands import CommandFamily, Request, check_type
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern, SortKey, compare_keys
+from shardsim.core.protocol import shard as shrq
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -41,7 +43,7 @@ def _has_index_prefix(indexes: list[dict[str, Any]], key: dict[str, Any]) -> boo
     return False
 
 
-@commands.handler("_configsvrRefineCollectionShardKey")
+@commands.handler(csrq.RefineCollectionShardKey.NAME)
 async def refine_shard_key(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrRefineCollectionShardKey: ns, key}`` -> ``{}``: the key gets suffix fields;
     chunk bounds get MinKey (MaxKey for the global max) for them; the epoch and timestamp
@@ -81,17 +83,17 @@ async def refine_shard_key(node: ConfigServerNode, req: Request) -> dict[str, An
             "key": pattern.pattern, "lastmodEpoch": ObjectId(), "timestamp": now}})
         await migration.push_metadata(node, ns)  # a new epoch: every shard must know it
         for shard in owners:
-            await node.on_shard(shard, db, {"_shardsimEnsureCollection": coll,
-                                            "uuid": entry["uuid"], "shardKey": pattern.pattern})
+            await node.on_shard(shard, db, shrq.EnsureCollection(
+                coll, uuid=entry["uuid"], shardKey=pattern.pattern).to_command())
         primary = (await node.find_all("databases", {"_id": db}))[0]["primary"]
-        await node.on_shard(primary, db, {
-            "_shardsimNoop": {"msg": {"refineCollectionShardKey": ns}},
-            "o2": {"refineCollectionShardKey": ns, "shardKey": pattern.pattern,
-                   "oldShardKey": old}, "ns": ns, "ui": entry["uuid"]})
+        await node.on_shard(primary, db, shrq.Noop(
+            {"msg": {"refineCollectionShardKey": ns}},
+            o2={"refineCollectionShardKey": ns, "shardKey": pattern.pattern, "oldShardKey": old},
+            ns=ns, ui=entry["uuid"]).to_command())
     return {}
 
 
-@commands.handler("_configsvrCommitChunksMerge")
+@commands.handler(csrq.CommitChunksMerge.NAME)
 async def merge_chunks(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """mergeChunks: ``{_configsvrCommitChunksMerge: ns, bounds: [min, max]}`` -> ``{}``. The
     chunks in ``[min, max)`` must be contiguous, at least one, start and end at chunk
@@ -135,7 +137,7 @@ async def merge_chunks(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("_configsvrSetAllowMigrations")
+@commands.handler(csrq.SetAllowMigrations.NAME)
 async def set_allow_migrations(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrSetAllowMigrations: ns, allowMigrations: bool}`` -> ``{}``: sets (or, for
     true, removes) ``permitMigrations: false`` on the collection; the balancer and
@@ -217,7 +219,7 @@ async def _collection_issues(node: ConfigServerNode, entry: dict[str, Any]
     return out
 
 
-@commands.handler("_configsvrCheckMetadataConsistency")
+@commands.handler(csrq.CheckMetadataConsistency.NAME)
 async def check_metadata_consistency(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrCheckMetadataConsistency: 1 | <coll>, db}`` -> ``{inconsistencies: [...]}``
     for the cluster (db ``admin``), a database or one collection: routing-table gaps and

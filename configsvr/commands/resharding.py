@@ -26,6 +26,7 @@ from shardsim.configsvr.catalog import split_ns
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import Chunk, KeyPattern
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -113,7 +114,7 @@ async def _build(node: ConfigServerNode, req: Request) -> resharding.ReshardOp |
         to_shard=to, options=infos[0].get("options", {}), indexes=indexes)
 
 
-@commands.handler("_configsvrReshardCollection")
+@commands.handler(csrq.ReshardCollection.NAME)
 async def reshard_collection(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """One phase of a resharding (module docstring). ``clone`` -> ``{noop}``; ``commit`` and
     ``abort`` -> ``{}``."""

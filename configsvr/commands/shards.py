@@ -15,6 +15,7 @@ from shardsim.core.gossip import gossip_command
 from shardsim.core.client import Pool, parse_address
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -24,7 +25,7 @@ log = logging.getLogger("shardsim.configsvr")
 commands = CommandFamily("shards")
 
 
-@commands.handler("_configsvrAddShard")
+@commands.handler(csrq.AddShard.NAME)
 async def add_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """addShard (``configsvr_add_shard_command.cpp``/``ShardingCatalogManager::addShard``):
     ``{_configsvrAddShard: "<name>/host:port" | "host:port", name?}`` -> ``{shardAdded: name}``
@@ -73,7 +74,7 @@ async def add_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         return {"shardAdded": name}
 
 
-@commands.handler("_configsvrRemoveShard")
+@commands.handler(csrq.RemoveShard.NAME)
 async def remove_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """removeShard (``ShardingCatalogManager::removeShard``): ``started``/``ongoing`` while
     the shard still owns chunks or is a database primary; the balancer moves its chunks off

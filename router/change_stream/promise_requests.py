@@ -52,11 +52,10 @@ from shardsim.core.client import Connection
 from shardsim.core.clock import HybridLogicalClock, ts_from_key, ts_key
 from shardsim.core.errors import MongoError
 from shardsim.core.node import CODEC, DUMMY_SIGNATURE
+from shardsim.core.protocol.shard import AdvanceClusterTime
 
 log = logging.getLogger("shardsim.router.change_stream")
 
-# The internal shard command asking for a promise past a cluster time.
-PROMISE_REQUEST_COMMAND = "_shardsimAdvanceClusterTime"
 # Ask idle shards for promises from the write path too (see PromiseRequests.on_shard_write).
 EARLY_PROMISE_REQUESTS = True
 # A remote whose last reply carried events is busy and answers soon anyway: it is asked only
@@ -240,8 +239,7 @@ class PromiseRequests:
     def _body(self, t: int) -> bytes:
         """The raw BSON of a request for time key ``t``, gossiping the router's cluster time
         (>= ``t``: the router has seen the write at ``t``)."""
-        body: dict[str, Any] = {PROMISE_REQUEST_COMMAND: ts_from_key(t), "promises": True,
-                                "$db": "admin"}
+        body = {**AdvanceClusterTime(ts_from_key(t), promises=True).to_command(), "$db": "admin"}
         now = self.clock.now()
         if now.time or now.inc:
             body["$clusterTime"] = {"clusterTime": now, "signature": DUMMY_SIGNATURE}

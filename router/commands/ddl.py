@@ -20,6 +20,7 @@ from shardsim.router.forwarding import BIG_BATCH, forwardable, namespace, reply_
 from shardsim.core.client import remote_error
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -88,7 +89,7 @@ async def drop(node: "RouterNode", req: Request) -> dict[str, Any]:
         return await broadcast_ddl(node, db, forwardable(req.body), shards)
     finally:
         if sharded:
-            await node.config_command({"_configsvrDropCollection": ns})
+            await node.config_command(csrq.DropCollection(ns).to_command())
             await node.catalog.refresh()
 
 
@@ -118,7 +119,7 @@ async def rename_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
         return await broadcast_ddl(node, "admin", forwardable(req.body), shards)
     finally:
         if sharded:
-            await node.config_command({"_configsvrRenameCollection": src, "to": dst})
+            await node.config_command(csrq.RenameCollection(src, dst).to_command())
             await catalog.refresh()
 
 
@@ -138,7 +139,7 @@ async def drop_database(node: "RouterNode", req: Request) -> dict[str, Any]:
         reply = await broadcast_ddl(node, db, forwardable(req.body), shards)
     finally:
         if known:
-            await node.config_command({"_configsvrDropDatabase": db})
+            await node.config_command(csrq.DropDatabase(db).to_command())
             await node.catalog.refresh()
     return reply
 

@@ -17,6 +17,7 @@ from shardsim.router import writes
 from shardsim.router.forwarding import reply_body
 from shardsim.core.commands import CommandFamily, Request, check_type
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -28,12 +29,6 @@ def admin_only(req: Request) -> None:
     """Unauthorized (13) unless ``req`` runs on the ``admin`` database."""
     if req.db != "admin":
         raise MongoError(13, f"{req.name} may only be run against the admin database.")
-
-
-def with_fields(cmd: dict[str, Any], req: Request, fields: tuple[str, ...]) -> dict[str, Any]:
-    """``cmd`` plus those of ``fields`` that the user's command carries."""
-    cmd.update({k: req.body[k] for k in fields if k in req.body})
-    return cmd
 
 
 async def run_on_config(node: "RouterNode", cmd: dict[str, Any],
@@ -59,10 +54,7 @@ async def run_on_config(node: "RouterNode", cmd: dict[str, Any],
 async def add_shard(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{addShard: "host:port", name}`` -> ``{shardAdded}``."""
     admin_only(req)
-    cmd: dict[str, Any] = {"_configsvrAddShard": req.arg}
-    if req.get("name") is not None:
-        cmd["name"] = req.get("name")
-    return await run_on_config(node, cmd)
+    return await run_on_config(node, csrq.AddShard.forward(req.arg, req.body).to_command())
 
 
 @commands.handler("listShards", "listshards")
@@ -77,17 +69,14 @@ async def list_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
 async def remove_shard(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{removeShard: name}`` -> ``{state: "started"|"ongoing"|"completed", ...}``."""
     admin_only(req)
-    return await run_on_config(node, {"_configsvrRemoveShard": req.arg})
+    return await run_on_config(node, csrq.RemoveShard(req.arg).to_command())
 
 
 @commands.handler("enableSharding", "enablesharding")
 async def enable_sharding(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{enableSharding: db, primaryShard}``: create the database entry; ``{}``."""
     admin_only(req)
-    cmd: dict[str, Any] = {"_configsvrCreateDatabase": req.arg}
-    if req.get("primaryShard") is not None:
-        cmd["primaryShard"] = req.get("primaryShard")
-    await node.config_command(cmd)
+    await node.config_command(csrq.CreateDatabase.forward(req.arg, req.body).to_command())
     await node.catalog.refresh()
     return {}
 
@@ -98,17 +87,14 @@ async def shard_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
     TypeMismatch (14) / IDLFailedToParse (40414) for a bad or missing ``key``."""
     admin_only(req)
     check_type(req, "key", dict, "object", required=True)
-    return await run_on_config(node, with_fields(
-        {"_configsvrShardCollection": req.arg, "key": req.get("key")}, req,
-        ("unique", "numInitialChunks", "presplitHashedZones", "collation")))
+    return await run_on_config(node, csrq.ShardCollection.forward(req.arg, req.body).to_command())
 
 
 @commands.handler("split")
 async def split(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{split: ns, middle|find|bounds}``: split one chunk."""
     admin_only(req)
-    return await run_on_config(node, with_fields({"_configsvrSplitChunk": req.arg}, req,
-                                                 ("middle", "find", "bounds")))
+    return await run_on_config(node, csrq.SplitChunk.forward(req.arg, req.body).to_command())
 
 
 @commands.handler("moveChunk", "movechunk")
@@ -117,8 +103,7 @@ async def move_chunk(node: "RouterNode", req: Request) -> dict[str, Any]:
     on meanwhile: the migration's catch-up and the donor's critical section keep them
     (``configsvr/migration.py``), as on mongos."""
     admin_only(req)
-    return await run_on_config(node, with_fields({"_configsvrMoveChunk": req.arg}, req,
-                                                 ("find", "bounds", "to")))
+    return await run_on_config(node, csrq.MoveChunk.forward(req.arg, req.body).to_command())
 
 
 @commands.handler("movePrimary", "moveprimary")
@@ -126,8 +111,7 @@ async def move_primary(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{movePrimary: db, to}``: move the database's unsharded collections."""
     admin_only(req)
     # This router's writes to the database are held while its collections are copied.
-    return await run_on_config(node, with_fields({"_configsvrMovePrimary": req.arg}, req,
-                                                 ("to",)),
+    return await run_on_config(node, csrq.MovePrimary.forward(req.arg, req.body).to_command(),
                                hold_writes_to=str(req.arg))
 
 
@@ -143,21 +127,21 @@ async def balancer_status(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{mode: "full" | "off", inBalancerRound, numBalancerRounds, term}`` from the config
     server's balancer (``cluster_balancer_control_cmd.cpp`` -> ``_configsvrBalancerStatus``)."""
     admin_only(req)
-    return reply_body(await node.config_command({"_configsvrBalancerStatus": 1}))
+    return reply_body(await node.config_command(csrq.BalancerStatus(1).to_command()))
 
 
 @commands.handler("balancerStart")
 async def balancer_start(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{}``: turn the balancer on (``_configsvrBalancerStart``); a round starts at once."""
     admin_only(req)
-    return reply_body(await node.config_command({"_configsvrBalancerStart": 1}))
+    return reply_body(await node.config_command(csrq.BalancerStart(1).to_command()))
 
 
 @commands.handler("balancerStop")
 async def balancer_stop(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{}``: turn the balancer off (``_configsvrBalancerStop``; waits for the current round)."""
     admin_only(req)
-    return reply_body(await node.config_command({"_configsvrBalancerStop": 1}))
+    return reply_body(await node.config_command(csrq.BalancerStop(1).to_command()))
 
 
 @commands.handler("balancerCollectionStatus")
@@ -166,4 +150,4 @@ async def balancer_collection_status(node: "RouterNode", req: Request) -> dict[s
     (``cluster_balancer_collection_status_cmd.cpp``). 73 for a bad namespace, 118 when not
     sharded."""
     admin_only(req)
-    return reply_body(await node.config_command({"_configsvrBalancerCollectionStatus": req.arg}))
+    return reply_body(await node.config_command(csrq.BalancerCollectionStatus(req.arg).to_command()))

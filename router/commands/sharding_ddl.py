@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardsim.router.commands.sharding import admin_only, run_on_config, with_fields
+from shardsim.router.commands.sharding import admin_only, run_on_config
 from shardsim.router.forwarding import reply_body
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol import configsvr as csrq
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -35,7 +36,8 @@ async def _reshard(node: "RouterNode", req: Request, provenance: str,
     retried by the new routing table (:mod:`configsvr.resharding`)."""
     admin_only(req)
     ns = req.arg
-    cmd = with_fields({"_configsvrReshardCollection": ns, "provenance": provenance}, req, fields)
+    request = csrq.ReshardCollection.forward(ns, req.body, only=fields, provenance=provenance)
+    cmd = request.to_command()
     first = reply_body(await node.config_command({**cmd, "phase": "clone"}))
     if first.get("noop"):
         return {}
@@ -80,24 +82,23 @@ async def unshard_collection(node: "RouterNode", req: Request) -> dict[str, Any]
 async def refine_collection_shard_key(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{refineCollectionShardKey: ns, key}`` -> ``{}``. Errors: 73, 40414, 118, 72."""
     admin_only(req)
-    return await run_on_config(node, with_fields(
-        {"_configsvrRefineCollectionShardKey": req.arg}, req, ("key",)))
+    return await run_on_config(
+        node, csrq.RefineCollectionShardKey.forward(req.arg, req.body).to_command())
 
 
 @commands.handler("mergeChunks")
 async def merge_chunks(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{mergeChunks: ns, bounds: [min, max]}`` -> ``{}``. Errors: 73, 40414, 118, 2, 20."""
     admin_only(req)
-    return await run_on_config(node, with_fields(
-        {"_configsvrCommitChunksMerge": req.arg}, req, ("bounds",)))
+    return await run_on_config(node, csrq.CommitChunksMerge.forward(req.arg, req.body).to_command())
 
 
 @commands.handler("setAllowMigrations")
 async def set_allow_migrations(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{setAllowMigrations: ns, allowMigrations: bool}`` -> ``{}``. 73, 40414, 14, 118."""
     admin_only(req)
-    return await run_on_config(node, with_fields(
-        {"_configsvrSetAllowMigrations": req.arg}, req, ("allowMigrations",)))
+    return await run_on_config(node,
+                               csrq.SetAllowMigrations.forward(req.arg, req.body).to_command())
 
 
 @commands.handler("checkMetadataConsistency")
@@ -122,7 +123,7 @@ async def check_metadata_consistency(node: "RouterNode", req: Request) -> dict[s
         if node.catalog.primary_shard(db) is None:
             raise MongoError(26, f"Database {db} not found")
     reply = reply_body(await node.config_command(
-        {"_configsvrCheckMetadataConsistency": arg if isinstance(arg, str) else 1, "db": db}))
+        csrq.CheckMetadataConsistency(arg if isinstance(arg, str) else 1, db=db).to_command()))
     batch_size = (req.get("cursor") or {}).get("batchSize")
     return await node.cursor_reply(f"{db}.$cmd.checkMetadataConsistency",
                                    list(reply["inconsistencies"]), req, batch_size)

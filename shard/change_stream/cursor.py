@@ -39,14 +39,15 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.codec_options import DEFAULT_CODEC_OPTIONS
 from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS, RawBSONDocument
-from bson.timestamp import Timestamp
 
 from shardsim.core import resume_token as rt
 from shardsim.core.clock import ts_from_key, ts_key
 from shardsim.core.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, ONE_BY_ONE_OP_ELEMENTS,
                               SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD, Batch, Cursor,
                               array_header_bytes)
+from shardsim.core.commands import CommandFamily
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol.shard import AdvanceClusterTime
 from shardsim.shard.change_stream import fast_crud, promise_faults
 from shardsim.shard.change_stream.check_resumability import HISTORY_LOST_MSG
 from shardsim.shard.change_stream.check_topology_change import TopologyChangeDetected
@@ -118,7 +119,8 @@ def safe_promise_key(node: Any) -> int:
     return node.clock.now_key() + 1
 
 
-NUDGE_COMMAND = "_shardsimAdvanceClusterTime"
+# The internal commands of the change-stream machinery (installed by ShardNode).
+commands = CommandFamily("change_stream")
 
 
 class PromiseWaiters:
@@ -152,8 +154,9 @@ class PromiseWaiters:
         return out
 
 
-def register(node: Any) -> None:
-    """Register the internal ``_shardsimAdvanceClusterTime`` command on a shard/config node.
+@commands.handler(AdvanceClusterTime.NAME)
+async def advance_cluster_time(node: Any, req: Any) -> dict[str, Any]:
+    """:class:`shardsim.core.protocol.shard.AdvanceClusterTime`, on a shard or config node.
 
     ``{_shardsimAdvanceClusterTime: Timestamp T}`` (plus the usual ``$clusterTime`` gossip)
     moves the node's cluster time to at least T and asks its change-stream cursors for a promise
@@ -173,19 +176,11 @@ def register(node: Any) -> None:
     getMore keeps waiting, so a promise costs one request and one reply instead of a getMore
     reply and a new getMore.
     """
-    waiters = node.cs_promise_waiters
-
-    async def advance(req: Any) -> dict[str, Any]:
-        ts = req.body.get(NUDGE_COMMAND)
-        if not isinstance(ts, Timestamp):
-            raise MongoError(14, f"BSON field '{NUDGE_COMMAND}' is the wrong type, expected type "
-                                 "'timestamp'")
-        node.clock.advance(ts)
-        want = req.body.get("promises") is True
-        promises = waiters.request(ts_key(ts), want)
-        return {"promises": promises} if want else {}
-
-    node.commands.register(NUDGE_COMMAND, advance)
+    request = AdvanceClusterTime.parse(req.body)
+    node.clock.advance(request.ts)
+    want = request.promises is True
+    promises = node.cs_promise_waiters.request(ts_key(request.ts), want)
+    return {"promises": promises} if want else {}
 
 
 class ChangeStreamCursor(Cursor):

@@ -40,10 +40,11 @@ from bson.timestamp import Timestamp
 from shardsim.core.clock import ts_from_key, ts_key
 from shardsim.core.errors import MongoError
 from shardsim.core.failpoints import FailPoint
+from shardsim.core.protocol.shard import SetClusterTime
 
 STALL_PROMISE = "shardsimStallPromise"
 DELAY_PROMISE = "shardsimDelayPromise"
-PIN_COMMAND = "_shardsimSetClusterTime"
+PIN_COMMAND = SetClusterTime.NAME
 
 
 class PromiseFailPoint(FailPoint):

@@ -28,9 +28,12 @@ the common no-ops.
 
 from __future__ import annotations
 
-from shardsim.shard.commands import (balancing, catalog, crud, ddl, explain, internal, migration, oplog,
-                            reads, testing, transactions)
+from shardsim.shard.commands import (balancing, catalog, crud, ddl, explain, internal, migration,
+                                     oplog, reads, testing, transactions)
 
 FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,
             transactions.commands, internal.commands, balancing.commands, explain.commands,
             migration.commands)
+
+# ``testing`` is installed only with test commands on (ShardNode.__init__).
+__all__ = ["FAMILIES", "testing"]

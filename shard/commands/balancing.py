@@ -29,6 +29,7 @@ from shardsim.core.commands import CommandFamily, Request, check_type
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern, SortKey, compare_keys
 from shardsim.shard.commands.helpers import ddl_name
+from shardsim.core.protocol import shard as shrq
 
 if TYPE_CHECKING:
     from shardsim.shard.node import ShardNode
@@ -49,7 +50,7 @@ def collection_size(docs: dict[Any, dict[str, Any]]) -> int:
     return int(n * sum(len(bson.encode(d)) for d in sample) / len(sample))
 
 
-@commands.handler("_shardsvrGetStatsForBalancing")
+@commands.handler(shrq.GetStatsForBalancing.NAME)
 async def get_stats_for_balancing(node: ShardNode, req: Request) -> dict[str, Any]:
     """``{_shardsvrGetStatsForBalancing: 1, collections: [{ns, UUID}], scaleFactor: 1}`` ->
     ``{stats: [{namespace, UUID, collSize: Long}]}``. TypeMismatch (14) for a bad field."""

@@ -14,6 +14,7 @@ from shardsim.core.commands import CommandFamily, Request, check_type
 from shardsim.core.errors import MongoError
 from shardsim.shard.commands.helpers import ddl_name
 from shardsim.shard.write_context import WriteContext
+from shardsim.core.protocol import shard as shrq
 
 if TYPE_CHECKING:
     from shardsim.shard.node import ShardNode
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 commands = CommandFamily("internal")
 
 
-@commands.handler("_shardsimEnsureCollection")
+@commands.handler(shrq.EnsureCollection.NAME)
 async def ensure_collection(node: ShardNode, req: Request) -> dict[str, Any]:
     """``{_shardsimEnsureCollection: <coll>, uuid?, shardKey?, options?, primary?}`` (sent by
     the config server): create the collection with the given UUID
@@ -56,15 +57,10 @@ async def ensure_collection(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"uuid": coll.ui, "created": True}
 
 
-@commands.handler("_shardsimNoop")
+@commands.handler(shrq.Noop.NAME)
 async def noop(node: ShardNode, req: Request) -> dict[str, Any]:
     """``{_shardsimNoop: <o>, o2?, ns?, ui?}`` (shardsim's own): write an ``op: "n"``
     oplog entry; ``{ts}`` and ``operationTime`` = its ts. TypeMismatch (14) for a non-object."""
-    o = req.arg
-    if not isinstance(o, dict):
-        raise MongoError(14, "BSON field '_shardsimNoop' is the wrong type, expected type 'object'")
-    o2 = check_type(req, "o2", dict, "object")
-    ns = check_type(req, "ns", str, "string") or ""
-    ui = req.body.get("ui")
-    ts = node.write_noop(o, o2, ns, ui)
+    request = shrq.Noop.parse(req.body)
+    ts = node.write_noop(request.o, request.o2, request.ns or "", request.ui)
     return {"ts": ts, "__operationTime": ts}

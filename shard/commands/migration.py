@@ -28,6 +28,7 @@ from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern, compare_keys
 from shardsim.core.values import id_key
 from shardsim.shard.sharding_runtime import ModsTracker
+from shardsim.core.protocol import shard as shrq
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
@@ -46,15 +47,11 @@ def _ns(req: Request) -> str:
 
 
 def _migrations(node: "ShardNode") -> dict[str, _Migration]:
-    migs = getattr(node, "_migrations", None)
-    if migs is None:
-        migs = node._migrations = {}  # type: ignore[attr-defined]
-    return migs
+    return node.sharding.migrations
 
 
-def _migration(node: "ShardNode", req: Request) -> _Migration:
-    sid = req.body.get("sessionId")
-    mig = _migrations(node).get(sid) if isinstance(sid, str) else None
+def _migration(node: "ShardNode", sid: str) -> _Migration:
+    mig = _migrations(node).get(sid)
     if mig is None:
         raise MongoError(117, f"migration session {sid} is not active on this shard")  # ConflictingOperationInProgress
     return mig
@@ -69,51 +66,48 @@ def _in_range(mig: _Migration, doc: dict[str, Any]) -> bool:
     return compare_keys(lo, key) <= 0 and compare_keys(key, hi) < 0
 
 
-@commands.handler("_shardsimSetFilteringMetadata")
+@commands.handler(shrq.SetFilteringMetadata.NAME)
 async def set_filtering_metadata(node: "ShardNode", req: Request) -> dict[str, Any]:
-    """``{_shardsimSetFilteringMetadata: ns, metadata: null | {epoch, timestamp, key, chunks:
-    [{min, max, lastmod}]}}`` -> ``{version}`` (this shard's new ``{e, t, v}``)."""
+    """:class:`shardsim.core.protocol.shard.SetFilteringMetadata` -> ``{version}`` (this
+    shard's new ``{e, t, v}``)."""
+    request = shrq.SetFilteringMetadata.parse(req.body)
     ns = _ns(req)
-    meta = req.body.get("metadata")
-    if meta is not None and not isinstance(meta, dict):
-        raise MongoError(14, "BSON field 'metadata' is the wrong type, expected type 'object'")
-    node.sharding.set_metadata(ns, meta)
+    node.sharding.set_metadata(ns, request.metadata)
     return {"version": node.sharding.wanted(ns)}
 
 
-@commands.handler("_shardsimMigrationStart")
+@commands.handler(shrq.MigrationStart.NAME)
 async def migration_start(node: "ShardNode", req: Request) -> dict[str, Any]:
-    """``{_shardsimMigrationStart: ns, sessionId, key, min, max}``: record the namespace's
-    writes from now on (``MigrationChunkClonerSource::startClone``). ``{}``."""
+    """:class:`shardsim.core.protocol.shard.MigrationStart`: record the namespace's writes
+    from now on (``MigrationChunkClonerSource::startClone``). ``{}``."""
+    request = shrq.MigrationStart.parse(req.body)
     ns = _ns(req)
-    sid = req.body.get("sessionId")
-    if not isinstance(sid, str):
-        raise MongoError(14, "BSON field 'sessionId' is the wrong type, expected type 'string'")
-    pattern = KeyPattern(dict(req.body["key"]))
+    pattern = KeyPattern(dict(request.key))
     tracker = ModsTracker()
     node.sharding.trackers.setdefault(ns, []).append(tracker)
-    _migrations(node)[sid] = (ns, tracker, pattern, pattern.bound_to_key(req.body["min"]),
-                              pattern.bound_to_key(req.body["max"]))
+    _migrations(node)[request.sessionId] = (ns, tracker, pattern,
+                                            pattern.bound_to_key(request.min),
+                                            pattern.bound_to_key(request.max))
     return {}
 
 
-@commands.handler("_migrateClone")
+@commands.handler(shrq.MigrateClone.NAME)
 async def migrate_clone(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_migrateClone: 1, sessionId}`` -> ``{objects: [...]}``: every document of the
     migrating range, read in one step (mongod sends batches of record ids)."""
-    mig = _migration(node, req)
+    mig = _migration(node, shrq.MigrateClone.parse(req.body).sessionId)
     db, _, name = mig[0].partition(".")
     coll = node.storage.get(db, name)
     docs = [] if coll is None else [d for d in coll.docs.values() if _in_range(mig, d)]
     return {"objects": docs}
 
 
-@commands.handler("_transferMods")
+@commands.handler(shrq.TransferMods.NAME)
 async def transfer_mods(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_transferMods: 1, sessionId}`` -> ``{reload: [docs], deleted: [{_id}], size}``: the
     current state of each document of the range written since the last call
     (``MigrationChunkClonerSource::nextModsBatch``)."""
-    mig = _migration(node, req)
+    mig = _migration(node, shrq.TransferMods.parse(req.body).sessionId)
     db, _, name = mig[0].partition(".")
     coll = node.storage.get(db, name)
     reload: list[dict[str, Any]] = []
@@ -127,27 +121,27 @@ async def transfer_mods(node: "ShardNode", req: Request) -> dict[str, Any]:
     return {"reload": reload, "deleted": deleted, "size": len(reload) + len(deleted)}
 
 
-@commands.handler("_shardsimMigrationCriticalSection")
+@commands.handler(shrq.MigrationCriticalSection.NAME)
 async def critical_section(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_shardsimMigrationCriticalSection: ns, enter: bool, blockReads?: bool}``: enter
     (block writes, wait for the running ones) or leave the namespace's critical section;
     ``blockReads: true`` with ``enter`` also blocks routed reads (entered first if needed:
     ``ShardingRecoveryService::promoteRecoverableCriticalSectionToBlockAlsoReads``). ``{}``."""
+    request = shrq.MigrationCriticalSection.parse(req.body)
     ns = _ns(req)
-    if req.body.get("enter") is True:
+    if request.enter:
         await node.sharding.enter_critical_section(ns)
-        if req.body.get("blockReads") is True:
+        if request.blockReads:
             node.sharding.block_reads(ns)
     else:
         node.sharding.exit_critical_section(ns)
     return {}
 
 
-@commands.handler("_shardsimMigrationEnd")
+@commands.handler(shrq.MigrationEnd.NAME)
 async def migration_end(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_shardsimMigrationEnd: 1, sessionId}``: stop recording writes. ``{}``."""
-    sid = req.body.get("sessionId")
-    mig = _migrations(node).pop(sid, None) if isinstance(sid, str) else None
+    mig = _migrations(node).pop(shrq.MigrationEnd.parse(req.body).sessionId, None)
     if mig is not None:
         trackers = node.sharding.trackers.get(mig[0], [])
         if mig[1] in trackers:
@@ -157,7 +151,7 @@ async def migration_end(node: "ShardNode", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("_shardsimSessionRecords")
+@commands.handler(shrq.SessionRecords.NAME)
 async def session_records(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_shardsimSessionRecords: 1}`` -> ``{records: [{lsid, txnNumber, stmts}]}``: the
     retryable-write history (what mongod's ``SessionCatalogMigrationSource`` sends from the
@@ -166,13 +160,13 @@ async def session_records(node: "ShardNode", req: Request) -> dict[str, Any]:
                         if s.executed and s.txn is None]}
 
 
-@commands.handler("_shardsimMergeSessionRecords")
+@commands.handler(shrq.MergeSessionRecords.NAME)
 async def merge_session_records(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_shardsimMergeSessionRecords: 1, records}``: a record of a newer txnNumber replaces
     this shard's, one of the same txnNumber adds its executed statements
     (``SessionCatalogMigrationDestination``). ``{n}``."""
     n = 0
-    for rec in req.body.get("records") or []:
+    for rec in shrq.MergeSessionRecords.parse(req.body).records:
         s = node.sessions.get(rec.get("lsid"))
         if s is None or s.txn is not None:
             continue

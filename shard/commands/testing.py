@@ -22,33 +22,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from bson.timestamp import Timestamp
 
 from shardsim.core.clock import ts_key
 from shardsim.core.commands import CommandFamily, Request
-from shardsim.core.errors import MongoError
+from shardsim.core.protocol import shard as shrq
 
 commands = CommandFamily("testing")
 
 
-@commands.handler("_shardsimTruncateOplog")
+@commands.handler(shrq.TruncateOplog.NAME)
 async def truncate_oplog(node: Any, req: Request) -> dict[str, Any]:
     """See the module docstring."""
-    before = req.body.get("before")
-    if not isinstance(before, Timestamp):
-        raise MongoError(14, "BSON field '_shardsimTruncateOplog.before' is the wrong type, "
-                             "expected type 'timestamp'")
+    before = shrq.TruncateOplog.parse(req.body).before
     removed = node.oplog.truncate_before(ts_key(before))  # pre-images follow (node callback)
     node.flush()
     return {"removed": removed, "earliestOptime": node.oplog.first_ts()}
 
 
-@commands.handler("_shardsimSetClusterTime")
+@commands.handler(shrq.SetClusterTime.NAME)
 async def set_cluster_time(node: Any, req: Request) -> dict[str, Any]:
     """See the module docstring."""
-    ts = req.body.get("_shardsimSetClusterTime")
-    if not isinstance(ts, Timestamp):
-        raise MongoError(14, "BSON field '_shardsimSetClusterTime' is the wrong type, expected "
-                             "type 'timestamp'")
+    ts = shrq.SetClusterTime.parse(req.body).ts
     node.cs_promise_faults.set_pin(ts)
     return {"pinned": ts}

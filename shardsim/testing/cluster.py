@@ -34,6 +34,7 @@ from shardsim.core.commands import ConnectionInfo, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.node import Node
 from shardsim.testing.members import Member, TaskTracker, run_as
+from shardsim.core.protocol import shard as shrq
 
 PROMISE_MODES = ("clock", "mongod")
 _KIT_CONN = ConnectionInfo(id=-1, peer="shardsim.testing")
@@ -400,7 +401,7 @@ class AsyncShardedCluster:
         member = self._shard(name).name
         await self.configure_fail_point(member, "shardsimStallPromise", "off")
         await self.configure_fail_point(member, "shardsimDelayPromise", "off")
-        await self.command(member, {"_shardsimSetClusterTime": Timestamp(0, 0)})
+        await self.command(member, shrq.SetClusterTime(Timestamp(0, 0)).to_command())
 
     async def same_cluster_time(self, shard_a: str, shard_b: str) -> Timestamp:
         """Pin the next oplog entry of shards ``shard_a`` and ``shard_b`` at one cluster time T
@@ -420,7 +421,7 @@ class AsyncShardedCluster:
             ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
             try:
                 for n in names:
-                    await self.command(n, {"_shardsimSetClusterTime": ts})
+                    await self.command(n, shrq.SetClusterTime(ts).to_command())
             except MongoError as exc:
                 if exc.code != 2:
                     raise

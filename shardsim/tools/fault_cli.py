@@ -50,6 +50,7 @@ import click
 from shardsim.tools.launcher import (FileRoleProcess, default_run_dir, pid_is, read_state,
                                state_path, write_state)
 from shardsim.tools.launcher_cli import run_dir_option
+from shardsim.core.protocol import shard as shrq
 
 
 def _state(run_dir: str | None) -> tuple[str, dict[str, Any]]:
@@ -192,7 +193,7 @@ def truncate_oplog(name: str, before: str | None, run_dir: str | None) -> None:
         ts = _command(p, {"serverStatus": 1})["oplog"]["latestOptime"]
     else:
         ts = _timestamp(before)
-    reply = _command(p, {"_shardsimTruncateOplog": 1, "before": ts})
+    reply = _command(p, shrq.TruncateOplog(1, ts).to_command())
     first = reply["earliestOptime"]
     click.echo(f"{name}: {reply['removed']} oplog entries removed; oldest now "
                f"{first.time},{first.inc}")
@@ -255,7 +256,7 @@ def clear_promises(name: str, run_dir: str | None) -> None:
     p = _member(state, name, "shard")
     for fp in ("shardsimStallPromise", "shardsimDelayPromise"):
         _command(p, {"configureFailPoint": fp, "mode": "off"})
-    _command(p, {"_shardsimSetClusterTime": Timestamp(0, 0)})
+    _command(p, shrq.SetClusterTime(Timestamp(0, 0)).to_command())
     click.echo(f"{name}: promise faults cleared")
 
 
@@ -301,7 +302,7 @@ def _pin(p: dict[str, Any], ts: Any) -> None:
     client: Any = pymongo.MongoClient(p["host"], p["port"], directConnection=True,
                                       serverSelectionTimeoutMS=5000)
     try:
-        client.admin.command({"_shardsimSetClusterTime": ts})
+        client.admin.command(shrq.SetClusterTime(ts).to_command())
     except pymongo.errors.OperationFailure as exc:
         if exc.code == 2:
             raise _Moved() from None

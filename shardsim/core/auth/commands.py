@@ -23,6 +23,7 @@ from shardsim.core.auth.session import SYSTEM_USER
 from shardsim.core.auth.security import Security
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol import shard as shrq
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.core.node import Node
@@ -167,14 +168,11 @@ async def hello_fields(node: "Node", req: Request) -> dict[str, Any]:
     return out
 
 
-@commands.handler("_shardsimSetClusterKeys")
+@commands.handler(shrq.SetClusterKeys.NAME)
 async def set_cluster_keys(node: "Node", req: Request) -> dict[str, Any]:
     """``{_shardsimSetClusterKeys: [admin.system.keys documents]}`` (shardsim's own; the
     config server sends it to shards): take the HMAC keys. ``__system`` only."""
-    docs = req.arg
-    if not isinstance(docs, list):
-        raise MongoError(14, "BSON field '_shardsimSetClusterKeys' is the wrong type, expected "
-                             "type 'array'")
+    docs = shrq.SetClusterKeys.parse(req.body).keys
     node.security.keyring.load([d for d in docs if isinstance(d, dict)])
     return {}
 

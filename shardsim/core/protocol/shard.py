@@ -1,0 +1,166 @@
+"""Requests a shard (or the config server, itself a mongod) answers for another role.
+
+Each is sent by one role and parsed by the shard's handler named in its docstring; the wire
+shape is ``{NAME: <first field>, <fields>...}`` (:mod:`shardsim.core.protocol.base`). Where the
+server has the request (``_migrateClone``, ``_transferMods``, ``_shardsvrGetStatsForBalancing``)
+the name is the server's; ``_shardsim*`` requests are shardsim's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bson.binary import Binary
+from bson.timestamp import Timestamp
+
+from shardsim.core.protocol.base import InternalRequest, request
+
+
+@request
+class EnsureCollection(InternalRequest):
+    """Create a collection with the catalog's UUID, or record its shard key (sent by the config
+    server for shardCollection, migrations, movePrimary, resharding). Handler:
+    ``shard/commands/internal.py`` ``ensure_collection``; reply ``{uuid, created}``."""
+    NAME = "_shardsimEnsureCollection"
+    coll: str
+    uuid: Binary | None = None
+    shardKey: dict | None = None
+    options: dict | None = None
+    primary: bool | None = None
+
+
+@request
+class Noop(InternalRequest):
+    """Write an ``op: "n"`` oplog entry (DDL notes that change streams read, such as
+    ``shardCollection`` or ``migrateChunkToNewShard``). Handler: ``shard/commands/internal.py``
+    ``noop``; reply ``{ts}``."""
+    NAME = "_shardsimNoop"
+    o: dict
+    o2: dict | None = None
+    ns: str | None = None
+    ui: Any = None
+
+
+@request
+class SetClusterKeys(InternalRequest):
+    """The config server's HMAC keys (``admin.system.keys`` documents) for signing cluster
+    time. Handler: ``shardsim/core/auth/commands.py`` ``set_cluster_keys`` (``__system`` only)."""
+    NAME = "_shardsimSetClusterKeys"
+    keys: list
+
+
+@request
+class AdvanceClusterTime(InternalRequest):
+    """A promise request: the router holds an event at cluster time T and asks an idle shard
+    for a high-water mark past it. Handler: ``shard/change_stream/cursor.py``."""
+    NAME = "_shardsimAdvanceClusterTime"
+    ts: Timestamp
+    promises: bool | None = None
+
+
+@request
+class SetFilteringMetadata(InternalRequest):
+    """Install a namespace's filtering metadata: ``metadata`` is ``None`` (unsharded here) or
+    ``{epoch: ObjectId, timestamp: Timestamp, key: {..}, uuid?: UUID, chunks: [{min, max,
+    lastmod: Timestamp, shard}]}`` -- the chunks of the whole collection; the shard keeps the
+    ones naming it. Sent by the config server after a migration, a resharding commit or a
+    catalog change (``configsvr/migration.py`` ``push_metadata``). Handler:
+    ``shard/commands/migration.py``; reply ``{version: {e, t, v}}`` (this shard's new
+    placement version)."""
+    NAME = "_shardsimSetFilteringMetadata"
+    ns: str
+    metadata: dict | None = None
+
+
+@request
+class MigrationStart(InternalRequest):
+    """The donor starts recording the writes of the range ``[min, max)`` of ``ns`` under the
+    shard key pattern ``key`` (``MigrationChunkClonerSource::startClone``)."""
+    NAME = "_shardsimMigrationStart"
+    ns: str
+    sessionId: str
+    key: dict
+    min: dict
+    max: dict
+
+
+@request
+class MigrateClone(InternalRequest):
+    """Every document of the migrating range. Reply ``{objects: [...]}``."""
+    NAME = "_migrateClone"
+    one: int
+    sessionId: str
+
+
+@request
+class TransferMods(InternalRequest):
+    """The documents of the range written since the last call
+    (``MigrationChunkClonerSource::nextModsBatch``). Reply ``{reload, deleted, size}``."""
+    NAME = "_transferMods"
+    one: int
+    sessionId: str
+
+
+@request
+class MigrationCriticalSection(InternalRequest):
+    """Enter (``enter: true``; ``blockReads: true`` also blocks routed reads) or leave a
+    namespace's critical section (``ShardingRecoveryService``)."""
+    NAME = "_shardsimMigrationCriticalSection"
+    ns: str
+    enter: bool
+    blockReads: bool | None = None
+    reason: str | None = None  # what holds it (``reshardCollection``); for logs
+
+
+@request
+class MigrationEnd(InternalRequest):
+    """The donor stops recording the migration's writes."""
+    NAME = "_shardsimMigrationEnd"
+    one: int
+    sessionId: str
+
+
+@request
+class SessionRecords(InternalRequest):
+    """The retryable-write history of a shard (``SessionCatalogMigrationSource``). Reply
+    ``{records: [{lsid, txnNumber, stmts: [{i, r}]}]}``."""
+    NAME = "_shardsimSessionRecords"
+    one: int
+
+
+@request
+class MergeSessionRecords(InternalRequest):
+    """Merge session records into the recipient's (``SessionCatalogMigrationDestination``).
+    Reply ``{n}``."""
+    NAME = "_shardsimMergeSessionRecords"
+    one: int
+    records: list
+
+
+@request
+class GetStatsForBalancing(InternalRequest):
+    """Data sizes for the balancer: ``collections: [{ns, UUID}]`` -> ``{stats: [{namespace,
+    UUID, collSize}]}`` (the server's ``_shardsvrGetStatsForBalancing``)."""
+    NAME = "_shardsvrGetStatsForBalancing"
+    one: int
+    collections: list
+    scaleFactor: int | None = None
+
+
+# Test commands (installed only with test commands on).
+
+@request
+class TruncateOplog(InternalRequest):
+    """Drop the oplog entries before ``before`` (history loss, for resume tests). Reply
+    ``{removed, earliestOptime}``."""
+    NAME = "_shardsimTruncateOplog"
+    one: int
+    before: Timestamp
+
+
+@request
+class SetClusterTime(InternalRequest):
+    """Pin the cluster time of this shard's next oplog entry (``Timestamp(0, 0)`` unpins).
+    Reply ``{pinned}``."""
+    NAME = "_shardsimSetClusterTime"
+    ts: Timestamp
