@@ -19,8 +19,7 @@ import asyncio
 import contextvars
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from bson import ObjectId
-from bson.timestamp import Timestamp
+from shardsim.core.protocol.versions import unsharded
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -29,8 +28,6 @@ STALE_CONFIG = 13388
 MAX_STALE_RETRIES = 10
 VERSIONED = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify", "find",
                        "count", "distinct", "aggregate"})
-UNSHARDED = {"e": ObjectId("000000000000000000000000"), "t": Timestamp(0, 0),
-             "v": Timestamp(0, 0)}
 UNVERSIONED_DBS = frozenset({"admin", "config", "local"})
 _UNVERSIONED_DBS = UNVERSIONED_DBS
 # The routing table a read was targeted with (set by router.commands.reads.read_targets), so
@@ -43,7 +40,7 @@ def version_for(info: Any, shard: str) -> dict[str, Any]:
     """The ``shardVersion`` for ``shard`` from routing table ``info`` (a
     :class:`router.catalog.CollectionInfo`, or None for an unsharded collection)."""
     if info is None or info.epoch is None:
-        return dict(UNSHARDED)
+        return unsharded()
     return info.shard_version(shard)
 
 

@@ -42,6 +42,7 @@ from shardsim.router import shard_key_update as sku
 from shardsim.router import shard_versioning as sv
 from shardsim.core.commands import Request, check_type
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol.versions import NETWORK_ERRORS
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -371,7 +372,7 @@ class WriteExecutor:
                 shards, broadcast = await self.target(op)
                 targets.append((i, shards, broadcast))
             except MongoError as exc:
-                if exc.code in (6, 7, 89, 9001, 70):
+                if exc.code in NETWORK_ERRORS or exc.code == 70:
                     raise
                 errors.append({"index": i, "code": exc.code,
                                "errmsg": exc.errmsg})

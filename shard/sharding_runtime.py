@@ -35,12 +35,11 @@ from shardsim.core.errors import MongoError
 from shardsim.core.gossip import gossip_command
 from shardsim.core.shard_key import Chunk, ChunkMap, KeyPattern, compare_keys
 from shardsim.core.values import id_key
+from shardsim.core.protocol.versions import UNSHARDED_EPOCH, unsharded
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
 
-UNSHARDED = {"e": ObjectId("000000000000000000000000"), "t": Timestamp(0, 0),
-             "v": Timestamp(0, 0)}
 # Commands whose shardVersion the shard checks (the routed CRUD and reads).
 VERSIONED = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify", "find",
                        "count", "distinct", "aggregate"})
@@ -213,7 +212,7 @@ class ShardingRuntime:
     def wanted(self, ns: str) -> dict[str, Any]:
         """This shard's version of ``ns`` (UNSHARDED when it is not sharded)."""
         meta = self.metadata.get(ns)
-        return meta.shard_version() if meta is not None else dict(UNSHARDED)
+        return meta.shard_version() if meta is not None else unsharded()
 
     def stale(self, ns: str, received: Any, msg: str | None = None) -> MongoError:
         """StaleConfig (13388) as mongod builds it (``StaleConfigInfo``)."""
@@ -250,7 +249,7 @@ class ShardingRuntime:
         collection again."""
         e = received.get("e")
         return meta.version == Timestamp(0, 0) and isinstance(e, ObjectId) and \
-            e != UNSHARDED["e"] and e != meta.epoch
+            e != UNSHARDED_EPOCH and e != meta.epoch
 
     # -- the check of a routed request ----------------------------------------------------------
     async def check(self, ns: str, command: str, received: Any) -> bool:
@@ -331,7 +330,7 @@ class ShardingRuntime:
         ``ShardFilterer``: orphans left by a migration, cloned or not yet range-deleted, are not
         returned); otherwise ``coll`` itself."""
         received = req.body.get("shardVersion")
-        if coll is None or not isinstance(received, dict) or received.get("e") == UNSHARDED["e"]:
+        if coll is None or not isinstance(received, dict) or received.get("e") == UNSHARDED_EPOCH:
             return coll
         meta = self.metadata.get(f"{req.db}.{req.arg}")
         if meta is None or meta.routing is None or \

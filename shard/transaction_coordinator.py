@@ -43,6 +43,7 @@ from shardsim.core.errors import MongoError, code_name
 from shardsim.core.failpoints import FailPoint
 from shardsim.core.gossip import gossip_command
 from shardsim.core.values import id_key
+from shardsim.core.protocol.versions import NETWORK_ERRORS
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
@@ -51,7 +52,7 @@ log = logging.getLogger("shardsim.coordinator")
 
 COORDINATORS_NS = ("config", "transaction_coordinators")
 # Errors after which a participant is asked again (network, shutdown, not primary).
-_RETRY_CODES = frozenset({6, 7, 89, 9001, 91, 11600, 189, 10107, 13436})
+_RETRY_CODES = NETWORK_ERRORS | {91, 11600, 189, 10107, 13436}
 
 
 class Coordinators:

@@ -39,6 +39,7 @@ from bson import ObjectId
 from shardsim.router import writes
 from shardsim.core.commands import CommandFamily, Request, bson_type_name
 from shardsim.core.errors import MongoError, code_name
+from shardsim.core.protocol.versions import NETWORK_ERRORS
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -227,7 +228,7 @@ async def _run_group(router: "RouterNode", req: Request, group: Group, ordered: 
         try:
             reply = await writes.WriteExecutor(router, child, group.kind).execute()
         except MongoError as exc:
-            if exc.code in (6, 7, 89, 9001, 251, 263) or req.get("autocommit") is False:
+            if exc.code in NETWORK_ERRORS or exc.code in (251, 263) or req.get("autocommit") is False:
                 raise
             reply = {"n": 0, "writeErrors": [{"index": 0, "code": exc.code,
                                               "errmsg": exc.errmsg, **exc.extra}]}

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bson import ObjectId
-
 from shardsim.core.commands import GENERIC_FIELDS, Request, bson_type_name
 from shardsim.core.errors import MongoError
 from shardsim.core import query as q
@@ -18,11 +16,11 @@ from shardsim.shard.storage import Collection, validate_collection_name, validat
 from shardsim.shard.write_context import WriteContext
 from shardsim.shard.read_concern import SNAPSHOT_AT
 from shardsim.shard.snapshot import SnapshotView
+from shardsim.core.protocol.versions import UNSHARDED_EPOCH
 
 if TYPE_CHECKING:
     from shardsim.shard.node import ShardNode
 
-UNSHARDED_EPOCH = ObjectId("000000000000000000000000")  # ShardVersion::UNSHARDED()
 
 # Command fields of the IDL (find_command.idl, write_ops.idl) besides the generic ones; anything
 # else fails like mongod's IDL parser: 40415 "BSON field '<cmd>.<field>' is an unknown field."
