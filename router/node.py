@@ -45,7 +45,6 @@ from shardsim.core.protocol import configsvr as csrq
 
 log = logging.getLogger("shardsim.router")
 
-RETRYABLE_WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify"})
 REFRESH_INTERVAL_S = 1.0
 
 
@@ -224,7 +223,7 @@ class RouterNode(Node):
             for lb in transaction_labels(exc.code, command=name, body=body, wc_code=wc_code):
                 if lb not in labels:
                     labels.append(lb)
-        elif "txnNumber" in body and name in RETRYABLE_WRITE_COMMANDS and \
+        elif "txnNumber" in body and self.commands.spec(name).retryable_write and \
                 exc.code in RETRYABLE_WRITE_CODES and "RetryableWriteError" not in labels:
             labels.append("RetryableWriteError")
         return labels

@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
 async def run_with_read_concern(node: "RouterNode", handler: Callable[[Request], Awaitable[dict]],
                                 req: Request) -> dict[str, Any]:
     """Run ``handler(req)``; for a snapshot read, pin ``atClusterTime`` first and report it."""
-    rc = parse(req.body, node.commands.canonical(req.name), node.clock.now())
+    rc = parse(req.body, node.commands.canonical(req.name), node.clock.now(),
+               snapshot_ok=node.commands.spec(req.name).snapshot)
     if rc is None or not rc.snapshot or req.body.get("autocommit") is False:
         return await handler(req)
     at = rc.at or node.clock.now()

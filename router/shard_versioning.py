@@ -26,8 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 STALE_CONFIG = 13388
 MAX_STALE_RETRIES = 10
-VERSIONED = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify", "find",
-                       "count", "distinct", "aggregate"})
 UNVERSIONED_DBS = frozenset({"admin", "config", "local"})
 _UNVERSIONED_DBS = UNVERSIONED_DBS
 # The routing table a read was targeted with (set by router.commands.reads.read_targets), so
@@ -51,7 +49,7 @@ def attach(router: "RouterNode", shard: str, db: str, cmd: dict[str, Any]) -> di
         return cmd
     name = next(iter(cmd))
     coll = cmd[name]
-    if name not in VERSIONED or not isinstance(coll, str):
+    if not router.commands.spec(name).versioned or not isinstance(coll, str):
         return cmd
     if name == "aggregate":
         pipeline = cmd.get("pipeline")

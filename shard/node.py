@@ -42,7 +42,7 @@ from shardsim.shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
 from shardsim.shard.read_concern import run_with_read_concern
 from shardsim.core.query import select
 from shardsim.shard.sessions import Sessions, full_lsid
-from shardsim.shard.sharding_runtime import VERSIONED, ShardingRuntime
+from shardsim.shard.sharding_runtime import ShardingRuntime
 from shardsim.shard.transaction_coordinator import Coordinators
 from shardsim.shard.storage import (CURRENT_TXN, Collection, Storage, new_uuid, validate_collection_name,
                            validate_db_name)
@@ -254,7 +254,7 @@ class ShardNode(Node):
                 self.cluster_time_fields(req, reply)
                 return reply
         versioned_write = None
-        if "shardVersion" in req.body and self.commands.canonical(req.name) in VERSIONED:
+        if "shardVersion" in req.body and self.commands.spec(req.name).versioned:
             try:  # a routed request: checked against this shard's version (13388)
                 ns = f"{req.db}.{req.arg}"
                 if await self.sharding.check(ns, self.commands.canonical(req.name),

@@ -42,8 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: seconds between two checks while waiting (the transaction's end wakes the waiters earlier)
 RECHECK_S = 0.5
-#: the commands whose ``readConcern`` decides whether they wait (``canIgnorePrepareConflicts``)
-READ_COMMANDS = frozenset({"find", "count", "distinct", "aggregate"})
+# The commands whose ``readConcern`` decides whether they wait (``canIgnorePrepareConflicts``)
+# declare ``reads=True`` (shardsim.core.commands.CommandSpec).
 
 
 def max_time_expired() -> MongoError:

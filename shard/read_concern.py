@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from bson.timestamp import Timestamp
 
-from shardsim.shard.prepare_conflicts import READ_COMMANDS, wait_for_prepared
+from shardsim.shard.prepare_conflicts import wait_for_prepared
 from shardsim.core.commands import Request
 from shardsim.core.read_concern import attach_cluster_time, parse
 
@@ -45,7 +45,8 @@ async def run_with_read_concern(node: "ShardNode", handler: Callable[[Request], 
                                 req: Request) -> dict[str, Any]:
     """Run ``handler(req)`` under the request's readConcern (see the module doc). Errors are
     :func:`shardsim.core.read_concern.parse`'s and SnapshotTooOld (239)."""
-    rc = parse(req.body, node.commands.canonical(req.name), node.clock.now())
+    rc = parse(req.body, node.commands.canonical(req.name), node.clock.now(),
+               snapshot_ok=node.commands.spec(req.name).snapshot)
     if rc is None or req.body.get("autocommit") is False:
         return await handler(req)
     target = rc.after or rc.at
@@ -55,7 +56,7 @@ async def run_with_read_concern(node: "ShardNode", handler: Callable[[Request], 
         if rc.after is not None or rc.level == "linearizable":
             # these reads enforce prepare conflicts (canIgnorePrepareConflicts): they read the
             # latest data, so any prepared document they meet makes them wait
-            if node.commands.canonical(req.name) in READ_COMMANDS:
+            if node.commands.spec(req.name).reads:
                 await wait_for_prepared(node, req, None)
         return await handler(req)
     at = rc.at or node.oplog.last_ts() or node.clock.now()

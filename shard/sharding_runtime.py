@@ -40,9 +40,6 @@ from shardsim.core.protocol.versions import UNSHARDED_EPOCH, unsharded
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
 
-# Commands whose shardVersion the shard checks (the routed CRUD and reads).
-VERSIONED = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify", "find",
-                       "count", "distinct", "aggregate"})
 WRITES = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify"})
 # How long a write waits for a critical section before it fails (mongod:
 # migrationLockAcquisitionMaxWaitMS / the critical section signal's wait), seconds.

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 commands = CommandFamily("crud")
 
 
-@commands.handler("insert")
+@commands.handler("insert", versioned=True, retryable_write=True)
 async def insert(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{insert, documents}`` -> ``{n, [writeErrors]}``; see :func:`router.writes.run_write`."""
     if req.db in CONFIG_DATABASES:
@@ -31,7 +31,7 @@ async def insert(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await writes.run_write(node, req, "insert")
 
 
-@commands.handler("update")
+@commands.handler("update", versioned=True, retryable_write=True)
 async def update(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{update, updates}`` -> ``{n, nModified, [upserted], [writeErrors]}``; see
     :func:`router.writes.run_write`."""
@@ -40,7 +40,7 @@ async def update(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await writes.run_write(node, req, "update")
 
 
-@commands.handler("delete")
+@commands.handler("delete", versioned=True, retryable_write=True)
 async def delete(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{delete, deletes}`` -> ``{n, [writeErrors]}``; see :func:`router.writes.run_write`."""
     if req.db in CONFIG_DATABASES:
@@ -48,7 +48,7 @@ async def delete(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await writes.run_write(node, req, "delete")
 
 
-@commands.handler("findAndModify", "findandmodify")
+@commands.handler("findAndModify", "findandmodify", versioned=True, retryable_write=True)
 async def find_and_modify(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{findAndModify, query, update|remove, ...}`` -> ``{lastErrorObject, value}``;
     InvalidNamespace (73) for a bad collection name; see :func:`router.writes.find_and_modify`."""

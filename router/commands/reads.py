@@ -69,7 +69,7 @@ async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> 
 
 
 # -- find ---------------------------------------------------------------------------------------
-@commands.handler("find")
+@commands.handler("find", versioned=True, snapshot=True, reads=True)
 async def find(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{find, filter, sort, skip, limit, projection, batchSize, singleBatch}`` ->
     ``{cursor: {id, ns, firstBatch}}`` (a router cursor). InvalidNamespace (73); a view over a
@@ -161,7 +161,7 @@ async def on_shards_or_view(node: "RouterNode", req: Request, name: str,
 
 
 # -- count and distinct -------------------------------------------------------------------------
-@commands.handler("count")
+@commands.handler("count", versioned=True, reads=True)
 async def count(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{count, query, skip, limit}`` -> ``{n}``: the shards' counts summed, then skip and
     limit applied. InvalidNamespace (73); views over sharded collections re-run."""
@@ -195,7 +195,7 @@ async def count_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
     return {"n": n}
 
 
-@commands.handler("distinct")
+@commands.handler("distinct", versioned=True, snapshot=True, reads=True)
 async def distinct(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{distinct, key, query}`` -> ``{values}``: the union of the shards' values, without
     duplicates, in BSON order. InvalidNamespace (73); views over sharded collections re-run."""
@@ -224,7 +224,7 @@ async def distinct_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]
 
 
 # -- aggregate ----------------------------------------------------------------------------------
-@commands.handler("aggregate")
+@commands.handler("aggregate", versioned=True, snapshot=True, reads=True)
 async def aggregate(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{aggregate, pipeline, cursor}`` -> ``{cursor: {id, ns, firstBatch}}``. A
     ``$changeStream`` pipeline opens a change stream (:mod:`router.change_stream`). Raises

@@ -115,7 +115,7 @@ def _batch_opts(req: Request) -> tuple[bool, bool]:
 
 
 # -- insert -------------------------------------------------------------------------------
-@commands.handler("insert")
+@commands.handler("insert", versioned=True, retryable_write=True)
 async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
     """``insert: <coll>, documents: [...]`` (``write_commands.cpp``): ``{n[, writeErrors]
     [, retriedStmtIds]}``. Creates the collection implicitly; one oplog entry per document
@@ -269,7 +269,7 @@ def apply_replace(node: ShardNode, coll: Collection, key: Any, doc: dict[str, An
                 pre_image=doc)
 
 
-@commands.handler("update")
+@commands.handler("update", versioned=True, retryable_write=True)
 async def update(node: ShardNode, req: Request) -> dict[str, Any]:
     """``update: <coll>, updates: [{q, u, multi, upsert, arrayFilters}]``: ``{n[, upserted:
     [{index, _id}]], nModified[, writeErrors][, retriedStmtIds]}``; ordered batches stop at the
@@ -364,7 +364,7 @@ def _delete_stmt(node: ShardNode, req: Request, name: str, stmt: dict[str, Any],
     return deleted
 
 
-@commands.handler("delete")
+@commands.handler("delete", versioned=True, retryable_write=True)
 async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
     """``delete: <coll>, deletes: [{q, limit: 0|1}]``: ``{n[, writeErrors][, retriedStmtIds]}``;
     40414 for a missing q/limit, FailedToParse (9) for another limit."""
@@ -469,7 +469,7 @@ def _find_and_modify_once(node: ShardNode, req: Request, name: str, ctx: WriteCo
     return leo, value
 
 
-@commands.handler("findAndModify", "findandmodify")
+@commands.handler("findAndModify", "findandmodify", versioned=True, retryable_write=True)
 async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
     """``findAndModify`` (``find_and_modify.cpp``): ``{lastErrorObject: {n, updatedExisting?,
     upserted?}, value}``; a retry returns the recorded reply with ``retriedStmtId``. Errors:

@@ -70,6 +70,33 @@ class Request:
         return self.body.get(key, default)
 
 
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    """What a command declares where it is defined (the server's ``Command`` virtuals), so that
+    no central table has to list it:
+
+    * ``versioned``: routed with a placement version (``shardVersion``): the router attaches
+      the version it targeted with to the requests it sends for this command, and a shard
+      checks it (StaleConfig 13388) -- ``CommandInvocation::supportsShardVersion``-like;
+    * ``snapshot``: accepts ``readConcern: {level: "snapshot"}`` outside a transaction
+      (``Command::supportsReadConcern``: find, aggregate, distinct), otherwise InvalidOptions 72;
+    * ``reads``: a read that waits on a prepared transaction's documents (the shard's
+      prepare conflicts, ``shard/prepare_conflicts.py``);
+    * ``retryable_write``: with ``txnNumber`` outside a transaction it is a retryable write
+      (``RetryableWriteError`` label on retryable errors; ``isRetryableWriteCommand``).
+
+    Which commands may run inside a transaction stays one central allowlist, as in the server
+    (``shardsim/core/txn_rules.py``, ``txnCmdAllowlist``)."""
+
+    versioned: bool = False
+    snapshot: bool = False
+    reads: bool = False
+    retryable_write: bool = False
+
+
+NO_SPEC = CommandSpec()
+
+
 class CommandFamily:
     """One command family's handlers (one module, e.g. ``router/commands/crud.py``).
 
@@ -82,22 +109,23 @@ class CommandFamily:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.entries: list[tuple[str, NodeHandler, tuple[str, ...]]] = []
+        self.entries: list[tuple[str, NodeHandler, tuple[str, ...], CommandSpec]] = []
 
-    def handler(self, name: str, *aliases: str) -> Callable[[NodeHandler], NodeHandler]:
-        """Decorator: register ``fn`` under ``name`` (and ``aliases``); returns ``fn`` unchanged."""
+    def handler(self, name: str, *aliases: str, **spec: bool) -> Callable[[NodeHandler], NodeHandler]:
+        """Decorator: register ``fn`` under ``name`` (and ``aliases``) with the properties
+        ``spec`` (:class:`CommandSpec` fields); returns ``fn`` unchanged."""
         def deco(fn: NodeHandler) -> NodeHandler:
-            self.entries.append((name, fn, aliases))
+            self.entries.append((name, fn, aliases, CommandSpec(**spec)))
             return fn
         return deco
 
-    def add(self, name: str, fn: NodeHandler, *aliases: str) -> None:
+    def add(self, name: str, fn: NodeHandler, *aliases: str, **spec: bool) -> None:
         """Register an existing handler under another command name (``commitTransaction`` and
         ``abortTransaction`` sharing one function, say)."""
-        self.entries.append((name, fn, aliases))
+        self.entries.append((name, fn, aliases, CommandSpec(**spec)))
 
     def names(self) -> list[str]:
-        return [name for name, _, _ in self.entries]
+        return [name for name, _, _, _ in self.entries]
 
 
 class CommandTable:
@@ -108,20 +136,23 @@ class CommandTable:
         self._handlers: dict[str, Handler] = {}
         self._lower: dict[str, str] = {}
         self._canonical: dict[str, str] = {}
+        self._specs: dict[str, CommandSpec] = {}
 
-    def register(self, name: str, handler: Handler, *aliases: str) -> None:
+    def register(self, name: str, handler: Handler, *aliases: str,
+                 spec: CommandSpec = NO_SPEC) -> None:
         for n in (name, *aliases):
             self._handlers[n] = handler
             self._lower[n.lower()] = n
             self._canonical[n] = name
+        self._specs[name] = spec
 
     def install(self, node: Any, *families: CommandFamily) -> None:
         """Bind every handler of ``families`` to ``node`` and register it (a later family
         overrides an earlier one's command of the same name: role families after the common
         one)."""
         for family in families:
-            for name, fn, aliases in family.entries:
-                self.register(name, _bind(fn, node), *aliases)
+            for name, fn, aliases, spec in family.entries:
+                self.register(name, _bind(fn, node), *aliases, spec=spec)
 
     def command(self, name: str, *aliases: str) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`register`."""
@@ -140,6 +171,16 @@ class CommandTable:
         if handler is None:
             raise MongoError(59, f"no such command: '{name}'")
         return handler
+
+    def spec(self, name: str) -> CommandSpec:
+        """The properties command ``name`` (any alias or case) declared; defaults for a
+        command this table does not have."""
+        return self._specs.get(self.canonical(name), NO_SPEC)
+
+    def with_property(self, prop: str) -> frozenset[str]:
+        """The canonical names of the commands that declare ``prop`` (a view, for docs and
+        tests: ``table.with_property("versioned")``)."""
+        return frozenset(n for n, s in self._specs.items() if getattr(s, prop))
 
     def canonical(self, name: str) -> str:
         """The canonical command name (``ismaster`` -> ``isMaster``)."""

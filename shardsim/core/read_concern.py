@@ -21,8 +21,8 @@ from bson.timestamp import Timestamp
 from shardsim.core.errors import MongoError
 
 LEVELS = ("local", "majority", "linearizable", "available", "snapshot")
-#: commands that accept readConcern level snapshot outside a transaction (5.0+)
-SNAPSHOT_COMMANDS = frozenset({"find", "aggregate", "distinct"})
+# Commands that accept readConcern level snapshot outside a transaction (5.0+) declare
+# ``snapshot=True`` (shardsim.core.commands.CommandSpec); callers pass ``snapshot_ok``.
 
 
 @dataclass
@@ -44,7 +44,8 @@ def _describe(rc: dict[str, Any]) -> str:
     return "{ " + parts + " }" if parts else "{}"
 
 
-def parse(body: dict[str, Any], command: str, clock_now: Timestamp) -> ReadConcern | None:
+def parse(body: dict[str, Any], command: str, clock_now: Timestamp, *,
+          snapshot_ok: bool = False) -> ReadConcern | None:
     """The command's readConcern, validated (see the module doc), or None when absent.
     ``command`` is the canonical command name, ``clock_now`` the node's cluster time."""
     rc = body.get("readConcern")
@@ -83,7 +84,7 @@ def parse(body: dict[str, Any], command: str, clock_now: Timestamp) -> ReadConce
                                  f"current clusterTime. Requested clusterTime: {ts}; current "
                                  f"clusterTime: {clock_now}")
     in_txn = body.get("autocommit") is False
-    if out.snapshot and not in_txn and command not in SNAPSHOT_COMMANDS:
+    if out.snapshot and not in_txn and not snapshot_ok:
         raise MongoError(72, f"Command {command} does not support {_describe(rc)} :: caused "
                              f"by :: read concern not supported")
     return out
