@@ -25,31 +25,28 @@ from typing import Any, Iterable, Mapping
 
 import pymongo
 import pymongo.common
-from bson import json_util
 from pymongo import MongoClient
-from pymongo.client_session import TransactionOptions
 from pymongo.errors import OperationFailure, PyMongoError
-from pymongo.server_api import ServerApi
 from pymongo.uri_parser import parse_uri
 from pymongo.write_concern import WriteConcern
 
 from . import operations as ops
 from . import operations_extra as ops_extra
-from .cmap import CMAP_EVENTS, CmapRecorder, match_cmap_events
+from .entities import ClientEntity, EntityMap
+from .entity_setup import SERVER_SELECTION_TIMEOUT_MS, EntitySetup, SkipTest, session_options
+from .expectations import Expectations, _first_line, _short, describe_event, exact_equal
 from .files import discover, load_test_file
-from .uris import _hosts_of, _single_host_uri, host_uri
-from .gridfs_ops import bucket_op, make_bucket
-from .entities import COMMAND_EVENTS, ClientEntity, CommandRecorder, EntityMap, RecordedEvent
-from .matcher import MatchError, Matcher, RunnerError, bson_type, is_operator
+from .gridfs_ops import bucket_op
+from .matcher import MatchError, Matcher, RunnerError
 from .requirements import ServerInfo, check_schema_version, parse_version, skip_reason
+from .uris import _hosts_of, _single_host_uri, host_uri
+
+# Re-exported: the spec CLI and tests import these from the runner.
+__all__ = ["DEFAULT_ITERATE_TIMEOUT", "Runner", "SkipTest", "TestContext", "TestResult",
+           "describe_event", "exact_equal", "session_options", "SERVER_SELECTION_TIMEOUT_MS"]
 
 # Test files are Extended JSON (relaxed or canonical); keep documents as plain dicts.
 DEFAULT_ITERATE_TIMEOUT = 10.0  # s; bound on iterateUntilDocumentOrError (pymongo's next() has none)
-SERVER_SELECTION_TIMEOUT_MS = 10000
-
-
-class SkipTest(Exception):
-    """A test cannot run here for a real missing precondition (message = the reason)."""
 
 
 @dataclass
@@ -98,7 +95,7 @@ class TestContext:
                 pass
 
 
-class Runner:
+class Runner(EntitySetup, Expectations):
     """Runs unified test files against the deployment at ``uri``.
 
     ``iterate_timeout`` (s) bounds ``iterateUntilDocumentOrError``; ``serverless`` says whether
@@ -293,99 +290,7 @@ class Runner:
             if docs:
                 db.get_collection(name).insert_many(docs)
 
-    def _check_outcome(self, cd: Mapping) -> None:
-        coll = self.internal.get_database(cd["databaseName"]).get_collection(cd["collectionName"])
-        from pymongo.read_concern import ReadConcern
-        coll = coll.with_options(read_concern=ReadConcern("local"),
-                                 read_preference=pymongo.ReadPreference.PRIMARY)
-        actual = list(coll.find({}, sort=[("_id", 1)]))
-        expected = cd["documents"]
-        if len(actual) != len(expected) or not all(
-                exact_equal(e, a) for e, a in zip(expected, actual)):
-            raise MatchError(f"outcome of {cd['databaseName']}.{cd['collectionName']}: expected "
-                             f"{json_util.dumps(expected)}, got {json_util.dumps(actual)}")
-
     # -- entities -------------------------------------------------------------------------------
-    def _create_entity(self, ctx: TestContext, ent: Mapping) -> None:
-        if len(ent) != 1:
-            raise RunnerError(f"entity must have exactly one key: {list(ent)}")
-        kind, spec = next(iter(ent.items()))
-        eid = spec["id"]
-        if kind == "client":
-            ce = self._make_client(ctx, spec)
-            ctx.entities.add(eid, "client", ce)
-            ctx.clients.append(ce)
-        elif kind == "database":
-            ce = ctx.entities.get(spec["client"], "client")
-            db = ce.client.get_database(spec["databaseName"],
-                                        **ops.collection_options(spec.get("databaseOptions")))
-            ctx.entities.add(eid, "database", db)
-        elif kind == "collection":
-            db = ctx.entities.get(spec["database"], "database")
-            coll = db.get_collection(spec["collectionName"],
-                                     **ops.collection_options(spec.get("collectionOptions")))
-            ctx.entities.add(eid, "collection", coll)
-        elif kind == "session":
-            ce = ctx.entities.get(spec["client"], "client")
-            opts = dict(spec.get("sessionOptions") or {})
-            snapshot_time = opts.pop("snapshotTime", None)
-            session = ce.client.start_session(**session_options(opts))
-            if snapshot_time is not None:
-                # pymongo has no snapshotTime option: the session starts with the saved
-                # snapshot time, which it then sends as readConcern.atClusterTime.
-                session._snapshot_time = ctx.entities.get(snapshot_time, "bson")
-            ctx.entities.add(eid, "session", session)
-            ctx.entities.lsids[eid] = session.session_id
-        elif kind == "bucket":
-            db = ctx.entities.get(spec["database"], "database")
-            ctx.entities.add(eid, "bucket", make_bucket(db, spec.get("bucketOptions")))
-        else:
-            raise RunnerError(f"unsupported entity type {kind!r}")
-
-    def _make_client(self, ctx: TestContext, spec: Mapping) -> ClientEntity:
-        supported = {"id", "uriOptions", "useMultipleMongoses", "observeEvents",
-                     "ignoreCommandMonitoringEvents", "observeSensitiveCommands", "serverApi"}
-        extra = set(spec) - supported
-        if extra:
-            raise RunnerError(f"client entity option(s) not supported by this runner: "
-                              f"{sorted(extra)}")
-        uri_options = dict(spec.get("uriOptions") or {})
-        for key, value in uri_options.items():
-            if is_operator(value):
-                raise RunnerError(f"uriOptions.{key}: {next(iter(value))} cannot be replaced here")
-        observe = list(spec.get("observeEvents") or [])
-        for name in observe:
-            if name not in COMMAND_EVENTS and name not in CMAP_EVENTS:
-                raise RunnerError(f"observeEvents {name!r} is not supported by this runner "
-                                  "(command monitoring and CMAP events only)")
-        recorder = None
-        listeners: list[Any] = []
-        if any(n in COMMAND_EVENTS for n in observe):
-            recorder = CommandRecorder(observe, list(spec.get("ignoreCommandMonitoringEvents") or []),
-                                       bool(spec.get("observeSensitiveCommands", False)))
-            listeners.append(recorder)
-        cmap = CmapRecorder(observe) if any(n in CMAP_EVENTS for n in observe) else None
-        if cmap is not None:
-            listeners.append(cmap)
-        uri = self.uri
-        multi = spec.get("useMultipleMongoses")
-        if self.info.topology == "sharded":
-            if multi is True and len(_hosts_of(uri)) < 2:
-                raise SkipTest("useMultipleMongoses: true needs at least 2 mongos hosts "
-                               "(the URI lists 1)")
-            if multi is not True:  # false or unset: one mongos (the format allows either
-                uri = _single_host_uri(uri)  # for unset; one keeps fail points on it)
-        kwargs: dict[str, Any] = {}
-        if not any(k.lower() == "serverselectiontimeoutms" for k in uri_options):
-            kwargs["serverSelectionTimeoutMS"] = SERVER_SELECTION_TIMEOUT_MS
-        kwargs.update(uri_options)
-        if spec.get("serverApi"):
-            api = spec["serverApi"]
-            kwargs["server_api"] = ServerApi(api["version"], strict=api.get("strict"),
-                                             deprecation_errors=api.get("deprecationErrors"))
-        client = MongoClient(uri, event_listeners=listeners, **kwargs)
-        return ClientEntity(spec["id"], client, recorder, cmap=cmap)
-
     # -- operations -----------------------------------------------------------------------------
     def _run_op(self, ctx: TestContext, op: Mapping, label: str) -> None:
         try:
@@ -481,73 +386,6 @@ class Runner:
             else:
                 ctx.entities.add(name_, "bson", result.value)
 
-    def _check_result(self, ctx: TestContext, expected: Any, result: ops.OpResult) -> None:
-        """expectResult: iterables of documents match element-wise as root-level documents."""
-        if result.docs_are_roots and isinstance(expected, list):
-            actual = list(result.value)
-            if len(actual) != len(expected):
-                raise MatchError(f"expected {len(expected)} document(s), got {len(actual)}")
-            for i, (e, v) in enumerate(zip(expected, actual)):
-                ctx.matcher.match(e, v, root=True, path=f"result.{i}")
-        else:
-            ctx.matcher.match(expected, result.value, root=True, path="result")
-
-    def _check_error(self, ctx: TestContext, spec: Mapping, exc: BaseException) -> None:
-        from .operations_extra import check_client_bulk_error, error_result
-        outer = exc
-        if type(exc).__name__ == "ClientBulkWriteException" and \
-                getattr(exc, "error", None) is not None:
-            exc = exc.error  # the top-level error is what errorCode etc. describe
-        reply = ops.server_reply(exc)
-        from_server = ops.error_is_from_server(exc)
-        desc = f"{type(exc).__name__}: {exc}"
-        for key, want in spec.items():
-            if key == "isError":
-                continue
-            if key == "isClientError":
-                if want and from_server:
-                    raise MatchError(f"expected a client error, got a server error ({desc})")
-                if not want and not from_server:
-                    raise MatchError(f"expected a server error, got a client error ({desc})")
-            elif key == "isTimeoutError":
-                is_timeout = isinstance(exc, PyMongoError) and exc.timeout
-                if bool(want) != bool(is_timeout):
-                    raise MatchError(f"expected isTimeoutError={want}, got {desc}")
-            elif key == "errorContains":
-                text = (reply or {}).get("errmsg") or str(exc)
-                if str(want).lower() not in str(text).lower() and \
-                        str(want).lower() not in str(exc).lower():
-                    raise MatchError(f"expected the error message to contain {want!r}, got {desc}")
-            elif key == "errorCode":
-                code = (reply or {}).get("code", getattr(exc, "code", None)) if from_server else None
-                if code != want:
-                    raise MatchError(f"expected server error code {want}, got {code} ({desc})")
-            elif key == "errorCodeName":
-                name = (reply or {}).get("codeName") if from_server else None
-                if not isinstance(name, str) or name.lower() != str(want).lower():
-                    raise MatchError(f"expected codeName {want}, got {name} ({desc})")
-            elif key == "errorLabelsContain":
-                for label in want:
-                    if not (isinstance(exc, PyMongoError) and exc.has_error_label(label)):
-                        raise MatchError(f"expected error label {label!r} ({desc}; labels "
-                                         f"{_labels(exc)})")
-            elif key == "errorLabelsOmit":
-                for label in want:
-                    if isinstance(exc, PyMongoError) and exc.has_error_label(label):
-                        raise MatchError(f"expected no error label {label!r} ({desc})")
-            elif key == "errorResponse":
-                if reply is None:
-                    raise MatchError(f"expected a server error response, got {desc}")
-                ctx.matcher.match(want, reply, root=True, path="errorResponse")
-            elif key in ("writeErrors", "writeConcernErrors"):
-                check_client_bulk_error(ctx, key, want, outer)
-            elif key == "expectResult":
-                partial = error_result(outer)
-                ctx.matcher.match(want, partial if partial is not None else ops_missing(),
-                                  root=True, path="error.result")
-            else:
-                raise RunnerError(f"expectError.{key} is not supported by this runner")
-
     # -- special operations ---------------------------------------------------------------------
     def _special(self, ctx: TestContext, name: str, args: Mapping) -> None:
         if name == "failPoint":
@@ -610,65 +448,6 @@ class Runner:
         if errors:
             raise RunnerError(f"could not disable fail point(s): {errors}")
 
-    def _check_events(self, ctx: TestContext, spec: Mapping) -> None:
-        ce = ctx.entities.get(spec["client"], "client")
-        event_type = spec.get("eventType", "command")
-        if event_type == "cmap":
-            if ce.cmap is None:
-                raise RunnerError(f"client {ce.id!r} does not observe CMAP events")
-            match_cmap_events(spec["events"], list(ce.cmap.events),
-                              bool(spec.get("ignoreExtraEvents", False)), ce.id)
-            return
-        if event_type != "command":
-            raise RunnerError(f"expectEvents eventType {event_type!r} is not supported")
-        if ce.recorder is None:
-            raise RunnerError(f"client {ce.id!r} does not observe events")
-        actual = list(ce.recorder.events)
-        expected = spec["events"]
-        ignore_extra = bool(spec.get("ignoreExtraEvents", False))
-        listing = "\n".join(f"  {i}: {describe_event(e)}" for i, e in enumerate(actual))
-        if len(actual) < len(expected) or (not ignore_extra and len(actual) != len(expected)):
-            raise MatchError(f"client {ce.id}: expected {len(expected)} event(s)"
-                             f"{' (or more)' if ignore_extra else ''}, observed {len(actual)}: "
-                             f"{[describe_event(e, short=True) for e in actual]}\n"
-                             f"observed events:\n{listing}")
-        for i, (exp, act) in enumerate(zip(expected, actual)):
-            try:
-                self._match_event(ctx, exp, act)
-            except MatchError as exc:
-                raise MatchError(f"client {ce.id}: event {i}: {exc}\nobserved events:\n"
-                                 f"{listing}") from None
-
-    def _match_event(self, ctx: TestContext, exp: Mapping, act: RecordedEvent) -> None:
-        if len(exp) != 1:
-            raise RunnerError(f"expected event must have one key: {list(exp)}")
-        kind, fields = next(iter(exp.items()))
-        if kind not in COMMAND_EVENTS:
-            raise RunnerError(f"expected event type {kind!r} is not supported")
-        if act.kind != kind:
-            raise MatchError(f"expected {kind}, observed {act.kind} "
-                             f"({act.event.command_name})")
-        ev = act.event
-        for key, want in fields.items():
-            if key == "command":
-                ctx.matcher.match(want, ev.command, root=True, path="command")
-            elif key == "reply":
-                ctx.matcher.match(want, ev.reply, root=True, path="reply")
-            elif key == "commandName":
-                if ev.command_name != want:
-                    raise MatchError(f"expected commandName {want!r}, got {ev.command_name!r}")
-            elif key == "databaseName":
-                if ev.database_name != want:
-                    raise MatchError(f"expected databaseName {want!r}, got {ev.database_name!r}")
-            elif key == "hasServiceId":
-                if bool(want) != (ev.service_id is not None):
-                    raise MatchError(f"expected hasServiceId={want}")
-            elif key == "hasServerConnectionId":
-                if bool(want) != (ev.server_connection_id is not None):
-                    raise MatchError(f"expected hasServerConnectionId={want}")
-            else:
-                raise RunnerError(f"{kind}.{key} is not supported by this runner")
-
     # -- clean-up -------------------------------------------------------------------------------
     def _cleanup(self, ctx: TestContext, failed: bool) -> None:
         self._stop_listening(ctx)
@@ -710,74 +489,3 @@ def unsupported_feature(test: Mapping) -> str | None:
             return f"not supported: {reason}"
     return None
 
-
-def session_options(opts: Mapping) -> dict[str, Any]:
-    """sessionOptions → ``MongoClient.start_session`` kwargs."""
-    out: dict[str, Any] = {}
-    for key, value in opts.items():
-        if key == "causalConsistency":
-            out["causal_consistency"] = value
-        elif key == "snapshot":
-            out["snapshot"] = value
-        elif key == "defaultTransactionOptions":
-            kw: dict[str, Any] = {}
-            if "readConcern" in value:
-                from pymongo.read_concern import ReadConcern
-                kw["read_concern"] = ReadConcern(value["readConcern"].get("level"))
-            if "writeConcern" in value:
-                kw["write_concern"] = ops.make_write_concern(value["writeConcern"])
-            if "readPreference" in value:
-                kw["read_preference"] = ops.make_read_pref(value["readPreference"])
-            if "maxCommitTimeMS" in value:
-                kw["max_commit_time_ms"] = value["maxCommitTimeMS"]
-            out["default_transaction_options"] = TransactionOptions(**kw)
-        else:
-            raise RunnerError(f"sessionOptions.{key} is not supported by this runner")
-    return out
-
-
-def exact_equal(expected: Any, actual: Any) -> bool:
-    """Exact BSON equality (types included) ignoring document key order (``outcome`` rule)."""
-    if isinstance(expected, Mapping):
-        return isinstance(actual, Mapping) and set(expected) == set(actual) and all(
-            exact_equal(v, actual[k]) for k, v in expected.items())
-    if isinstance(expected, (list, tuple)):
-        return isinstance(actual, (list, tuple)) and len(expected) == len(actual) and all(
-            exact_equal(e, a) for e, a in zip(expected, actual))
-    return bson_type(expected) == bson_type(actual) and expected == actual
-
-
-def describe_event(e: RecordedEvent, short: bool = False) -> str:
-    """``commandStartedEvent aggregate@database0 {...}`` (for failure messages)."""
-    ev = e.event
-    head = f"{e.kind} {ev.command_name}@{ev.database_name}"
-    if short:
-        return head
-    body = getattr(ev, "command", None) if e.kind == "commandStartedEvent" else \
-        getattr(ev, "reply", None)
-    return f"{head} {_short(body)}" if body is not None else head
-
-
-def _short(value: Any, limit: int = 600) -> str:
-    try:
-        text = json_util.dumps(value)
-    except Exception:
-        text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _first_line(text: str) -> str:
-    """First line of a message without pymongo's ", full error: {...}" tail."""
-    line = text.splitlines()[0] if text else ""
-    return line.split(", full error:")[0]
-
-
-def _labels(exc: BaseException) -> list[str]:
-    details = getattr(exc, "details", None) or {}
-    labels = list(details.get("errorLabels", [])) if isinstance(details, dict) else []
-    return labels or sorted(getattr(exc, "_error_labels", set()))
-
-
-def ops_missing() -> Any:
-    from .matcher import MISSING
-    return MISSING
