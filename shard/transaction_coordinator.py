@@ -21,9 +21,16 @@ participant with ``coordinateCommitTransaction {participants: [{shardId, host}]}
 A coordinator shard that restarts finds its documents (:meth:`Coordinators.recover`,
 ``transaction_coordinator_service.cpp``): with a decision it delivers it, without one it
 aborts (no participant may have been told to commit). A retried ``coordinateCommitTransaction``
-(or one for a transaction this coordinator already finished) joins the running coordination or
-answers from the decision; for one it does not know it answers NoSuchTransaction (251), as
-``coordinateCommitTransaction`` does when no coordinator exists.
+joins the running (or recovered) coordination. Two-phase commit never starts again for a
+transaction whose coordination is over: mongod's coordinator lives in the
+``TransactionCoordinatorCatalog`` from the transaction's first statement on this shard
+(``createCoordinator``) until it completes, and ``coordinateCommit`` finds none once it
+completed (or after a restart that found no document), so ``coordinateCommitTransaction``
+recovers the outcome from this shard's own participant instead
+(``txn_two_phase_commit_cmds.cpp``, :func:`shard.commit_recovery.recover_from_participant`).
+Here the coordinator "exists" while a coordination runs or is persisted, or while this shard's
+participant of the transaction is still in progress (its commit not yet started);
+:meth:`Coordinators.coordinate` answers None otherwise.
 
 shardsim differences: the participants' addresses travel with the shard ids (a shard does not
 keep a shard registry), and shard-to-shard commands carry no internal authentication.
@@ -67,11 +74,16 @@ class Coordinators:
         # between the persisted decision and its delivery.
         self.hang_before_decision = FailPoint("hangBeforeWritingDecision")
         self.hang_before_delivery = FailPoint("hangBeforeWaitingForDecisionWriteConcern")
+        # transaction_coordinator_futures_util.cpp (AsyncWorkScheduler::_targetHostAsync):
+        # evaluated before each prepare/decision sent to another shard, never for this one
+        # (mode {skip: n} holds the decision phase after the n remote prepares)
+        self.hang_targeting_remote = FailPoint("hangWhileTargetingRemoteHost")
 
     def install_fail_points(self) -> None:
         """Make the coordinator's fail points configurable (``node.failpoints``)."""
         self.node.failpoints.add(self.hang_before_decision)
         self.node.failpoints.add(self.hang_before_delivery)
+        self.node.failpoints.add(self.hang_targeting_remote)
 
     @staticmethod
     async def _pause_while_set(fp: FailPoint) -> None:
@@ -115,7 +127,11 @@ class Coordinators:
             pool = self._pools[host] = Pool(*parse_address(host))
         return pool
 
-    async def _send(self, host: str, cmd: dict[str, Any], *, retry: bool) -> dict[str, Any]:
+    async def _send(self, p: dict[str, Any], cmd: dict[str, Any], *,
+                    retry: bool) -> dict[str, Any]:
+        host = p["host"]
+        if p.get("shardId") != self.node.shard_name:
+            await self._pause_while_set(self.hang_targeting_remote)
         delay = 0.05
         while True:
             try:
@@ -129,21 +145,31 @@ class Coordinators:
 
     # -- the protocol ---------------------------------------------------------------------------
     async def coordinate(self, lsid: dict[str, Any], txn_number: int,
-                         participants: list[dict[str, Any]]) -> dict[str, Any]:
+                         participants: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Run (or join) the two-phase commit of ``(lsid, txn_number)``; returns the decision
         ``{decision: "commit", commitTimestamp}`` or ``{decision: "abort", abortStatus: {code,
-        codeName, errmsg}}`` once every participant has been told."""
+        codeName, errmsg}}`` once every participant has been told. None when this shard has
+        no coordinator for it (``TransactionCoordinatorService::coordinateCommit`` returning
+        ``boost::none``): its coordination already completed, or a restart lost it, or this
+        shard's participant is not in progress; the caller then recovers the outcome from the
+        participant. Never a second two-phase commit of one transaction."""
         key = (bytes(lsid["id"]), int(txn_number))
         task = self._running.get(key)
         if task is None:
             doc = self._find(lsid, txn_number)
             if doc is None:
+                if self.node.sessions.txn_state(lsid, txn_number) != "in_progress":
+                    return None
                 doc = {"_id": {"lsid": lsid, "txnNumber": Int64(txn_number)},
                        "participants": participants}
                 self._save(doc)
-            task = asyncio.get_running_loop().create_task(self._run(doc))
-            self._running[key] = task
-            task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
+            return await self._start(key, doc)
+        return await asyncio.shield(task)
+
+    async def _start(self, key: tuple[bytes, int], doc: dict[str, Any]) -> dict[str, Any]:
+        task = asyncio.get_running_loop().create_task(self._run(doc))
+        self._running[key] = task
+        task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
         return await asyncio.shield(task)
 
     async def decision_of(self, lsid: dict[str, Any],
@@ -158,7 +184,7 @@ class Coordinators:
         doc = self._find(lsid, txn_number)
         if doc is None:
             return None
-        return await self.coordinate(lsid, txn_number, doc["participants"])
+        return await self._start(key, doc)
 
     def _find(self, lsid: dict[str, Any], txn_number: int) -> dict[str, Any] | None:
         for doc in self.documents():
@@ -187,8 +213,15 @@ class Coordinators:
         cmd = {"prepareTransaction": 1, **self._txn_fields(doc)}
 
         async def prepare(p: dict[str, Any]) -> Timestamp:
-            reply = await self._send(p["host"], cmd, retry=True)
-            return reply["prepareTimestamp"]
+            reply = await self._send(p, cmd, retry=True)
+            ts = reply.get("prepareTimestamp")
+            if not isinstance(ts, Timestamp) or (ts.time, ts.inc) == (0, 0):
+                # sendPrepareToShard: an ok reply without prepareTimestamp is a vote to abort
+                raise MongoError(251, f"Coordinator shard received an OK response to "
+                                      f"prepareTransaction without a prepareTimestamp from "
+                                      f"shard {p.get('shardId')}, which is not expected "
+                                      f"behavior. Interpreting the response as vote to abort")
+            return ts
 
         tasks = [asyncio.ensure_future(prepare(p)) for p in doc["participants"]]
         try:
@@ -213,7 +246,7 @@ class Coordinators:
 
         async def send(p: dict[str, Any]) -> None:
             try:
-                await self._send(p["host"], cmd, retry=True)
+                await self._send(p, cmd, retry=True)
             except MongoError as exc:
                 if exc.code not in ok_codes:
                     log.warning("participant %s answered %s to %s", p.get("shardId"),
