@@ -20,7 +20,8 @@ participant with ``coordinateCommitTransaction {participants: [{shardId, host}]}
 
 A coordinator shard that restarts finds its documents (:meth:`Coordinators.recover`,
 ``transaction_coordinator_service.cpp``): with a decision it delivers it, without one it
-aborts (no participant may have been told to commit). A retried ``coordinateCommitTransaction``
+sends the prepares again and decides (``continueCommit``: mongod 8.0 re-runs phase one, so a
+transaction every participant still holds prepared commits). A retried ``coordinateCommitTransaction``
 joins the running (or recovered) coordination. Two-phase commit never starts again for a
 transaction whose coordination is over: mongod's coordinator lives in the
 ``TransactionCoordinatorCatalog`` from the transaction's first statement on this shard
@@ -256,14 +257,13 @@ class Coordinators:
 
     def recover(self) -> None:
         """After a restart: finish every coordination found in
-        ``config.transaction_coordinators`` (deliver a persisted decision; abort one that never
-        reached a decision), in the background."""
+        ``config.transaction_coordinators``, in the background
+        (``TransactionCoordinatorService::_scheduleRecoveryTask``, then
+        ``TransactionCoordinator::continueCommit``): a persisted decision is delivered; a
+        document without one runs the prepare phase again (a participant already prepared
+        answers its ``prepareTimestamp`` again, one recovered prepared after its own restart
+        too), then decides, persists and delivers as the first attempt would have."""
         for doc in self.documents():
-            if doc.get("decision") is None:
-                doc = dict(doc, decision={"decision": "abort", "abortStatus": {
-                    "code": 251, "codeName": "NoSuchTransaction",
-                    "errmsg": "the coordinator restarted before reaching a decision"}})
-                self._save(doc)
             _id = doc["_id"]
             key = (bytes(_id["lsid"]["id"]), int(_id["txnNumber"]))
             task = asyncio.get_running_loop().create_task(self._run(doc))

@@ -8,12 +8,15 @@ in memory is never started again; the outcome is recovered from the coordinator 
 participant (``TransactionParticipant``, whose ``config.transactions`` record says
 ``committed`` across a restart). So the retry answers ok for a committed transaction and
 NoSuchTransaction (251, TransientTransactionError) for an aborted one, and nothing is left
-prepared anywhere.
+prepared anywhere. The outcome itself follows ``jstests/sharding/txn_two_phase_commit_failover.js``:
+once the participant list is durable, a coordinator that comes back commits when every
+participant still votes commit.
 
 Three moments, held at mongod's own coordinator fail points, then ``kill -9``:
 
 * ``before-decision`` (``hangBeforeWritingDecision``): every participant prepared, no decision
-  written; restarted, the coordinator aborts everywhere;
+  written; restarted, the coordinator prepares again (``continueCommit`` re-runs phase one)
+  and commits everywhere;
 * ``after-decision`` (``hangBeforeWaitingForDecisionWriteConcern``): commit decision written,
   no participant told; restarted, it commits everywhere;
 * ``after-local-commit`` (``hangWhileTargetingRemoteHost`` after the prepare phase): the
@@ -39,7 +42,7 @@ from txn_kit import commit_in_background, two_shard_collection
 
 MOMENTS = {
     # moment: (coordinator fail point, its mode, outcome)
-    "before-decision": ("hangBeforeWritingDecision", "alwaysOn", "abort"),
+    "before-decision": ("hangBeforeWritingDecision", "alwaysOn", "commit"),
     "after-decision": ("hangBeforeWaitingForDecisionWriteConcern", "alwaysOn", "commit"),
     "after-local-commit": ("hangWhileTargetingRemoteHost", {"skip": 1}, "commit"),
 }
