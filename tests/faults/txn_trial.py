@@ -76,17 +76,20 @@ def _setup(cluster: Cluster, name: str) -> tuple[str, str]:
     return primary, other
 
 
-def _reached(moment: str, coord: Any, other: Any) -> bool:
+def _reached(moment: str, ns: str, coord: Any, other: Any) -> bool:
+    """Whether the coordination of the trial's transaction (on ``ns``) is held at ``moment``."""
+    prepare = {"o.prepare": True, "o.applyOps.ns": ns}
     with _direct(coord) as c, _direct(other) as o:
-        if not (c.local["oplog.rs"].find_one({"o.prepare": True}) and
-                o.local["oplog.rs"].find_one({"o.prepare": True})):
+        mine = c.local["oplog.rs"].find_one(prepare)
+        if not (mine and o.local["oplog.rs"].find_one(prepare)):
             return False
         doc = c.config.transaction_coordinators.find_one({})
         if moment == "before-decision":
             return doc is not None
         if moment == "after-decision":
             return doc is not None and doc.get("decision") is not None
-        return c.local["oplog.rs"].find_one({"o.commitTransaction": 1}) is not None
+        return c.local["oplog.rs"].find_one({"o.commitTransaction": 1,
+                                             "prevOpTime.ts": mine["ts"]}) is not None
 
 
 def _answer(exc: BaseException | None) -> dict[str, Any]:
@@ -132,8 +135,11 @@ def run_txn_trial(cluster: Cluster, seed: int) -> TrialResult:
     t = threading.Thread(target=commit, daemon=True)
     t.start()
     notes = [f"moment {moment}", f"down {down_for:.2f}s", f"retry after {retry_after:.2f}s"]
-    if not _wait(lambda: _reached(moment, coord, oth)):
+    if not _wait(lambda: _reached(moment, f"{DB}.{name}", coord, oth)):
         notes.append("moment not reached")
+    with _direct(coord) as d:
+        doc = d.config.transaction_coordinators.find_one({}) or {}
+    notes.append("decision " + str((doc.get("decision") or {}).get("decision")))
     coord.kill()
     time.sleep(down_for)
     cluster.restart(coord)
@@ -157,7 +163,8 @@ def run_txn_trial(cluster: Cluster, seed: int) -> TrialResult:
     committed = set(o.committed().values())
     notes.append("outcome " + ("commit" if committed == {True} else
                                "abort" if committed == {False} else "split"))
-    notes.append("retry " + ("ok" if retry["ok"] else str(retry.get("code", retry.get("type")))))
+    for which, a in (("first", o.first), ("retry", retry)):
+        notes.append(f"{which} " + ("ok" if a["ok"] else str(a.get("code", a.get("type")))))
     return TrialResult(seed=seed, role="txn", victim=coordinator, violations=violations,
                        acked=int(retry["ok"]), ambiguous=int(not retry["ok"]),
                        events=0, seconds=time.time() - started, notes=notes)
