@@ -21,7 +21,11 @@ Three moments, held at mongod's own coordinator fail points, then ``kill -9``:
   no participant told; restarted, it commits everywhere;
 * ``after-local-commit`` (``hangWhileTargetingRemoteHost`` after the prepare phase): the
   coordinator's own participant committed, the other one still prepared; restarted, the other
-  one commits too.
+  one commits too;
+* ``after-abort-decision``: the other participant's transaction was aborted on it directly
+  before the commit, so it cannot prepare; the coordinator persisted the abort decision
+  (``hangBeforeWaitingForDecisionWriteConcern``); restarted, it aborts everywhere and the
+  retry answers NoSuchTransaction with TransientTransactionError (running it again is safe).
 
 After the delayed retry each shard is read directly: its ``config.transactions`` has no
 prepared transaction, its oplog no prepare without a decision, the transaction's ``$inc`` is
@@ -30,13 +34,16 @@ applied exactly once (or not at all), and a plain write of the same documents go
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import pymongo
 import pytest
+from bson.int64 import Int64
 from pymongo.errors import OperationFailure
 
+from shardsim.client import Pool
 from shardsim.launcher import Cluster
 from txn_kit import commit_in_background, two_shard_collection
 
@@ -45,6 +52,7 @@ MOMENTS = {
     "before-decision": ("hangBeforeWritingDecision", "alwaysOn", "commit"),
     "after-decision": ("hangBeforeWaitingForDecisionWriteConcern", "alwaysOn", "commit"),
     "after-local-commit": ("hangWhileTargetingRemoteHost", {"skip": 1}, "commit"),
+    "after-abort-decision": ("hangBeforeWaitingForDecisionWriteConcern", "alwaysOn", "abort"),
 }
 
 
@@ -75,7 +83,28 @@ def _undecided_prepares(d: pymongo.MongoClient) -> list[Any]:
     return [ts for ts in prepared if ts not in decided]
 
 
+def _abort_directly(cluster: Cluster, name: str, session: Any) -> None:
+    """abortTransaction of ``session``'s open transaction sent to shard ``name`` itself (as
+    ``txn_two_phase_commit_failover.js`` makes a participant vote abort); pymongo would put its
+    own lsid on the command, so shardsim's client sends it."""
+    proc = cluster.shard(name)
+    cmd = {"abortTransaction": 1, "lsid": session.session_id, "autocommit": False,
+           "txnNumber": Int64(session._server_session.transaction_id)}
+
+    async def run() -> None:
+        pool = Pool(proc.host, proc.port)
+        try:
+            await pool.command("admin", cmd)
+        finally:
+            pool.close()
+    asyncio.run(run())
+
+
 def _moment_reached(cluster: Cluster, moment: str, coordinator: str, other: str) -> bool:
+    if moment == "after-abort-decision":
+        with _direct(cluster, coordinator) as d:
+            doc = d.config.transaction_coordinators.find_one({})
+        return doc is not None and (doc.get("decision") or {}).get("decision") == "abort"
     if _oplog_count(cluster, other, {"o.prepare": True}) == 0 or \
             _oplog_count(cluster, coordinator, {"o.prepare": True}) == 0:
         return False
@@ -103,6 +132,8 @@ def test_delayed_commit_retry_after_coordinator_kill9(tmp_path, moment: str) -> 
         s.start_transaction()
         coll.update_one({"_id": -1, "x": -1}, {"$inc": {"v": 1}}, session=s)
         coll.update_one({"_id": 1, "x": 1}, {"$inc": {"v": 1}}, session=s)
+        if moment == "after-abort-decision":
+            _abort_directly(cluster, other, s)
         t, _first_errors = commit_in_background(s)  # held at the fail point
         _wait(lambda: _moment_reached(cluster, moment, coordinator, other))
         cluster.shard(coordinator).kill()  # SIGKILL
@@ -127,8 +158,9 @@ def test_delayed_commit_retry_after_coordinator_kill9(tmp_path, moment: str) -> 
                 assert d.k.c.find_one({"_id": _id})["v"] == want  # applied once, or not at all
                 if outcome == "commit":
                     assert len(list(d.config.transactions.find({"state": "committed"}))) == 1
-        assert _oplog_count(cluster, coordinator, {"o.prepare": True}) == 1  # no second 2PC
-        assert _oplog_count(cluster, other, {"o.prepare": True}) == 1
+        # no second two-phase commit: at most the one prepare per shard
+        assert _oplog_count(cluster, coordinator, {"o.prepare": True}) <= 1
+        assert _oplog_count(cluster, other, {"o.prepare": True}) == (outcome == "commit")
         # other writers are not held by a leftover prepared transaction
         writer = pymongo.MongoClient(cluster.router_uri, socketTimeoutMS=10000)
         writer.k.c.update_one({"_id": -1, "x": -1}, {"$set": {"w": 1}})
