@@ -15,7 +15,8 @@ participant with ``coordinateCommitTransaction {participants: [{shardId, host}]}
 3. persists the decision (``persistDecision``: ``decision: {decision: "commit",
    commitTimestamp}`` or ``{decision: "abort", abortStatus}``);
 4. sends ``commitTransaction {commitTimestamp}`` or ``abortTransaction`` to every participant
-   until each has answered (``sendCommit``/``sendAbort``, retried on network errors);
+   until each has acknowledged it (``sendCommit``/``sendAbort``: retried on any error but a
+   vote-abort one, ``sendDecisionToShard``);
 5. deletes its document (``deleteCoordinatorDoc``).
 
 A coordinator shard that restarts finds its documents (:meth:`Coordinators.recover`,
@@ -237,21 +238,32 @@ class Coordinators:
         return {"decision": "commit", "commitTimestamp": commit_ts}
 
     async def _deliver(self, doc: dict[str, Any], decision: dict[str, Any]) -> None:
+        """Send the decision to every participant until each acknowledged it
+        (``sendDecisionToShard``: *always* retried, with backoff, until ok or a vote-abort
+        error, NoSuchTransaction 251 / TransactionTooOld 225, which counts as an ack; also
+        TransactionCommitted 256 for a commit). The document is deleted only after that, so
+        no participant is left prepared by a decision that did not reach it."""
         fields = self._txn_fields(doc)
         if decision["decision"] == "commit":
             cmd = {"commitTransaction": 1, "commitTimestamp": decision["commitTimestamp"], **fields}
-            ok_codes = {256}  # already committed (a retried delivery)
+            acks = {251, 225, 256}
         else:
             cmd = {"abortTransaction": 1, **fields}
-            ok_codes = {251}  # already aborted / never prepared there
+            acks = {251, 225}
 
         async def send(p: dict[str, Any]) -> None:
-            try:
-                await self._send(p, cmd, retry=True)
-            except MongoError as exc:
-                if exc.code not in ok_codes:
-                    log.warning("participant %s answered %s to %s", p.get("shardId"),
-                                exc.errmsg, next(iter(cmd)))
+            delay = 0.05
+            while True:
+                try:
+                    await self._send(p, cmd, retry=True)
+                    return
+                except MongoError as exc:
+                    if exc.code in acks:
+                        return
+                    log.warning("participant %s answered %s to %s; sending it again",
+                                p.get("shardId"), exc.errmsg, next(iter(cmd)))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
         await asyncio.gather(*(send(p) for p in doc["participants"]))
 
