@@ -403,6 +403,8 @@ class Session:
         self.txn: Transaction | None = None
         self.executed: dict[int, Any] = {}  # stmtId -> result, for txn_number
         self.lock = asyncio.Lock()  # the session checkout (Sessions.checkout)
+        # ts of the newest oplog entry of its transaction (config.transactions lastWriteOpTime)
+        self.last_write_ts: Any = None
 
     def lookup(self, stmt_id: int) -> Any:
         """The recorded result of ``stmt_id`` when it was executed under the current
@@ -418,12 +420,20 @@ class Session:
 
     def record(self) -> dict[str, Any]:
         """The persisted form: ``{lsid, txnNumber, stmts: [{i: stmtId, r: result}],
-        prepared?}``; ``prepared`` (a prepared, undecided transaction, which must survive a
-        restart like mongod's prepared transactions recovered from the oplog) is
-        ``{prepareTs, ops, writes: [{ui, _id, doc|null, seen|null}], preImages: [...]}``."""
+        txnState?, lastWriteTs?, prepared?}``. ``txnState`` is ``"committed"`` or
+        ``"aborted"`` once the session's transaction ended (mongod's ``config.transactions``
+        ``state``, written with the commit / the abort of a prepared transaction,
+        ``transaction_participant.cpp``), so the outcome survives a restart; ``prepared`` (a
+        prepared, undecided transaction, which must survive a restart like mongod's prepared
+        transactions recovered from the oplog) is ``{prepareTs, ops, writes: [{ui, _id,
+        doc|null, seen|null}], preImages: [...]}``."""
         rec: dict[str, Any] = {"lsid": self.lsid, "txnNumber": Int64(self.txn_number),
                                "stmts": [{"i": k, "r": v} for k, v in self.executed.items()]}
+        if self.last_write_ts is not None:
+            rec["lastWriteTs"] = self.last_write_ts
         txn = self.txn
+        if txn is not None and txn.state in ("committed", "aborted"):
+            rec["txnState"] = txn.state
         if txn is not None and txn.state == "prepared":
             writes = []
             for v in txn.views.values():
@@ -575,9 +585,15 @@ class Sessions:
         if s is not None:
             s.txn_number = int(rec["txnNumber"])
             s.executed = {int(x["i"]): x["r"] for x in rec.get("stmts", [])}
+            s.last_write_ts = rec.get("lastWriteTs")
             prep = rec.get("prepared")
             if prep:
                 self._restore_prepared(s, prep)
+            elif rec.get("txnState") in ("committed", "aborted"):
+                # the transaction's outcome (refreshFromStorageIfNeeded: kExecutedCommitted /
+                # kAbortedWithPrepare from the config.transactions state)
+                s.txn = Transaction(s, s.txn_number)
+                s.txn.state = rec["txnState"]
 
     def _restore_prepared(self, s: Session, prep: dict[str, Any]) -> None:
         """Rebuild a prepared transaction after a restart: its overlays, locked again."""
@@ -596,6 +612,34 @@ class Sessions:
             v.overlay[key] = w.get("doc")
         txn.lock()
         s.txn = txn
+
+    def records(self) -> list[dict[str, Any]]:
+        """The session records as mongod's ``config.transactions`` shows them (read with
+        ``find`` on a shard): ``{_id: lsid, txnNum, lastWriteOpTime: {ts, t}, state?}``, with
+        ``state`` ``"prepared"``, ``"committed"`` or ``"aborted"`` for a transaction (an
+        in-progress one has none, as in mongod); sessions that never wrote are left out."""
+        out = []
+        for s in list(self._sessions.values()):
+            txn = s.txn
+            if s.txn_number < 0 or (not s.executed and s.last_write_ts is None):
+                continue
+            doc: dict[str, Any] = {"_id": s.lsid, "txnNum": Int64(s.txn_number)}
+            if s.last_write_ts is not None:
+                doc["lastWriteOpTime"] = {"ts": s.last_write_ts, "t": Int64(1)}
+            if txn is not None and txn.state != "in_progress":
+                doc["state"] = txn.state
+            out.append(doc)
+        return out
+
+    def txn_state(self, lsid: Any, txn_number: int) -> str | None:
+        """The state of transaction ``txn_number`` of ``lsid`` on this shard
+        (``"in_progress"``, ``"prepared"``, ``"committed"``, ``"aborted"``), or None when this
+        shard does not know it (another txnNumber, a session it never saw). Creates nothing."""
+        sid = _session_id(lsid)
+        s = self._sessions.get(sid) if sid is not None else None
+        if s is None or s.txn is None or s.txn_number != int(txn_number):
+            return None
+        return s.txn.state
 
     def prepared(self) -> list[Transaction]:
         """The prepared, undecided transactions of this shard."""

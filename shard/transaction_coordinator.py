@@ -15,15 +15,24 @@ participant with ``coordinateCommitTransaction {participants: [{shardId, host}]}
 3. persists the decision (``persistDecision``: ``decision: {decision: "commit",
    commitTimestamp}`` or ``{decision: "abort", abortStatus}``);
 4. sends ``commitTransaction {commitTimestamp}`` or ``abortTransaction`` to every participant
-   until each has answered (``sendCommit``/``sendAbort``, retried on network errors);
+   until each has acknowledged it (``sendCommit``/``sendAbort``: retried on any error but a
+   vote-abort one, ``sendDecisionToShard``);
 5. deletes its document (``deleteCoordinatorDoc``).
 
 A coordinator shard that restarts finds its documents (:meth:`Coordinators.recover`,
 ``transaction_coordinator_service.cpp``): with a decision it delivers it, without one it
-aborts (no participant may have been told to commit). A retried ``coordinateCommitTransaction``
-(or one for a transaction this coordinator already finished) joins the running coordination or
-answers from the decision; for one it does not know it answers NoSuchTransaction (251), as
-``coordinateCommitTransaction`` does when no coordinator exists.
+sends the prepares again and decides (``continueCommit``: mongod 8.0 re-runs phase one, so a
+transaction every participant still holds prepared commits). A retried ``coordinateCommitTransaction``
+joins the running (or recovered) coordination. Two-phase commit never starts again for a
+transaction whose coordination is over: mongod's coordinator lives in the
+``TransactionCoordinatorCatalog`` from the transaction's first statement on this shard
+(``createCoordinator``) until it completes, and ``coordinateCommit`` finds none once it
+completed (or after a restart that found no document), so ``coordinateCommitTransaction``
+recovers the outcome from this shard's own participant instead
+(``txn_two_phase_commit_cmds.cpp``, :func:`shard.commit_recovery.recover_from_participant`).
+Here the coordinator "exists" while a coordination runs or is persisted, or while this shard's
+participant of the transaction is still in progress (its commit not yet started);
+:meth:`Coordinators.coordinate` answers None otherwise.
 
 shardsim differences: the participants' addresses travel with the shard ids (a shard does not
 keep a shard registry), and shard-to-shard commands carry no internal authentication.
@@ -68,11 +77,16 @@ class Coordinators:
         # between the persisted decision and its delivery.
         self.hang_before_decision = FailPoint("hangBeforeWritingDecision")
         self.hang_before_delivery = FailPoint("hangBeforeWaitingForDecisionWriteConcern")
+        # transaction_coordinator_futures_util.cpp (AsyncWorkScheduler::_targetHostAsync):
+        # evaluated before each prepare/decision sent to another shard, never for this one
+        # (mode {skip: n} holds the decision phase after the n remote prepares)
+        self.hang_targeting_remote = FailPoint("hangWhileTargetingRemoteHost")
 
     def install_fail_points(self) -> None:
         """Make the coordinator's fail points configurable (``node.failpoints``)."""
         self.node.failpoints.add(self.hang_before_decision)
         self.node.failpoints.add(self.hang_before_delivery)
+        self.node.failpoints.add(self.hang_targeting_remote)
 
     @staticmethod
     async def _pause_while_set(fp: FailPoint) -> None:
@@ -116,7 +130,11 @@ class Coordinators:
             pool = self._pools[host] = Pool(*parse_address(host))
         return pool
 
-    async def _send(self, host: str, cmd: dict[str, Any], *, retry: bool) -> dict[str, Any]:
+    async def _send(self, p: dict[str, Any], cmd: dict[str, Any], *,
+                    retry: bool) -> dict[str, Any]:
+        host = p["host"]
+        if p.get("shardId") != self.node.shard_name:
+            await self._pause_while_set(self.hang_targeting_remote)
         delay = 0.05
         while True:
             try:
@@ -130,21 +148,31 @@ class Coordinators:
 
     # -- the protocol ---------------------------------------------------------------------------
     async def coordinate(self, lsid: dict[str, Any], txn_number: int,
-                         participants: list[dict[str, Any]]) -> dict[str, Any]:
+                         participants: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Run (or join) the two-phase commit of ``(lsid, txn_number)``; returns the decision
         ``{decision: "commit", commitTimestamp}`` or ``{decision: "abort", abortStatus: {code,
-        codeName, errmsg}}`` once every participant has been told."""
+        codeName, errmsg}}`` once every participant has been told. None when this shard has
+        no coordinator for it (``TransactionCoordinatorService::coordinateCommit`` returning
+        ``boost::none``): its coordination already completed, or a restart lost it, or this
+        shard's participant is not in progress; the caller then recovers the outcome from the
+        participant. Never a second two-phase commit of one transaction."""
         key = (bytes(lsid["id"]), int(txn_number))
         task = self._running.get(key)
         if task is None:
             doc = self._find(lsid, txn_number)
             if doc is None:
+                if self.node.sessions.txn_state(lsid, txn_number) != "in_progress":
+                    return None
                 doc = {"_id": {"lsid": lsid, "txnNumber": Int64(txn_number)},
                        "participants": participants}
                 self._save(doc)
-            task = asyncio.get_running_loop().create_task(self._run(doc))
-            self._running[key] = task
-            task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
+            return await self._start(key, doc)
+        return await asyncio.shield(task)
+
+    async def _start(self, key: tuple[bytes, int], doc: dict[str, Any]) -> dict[str, Any]:
+        task = asyncio.get_running_loop().create_task(self._run(doc))
+        self._running[key] = task
+        task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
         return await asyncio.shield(task)
 
     async def decision_of(self, lsid: dict[str, Any],
@@ -159,7 +187,7 @@ class Coordinators:
         doc = self._find(lsid, txn_number)
         if doc is None:
             return None
-        return await self.coordinate(lsid, txn_number, doc["participants"])
+        return await self._start(key, doc)
 
     def _find(self, lsid: dict[str, Any], txn_number: int) -> dict[str, Any] | None:
         for doc in self.documents():
@@ -188,8 +216,15 @@ class Coordinators:
         cmd = {"prepareTransaction": 1, **self._txn_fields(doc)}
 
         async def prepare(p: dict[str, Any]) -> Timestamp:
-            reply = await self._send(p["host"], cmd, retry=True)
-            return reply["prepareTimestamp"]
+            reply = await self._send(p, cmd, retry=True)
+            ts = reply.get("prepareTimestamp")
+            if not isinstance(ts, Timestamp) or (ts.time, ts.inc) == (0, 0):
+                # sendPrepareToShard: an ok reply without prepareTimestamp is a vote to abort
+                raise MongoError(251, f"Coordinator shard received an OK response to "
+                                      f"prepareTransaction without a prepareTimestamp from "
+                                      f"shard {p.get('shardId')}, which is not expected "
+                                      f"behavior. Interpreting the response as vote to abort")
+            return ts
 
         tasks = [asyncio.ensure_future(prepare(p)) for p in doc["participants"]]
         try:
@@ -204,34 +239,44 @@ class Coordinators:
         return {"decision": "commit", "commitTimestamp": commit_ts}
 
     async def _deliver(self, doc: dict[str, Any], decision: dict[str, Any]) -> None:
+        """Send the decision to every participant until each acknowledged it
+        (``sendDecisionToShard``: *always* retried, with backoff, until ok or a vote-abort
+        error, NoSuchTransaction 251 / TransactionTooOld 225, which counts as an ack; also
+        TransactionCommitted 256 for a commit). The document is deleted only after that, so
+        no participant is left prepared by a decision that did not reach it."""
         fields = self._txn_fields(doc)
         if decision["decision"] == "commit":
             cmd = {"commitTransaction": 1, "commitTimestamp": decision["commitTimestamp"], **fields}
-            ok_codes = {256}  # already committed (a retried delivery)
+            acks = {251, 225, 256}
         else:
             cmd = {"abortTransaction": 1, **fields}
-            ok_codes = {251}  # already aborted / never prepared there
+            acks = {251, 225}
 
         async def send(p: dict[str, Any]) -> None:
-            try:
-                await self._send(p["host"], cmd, retry=True)
-            except MongoError as exc:
-                if exc.code not in ok_codes:
-                    log.warning("participant %s answered %s to %s", p.get("shardId"),
-                                exc.errmsg, next(iter(cmd)))
+            delay = 0.05
+            while True:
+                try:
+                    await self._send(p, cmd, retry=True)
+                    return
+                except MongoError as exc:
+                    if exc.code in acks:
+                        return
+                    log.warning("participant %s answered %s to %s; sending it again",
+                                p.get("shardId"), exc.errmsg, next(iter(cmd)))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
         await asyncio.gather(*(send(p) for p in doc["participants"]))
 
     def recover(self) -> None:
         """After a restart: finish every coordination found in
-        ``config.transaction_coordinators`` (deliver a persisted decision; abort one that never
-        reached a decision), in the background."""
+        ``config.transaction_coordinators``, in the background
+        (``TransactionCoordinatorService::_scheduleRecoveryTask``, then
+        ``TransactionCoordinator::continueCommit``): a persisted decision is delivered; a
+        document without one runs the prepare phase again (a participant already prepared
+        answers its ``prepareTimestamp`` again, one recovered prepared after its own restart
+        too), then decides, persists and delivers as the first attempt would have."""
         for doc in self.documents():
-            if doc.get("decision") is None:
-                doc = dict(doc, decision={"decision": "abort", "abortStatus": {
-                    "code": 251, "codeName": "NoSuchTransaction",
-                    "errmsg": "the coordinator restarted before reaching a decision"}})
-                self._save(doc)
             _id = doc["_id"]
             key = (bytes(_id["lsid"]["id"]), int(_id["txnNumber"]))
             task = asyncio.get_running_loop().create_task(self._run(doc))

@@ -11,7 +11,11 @@ two-phase commit handed to the coordinator (the first participant) with
 this router never saw start is recovered with the client's ``recoveryToken``
 (``_commitWithRecoveryToken``: ``coordinateCommitTransaction`` with no participants on the
 recovery shard, which answers from its coordinator or its participant; a token without
-``recoveryShardId``: NoSuchTransaction 251); without a token: 50940. ``abortTransaction`` goes to every participant and
+``recoveryShardId``: NoSuchTransaction 251); without a token: 50940. A retried commit
+(``isFirstCommitAttempt`` false) of a single-write-shard transaction uses that protocol with a
+synthetic token naming the write shard; a retried two-phase commit is handed to the
+coordinator again, which never runs a second two-phase commit: once its coordination is over
+it answers from its own participant (committed: ok; aborted: NoSuchTransaction). ``abortTransaction`` goes to every participant and
 answers the first error (NoSuchTransaction 251 when the router sent nothing).
 """
 
@@ -62,6 +66,19 @@ def _participant_list(node: "RouterNode", shards: list[str]) -> list[dict[str, A
     return out
 
 
+async def _commit_with_recovery_token(node: "RouterNode", req: Request,
+                                      shard: str) -> dict[str, Any]:
+    """``_commitWithRecoveryToken``: ``coordinateCommitTransaction {participants: []}`` on
+    ``shard``, which answers from its coordinator's decision or its own participant
+    (``txn_two_phase_commit_cmds.cpp``, :mod:`shard.commit_recovery`); the shard's reply body."""
+    if node.catalog.shard_address(shard) is None:
+        await node.catalog.refresh()  # ShardRegistry reload: a shard this router never used
+    cmd = {"coordinateCommitTransaction": 1, "participants": [], **_session(req)}
+    if isinstance(req.get("writeConcern"), dict):
+        cmd["writeConcern"] = req.get("writeConcern")
+    return reply_body(await node.shard_command(shard, "admin", cmd))
+
+
 @commands.handler("commitTransaction")
 async def commit_transaction(node: "RouterNode", req: Request) -> dict[str, Any]:
     """Commit the transaction (module docstring for the paths); returns the (last) shard's
@@ -79,22 +96,20 @@ async def commit_transaction(node: "RouterNode", req: Request) -> dict[str, Any]
             raise MongoError(251, "Recovery token is empty, meaning the transaction only "
                                   "performed reads and can be safely retried",
                              labels=["TransientTransactionError"])
-        # an empty participant list: the shard answers from its coordinator's decision or
-        # its own participant (coordinate_commit_transaction_cmd.cpp, recoverCommit)
-        if node.catalog.shard_address(shard) is None:
-            await node.catalog.refresh()  # ShardRegistry reload: a shard this router never used
-        cmd = {"coordinateCommitTransaction": 1, "participants": [], **_session(req)}
-        if isinstance(req.get("writeConcern"), dict):
-            cmd["writeConcern"] = req.get("writeConcern")
-        return reply_body(await node.shard_command(shard, "admin", cmd))
+        return await _commit_with_recovery_token(node, req, shard)
     if not txn.participants:
         return {}
+    first_attempt = not txn.commit_started
     txn.commit_started = True
     shards = list(txn.participants)
     writers = [s for s in shards if not txn.participants[s]["read_only"]]
     readers = [s for s in shards if txn.participants[s]["read_only"]]
     if len(shards) == 1:
         return await _commit_each(node, req, shards)
+    if len(writers) == 1 and not first_attempt:
+        # a retried single-write-shard commit: the recovery-token protocol with a synthetic
+        # token naming the write shard, never the read-only shards' commit again
+        return await _commit_with_recovery_token(node, req, writers[0])
     if len(writers) <= 1:
         if readers:
             await _commit_each(node, req, readers)

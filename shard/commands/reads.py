@@ -1,8 +1,9 @@
 """The shard's read commands: find, count, distinct, aggregate.
 
-``find`` on ``local.oplog.rs`` and ``config.system.preimages`` reads the oplog and the
-pre-images; reads of a view run its pipeline over the source first; reads inside a transaction
-see its own writes. A routed read (with ``shardVersion``) of a sharded collection sees only the
+``find`` on ``local.oplog.rs``, ``config.system.preimages`` and ``config.transactions`` reads
+the oplog, the pre-images and the session records (:meth:`shard.sessions.Sessions.records`);
+reads of a view run its pipeline over the source first; reads inside a transaction see its own
+writes. A routed read (with ``shardVersion``) of a sharded collection sees only the
 documents of the chunks this shard owns, not the orphans of a migration in progress
 (:meth:`shard.sharding_runtime.ShardingRuntime.owned_view`). An aggregate whose pipeline starts with ``$changeStream`` is handed to
 :mod:`shard.change_stream`. Reply shapes follow ``find_cmd.cpp`` and ``run_aggregate.cpp``.
@@ -68,8 +69,8 @@ def _int_opt(req: Request, field: str, minimum: int = 0) -> int:
 async def find(node: ShardNode, req: Request) -> dict[str, Any]:
     """``find`` (``find_cmd.cpp``): ``{cursor: {firstBatch, id, ns}}``. ``local.oplog.rs`` reads
     the oplog (sorted, reverse, or tailable/awaitData: :mod:`shard.commands.oplog_cursor`),
-    ``config.system.preimages`` the pre-images, a view runs its pipeline first. Errors: 14,
-    40415 (unknown field), 51024 (negative limit/batchSize), 9 (awaitData without tailable),
+    ``config.system.preimages`` the pre-images, ``config.transactions`` the session records, a
+    view runs its pipeline first. Errors: 14, 40415 (unknown field), 51024 (negative limit/batchSize), 9 (awaitData without tailable),
     2 (tailable on a normal collection), 169 (view over a sharded collection)."""
     storage = node.storage
     name = coll_name(req)
@@ -94,8 +95,9 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
     if req.db == "local" and name == "oplog.rs":
         cursor: Cursor = oplog_cursor(node, ns, filt, sort, skip, limit, projection, tailable,
                                       await_data)
-    elif req.db == "config" and name == "system.preimages":
-        docs = [d for d in node.pre_images.docs() if q.matches(filt, d)]
+    elif req.db == "config" and name in ("system.preimages", "transactions"):
+        src = node.pre_images.docs() if name == "system.preimages" else node.sessions.records()
+        docs = [d for d in src if q.matches(filt, d)]
         cursor = ListCursor(ns, q.project(q.sort_docs(docs, sort)[skip:][:limit or None], projection))
     elif tailable and (storage.get(req.db, name) is not None
                        and storage.get(req.db, name).options.get("capped")):

@@ -28,7 +28,8 @@ from bson.int64 import Int64
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.shard import uncommitted_catalog
-from shardsim.shard.commit_recovery import recover_commit_decision
+from shardsim.shard.commit_recovery import decision_reply, recover_commit_decision, \
+    recover_from_participant
 from shardsim.shard.sessions import TRANSIENT, full_lsid
 from shardsim.shard.write_context import WriteContext
 
@@ -81,6 +82,10 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     for uuid, idx, doc in txn.pre_images:
         node.put_pre_image(uuid, entry["ts"], idx, doc)
     txn.views.clear()
+    # config.transactions {state: "committed"} in the same storage transaction as the entry
+    # (onTransactionCommit), so a commit retried after a restart still finds it committed
+    s.last_write_ts = entry["ts"]
+    node.sessions.note(s)
     return _with_write_concern(req, {"__operationTime": entry["ts"]})
 
 
@@ -117,6 +122,7 @@ async def abort_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
                                 ctx=WriteContext(s.lsid, txn.txn_number))
         entry["prevOpTime"] = {"ts": txn.prepare_ts, "t": Int64(1)}
         node.append_entry(entry)
+        s.last_write_ts = entry["ts"]
         node.sessions.note(s)
         node.sessions.decided()
         return {"__operationTime": entry["ts"]}
@@ -150,7 +156,7 @@ async def prepare_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     entry = node.make_entry("c", "admin.$cmd", None, {"applyOps": txn.ops, "prepare": True},
                             ctx=WriteContext(s.lsid, txn.txn_number))
     node.append_entry(entry)
-    txn.prepare_ts = entry["ts"]
+    txn.prepare_ts = s.last_write_ts = entry["ts"]
     for uuid, idx, doc in txn.pre_images:
         node.put_pre_image(uuid, entry["ts"], idx, doc)
     txn.lock()
@@ -184,6 +190,7 @@ def commit_prepared(node: ShardNode, s: Any, txn: Any, commit_ts: Any) -> dict[s
     entry["prevOpTime"] = {"ts": txn.prepare_ts, "t": Int64(1)}
     node.append_entry(entry)
     txn.views.clear()
+    s.last_write_ts = entry["ts"]
     node.sessions.note(s)
     node.sessions.decided()
     return {"__operationTime": entry["ts"]}
@@ -197,7 +204,10 @@ async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[s
     the abort reason (NoSuchTransaction 251 with TransientTransactionError when a participant
     could not prepare, ``txn_two_phase_commit_cmds.cpp``; OperationNotSupportedInTransaction
     (263) when it refused because the transaction created a collection). BadValue (2) for a
-    bad list. An empty list recovers the decision (:mod:`shard.commit_recovery`)."""
+    bad list. When this shard has no coordinator for the transaction any more (a retried
+    commit after the coordination completed, also across a restart) the outcome is recovered
+    from this shard's participant instead of starting two-phase commit again; an empty list
+    recovers the decision (:mod:`shard.commit_recovery`)."""
     parts = req.get("participants")
     if isinstance(parts, list) and not parts and isinstance(req.get("lsid"), dict) \
             and req.get("txnNumber") is not None:
@@ -210,15 +220,9 @@ async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[s
         raise MongoError(50768, "coordinateCommitTransaction must be run within a transaction")
     decision = await node.coordinators.coordinate(full_lsid(lsid), int(req.get("txnNumber")),
                                                   parts)
-    if decision["decision"] == "commit":
-        return {}
-    status = decision["abortStatus"]
-    if status.get("code") == 263:
-        # a participant refused to prepare a transaction that created a collection: the client
-        # gets that reason (create_new_collections_prepared_transactions.js)
-        raise MongoError(263, str(status.get("errmsg", "")))
-    raise MongoError(251, f"Transaction was aborted :: caused by :: "
-                          f"{decision['abortStatus'].get('errmsg', '')}", labels=TRANSIENT)
+    if decision is None:  # no coordinator in memory: "recover decision from local participant"
+        return await recover_from_participant(node, req)
+    return decision_reply(decision)
 
 
 @commands.handler("endSessions")

@@ -127,7 +127,8 @@ class Connection:
 
     async def _round_trip(self, msg: bytes | None, timeout: float | None) -> bytes:
         """Write ``msg`` (unless None) and read one reply's body, mapping failures to
-        NetworkTimeout (89) / SocketException (9001) and closing the connection."""
+        NetworkTimeout (89) / SocketException (9001) and closing the connection (also when
+        the caller is cancelled meanwhile)."""
         if self._reader is None or self._writer is None:
             self.broken = True
             raise MongoError(9001, f"not connected to {self.address}")
@@ -139,6 +140,11 @@ class Connection:
                 # wait_for wraps each read in a new Task, two per command on the hot path.
                 async with asyncio.timeout(timeout):
                     raw_header, header, payload = await self._exchange(msg)
+        except asyncio.CancelledError:
+            # cancelled between writing the request and reading its reply: that reply would be
+            # read as the next command's answer, so the connection is not reused
+            self.close()
+            raise
         except TimeoutError:
             self.close()
             raise MongoError(89, f"operation exceeded time limit talking to {self.address}") from None

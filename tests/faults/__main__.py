@@ -1,6 +1,8 @@
-"""``python -m tests.faults [--role shard|router|config|all] [--trials N] [--seed S] [--ops N]``:
-fault trials on one durable 2-shard cluster per role, then a summary table. Trial ``k`` of a
-run has seed ``S + k`` (printed per trial); ``--seed X --trials 1 --role R`` replays one."""
+"""``python -m tests.faults [--role shard|router|config|txn|all] [--trials N] [--seed S]
+[--ops N]``: fault trials on one durable 2-shard cluster per role, then a summary table. Trial
+``k`` of a run has seed ``S + k`` (printed per trial); ``--seed X --trials 1 --role R`` replays
+one. ``txn``: the coordinator shard killed before/after its commit decision and the client's
+commit retried later (:mod:`.txn_trial`), with its own table per moment."""
 
 from __future__ import annotations
 
@@ -11,8 +13,29 @@ import tempfile
 
 from shardsim.tools.launcher import Cluster
 
-from .checkers import CHECKERS
+from .checkers import CHECKERS, TXN_CHECKERS
 from .harness import ROLES, TrialResult, run_trial
+from .txn_trial import MOMENTS
+
+
+def _txn_summary(rs: list[TrialResult]) -> str:
+    """The ``txn`` trials: per moment, outcomes, the retried commit's answers, violations."""
+    cols = ["moment", "trials", "failed", "committed", "aborted", "retry ok", "retry 251",
+            "retry other", *TXN_CHECKERS, "s/trial"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for moment in sorted(MOMENTS):
+        ms = [r for r in rs if f"moment {moment}" in r.notes]
+        if not ms:
+            continue
+        row = [moment, len(ms), sum(not r.ok for r in ms),
+               sum("outcome commit" in r.notes for r in ms),
+               sum("outcome abort" in r.notes for r in ms),
+               sum("retry ok" in r.notes for r in ms), sum("retry 251" in r.notes for r in ms),
+               sum(not ({"retry ok", "retry 251"} & set(r.notes)) for r in ms),
+               *(sum(len(r.violations[c]) for r in ms) for c in TXN_CHECKERS),
+               f"{sum(r.seconds for r in ms) / len(ms):.1f}"]
+        lines.append("| " + " | ".join(str(v) for v in row) + " |")
+    return "\n".join(lines)
 
 
 def _summary(results: list[TrialResult]) -> str:
@@ -21,14 +44,17 @@ def _summary(results: list[TrialResult]) -> str:
     rows = []
     for role in ROLES:
         rs = [r for r in results if r.role == role]
-        if not rs:
+        if not rs or role == "txn":
             continue
         rows.append([role, len(rs), sum(not r.ok for r in rs), sum(r.acked for r in rs),
                      sum(r.ambiguous for r in rs), sum(r.events for r in rs),
                      *(sum(len(r.violations[c]) for r in rs) for c in CHECKERS),
                      f"{sum(r.seconds for r in rs) / len(rs):.1f}"])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] if rows else []
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
+    txn = [r for r in results if r.role == "txn"]
+    if txn:
+        lines += ["", _txn_summary(txn)] if rows else [_txn_summary(txn)]
     return "\n".join(lines)
 
 

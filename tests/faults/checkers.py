@@ -10,6 +10,7 @@ write is never applied twice either way).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -112,3 +113,127 @@ CHECKERS: dict[str, Callable[[Observed], list[str]]] = {
 def check(o: Observed) -> dict[str, list[str]]:
     """``{invariant: violations}`` for every checker."""
     return {name: fn(o) for name, fn in CHECKERS.items()}
+
+
+# -- the ``txn`` trial (tests/faults/txn_trial.py): the coordinator killed, a delayed retry ------
+_PYTHON_TEXT = re.compile(r"\b(Traceback|KeyError|TypeError|AttributeError|ValueError|"
+                          r"IndexError|AssertionError|RuntimeError)\b")
+# the transaction's writes: the documents it $inc's and those it inserts, in the same shard
+# order (x < 0 on the coordinator, x > 0 on the other shard)
+TXN_UPDATED = (-1, 1)
+TXN_INSERTED = (-2, 2)
+
+
+@dataclass
+class TxnObserved:
+    """What a ``txn`` trial saw: the client's answers to its first and its retried
+    ``commitTransaction`` (``{ok}`` or ``{ok: False, code, labels, errmsg, type}``), what
+    :func:`read_shard` read on every shard, and the plain writes that failed afterwards."""
+
+    retry: dict[str, Any]
+    first: dict[str, Any]
+    shards: dict[str, dict[str, Any]]
+    blocked: list[str] = field(default_factory=list)
+
+    def committed(self) -> dict[str, bool]:
+        """Per shard: whether the transaction's writes are there."""
+        out = {}
+        for name, st in self.shards.items():
+            docs = st["docs"]
+            out[name] = any(docs.get(i, {}).get("v", 0) >= 1 for i in TXN_UPDATED) or \
+                any(i in docs for i in TXN_INSERTED)
+        return out
+
+
+def read_shard(proc: Any, db: str, coll: str) -> dict[str, Any]:
+    """Read one shard process directly (not through the router): ``{docs: {_id: doc}, prepared:
+    [its config.transactions records with state "prepared"], undecided: [ts of oplog prepare
+    entries without a commit/abort entry naming them]}``."""
+    import pymongo
+    with pymongo.MongoClient(proc.host, proc.port, directConnection=True,
+                             serverSelectionTimeoutMS=20000, socketTimeoutMS=20000) as c:
+        docs = {d["_id"]: d for d in c[db][coll].find({})}
+        prepared = list(c.config.transactions.find({"state": "prepared"}))
+        oplog = c.local["oplog.rs"]
+        decided = {e["prevOpTime"]["ts"] for e in oplog.find(
+            {"$or": [{"o.commitTransaction": 1}, {"o.abortTransaction": 1}]})}
+        undecided = [e["ts"] for e in oplog.find({"o.prepare": True}) if e["ts"] not in decided]
+    return {"docs": docs, "prepared": prepared, "undecided": undecided}
+
+
+def txn_all_or_nothing(o: TxnObserved) -> list[str]:
+    """The transaction is on every shard or on none, and whole on each."""
+    out = []
+    committed = o.committed()
+    if len(set(committed.values())) > 1:
+        out.append(f"committed on some shards only: {committed}")
+    for name, st in o.shards.items():
+        docs = st["docs"]
+        for upd, ins in zip(TXN_UPDATED, TXN_INSERTED):  # the same shard's two writes
+            if upd in docs and (docs[upd].get("v", 0) >= 1) != (ins in docs):
+                out.append(f"half of the transaction on {name}: {sorted(docs)}")
+    return out
+
+
+def txn_applied_once(o: TxnObserved) -> list[str]:
+    """No write of the transaction applied twice: ``v`` at most 1, each inserted ``_id`` on
+    one shard at most."""
+    out = []
+    for name, st in o.shards.items():
+        for i in TXN_UPDATED:
+            v = st["docs"].get(i, {}).get("v", 0)
+            if v > 1:
+                out.append(f"$inc of {i} applied {v} times on {name}")
+    for i in TXN_INSERTED:
+        holders = [n for n, st in o.shards.items() if i in st["docs"]]
+        if len(holders) > 1:
+            out.append(f"insert of {i} on {holders}")
+    return out
+
+
+def txn_answer_matches(o: TxnObserved) -> list[str]:
+    """The client was told the truth: a commit answered ok is committed; NoSuchTransaction or
+    TransientTransactionError (run it again) only for a transaction committed nowhere; never
+    InternalError or Python exception text."""
+    out = []
+    committed = any(o.committed().values())
+    for which, a in (("first commit", o.first), ("retried commit", o.retry)):
+        if a.get("ok") and not committed:
+            out.append(f"{which} answered ok but nothing committed")
+        if not a.get("ok"):
+            if committed and (a.get("code") == 251 or
+                              "TransientTransactionError" in a.get("labels", [])):
+                out.append(f"{which} told to re-run a committed transaction: {a}")
+            if a.get("code") == 1 or _PYTHON_TEXT.search(a.get("errmsg", "")):
+                out.append(f"{which} answered an internal error: {a}")
+    return out
+
+
+def txn_nothing_prepared(o: TxnObserved) -> list[str]:
+    """No shard holds a prepared transaction afterwards (config.transactions, oplog)."""
+    out = []
+    for name, st in o.shards.items():
+        if st["prepared"]:
+            out.append(f"{name}: config.transactions has prepared {st['prepared']}")
+        if st["undecided"]:
+            out.append(f"{name}: prepare entries without a decision {st['undecided']}")
+    return out
+
+
+def txn_writers_not_blocked(o: TxnObserved) -> list[str]:
+    """Plain writes of the transaction's documents go through afterwards."""
+    return list(o.blocked)
+
+
+TXN_CHECKERS: dict[str, Callable[[TxnObserved], list[str]]] = {
+    "txn_all_or_nothing": txn_all_or_nothing,
+    "txn_applied_once": txn_applied_once,
+    "txn_answer": txn_answer_matches,
+    "txn_prepared_left": txn_nothing_prepared,
+    "txn_writer_blocked": txn_writers_not_blocked,
+}
+
+
+def check_txn(o: TxnObserved) -> dict[str, list[str]]:
+    """``{invariant: violations}`` for every ``txn`` checker."""
+    return {name: fn(o) for name, fn in TXN_CHECKERS.items()}

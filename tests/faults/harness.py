@@ -23,7 +23,9 @@ from shardsim.tools.launcher import Cluster
 
 from .checkers import Observed, check
 
-ROLES = ("shard", "router", "config")
+# "txn": the coordinator shard of a cross-shard transaction killed before/after its decision,
+# the client's commit retried later (tests/faults/txn_trial.py)
+ROLES = ("shard", "router", "config", "txn")
 DB = "faults"
 
 
@@ -134,7 +136,11 @@ def _expected_events(o: Observed) -> set[tuple[str, int]]:
 def run_trial(cluster: Cluster, role: str, seed: int, ops: int = 150) -> TrialResult:
     """Run one trial on a started durable ``cluster``: kill -9 a ``role`` process ("shard",
     "router" or "config") during ``ops`` writes and a watch, restart it, check. The trial's
-    collection is ``faults.t<seed>`` (sharded on hashed ``_id``)."""
+    collection is ``faults.t<seed>`` (sharded on hashed ``_id``). Role "txn" is the
+    coordinator-kill trial of :mod:`.txn_trial` (``ops`` unused)."""
+    if role == "txn":
+        from .txn_trial import run_txn_trial  # it builds on this module
+        return run_txn_trial(cluster, seed)
     rng = random.Random(seed)
     started = time.time()
     name = f"t{seed}"

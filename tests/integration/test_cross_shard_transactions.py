@@ -194,3 +194,30 @@ def test_participant_ahead_in_time_commits_later_as_in_mongod() -> None:
                    if "commitTransaction" in e["o"]]
         assert len({e["o"]["commitTimestamp"] for e in commits}) == 1
         assert sorted(e["ts"] for e in commits) == [a["clusterTime"], b["clusterTime"]]
+
+
+def test_decision_is_sent_again_until_the_participant_acknowledges_it() -> None:
+    """The other participant fails the coordinator's commitTransaction twice with an error that
+    is neither a network error nor a vote-abort one (failCommand UnknownError 8): the
+    coordinator sends the decision again until it is acknowledged (``sendDecisionToShard``
+    always retries), so when the client's commit returns, that participant has committed and
+    holds nothing prepared."""
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        primary, other = two_shard_collection(client, "u.c")
+        coll = client.u.c
+        coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
+        c.configure_fail_point(other, "failCommand", {"times": 2},
+                               {"failCommands": ["commitTransaction"], "errorCode": 8})
+        with client.start_session() as s:
+            with s.start_transaction():
+                coll.update_one({"_id": -1, "x": -1}, {"$inc": {"v": 1}}, session=s)
+                coll.update_one({"_id": 1, "x": 1}, {"$inc": {"v": 1}}, session=s)
+        assert c.cluster.node(other).sessions.prepared() == []
+        direct = pymongo.MongoClient(f"mongodb://{c.shard_address(other)}/?directConnection=true")
+        try:
+            assert direct.u.c.find_one({"_id": 1})["v"] == 1
+            assert list(direct.config.transactions.find({"state": "prepared"})) == []
+        finally:
+            direct.close()
+        assert sorted(d["v"] for d in coll.find()) == [1, 1]

@@ -101,3 +101,47 @@ def test_commit_on_a_router_that_never_saw_it_aborts_an_unfinished_transaction(
     assert recovered.code == 251 and "TransientTransactionError" in recovered.labels
     assert late.code == 251
     assert cluster.client().r.c.count_documents({"_id": {"$in": [20, 21]}}) == 0
+
+
+def test_retried_single_write_shard_commit_recovers_instead_of_committing_again(
+        cluster: Any) -> None:
+    """A transaction that read on one shard (the first participant) and wrote on the other:
+    a retried commit through the same router uses the recovery-token protocol on the write
+    shard (``_commitTransaction``, ``!isFirstCommitAttempt``), never a second commit. After a
+    successful commit the retry answers ok; when the first commit failed on the write shard
+    (failCommand), the retry finds the transaction still in progress there, aborts it and
+    answers NoSuchTransaction (251, TransientTransactionError), as mongos 8.0 does."""
+    lsid = {"id": Binary(uuid.uuid4().bytes, 4)}
+    primary = cluster.client().config.databases.find_one({"_id": "r"})["primary"]
+
+    async def txn(router: Pool, n: int) -> None:
+        fields = {"lsid": lsid, "txnNumber": n, "autocommit": False}
+        await router.command("r", {"find": "c", "filter": {"x": 10 ** 6}, **fields,
+                                   "startTransaction": True})  # read-only, first participant
+        await router.command("r", {"insert": "c", "documents": [{"_id": n * 10, "x": -n}],
+                                   **fields})
+
+    async def commit_twice(n: int) -> list[Any]:
+        a = _router(cluster.uris[0])
+        out: list[Any] = []
+        try:
+            await txn(a, n)
+            for _ in range(2):
+                try:
+                    out.append(await a.command("admin", _commit(n, lsid, None)))
+                except MongoError as exc:
+                    out.append(exc)
+            return out
+        finally:
+            a.close()
+
+    first, retry = asyncio.run(commit_twice(5))
+    cluster.configure_fail_point(primary, "failCommand", {"times": 1}, {
+        "failCommands": ["commitTransaction"], "errorCode": 91})
+    failed, retried = asyncio.run(commit_twice(6))
+    assert first["ok"] == 1 and retry["ok"] == 1
+    assert isinstance(failed, MongoError) and failed.code == 91
+    assert isinstance(retried, MongoError) and retried.code == 251
+    assert "TransientTransactionError" in retried.labels
+    assert sorted(d["_id"] for d in cluster.client().r.c.find({"_id": {"$in": [50, 60]}})) \
+        == [50]
