@@ -187,35 +187,6 @@ def _list_collections(req: Request) -> Needed | str:
     return [(("db", req.db), ["listCollections"])]
 
 
-def _role_dbs(req: Request, field: str, action: str) -> Needed:
-    out: Needed = []
-    for r in req.body.get(field) or []:
-        db = r.get("db") if isinstance(r, dict) else req.db
-        if isinstance(db, str):
-            out.append((("db", db), [action]))
-    return out
-
-
-def _create_user(req: Request) -> Needed:
-    return [(("db", req.db), ["createUser"])] + _role_dbs(req, "roles", "grantRole")
-
-
-def _create_role(req: Request) -> Needed:
-    return [(("db", req.db), ["createRole"])] + _role_dbs(req, "roles", "grantRole")
-
-
-def _update_user(req: Request) -> Needed:
-    b = req.body
-    out: Needed = []
-    if "pwd" in b:
-        out.append((("db", req.db), ["changePassword"]))
-    if "customData" in b:
-        out.append((("db", req.db), ["changeCustomData"]))
-    if "roles" in b:
-        out.append((("db", req.db), ["grantRole", "revokeRole"]))
-    return out or [(("db", req.db), ["changePassword"])]
-
-
 INTERNAL = _on_cluster("internal")
 
 TABLE: dict[str, Any] = {
@@ -277,13 +248,13 @@ TABLE: dict[str, Any] = {
     "getLog": _on_cluster("getLog"), "hostInfo": _on_cluster("hostInfo"),
     # resize_oplog.cpp: the replSetResizeOplog action on the cluster resource
     "replSetResizeOplog": _on_cluster("replSetResizeOplog"),
-    # users and roles (user_management_commands.cpp)
-    "createUser": _create_user, "updateUser": _update_user, "dropUser": _on_db("dropUser"),
-    "dropAllUsersFromDatabase": _on_db("dropUser"),
-    "usersInfo": _on_db("viewUser"), "createRole": _create_role, "dropRole": _on_db("dropRole"),
-    "grantRolesToUser": lambda req: _role_dbs(req, "roles", "grantRole"),
-    "revokeRolesFromUser": lambda req: _role_dbs(req, "roles", "revokeRole"),
-    "rolesInfo": _on_db("viewRole"),
+    # users and roles: any authenticated user here; the precise rules of each
+    # (user_management_commands_common.cpp) are shardsim.auth.umc_checks.CHECKS
+    **{n: AUTH_ONLY for n in ("createUser", "updateUser", "dropUser", "dropAllUsersFromDatabase",
+                              "usersInfo", "createRole", "updateRole", "dropRole",
+                              "dropAllRolesFromDatabase", "grantRolesToUser",
+                              "revokeRolesFromUser", "grantRolesToRole", "revokeRolesFromRole",
+                              "grantPrivilegesToRole", "revokePrivilegesFromRole", "rolesInfo")},
     "invalidateUserCache": _on_cluster("invalidateUserCache"),
 }
 

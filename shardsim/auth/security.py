@@ -24,6 +24,7 @@ from bson import Binary, ObjectId, Timestamp
 
 from shardsim.auth import privileges as privs_mod
 from shardsim.auth import roles as roles_mod
+from shardsim.auth import umc_checks
 from shardsim.auth.cluster_time import KeyRing
 from shardsim.auth.scram import make_credentials
 from shardsim.auth.session import SYSTEM_USER, AuthSession
@@ -132,31 +133,18 @@ class Security:
                     and is_localhost(req.conn.peer) and not await self.store.has_users():
                 return  # the localhost exception: the first user or role, in admin
             raise MongoError(13, f"Command {name} requires authentication")
-        if sess.is_system or needed == privs_mod.AUTH_ONLY:
+        if sess.is_system:
+            return
+        if name in umc_checks.CHECKS:  # user_management_commands_common.cpp
+            umc_checks.check(name, req, await sess.resolve(self.store), sess)
+            return
+        if needed == privs_mod.AUTH_ONLY:
             return
         privileges = await sess.resolve(self.store)
-        if name == "usersInfo" and self._own_users(req, sess):
-            return
         for target, actions in needed:
             if not roles_mod.authorized(privileges, target, actions):
                 raise MongoError(13, f"not authorized on {req.db} to execute command "
                                      f"{format_bson(_snip(req.body))}")
-
-    @staticmethod
-    def _own_users(req: Request, sess: AuthSession) -> bool:
-        """usersInfo about the connection's own users needs no privilege."""
-        arg = req.arg
-        targets = arg if isinstance(arg, list) else [arg]
-        for t in targets:
-            if isinstance(t, str):
-                t = (t, req.db)
-            elif isinstance(t, dict):
-                t = (t.get("user"), t.get("db"))
-            else:
-                return False
-            if t not in sess.users:
-                return False
-        return True
 
     # -- cluster time ----------------------------------------------------------------------
     def sign(self, ts: Timestamp, dummy: dict[str, Any]) -> dict[str, Any]:
