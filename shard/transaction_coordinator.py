@@ -43,6 +43,7 @@ from shardsim.errors import MongoError, code_name
 from shardsim.failpoints import FailPoint
 from shardsim.gossip import gossip_command
 from shardsim.values import id_key
+from shard.sessions import session_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from shard.node import ShardNode
@@ -133,7 +134,7 @@ class Coordinators:
         """Run (or join) the two-phase commit of ``(lsid, txn_number)``; returns the decision
         ``{decision: "commit", commitTimestamp}`` or ``{decision: "abort", abortStatus: {code,
         codeName, errmsg}}`` once every participant has been told."""
-        key = (bytes(lsid["id"]), int(txn_number))
+        key = (session_key(lsid), int(txn_number))
         task = self._running.get(key)
         if task is None:
             doc = self._find(lsid, txn_number)
@@ -151,7 +152,7 @@ class Coordinators:
         """The decision of ``(lsid, txn_number)`` when this shard coordinates it (joining the
         running coordination, or finishing a persisted one), else None
         (``TransactionCoordinatorService::recoverCommit``)."""
-        key = (bytes(lsid["id"]), int(txn_number))
+        key = (session_key(lsid), int(txn_number))
         task = self._running.get(key)
         if task is not None:
             return await asyncio.shield(task)
@@ -163,7 +164,8 @@ class Coordinators:
     def _find(self, lsid: dict[str, Any], txn_number: int) -> dict[str, Any] | None:
         for doc in self.documents():
             _id = doc["_id"]
-            if bytes(_id["lsid"]["id"]) == bytes(lsid["id"]) and int(_id["txnNumber"]) == txn_number:
+            if session_key(_id["lsid"]) == session_key(lsid) \
+                    and int(_id["txnNumber"]) == txn_number:
                 return doc
         return None
 
@@ -232,7 +234,7 @@ class Coordinators:
                     "errmsg": "the coordinator restarted before reaching a decision"}})
                 self._save(doc)
             _id = doc["_id"]
-            key = (bytes(_id["lsid"]["id"]), int(_id["txnNumber"]))
+            key = (session_key(_id["lsid"]), int(_id["txnNumber"]))
             task = asyncio.get_running_loop().create_task(self._run(doc))
             self._running[key] = task
             task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))

@@ -70,7 +70,7 @@ class LocalSessionCache:
         now = datetime.datetime.now(datetime.timezone.utc)
         now = now.replace(microsecond=now.microsecond // 1000 * 1000)
         rec = {"_id": {"id": sid, "uid": Binary(bytes(uid), 0)}, "lastUse": now}
-        if users and "uid" not in lsid:
+        if users and bytes(uid) == bytes(user_uid(*users[0])):
             rec["user"] = {"name": f"{users[0][0]}@{users[0][1]}"}
         self.records.pop(key, None)  # re-inserted last: the dict stays in lastUse order
         self.records[key] = rec

@@ -143,8 +143,22 @@ def pipeline_privileges(pipeline: Any, db: str, out: Needed) -> None:
             out.append((_stage_target(into, db), ["insert", "update"]))
         elif name == "$currentOp":
             out.append((("cluster",), ["inprog"]))
-        elif name == "$listSessions":
-            out.append((("cluster",), ["listSessions"]))
+
+
+def _list_sessions(spec: Any, req: Request) -> Needed:
+    """``$listLocalSessions`` / ``$listSessions`` (``listSessionsRequiredPrivileges``,
+    ``src/mongo/db/pipeline/document_source_list_sessions.cpp``): ``listSessions`` on the
+    cluster for ``allUsers: true`` or a ``users`` list naming anyone but the caller; nothing
+    for the caller's own sessions."""
+    if not isinstance(spec, dict):
+        return []
+    mine = list(getattr(req.conn.auth, "users", None) or [])
+    users = spec.get("users")
+    others = isinstance(users, list) and any(
+        not isinstance(u, dict) or (u.get("user"), u.get("db")) not in mine for u in users)
+    if spec.get("allUsers") is True or others:
+        return [(("cluster",), ["listSessions"])]
+    return []
 
 
 def _aggregate(req: Request) -> Needed:
@@ -152,7 +166,10 @@ def _aggregate(req: Request) -> Needed:
     first = pipeline[0] if isinstance(pipeline, list) and pipeline else None
     collectionless = not isinstance(req.arg, str)
     out: Needed = []
-    if isinstance(first, dict) and "$changeStream" in first:
+    if isinstance(first, dict) and ("$listLocalSessions" in first or "$listSessions" in first):
+        out.extend(_list_sessions(next(iter(first.values())), req))
+        pipeline = pipeline[1:]
+    elif isinstance(first, dict) and "$changeStream" in first:
         spec = first["$changeStream"] if isinstance(first["$changeStream"], dict) else {}
         actions = ["changeStream", "find"]
         if collectionless and req.db == "admin" and spec.get("allChangesForCluster"):
@@ -219,10 +236,8 @@ TABLE: dict[str, Any] = {
     "createSearchIndexes": _on_coll("createSearchIndexes"),
     "updateSearchIndex": _on_coll("updateSearchIndex"),
     "dropSearchIndex": _on_coll("dropSearchIndex"),
-    # cluster_check_metadata_consistency_cmd.cpp: on the cluster (admin), the db or the ns
-    "checkMetadataConsistency": lambda req: [(
-        ("cluster",) if req.db == "admin" else _coll_ns(req) if isinstance(req.arg, str)
-        else ("db", req.db), ["checkMetadataConsistency"])],
+    # cluster_check_metadata_consistency_cmd.cpp: the cluster, or the db / ns (checks.py)
+    "checkMetadataConsistency": AUTH_ONLY,
     # sharding
     "addShard": _on_cluster("addShard"), "removeShard": _on_cluster("removeShard"),
     "listShards": _on_cluster("listShards"), "enableSharding": _on_full_ns("enableSharding"),
@@ -249,7 +264,7 @@ TABLE: dict[str, Any] = {
     # resize_oplog.cpp: the replSetResizeOplog action on the cluster resource
     "replSetResizeOplog": _on_cluster("replSetResizeOplog"),
     # users and roles: any authenticated user here; the precise rules of each
-    # (user_management_commands_common.cpp) are shardsim.auth.umc_checks.CHECKS
+    # (user_management_commands_common.cpp) are shardsim.auth.checks.CHECKS
     **{n: AUTH_ONLY for n in ("createUser", "updateUser", "dropUser", "dropAllUsersFromDatabase",
                               "usersInfo", "createRole", "updateRole", "dropRole",
                               "dropAllRolesFromDatabase", "grantRolesToUser",

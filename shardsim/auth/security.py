@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, ObjectId, Timestamp
 
 from shardsim.auth import privileges as privs_mod
+from shardsim import local_sessions
 from shardsim.auth import roles as roles_mod
-from shardsim.auth import umc_checks
+from shardsim.auth import checks
 from shardsim.auth.cluster_time import KeyRing
 from shardsim.auth.scram import make_credentials
 from shardsim.auth.session import SYSTEM_USER, AuthSession
@@ -135,8 +136,8 @@ class Security:
             raise MongoError(13, f"Command {name} requires authentication")
         if sess.is_system:
             return
-        if name in umc_checks.CHECKS:  # user_management_commands_common.cpp
-            umc_checks.check(name, req, await sess.resolve(self.store), sess)
+        if name in checks.CHECKS:  # rules beyond a privilege list (shardsim/auth/checks.py)
+            checks.check(name, req, await sess.resolve(self.store), sess)
             return
         if needed == privs_mod.AUTH_ONLY:
             return
@@ -145,6 +146,48 @@ class Security:
             if not roles_mod.authorized(privileges, target, actions):
                 raise MongoError(13, f"not authorized on {req.db} to execute command "
                                      f"{format_bson(_snip(req.body))}")
+
+    # -- logical sessions ------------------------------------------------------------------
+    async def qualify_sessions(self, req: Request, name: str) -> None:
+        """Bind the request's sessions to the caller (``makeLogicalSessionId``,
+        ``src/mongo/db/logical_session_id_helpers.cpp``): an ``lsid`` without ``uid`` gets
+        the digest of the authenticated user (SHA-256 of ``"user@db"``; the no-auth digest
+        without one), so two users' sessions with the same id are distinct sessions on this
+        node and on the shards a router forwards them to (the router sends ``lsid.uid``, as
+        mongos does). A ``uid`` given by the client must be its own unless the caller may
+        ``impersonate`` (the cluster's internal user) or, for ``killSessions``, has
+        ``killAnySession``: Unauthorized (13) "Unauthorized to set user digest in
+        LogicalSessionId" otherwise. ``endSessions``/``killSessions`` lists are qualified
+        the same way."""
+        body = req.body
+        lsid = body.get("lsid")
+        if isinstance(lsid, dict) and "id" in lsid:
+            body["lsid"] = await self._make_lsid(req, lsid, ())
+        if name in ("endSessions", "killSessions") and isinstance(body.get(req.name), list):
+            spoof = ("killAnySession",) if name == "killSessions" else ()
+            body[req.name] = [await self._make_lsid(req, x, spoof)
+                              if isinstance(x, dict) and "id" in x else x
+                              for x in body[req.name]]
+
+    async def _make_lsid(self, req: Request, lsid: dict[str, Any],
+                         spoof: tuple[str, ...]) -> dict[str, Any]:
+        sess = req.conn.auth
+        users = sess.users if sess is not None else []
+        mine = local_sessions.user_uid(*users[0]) if users else local_sessions.NO_AUTH_UID
+        if "uid" not in lsid:
+            return {"id": lsid["id"], "uid": mine,
+                    **{k: v for k, v in lsid.items() if k != "id"}}
+        uid = lsid["uid"]
+        if isinstance(uid, (bytes, Binary)) and bytes(uid) == bytes(mine):
+            return lsid
+        if sess is not None and sess.is_system:
+            return lsid
+        if sess is not None and users:
+            privs = await sess.resolve(self.store)
+            if any(roles_mod.authorized(privs, ("cluster",), [a])
+                   for a in ("impersonate",) + spoof):
+                return lsid
+        raise MongoError(13, "Unauthorized to set user digest in LogicalSessionId")
 
     # -- cluster time ----------------------------------------------------------------------
     def sign(self, ts: Timestamp, dummy: dict[str, Any]) -> dict[str, Any]:

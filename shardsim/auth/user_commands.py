@@ -3,7 +3,7 @@
 ``createRole``, ``updateRole``, ``dropRole``, ``dropAllRolesFromDatabase``, ``grantRolesToUser``,
 ``revokeRolesFromUser``, ``grantRolesToRole``, ``revokeRolesFromRole``,
 ``grantPrivilegesToRole``, ``revokePrivilegesFromRole``, ``rolesInfo``,
-``invalidateUserCache``. Who may run each is :mod:`shardsim.auth.umc_checks`.
+``invalidateUserCache``. Who may run each is :mod:`shardsim.auth.checks`.
 
 The handlers work on ``node.security.store``, which must have the write methods of
 :class:`shardsim.auth.store.MemoryUserStore` (``put_user``, ``delete_user``, ``put_role``,

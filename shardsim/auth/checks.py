@@ -1,5 +1,12 @@
-"""Authorization of the user- and role-management commands, as mongod checks them before it
-runs one (``src/mongo/db/commands/user_management_commands_common.cpp``, the
+"""Authorization of the commands whose rule is more than a list of privileges (the table of
+:mod:`shardsim.auth.privileges`), with the server's own Unauthorized (13) messages.
+
+``checkMetadataConsistency`` (``cluster_check_metadata_consistency_cmd.cpp``,
+``doCheckAuthorization``): the ``checkMetadataConsistency`` action on the cluster (on
+``admin``), on the cluster or the database (``{checkMetadataConsistency: 1}`` on a database),
+on the cluster or the namespace (on a collection).
+
+The user- and role-management commands, as mongod checks them before it runs one (``src/mongo/db/commands/user_management_commands_common.cpp``, the
 ``checkAuthForTypedCommand`` overloads and their helpers ``checkAuthorizedToGrantRoles``,
 ``checkAuthorizedToRevokeRoles``, ``checkAuthorizedToGrantPrivilege(s)``,
 ``checkAuthorizedToRevokePrivilege(s)``).
@@ -211,9 +218,26 @@ CHECKS: dict[str, Check] = {
 }
 
 
+def _check_metadata_consistency(req: Request, privs: Privileges, sess: AuthSession) -> None:
+    action = "checkMetadataConsistency"
+    if _has(privs, ("cluster",), action):
+        return
+    _require(req.db != "admin", "Not authorized to check cluster metadata consistency")
+    if isinstance(req.arg, str):
+        _require(_has(privs, ("ns", req.db, req.arg), action),
+                 f"Not authorized to check metadata consistency for collection "
+                 f"{req.db}.{req.arg}")
+    else:
+        _require(_has(privs, ("db", req.db), action),
+                 f"Not authorized to check metadata consistency for database {req.db}")
+
+
+CHECKS["checkMetadataConsistency"] = _check_metadata_consistency
+
+
 def check(name: str, req: Request, privs: Privileges, sess: AuthSession) -> bool:
-    """Run the check of user-management command ``name`` (canonical) for an authenticated
-    connection whose privileges are ``privs``; False when ``name`` is not one of them.
+    """Run the check of command ``name`` (canonical) for an authenticated connection whose
+    privileges are ``privs``; False when ``name`` is not one of :data:`CHECKS`.
     Raises Unauthorized (13) with mongod's message."""
     fn = CHECKS.get(name)
     if fn is None:
