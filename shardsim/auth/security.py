@@ -17,6 +17,7 @@ Unauthorized (13) "Command <name> requires authentication" for an unauthenticate
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,11 @@ _KEY_CHARS = re.compile(r"^[A-Za-z0-9+/=]+$")
 
 def read_key_file(path: str) -> str:
     """The key of a ``--keyFile``: its content without whitespace; 6 to 1024 base64
-    characters (``readSecurityFile``). Raises ``ValueError`` with mongod's reason."""
+    characters, in a file no group or other user may read, write or run
+    (``readSecurityFile``, ``src/mongo/db/auth/security_file.cpp``: "permissions on <path> are
+    too open"). Raises ``ValueError`` with mongod's reason (``OSError`` for a missing file)."""
+    if os.name == "posix" and os.stat(path).st_mode & 0o077:
+        raise ValueError(f"permissions on {path} are too open")
     with open(path) as f:
         key = "".join(f.read().split())
     if len(key) < 6:

@@ -104,3 +104,25 @@ def test_keyring_signs_and_validates() -> None:
         checker.validate({"clusterTime": later, "signature": sig})  # proof of another second
     assert info.value.code == 210
     checker.validate({"clusterTime": Timestamp(1500, 0), "signature": dummy})  # not ahead
+
+
+def test_key_file_readable_by_others_is_refused(tmp_path) -> None:
+    """security_file.cpp: a key file group or others may access is refused, and the process
+    does not start (one line on stderr, exit status 1)."""
+    import os
+    import subprocess
+    import sys
+
+    from shardsim.auth.security import read_key_file
+    path = tmp_path / "keyfile"
+    path.write_text("abcdefghij\n")
+    os.chmod(path, 0o644)
+    with pytest.raises(ValueError, match=f"^permissions on {path} are too open$"):
+        read_key_file(str(path))
+    proc = subprocess.run([sys.executable, "-m", "router", "--port", "0", "--configdb",
+                           "127.0.0.1:1", "--keyFile", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"shardsim router: permissions on {path} are too open"
+    os.chmod(path, 0o600)
+    assert read_key_file(str(path)) == "abcdefghij"
