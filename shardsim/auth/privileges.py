@@ -4,7 +4,7 @@
 
 :func:`required` returns :data:`NO_AUTH` (the command runs without authentication:
 ``requiresAuth() == false`` in the server: hello, isMaster, buildInfo, ping, saslStart,
-saslContinue, authenticate, logout, connectionStatus), :data:`AUTH_ONLY` (any authenticated
+saslContinue, authenticate, logout, connectionStatus, and the test-only configureFailPoint), :data:`AUTH_ONLY` (any authenticated
 user), or a list of ``(target, actions)`` where target is ``("ns", db, coll)``, ``("db", db)``,
 ``("anyNormal",)`` or ``("cluster",)``. Change streams follow
 ``LiteParsedDocumentSourceChangeStream::requiredPrivileges``
@@ -214,7 +214,10 @@ TABLE: dict[str, Any] = {
     **{n: AUTH_ONLY for n in ("getMore", "killCursors", "startSession", "endSessions",
                               "refreshSessions", "killSessions", "commitTransaction",
                               "abortTransaction", "listCommands", "whatsmyuri", "isdbgrid",
-                              "configureFailPoint", "listDatabases")},
+                              "listDatabases")},
+    # fail_point_cmd.cpp: requiresAuth() false and no privilege ("it only works when enabled
+    # via command line"): the command exists only with enableTestCommands=1, off by default
+    "configureFailPoint": NO_AUTH,
     "killAllSessions": _on_cluster("killAnySession"),
     # two-phase commit between router and shards (txn_two_phase_commit_cmds.cpp: internal)
     "prepareTransaction": INTERNAL, "coordinateCommitTransaction": INTERNAL,
