@@ -126,3 +126,33 @@ def test_key_file_readable_by_others_is_refused(tmp_path) -> None:
     assert proc.stderr.strip() == f"shardsim router: permissions on {path} are too open"
     os.chmod(path, 0o600)
     assert read_key_file(str(path)) == "abcdefghij"
+
+
+def test_test_commands_options(tmp_path) -> None:
+    """--enable-test-commands / --setParameter enableTestCommands=1 turn the test-only
+    commands on; off by default (mongod's enableTestCommands); --no-test-commands wins."""
+    import click
+    from click.testing import CliRunner
+
+    from shardsim.auth.cli import test_commands_options
+    from shardsim.launcher import Cluster
+
+    @click.command()
+    @test_commands_options
+    def cmd(test_commands: bool) -> None:
+        click.echo(f"on={test_commands}")
+
+    runner = CliRunner()
+    for args, out in (([], "on=False"), (["--enable-test-commands"], "on=True"),
+                      (["--setParameter", "enableTestCommands=1"], "on=True"),
+                      (["--setParameter", "enableTestCommands=true"], "on=True"),
+                      (["--setParameter", "enableTestCommands=0"], "on=False"),
+                      (["--enable-test-commands", "--no-test-commands"], "on=False")):
+        res = runner.invoke(cmd, args)
+        assert res.exit_code == 0 and res.output.strip() == out, (args, res.output)
+    res = runner.invoke(cmd, ["--setParameter", "auditLog=1"])
+    assert res.exit_code == 1 and 'Illegal --setParameter parameter: "auditLog"' in res.output
+    base = str(tmp_path)
+    assert "--enable-test-commands" not in Cluster(shards=1, base_dir=base)._security_args()
+    assert "--enable-test-commands" in Cluster(shards=1, base_dir=base,
+                                               test_commands=True)._security_args()
