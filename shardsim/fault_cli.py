@@ -1,10 +1,9 @@
 """``shardsim fault ...``: faults on demand for a running ``shardsim up --detach`` cluster.
 
 The cluster is found through its state file (``cluster.json`` in the run directory, written by
-``up --detach``; :mod:`shardsim.launcher_cli`). ``noop-interval``, ``truncate-oplog``,
-``fail-point``, ``delay-promises``, ``stall-promises`` and ``skew`` use test-only commands:
-start the cluster with ``shardsim up --detach --enable-test-commands`` (CommandNotFound 59
-otherwise, with that hint). The same faults as the in-process kit's methods
+``up --detach``; :mod:`shardsim.launcher_cli`). Every fault but the four on processes
+(pause, resume, kill, restart) uses test-only commands: start the cluster with ``shardsim up
+--detach --enable-test-commands`` (CommandNotFound 59 otherwise, with that hint). The same faults as the in-process kit's methods
 (:class:`shardsim.testing.ShardedCluster`), done to processes:
 
 ==========================  ==================================================================
