@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[TrialResult] = []
     for role in roles:
         with tempfile.TemporaryDirectory(prefix="shardsim-faults-") as tmp:
-            cluster = Cluster(shards=2, durable=True, base_dir=tmp, test_commands=True)
+            cluster = Cluster(shards=2, durable=True, base_dir=tmp)
             cluster.start()
             try:
                 for k in range(args.trials):
