@@ -255,3 +255,18 @@ def test_session_ids_are_qualified_by_the_users_digest() -> None:
     assert qualify(_conn("root"), {"id": sid, "uid": root_uid})["uid"] == root_uid
     system = ConnectionInfo(id=2, peer="x", auth=AuthSession(users=[("__system", "local")]))
     assert qualify(system, {"id": sid, "uid": root_uid})["uid"] == root_uid
+
+
+def test_local_session_cache_keeps_two_users_sessions_apart() -> None:
+    """The same session id sent by two users is two $listLocalSessions records (the cache is
+    keyed by {id, uid}, LogicalSessionCache)."""
+    node = _node()
+    sid = Binary(uuid.uuid4().bytes, 4)
+    for who in ("reader", "root"):
+        reply = _run(node, who, {"usersInfo": USERS[who][0], "lsid": {"id": sid}},
+                     USERS[who][1])
+        assert reply["ok"] == 1.0, reply
+    recs = node.local_sessions.list({"allUsers": True}, None)
+    assert sorted(bytes(r["_id"]["uid"]) for r in recs) == sorted(
+        [_uid("reader", "dbX"), _uid("root", "admin")])
+    assert sorted(r["user"]["name"] for r in recs) == ["reader@dbX", "root@admin"]
