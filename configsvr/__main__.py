@@ -12,7 +12,7 @@ import logging
 import click
 
 from shardsim.core.server import ready_line
-from shardsim.core.auth.cli import apply as apply_security, security_options
+from shardsim.core.auth.cli import apply as apply_security, security_options, test_commands_options
 from shardsim.core.server import run_node
 
 
@@ -32,19 +32,19 @@ from shardsim.core.server import run_node
               help="MiB of document history kept for snapshot reads (oldest dropped first).")
 @click.option("--oplog-min-retention-hours", type=click.FloatRange(min=0), default=0.0,
               help="Entries younger than this are kept even over the size cap (hours).")
-@click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
+@test_commands_options
 def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_size_mb: float,
          oplog_cache_mb: float, snapshot_history_mb: float,
-         oplog_min_retention_hours: float, no_test_commands: bool, log_level: str,
+         oplog_min_retention_hours: float, test_commands: bool, log_level: str,
          **security: Any) -> None:
     """Run the shardsim config server (a mongod --configsvr look-alike holding the catalog)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from shardsim.configsvr.node import ConfigServerNode
     sec_options, tls = apply_security("configsvr", **security)
-    node = ConfigServerNode(host=host, port=port, test_commands=not no_test_commands,
+    node = ConfigServerNode(host=host, port=port, test_commands=test_commands,
                             options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms,
                                      "oplog_size_mb": oplog_size_mb,
                                      "oplog_cache_mb": oplog_cache_mb,

@@ -1,4 +1,4 @@
-"""``python -m router --port P --configdb HOST:PORT [--no-test-commands]``: run a router.
+"""``python -m router --port P --configdb HOST:PORT [--enable-test-commands]``: run a router.
 
 Prints ``shardsim router ready on HOST:PORT`` once listening (see :func:`shardsim.core.server.ready_line`).
 """
@@ -12,7 +12,7 @@ import logging
 import click
 
 from shardsim.core.server import ready_line
-from shardsim.core.auth.cli import apply as apply_security, security_options
+from shardsim.core.auth.cli import apply as apply_security, security_options, test_commands_options
 from shardsim.core.server import run_node
 
 
@@ -20,17 +20,17 @@ from shardsim.core.server import run_node
 @click.option("--port", type=int, default=27017, help="TCP port (0 picks a free one).")
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--configdb", required=True, help="The config server, HOST:PORT.")
-@click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
-def main(port: int, host: str, configdb: str, no_test_commands: bool, log_level: str,
+@test_commands_options
+def main(port: int, host: str, configdb: str, test_commands: bool, log_level: str,
          **security: Any) -> None:
     """Run a shardsim router (a mongos look-alike)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from shardsim.router.node import RouterNode
     sec_options, tls = apply_security("router", **security)
-    node = RouterNode(configdb=configdb, host=host, port=port, test_commands=not no_test_commands,
+    node = RouterNode(configdb=configdb, host=host, port=port, test_commands=test_commands,
                       options={"configdb": configdb, **sec_options})
     run_node(node, host, port, ready_message=ready_line("router"), tls=tls)
 

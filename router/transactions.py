@@ -21,7 +21,7 @@ from bson import Timestamp
 
 from shardsim.core.commands import Request
 
-# A transaction: (the session's lsid.id bytes, txnNumber).
+# A transaction: (the session's lsid.id + lsid.uid bytes, txnNumber).
 TxnKey = tuple[bytes, int]
 
 # Statements that make a participant a writing one (mongod answers ``readOnly: false``): the
@@ -72,10 +72,13 @@ class TransactionRouter:
 
     @staticmethod
     def key(req: Request | dict[str, Any]) -> TxnKey:
-        """``(lsid.id, txnNumber)`` of ``req`` (``b""``/0 when absent)."""
+        """``(lsid.id + lsid.uid, txnNumber)`` of ``req`` (``b""``/0 when absent): the uid
+        is part of the session (``LogicalSessionId``), so two users' sessions with the same id
+        are two sessions."""
         body = req.body if isinstance(req, Request) else req
         lsid = body.get("lsid") or {}
-        return (bytes(lsid.get("id", b"")), int(body.get("txnNumber", 0) or 0))
+        return (bytes(lsid.get("id", b"")) + bytes(lsid.get("uid", b"")),
+                int(body.get("txnNumber", 0) or 0))
 
     def get(self, req: Request | dict[str, Any]) -> RouterTxn | None:
         """The transaction of ``req``, or None when this router never saw it start."""

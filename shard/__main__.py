@@ -13,7 +13,7 @@ import sys
 import click
 
 from shardsim.core.server import ready_line
-from shardsim.core.auth.cli import apply as apply_security, security_options
+from shardsim.core.auth.cli import apply as apply_security, security_options, test_commands_options
 from shardsim.core.server import run_node
 
 
@@ -39,13 +39,13 @@ from shardsim.core.server import run_node
               help="Entries older than this are truncated whatever the size (seconds).")
 @click.option("--sync", type=click.Choice(["normal", "full"]), default="normal",
               help="SQLite synchronous mode (normal survives process crashes; full also OS crashes).")
-@click.option("--no-test-commands", is_flag=True, default=False, help="Disable test-only commands.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
+@test_commands_options
 def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interval_ms: int,
          promise_mode: str, oplog_size_mb: float, oplog_cache_mb: float, snapshot_history_mb: float,
          oplog_min_retention_hours: float,
-         oplog_max_age_s: float | None, sync: str, no_test_commands: bool, log_level: str,
+         oplog_max_age_s: float | None, sync: str, test_commands: bool, log_level: str,
          **security: Any) -> None:
     """Run a shardsim shard (a mongod --shardsvr look-alike)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
@@ -62,7 +62,7 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
     options.update(sec_options)
     try:
         node = ShardNode(shard_name=shard_name, host=host, port=port,
-                         test_commands=not no_test_commands, options=options)
+                         test_commands=test_commands, options=options)
     except RuntimeError as exc:  # e.g. DBPathInUse: exit like mongod does (code 100)
         click.echo(f"shardsim shard: {exc}", err=True)
         sys.exit(100)

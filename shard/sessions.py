@@ -95,6 +95,18 @@ def _session_id(lsid: Any) -> bytes | None:
     return None
 
 
+def session_key(lsid: Any) -> bytes | None:
+    """The key of ``lsid``'s session: its ``id`` and ``uid`` (the no-auth uid when absent), so
+    two users' sessions with the same id are two sessions, as mongod's ``LogicalSessionId``
+    (``{id, uid}``, ``logical_session_id.idl``) keys the ``SessionCatalog``; None without a
+    valid ``id``."""
+    sid = _session_id(lsid)
+    if sid is None:
+        return None
+    uid = lsid.get("uid", NO_AUTH_UID)
+    return sid + (bytes(uid) if isinstance(uid, (bytes, Binary)) else repr(uid).encode())
+
+
 def _refuse_if_prepared(s: "Session") -> None:
     """PreparedTransactionInProgress (267) when ``s`` has a prepared, undecided transaction: a
     newer txnNumber cannot start before it is decided (``transaction_participant.cpp``,
@@ -503,7 +515,7 @@ class Sessions:
     def end(self, lsids: list[Any]) -> None:
         """endSessions/killSessions: abort their open transactions and forget them."""
         for lsid in lsids:
-            sid = _session_id(lsid)
+            sid = session_key(lsid)
             s = self._sessions.get(sid) if sid is not None else None
             if s is not None and s.txn is not None and s.txn.state == "prepared":
                 continue  # a prepared transaction outlives its session until decided
@@ -526,7 +538,7 @@ class Sessions:
 
     def get(self, lsid: Any) -> Session | None:
         """The session of ``lsid`` (created on first use), or None without a valid ``lsid.id``."""
-        sid = _session_id(lsid)
+        sid = session_key(lsid)
         if sid is None:
             return None
         s = self._sessions.get(sid)
@@ -577,7 +589,7 @@ class Sessions:
         """Journal a session's retryable-write history (durable shards keep it, like
         ``config.transactions``, so a retry after a restart is not applied twice)."""
         if self.node.storage.journal is not None:
-            self.node.storage.journal.append(("session", _session_id(s.lsid), s))
+            self.node.storage.journal.append(("session", session_key(s.lsid), s))
 
     def restore(self, rec: dict[str, Any]) -> None:
         """Load one persisted session record (see :meth:`Session.record`)."""
@@ -635,7 +647,7 @@ class Sessions:
         """The state of transaction ``txn_number`` of ``lsid`` on this shard
         (``"in_progress"``, ``"prepared"``, ``"committed"``, ``"aborted"``), or None when this
         shard does not know it (another txnNumber, a session it never saw). Creates nothing."""
-        sid = _session_id(lsid)
+        sid = session_key(lsid)
         s = self._sessions.get(sid) if sid is not None else None
         if s is None or s.txn is None or s.txn_number != int(txn_number):
             return None

@@ -53,6 +53,7 @@ from shardsim.core.failpoints import FailPoint
 from shardsim.core.gossip import gossip_command
 from shardsim.core.values import id_key
 from shardsim.core.protocol.versions import NETWORK_ERRORS
+from shardsim.shard.sessions import session_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
@@ -156,7 +157,7 @@ class Coordinators:
         ``boost::none``): its coordination already completed, or a restart lost it, or this
         shard's participant is not in progress; the caller then recovers the outcome from the
         participant. Never a second two-phase commit of one transaction."""
-        key = (bytes(lsid["id"]), int(txn_number))
+        key = (session_key(lsid), int(txn_number))
         task = self._running.get(key)
         if task is None:
             doc = self._find(lsid, txn_number)
@@ -180,7 +181,7 @@ class Coordinators:
         """The decision of ``(lsid, txn_number)`` when this shard coordinates it (joining the
         running coordination, or finishing a persisted one), else None
         (``TransactionCoordinatorService::recoverCommit``)."""
-        key = (bytes(lsid["id"]), int(txn_number))
+        key = (session_key(lsid), int(txn_number))
         task = self._running.get(key)
         if task is not None:
             return await asyncio.shield(task)
@@ -192,7 +193,8 @@ class Coordinators:
     def _find(self, lsid: dict[str, Any], txn_number: int) -> dict[str, Any] | None:
         for doc in self.documents():
             _id = doc["_id"]
-            if bytes(_id["lsid"]["id"]) == bytes(lsid["id"]) and int(_id["txnNumber"]) == txn_number:
+            if session_key(_id["lsid"]) == session_key(lsid) \
+                    and int(_id["txnNumber"]) == txn_number:
                 return doc
         return None
 
@@ -278,7 +280,7 @@ class Coordinators:
         too), then decides, persists and delivers as the first attempt would have."""
         for doc in self.documents():
             _id = doc["_id"]
-            key = (bytes(_id["lsid"]["id"]), int(_id["txnNumber"]))
+            key = (session_key(_id["lsid"]), int(_id["txnNumber"]))
             task = asyncio.get_running_loop().create_task(self._run(doc))
             self._running[key] = task
             task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))

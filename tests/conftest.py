@@ -32,7 +32,14 @@ from inprocess_cluster import InProcessCluster, in_process  # noqa: E402
 
 
 def _cluster_class() -> Any:
-    return InProcessCluster if in_process() else Cluster
+    return InProcessCluster if in_process() else _TestCluster
+
+
+def _TestCluster(**kwargs: Any) -> Cluster:
+    """A launcher Cluster with the test-only commands on (off by default, as in mongod): the
+    tests use fail points and the ``_shardsim*`` testing commands."""
+    kwargs.setdefault("test_commands", True)
+    return Cluster(**kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,9 @@ if TYPE_CHECKING:  # pragma: no cover
 commands = CommandFamily("users")
 
 FORWARDED = ("createUser", "updateUser", "dropUser", "dropAllUsersFromDatabase", "usersInfo",
-             "createRole", "dropRole", "grantRolesToUser", "revokeRolesFromUser", "rolesInfo")
+             "createRole", "updateRole", "dropRole", "dropAllRolesFromDatabase",
+             "grantRolesToUser", "revokeRolesFromUser", "grantRolesToRole", "revokeRolesFromRole",
+             "grantPrivilegesToRole", "revokePrivilegesFromRole", "rolesInfo")
 
 
 async def forward(node: "RouterNode", req: Request) -> dict[str, Any]:

@@ -62,15 +62,16 @@ class LocalSessionCache:
         if not isinstance(lsid, dict) or "id" not in lsid:
             return
         sid = lsid["id"]
-        key = bytes(sid.bytes) if hasattr(sid, "bytes") else repr(sid).encode()
         users = _conn_users(conn)
         uid = lsid.get("uid")
         if not isinstance(uid, (bytes, Binary)):
             uid = user_uid(*users[0]) if users else NO_AUTH_UID
+        # keyed by the whole LogicalSessionId: the same id of two users is two sessions
+        key = (bytes(sid.bytes) if hasattr(sid, "bytes") else repr(sid).encode()) + bytes(uid)
         now = datetime.datetime.now(datetime.timezone.utc)
         now = now.replace(microsecond=now.microsecond // 1000 * 1000)
         rec = {"_id": {"id": sid, "uid": Binary(bytes(uid), 0)}, "lastUse": now}
-        if users and "uid" not in lsid:
+        if users and bytes(uid) == bytes(user_uid(*users[0])):
             rec["user"] = {"name": f"{users[0][0]}@{users[0][1]}"}
         self.records.pop(key, None)  # re-inserted last: the dict stays in lastUse order
         self.records[key] = rec

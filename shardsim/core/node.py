@@ -146,6 +146,7 @@ class Node:
             handler = self.commands.lookup(req.name)
             if self.security.enabled:
                 await self.security.authorize(req)
+                await self.security.qualify_sessions(req, self.commands.canonical(req.name))
             if "lsid" in req.body:
                 self.local_sessions.vivify(req.body["lsid"], req.conn)
             # maxTimeMS, writeConcern and write batch shapes (shardsim/request_checks.py)

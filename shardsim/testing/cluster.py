@@ -14,7 +14,8 @@ Faults on demand are methods (see each): :meth:`pause_shard` / :meth:`resume_sha
 :meth:`stall_promises` / :meth:`clear_promise_faults`, :meth:`same_cluster_time`,
 :meth:`configure_fail_point`. Random choices
 (a shard picked when none is named, the destination of chunks moved off a removed shard, the
-fail points' ``activationProbability``) come from ``random.Random(seed)``.
+fail points' ``activationProbability``) come from ``random.Random(seed)``. Every node runs
+with the test-only commands on (``enableTestCommands=1``; off by default in the processes).
 """
 
 from __future__ import annotations
@@ -181,14 +182,14 @@ class AsyncShardedCluster:
     def _make_config(self, port: int) -> Node:
         from shardsim.configsvr.node import ConfigServerNode
         assert self.config is not None
-        return ConfigServerNode(host=self.host, port=port, options={
+        return ConfigServerNode(host=self.host, port=port, test_commands=True, options={
             "dbpath": self.config.dbpath, "noop_interval_ms": self.noop_interval_ms})
 
     def _make_router(self, port: int) -> Node:
         from shardsim.router.node import RouterNode
         assert self.config is not None
         configdb = self.config.address
-        return RouterNode(configdb=configdb, host=self.host, port=port,
+        return RouterNode(configdb=configdb, host=self.host, port=port, test_commands=True,
                           options={"configdb": configdb})
 
     def _new_shard_member(self) -> Member:
@@ -200,7 +201,8 @@ class AsyncShardedCluster:
         def make(port: int) -> Node:
             options = {"dbpath": dbpath, "noop_interval_ms": self.noop_interval_ms,
                        "promise_mode": self.promise_mode, **self.shard_options}
-            return ShardNode(shard_name=name, host=self.host, port=port, options=options)
+            return ShardNode(shard_name=name, host=self.host, port=port, test_commands=True,
+                             options=options)
 
         member = Member(name, "shard", make, self.host, dbpath)
         self.shards[name] = member

@@ -1,7 +1,9 @@
 """``shardsim fault ...``: faults on demand for a running ``shardsim up --detach`` cluster.
 
 The cluster is found through its state file (``cluster.json`` in the run directory, written by
-``up --detach``; :mod:`shardsim.tools.launcher_cli`). The same faults as the in-process kit's methods
+``up --detach``; :mod:`shardsim.tools.launcher_cli`). Every fault but the four on processes
+(pause, resume, kill, restart) uses test-only commands: start the cluster with ``shardsim up
+--detach --enable-test-commands`` (CommandNotFound 59 otherwise, with that hint). The same faults as the in-process kit's methods
 (:class:`shardsim.testing.ShardedCluster`), done to processes:
 
 ==========================  ==================================================================
@@ -85,8 +87,12 @@ def _command(p: dict[str, Any], cmd: dict[str, Any]) -> dict[str, Any]:
     try:
         return client.admin.command(cmd)
     except pymongo.errors.OperationFailure as exc:
+        hint = ""
+        if exc.code == 59:  # CommandNotFound: test-only commands are off by default
+            hint = ("; the faults that use test-only commands need a cluster started with "
+                    "'shardsim up --detach --enable-test-commands'")
         raise click.ClickException(f"{p['name']}: {exc.details.get('errmsg', exc)} "
-                                   f"(code {exc.code})") from None
+                                   f"(code {exc.code}){hint}") from None
     except pymongo.errors.PyMongoError as exc:
         raise click.ClickException(f"{p['name']} did not answer: {exc}") from None
     finally:

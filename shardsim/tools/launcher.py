@@ -100,7 +100,10 @@ class Cluster:
     first user, ``user`` with ``root`` on ``admin``, is created through the localhost exception;
     ``tls`` — ``{"cert": PEM path, "ca": PEM path}``: every process runs ``--tlsMode
     requireTLS`` (``tls_mode`` to choose another mode) with that certificate and CA;
-    ``routers`` — how many routers (mongos) to start on the same config server (default 1).
+    ``routers`` — how many routers (mongos) to start on the same config server (default 1);
+    ``test_commands`` — start every process with ``--enable-test-commands`` (mongod's
+    ``enableTestCommands=1``: ``configureFailPoint`` and the ``_shardsim*`` testing commands);
+    off by default, as ``shardsim up`` and mongod/mongos are.
 
     Attributes after :meth:`start`: ``router_uri`` (``mongodb://127.0.0.1:P/``, the first
     router), ``router``, ``config``, ``shards`` (RoleProcess list; ``.name`` is the shard name);
@@ -115,7 +118,8 @@ class Cluster:
                  port: int = 0, shard_args: Sequence[str] = (), *, host: str = "127.0.0.1",
                  detach: bool = False, start_timeout: float = 30.0,
                  auth: tuple[str, str] | None = None, tls: dict[str, str] | None = None,
-                 tls_mode: str = "requireTLS", routers: int = 1) -> None:
+                 tls_mode: str = "requireTLS", routers: int = 1,
+                 test_commands: bool = False) -> None:
         self.num_shards = shards
         self.num_routers = max(1, int(routers))
         self.extra_routers: list[RoleProcess] = []
@@ -134,6 +138,7 @@ class Cluster:
         self.auth = auth
         self.tls = tls
         self.tls_mode = tls_mode
+        self.test_commands = test_commands
 
     # -- security ---------------------------------------------------------------------------
     @property
@@ -148,7 +153,8 @@ class Cluster:
         return path
 
     def _security_args(self) -> list[str]:
-        args: list[str] = []
+        """Every process's security arguments (key file, TLS) and ``--enable-test-commands``."""
+        args: list[str] = ["--enable-test-commands"] if self.test_commands else []
         if self.auth is not None:
             args += ["--keyFile", self.key_file]
         if self.tls is not None:

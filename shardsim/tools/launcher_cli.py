@@ -154,12 +154,23 @@ run_dir_option = click.option(
               default=None, help="Serve TLS only (requireTLS) with this PEM certificate+key.")
 @click.option("--tlsCAFile", "tls_ca", type=click.Path(dir_okay=False), default=None,
               help="The CA of the members' certificates (with --tlsCertificateKeyFile).")
+@click.option("--enable-test-commands", "test_commands", is_flag=True,
+              help="Enable the test-only commands (configureFailPoint, the _shardsim testing "
+                   "commands; needed by 'shardsim fault'); off by default, as in mongod.")
+@click.option("--setParameter", "set_parameter", multiple=True, metavar="enableTestCommands=1",
+              help="mongod's spelling of --enable-test-commands.")
 @run_dir_option
 def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | None,
        auth: bool = False, tls_cert: str | None = None, tls_ca: str | None = None,
-       routers: int = 1) -> None:
+       routers: int = 1, test_commands: bool = False, set_parameter: tuple[str, ...] = ()) -> None:
     """Start a local cluster: config server, SHARDS shards and a router on 127.0.0.1:PORT."""
     global _stopping
+    for item in set_parameter:
+        name, _, value = item.partition("=")
+        if name != "enableTestCommands" or value.lower() not in ("0", "1", "true", "false"):
+            raise click.BadParameter(f"only enableTestCommands=0|1 is known, got {item!r}",
+                                     param_hint="--setParameter")
+        test_commands = value.lower() in ("1", "true")
     run_dir = run_dir or default_run_dir()
     if detach:
         state = read_state(run_dir)
@@ -184,7 +195,8 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
                  os.environ.get("MONGO_INITDB_ROOT_PASSWORD") or "root") if auth else None
         tls = {"cert": tls_cert, "ca": tls_ca or tls_cert} if tls_cert else None
         cluster = Cluster(shards=shards, base_dir=base_dir, durable=dbpath is not None,
-                          port=port, detach=detach, auth=creds, tls=tls, routers=routers)
+                          port=port, detach=detach, auth=creds, tls=tls, routers=routers,
+                          test_commands=test_commands)
         try:
             cluster.start()
         except ClusterError as exc:

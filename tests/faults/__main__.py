@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[TrialResult] = []
     for role in roles:
         with tempfile.TemporaryDirectory(prefix="shardsim-faults-") as tmp:
-            cluster = Cluster(shards=2, durable=True, base_dir=tmp)
+            # the txn role holds the coordinator at its fail points (test commands)
+            cluster = Cluster(shards=2, durable=True, base_dir=tmp, test_commands=role == "txn")
             cluster.start()
             try:
                 for k in range(args.trials):

@@ -1,6 +1,7 @@
 """Reusable fixtures for tests that start real role processes on free loopback ports.
 
-``shard_process(name="shard0", dbpath=None, *extra_args)`` starts ``python -m shard`` and
+``shard_process(name="shard0", dbpath=None, *extra_args)`` starts ``python -m shard
+--enable-test-commands`` (fail points; ``--no-test-commands`` in ``extra_args`` wins) and
 returns its :class:`shardsim.tools.procs.RoleProcess` (``.address``, ``.port``); every process started
 through the factory is stopped when the test ends, pass or fail. ``shard`` is one ready
 in-memory shard; ``shard_client(proc)`` gives a ``directConnection`` pymongo client that is
@@ -23,7 +24,7 @@ def shard_process() -> Iterator[Callable[..., RoleProcess]]:
     started: list[RoleProcess] = []
 
     def start(name: str = "shard0", dbpath: str | None = None, *extra: str) -> RoleProcess:
-        args = ["--port", "0", "--shard-name", name]
+        args = ["--port", "0", "--shard-name", name, "--enable-test-commands"]
         if dbpath:
             args += ["--dbpath", str(dbpath)]
         args += list(extra)

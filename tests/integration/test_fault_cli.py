@@ -52,7 +52,8 @@ def detached(tmp_path: Any) -> Any:
     run_dir, marker = str(tmp_path / "run"), uuid.uuid4().hex
     try:
         up = run_cli("up", "--detach", "--shards", "2", "--port", "0", "--dbpath",
-                     str(tmp_path / "data"), run_dir=run_dir, marker=marker)
+                     str(tmp_path / "data"), "--enable-test-commands", run_dir=run_dir,
+                     marker=marker)
         assert up.returncode == 0, up.stderr + up.stdout
         uri = re.search(r"mongodb://[\d.]+:\d+/", up.stdout).group(0)
         yield run_dir, marker, uri

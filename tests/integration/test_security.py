@@ -1,6 +1,9 @@
 """Security against real processes: SCRAM-SHA-256/SHA-1 through the router and straight to a
 shard, Unauthorized (13) for what a ``read`` user may not do (change streams included), signed
-cluster time (a forged or unsigned future ``$clusterTime`` moves no clock), TLS-only clusters.
+cluster time (a forged or unsigned future ``$clusterTime`` moves no clock), TLS-only clusters,
+and the findings of the security audit (issue 28): no privilege escalation through
+updateUser/createRole (S1, S2), no other user's credentials (S5), sessions bound to their user
+(S3), no test-only commands by default (S4), checkMetadataConsistency for root (L3).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ def auth_cluster() -> Iterator[Cluster]:
         root.other.things.insert_one({"_id": 1})
         root.sec.command("createUser", "reader", pwd="readpw", roles=["read"])
         root.admin.command("createUser", "anyreader", pwd="anypw", roles=["readAnyDatabase"])
+        root.sec.command("createUser", "secadmin", pwd="sapw", roles=["userAdmin"])
         root.close()
         yield c
     finally:
@@ -96,13 +100,16 @@ def test_read_user_privileges_and_change_streams(auth_cluster: Cluster) -> None:
             lambda: cl.other.things.insert_one({"_id": 2}),
             lambda: cl.admin.command("listShards"),
             lambda: cl.admin.command("addShard", "127.0.0.1:1"),
-            lambda: cl.sec.command("createUser", "x", pwd="y", roles=[]),
         ]
         for op in denied:
             with pytest.raises(OperationFailure) as info:
                 op()
             assert info.value.code == 13
             assert info.value.details["errmsg"].startswith("not authorized on ")
+        with pytest.raises(OperationFailure) as info:  # user_management_commands_common.cpp
+            cl.sec.command("createUser", "x", pwd="y", roles=[])
+        assert info.value.code == 13
+        assert info.value.details["errmsg"] == "Not authorized to create users on db: sec"
     with _client(auth_cluster, "anyreader", "anypw", "admin") as cl:
         with cl.watch() as cs:  # readAnyDatabase: changeStream + find on any normal resource
             assert cs.try_next() is None
@@ -214,3 +221,119 @@ def test_scram_directly_to_a_shard(auth_cluster: Cluster) -> None:
         with pytest.raises(OperationFailure) as info:
             cl.admin.command("ping")
         assert info.value.code == 18
+
+
+def test_audit_no_privilege_escalation_through_user_admin(auth_cluster: Cluster) -> None:
+    """S1, S2, S5: userAdmin on one database grants nothing outside it and sees no other
+    database's users (user_management_commands_common.cpp)."""
+    with _client(auth_cluster, "secadmin", "sapw", "sec") as ua:
+        attempts = [
+            lambda: ua.sec.command("updateUser", "secadmin",
+                                   roles=[{"role": "root", "db": "admin"},
+                                          {"role": "__system", "db": "admin"}]),
+            lambda: ua.sec.command("createUser", "evil", pwd="e",
+                                   roles=[{"role": "root", "db": "admin"}]),
+            lambda: ua.sec.command("grantRolesToUser", "secadmin",
+                                   roles=[{"role": "root", "db": "admin"}]),
+            lambda: ua.sec.command("createRole", "god",
+                                   privileges=[{"resource": {"anyResource": True},
+                                                "actions": ["anyAction"]}], roles=[]),
+            lambda: ua.sec.command("usersInfo", {"user": "root", "db": "admin"},
+                                   showCredentials=True),
+            lambda: ua.sec.command("rolesInfo", {"role": "root", "db": "admin"}),
+        ]
+        for op in attempts:
+            with pytest.raises(OperationFailure) as info:
+                op()
+            assert info.value.code == 13, info.value.details
+        status = ua.sec.command("connectionStatus")["authInfo"]
+        assert status["authenticatedUserRoles"] == [{"role": "userAdmin", "db": "sec"}]
+        # what userAdmin on sec may do, it does
+        ua.sec.command("createRole", "secReader", roles=["read"],
+                       privileges=[{"resource": {"db": "sec", "collection": ""},
+                                    "actions": ["find"]}])
+        ua.sec.command("grantRolesToUser", "secadmin", roles=["secReader"])
+        assert ua.sec.command("usersInfo", 1)["users"]
+        ua.sec.command("revokeRolesFromUser", "secadmin", roles=["secReader"])
+        ua.sec.command("dropRole", "secReader")
+
+
+def test_audit_no_test_commands_by_default(auth_cluster: Cluster) -> None:
+    """S4: enableTestCommands is off unless asked for: configureFailPoint does not exist
+    (CommandNotFound 59), for a read-only user and for root alike."""
+    fp = {"configureFailPoint": "failCommand", "mode": "alwaysOn",
+          "data": {"failCommands": ["insert", "find"], "errorCode": 2}}
+    with _client(auth_cluster, "reader", "readpw", "sec") as cl:
+        with pytest.raises(OperationFailure) as info:
+            cl.admin.command(fp)
+        assert info.value.code == 59 and info.value.details["codeName"] == "CommandNotFound"
+    with pymongo.MongoClient(auth_cluster.router_uri, **auth_cluster.client_options()) as root:
+        with pytest.raises(OperationFailure) as info:
+            root.admin.command(fp)
+        assert info.value.code == 59
+        assert root.admin.command("getParameter", 1, enableTestCommands=1)[
+            "enableTestCommands"] is False
+        root.sec.orders.insert_one({"_id": 400})
+        assert root.sec.orders.find_one({"_id": 400}) == {"_id": 400}
+
+
+def test_audit_sessions_are_bound_to_their_user(auth_cluster: Cluster) -> None:
+    """S3: one session id used by two users is two sessions (lsid.uid, on the router and on
+    the shards); $listLocalSessions {allUsers} and another user's uid are refused."""
+    import hashlib
+    import uuid as uuid_mod
+    lsid = {"id": Binary(uuid_mod.uuid4().bytes, 4)}
+    root_user = ("root", "rootpw", "admin")
+
+    def insert(doc_id: int, txn: int) -> dict:
+        return _raw_command(auth_cluster, {"insert": "orders", "documents": [{"_id": doc_id}],
+                                           "lsid": lsid, "txnNumber": Int64(txn),
+                                           "$db": "sec"}, user=root_user)
+
+    assert insert(500, 1)["ok"] == 1.0
+    hijack = _raw_command(auth_cluster, {"find": "orders", "filter": {}, "lsid": lsid,
+                                         "txnNumber": Int64(1000), "startTransaction": True,
+                                         "autocommit": False, "$db": "sec"})
+    assert hijack["ok"] == 1.0  # the reader's own session with the same id
+    reply = insert(501, 2)  # root's retryable writes go on
+    assert reply["ok"] == 1.0 and reply["n"] == 1, reply
+    begin = _raw_command(auth_cluster, {"insert": "orders", "documents": [{"_id": 502}],
+                                        "lsid": lsid, "txnNumber": Int64(3),
+                                        "startTransaction": True, "autocommit": False,
+                                        "$db": "sec"}, user=root_user)
+    assert begin["ok"] == 1.0, begin
+    # the commit needs the transaction's router: the same connection is not needed, the lsid is
+    commit = _raw_command(auth_cluster, {"commitTransaction": 1, "lsid": lsid,
+                                         "txnNumber": Int64(3), "autocommit": False,
+                                         "$db": "admin"}, user=root_user)
+    assert commit["ok"] == 1.0, commit
+    root_uid = Binary(hashlib.sha256(b"root@admin").digest(), 0)
+    spoof = _raw_command(auth_cluster, {"find": "orders", "filter": {}, "$db": "sec",
+                                        "lsid": {**lsid, "uid": root_uid},
+                                        "txnNumber": Int64(2000), "startTransaction": True,
+                                        "autocommit": False})
+    assert spoof["code"] == 13
+    assert spoof["errmsg"] == "Unauthorized to set user digest in LogicalSessionId"
+    listing = _raw_command(auth_cluster, {"aggregate": 1, "pipeline": [
+        {"$listLocalSessions": {"allUsers": True}}], "cursor": {}, "$db": "admin"})
+    assert listing["code"] == 13
+    mine = _raw_command(auth_cluster, {"aggregate": 1, "pipeline": [{"$listLocalSessions": {}}],
+                                       "cursor": {}, "$db": "admin"})
+    assert mine["ok"] == 1.0
+    with pymongo.MongoClient(auth_cluster.router_uri, **auth_cluster.client_options()) as root:
+        ids = sorted(d["_id"] for d in root.sec.orders.find({"_id": {"$gte": 500}}))
+        assert ids == [500, 501, 502]
+
+
+def test_audit_root_checks_metadata_consistency(auth_cluster: Cluster) -> None:
+    """L3: checkMetadataConsistency on a database needs the action on the cluster or that
+    database (cluster_check_metadata_consistency_cmd.cpp); root has it on the cluster."""
+    with pymongo.MongoClient(auth_cluster.router_uri, **auth_cluster.client_options()) as root:
+        assert root.sec.command("checkMetadataConsistency")["ok"] == 1.0
+        assert root.sec.command("checkMetadataConsistency", "orders")["ok"] == 1.0
+    with _client(auth_cluster, "reader", "readpw", "sec") as cl:
+        with pytest.raises(OperationFailure) as info:
+            cl.sec.command("checkMetadataConsistency")
+        assert info.value.code == 13
+        assert info.value.details["errmsg"] == ("Not authorized to check metadata consistency "
+                                                "for database sec")

@@ -75,3 +75,33 @@ def test_no_test_commands_shard_has_no_configure_fail_point(shard_process, shard
     assert ei.value.code == 59
     assert client.admin.command("ping")["ok"] == 1.0
     assert isinstance(client, pymongo.MongoClient)
+
+
+@pytest.mark.parametrize("module,args", [
+    ("shard", ["--shard-name", "fp3"]),
+    ("configsvr", []),
+    ("router", ["--configdb", "127.0.0.1:1"]),
+])
+def test_processes_have_no_test_commands_by_default(module, args):
+    """enableTestCommands is off unless asked for (mongod/mongos); the flag and mongod's
+    --setParameter spelling turn it on."""
+    from shardsim.tools.procs import RoleProcess
+    for extra, on in (([], False), (["--enable-test-commands"], True),
+                      (["--setParameter", "enableTestCommands=1"], True)):
+        proc = RoleProcess(module, ["--port", "0", *args, *extra], name=f"{module}-tc")
+        try:
+            proc.start()
+            client = pymongo.MongoClient(
+                f"mongodb://{proc.address}/?directConnection=true", serverSelectionTimeoutMS=5000)
+            params = client.admin.command("getParameter", 1, enableTestCommands=1)
+            assert params["enableTestCommands"] is on
+            if on:
+                assert client.admin.command({"configureFailPoint": "failCommand",
+                                             "mode": "off"})["ok"] == 1.0
+            else:
+                with pytest.raises(OperationFailure) as ei:
+                    client.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+                assert ei.value.code == 59
+            client.close()
+        finally:
+            proc.stop()

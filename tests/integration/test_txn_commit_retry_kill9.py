@@ -121,7 +121,7 @@ def _moment_reached(cluster: Cluster, moment: str, coordinator: str, other: str)
 @pytest.mark.parametrize("moment", list(MOMENTS))
 def test_delayed_commit_retry_after_coordinator_kill9(tmp_path, moment: str) -> None:
     fail_point, mode, outcome = MOMENTS[moment]
-    with Cluster(shards=2, base_dir=str(tmp_path), durable=True) as cluster:
+    with Cluster(shards=2, base_dir=str(tmp_path), durable=True, test_commands=True) as cluster:
         client = pymongo.MongoClient(cluster.router_uri, socketTimeoutMS=60000)
         coordinator, other = two_shard_collection(client, "k.c")
         coll = client.k.c

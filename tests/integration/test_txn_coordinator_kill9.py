@@ -59,7 +59,7 @@ def _decision(cluster: Cluster, name: str) -> Any:
 ])
 def test_kill9_coordinator_during_two_phase_commit(tmp_path, fail_point: str,
                                                    decided: bool) -> None:
-    with Cluster(shards=2, base_dir=str(tmp_path), durable=True) as cluster:
+    with Cluster(shards=2, base_dir=str(tmp_path), durable=True, test_commands=True) as cluster:
         client = pymongo.MongoClient(cluster.router_uri)
         primary, other = two_shard_collection(client, "k.c")
         coll = client.k.c

@@ -104,3 +104,55 @@ def test_keyring_signs_and_validates() -> None:
         checker.validate({"clusterTime": later, "signature": sig})  # proof of another second
     assert info.value.code == 210
     checker.validate({"clusterTime": Timestamp(1500, 0), "signature": dummy})  # not ahead
+
+
+def test_key_file_readable_by_others_is_refused(tmp_path) -> None:
+    """security_file.cpp: a key file group or others may access is refused, and the process
+    does not start (one line on stderr, exit status 1)."""
+    import os
+    import subprocess
+    import sys
+
+    from shardsim.core.auth.security import read_key_file
+    path = tmp_path / "keyfile"
+    path.write_text("abcdefghij\n")
+    os.chmod(path, 0o644)
+    with pytest.raises(ValueError, match=f"^permissions on {path} are too open$"):
+        read_key_file(str(path))
+    proc = subprocess.run([sys.executable, "-m", "router", "--port", "0", "--configdb",
+                           "127.0.0.1:1", "--keyFile", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"shardsim router: permissions on {path} are too open"
+    os.chmod(path, 0o600)
+    assert read_key_file(str(path)) == "abcdefghij"
+
+
+def test_test_commands_options(tmp_path) -> None:
+    """--enable-test-commands / --setParameter enableTestCommands=1 turn the test-only
+    commands on; off by default (mongod's enableTestCommands); --no-test-commands wins."""
+    import click
+    from click.testing import CliRunner
+
+    from shardsim.core.auth.cli import test_commands_options
+    from shardsim.tools.launcher import Cluster
+
+    @click.command()
+    @test_commands_options
+    def cmd(test_commands: bool) -> None:
+        click.echo(f"on={test_commands}")
+
+    runner = CliRunner()
+    for args, out in (([], "on=False"), (["--enable-test-commands"], "on=True"),
+                      (["--setParameter", "enableTestCommands=1"], "on=True"),
+                      (["--setParameter", "enableTestCommands=true"], "on=True"),
+                      (["--setParameter", "enableTestCommands=0"], "on=False"),
+                      (["--enable-test-commands", "--no-test-commands"], "on=False")):
+        res = runner.invoke(cmd, args)
+        assert res.exit_code == 0 and res.output.strip() == out, (args, res.output)
+    res = runner.invoke(cmd, ["--setParameter", "auditLog=1"])
+    assert res.exit_code == 1 and 'Illegal --setParameter parameter: "auditLog"' in res.output
+    base = str(tmp_path)
+    assert "--enable-test-commands" not in Cluster(shards=1, base_dir=base)._security_args()
+    assert "--enable-test-commands" in Cluster(shards=1, base_dir=base,
+                                               test_commands=True)._security_args()

@@ -6,12 +6,18 @@
 ``--tlsCertificateKeyFile``   the PEM file with this process's certificate and private key
 ``--tlsCAFile``               the CA that signs the certificates of peers (members and clients)
 
+and (:func:`test_commands_options`) whether the test-only commands exist: off by default, as
+in mongod/mongos (``enableTestCommands``, ``src/mongo/db/commands/test_commands_enabled.h``);
+``--setParameter enableTestCommands=1`` (mongod's spelling) or ``--enable-test-commands`` turn
+them on (``configureFailPoint``, the ``_shardsim*`` testing commands).
+
 :func:`apply` reads the key file, configures this process's outgoing member connections
 (:func:`shardsim.core.client.configure`) and returns the node options and the server's TLS settings.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Callable
 
@@ -65,3 +71,41 @@ def apply(role: str, *, auth: bool, key_file: str | None, tls_mode: str,
             out_ctx = client_context(tls_ca, tls_cert)
     client.configure(key=key, ssl_context=out_ctx)
     return {"auth": bool(auth or key), "key": key, "tls_mode": tls_mode}, tls
+
+
+_TRUE = ("1", "true")
+_FALSE = ("0", "false")
+
+
+def test_commands_options(fn: Callable) -> Callable:
+    """Decorator adding ``--enable-test-commands``, ``--setParameter NAME=VALUE`` (only
+    ``enableTestCommands``; anything else exits with status 1 and mongod's "Illegal
+    --setParameter parameter") and the old ``--no-test-commands`` (hidden; it wins) to a click
+    command, which receives one keyword ``test_commands: bool`` (False unless enabled)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, enable_test_commands: bool, set_parameter: tuple[str, ...],
+                no_test_commands: bool, **kwargs: Any) -> Any:
+        on = enable_test_commands
+        for item in set_parameter:
+            name, _, value = item.partition("=")
+            if name != "enableTestCommands":
+                click.echo(f'Illegal --setParameter parameter: "{name}"', err=True)
+                sys.exit(1)
+            if value.lower() not in _TRUE + _FALSE:
+                click.echo(f"Bad value for parameter \"enableTestCommands\": \"{value}\"",
+                           err=True)
+                sys.exit(1)
+            on = value.lower() in _TRUE
+        return fn(*args, test_commands=on and not no_test_commands, **kwargs)
+    options = [
+        click.option("--enable-test-commands", is_flag=True, default=False,
+                     help="Enable the test-only commands (configureFailPoint, ...); off by "
+                          "default as in mongod."),
+        click.option("--setParameter", "set_parameter", multiple=True, metavar="NAME=VALUE",
+                     help="mongod's spelling: --setParameter enableTestCommands=1."),
+        click.option("--no-test-commands", is_flag=True, default=False, hidden=True,
+                     help="Disable test-only commands (the default)."),
+    ]
+    for opt in reversed(options):
+        wrapper = opt(wrapper)
+    return wrapper

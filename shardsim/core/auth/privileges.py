@@ -4,7 +4,7 @@
 
 :func:`required` returns :data:`NO_AUTH` (the command runs without authentication:
 ``requiresAuth() == false`` in the server: hello, isMaster, buildInfo, ping, saslStart,
-saslContinue, authenticate, logout, connectionStatus), :data:`AUTH_ONLY` (any authenticated
+saslContinue, authenticate, logout, connectionStatus, and the test-only configureFailPoint), :data:`AUTH_ONLY` (any authenticated
 user), or a list of ``(target, actions)`` where target is ``("ns", db, coll)``, ``("db", db)``,
 ``("anyNormal",)`` or ``("cluster",)``. Change streams follow
 ``LiteParsedDocumentSourceChangeStream::requiredPrivileges``
@@ -143,8 +143,22 @@ def pipeline_privileges(pipeline: Any, db: str, out: Needed) -> None:
             out.append((_stage_target(into, db), ["insert", "update"]))
         elif name == "$currentOp":
             out.append((("cluster",), ["inprog"]))
-        elif name == "$listSessions":
-            out.append((("cluster",), ["listSessions"]))
+
+
+def _list_sessions(spec: Any, req: Request) -> Needed:
+    """``$listLocalSessions`` / ``$listSessions`` (``listSessionsRequiredPrivileges``,
+    ``src/mongo/db/pipeline/document_source_list_sessions.cpp``): ``listSessions`` on the
+    cluster for ``allUsers: true`` or a ``users`` list naming anyone but the caller; nothing
+    for the caller's own sessions."""
+    if not isinstance(spec, dict):
+        return []
+    mine = list(getattr(req.conn.auth, "users", None) or [])
+    users = spec.get("users")
+    others = isinstance(users, list) and any(
+        not isinstance(u, dict) or (u.get("user"), u.get("db")) not in mine for u in users)
+    if spec.get("allUsers") is True or others:
+        return [(("cluster",), ["listSessions"])]
+    return []
 
 
 def _aggregate(req: Request) -> Needed:
@@ -152,7 +166,10 @@ def _aggregate(req: Request) -> Needed:
     first = pipeline[0] if isinstance(pipeline, list) and pipeline else None
     collectionless = not isinstance(req.arg, str)
     out: Needed = []
-    if isinstance(first, dict) and "$changeStream" in first:
+    if isinstance(first, dict) and ("$listLocalSessions" in first or "$listSessions" in first):
+        out.extend(_list_sessions(next(iter(first.values())), req))
+        pipeline = pipeline[1:]
+    elif isinstance(first, dict) and "$changeStream" in first:
         spec = first["$changeStream"] if isinstance(first["$changeStream"], dict) else {}
         actions = ["changeStream", "find"]
         if collectionless and req.db == "admin" and spec.get("allChangesForCluster"):
@@ -187,35 +204,6 @@ def _list_collections(req: Request) -> Needed | str:
     return [(("db", req.db), ["listCollections"])]
 
 
-def _role_dbs(req: Request, field: str, action: str) -> Needed:
-    out: Needed = []
-    for r in req.body.get(field) or []:
-        db = r.get("db") if isinstance(r, dict) else req.db
-        if isinstance(db, str):
-            out.append((("db", db), [action]))
-    return out
-
-
-def _create_user(req: Request) -> Needed:
-    return [(("db", req.db), ["createUser"])] + _role_dbs(req, "roles", "grantRole")
-
-
-def _create_role(req: Request) -> Needed:
-    return [(("db", req.db), ["createRole"])] + _role_dbs(req, "roles", "grantRole")
-
-
-def _update_user(req: Request) -> Needed:
-    b = req.body
-    out: Needed = []
-    if "pwd" in b:
-        out.append((("db", req.db), ["changePassword"]))
-    if "customData" in b:
-        out.append((("db", req.db), ["changeCustomData"]))
-    if "roles" in b:
-        out.append((("db", req.db), ["grantRole", "revokeRole"]))
-    return out or [(("db", req.db), ["changePassword"])]
-
-
 INTERNAL = _on_cluster("internal")
 
 TABLE: dict[str, Any] = {
@@ -226,7 +214,10 @@ TABLE: dict[str, Any] = {
     **{n: AUTH_ONLY for n in ("getMore", "killCursors", "startSession", "endSessions",
                               "refreshSessions", "killSessions", "commitTransaction",
                               "abortTransaction", "listCommands", "whatsmyuri", "isdbgrid",
-                              "configureFailPoint", "listDatabases")},
+                              "listDatabases")},
+    # fail_point_cmd.cpp: requiresAuth() false and no privilege ("it only works when enabled
+    # via command line"): the command exists only with enableTestCommands=1, off by default
+    "configureFailPoint": NO_AUTH,
     "killAllSessions": _on_cluster("killAnySession"),
     # two-phase commit between router and shards (txn_two_phase_commit_cmds.cpp: internal)
     "prepareTransaction": INTERNAL, "coordinateCommitTransaction": INTERNAL,
@@ -248,10 +239,8 @@ TABLE: dict[str, Any] = {
     "createSearchIndexes": _on_coll("createSearchIndexes"),
     "updateSearchIndex": _on_coll("updateSearchIndex"),
     "dropSearchIndex": _on_coll("dropSearchIndex"),
-    # cluster_check_metadata_consistency_cmd.cpp: on the cluster (admin), the db or the ns
-    "checkMetadataConsistency": lambda req: [(
-        ("cluster",) if req.db == "admin" else _coll_ns(req) if isinstance(req.arg, str)
-        else ("db", req.db), ["checkMetadataConsistency"])],
+    # cluster_check_metadata_consistency_cmd.cpp: the cluster, or the db / ns (checks.py)
+    "checkMetadataConsistency": AUTH_ONLY,
     # sharding
     "addShard": _on_cluster("addShard"), "removeShard": _on_cluster("removeShard"),
     "listShards": _on_cluster("listShards"), "enableSharding": _on_full_ns("enableSharding"),
@@ -277,13 +266,13 @@ TABLE: dict[str, Any] = {
     "getLog": _on_cluster("getLog"), "hostInfo": _on_cluster("hostInfo"),
     # resize_oplog.cpp: the replSetResizeOplog action on the cluster resource
     "replSetResizeOplog": _on_cluster("replSetResizeOplog"),
-    # users and roles (user_management_commands.cpp)
-    "createUser": _create_user, "updateUser": _update_user, "dropUser": _on_db("dropUser"),
-    "dropAllUsersFromDatabase": _on_db("dropUser"),
-    "usersInfo": _on_db("viewUser"), "createRole": _create_role, "dropRole": _on_db("dropRole"),
-    "grantRolesToUser": lambda req: _role_dbs(req, "roles", "grantRole"),
-    "revokeRolesFromUser": lambda req: _role_dbs(req, "roles", "revokeRole"),
-    "rolesInfo": _on_db("viewRole"),
+    # users and roles: any authenticated user here; the precise rules of each
+    # (user_management_commands_common.cpp) are shardsim.core.auth.checks.CHECKS
+    **{n: AUTH_ONLY for n in ("createUser", "updateUser", "dropUser", "dropAllUsersFromDatabase",
+                              "usersInfo", "createRole", "updateRole", "dropRole",
+                              "dropAllRolesFromDatabase", "grantRolesToUser",
+                              "revokeRolesFromUser", "grantRolesToRole", "revokeRolesFromRole",
+                              "grantPrivilegesToRole", "revokePrivilegesFromRole", "rolesInfo")},
     "invalidateUserCache": _on_cluster("invalidateUserCache"),
 }
 

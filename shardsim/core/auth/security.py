@@ -17,13 +17,16 @@ Unauthorized (13) "Command <name> requires authentication" for an unauthenticate
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from typing import TYPE_CHECKING, Any
 
 from bson import Binary, ObjectId, Timestamp
 
 from shardsim.core.auth import privileges as privs_mod
+from shardsim.core import local_sessions
 from shardsim.core.auth import roles as roles_mod
+from shardsim.core.auth import checks
 from shardsim.core.auth.cluster_time import KeyRing
 from shardsim.core.auth.scram import make_credentials
 from shardsim.core.auth.session import SYSTEM_USER, AuthSession
@@ -39,7 +42,11 @@ _KEY_CHARS = re.compile(r"^[A-Za-z0-9+/=]+$")
 
 def read_key_file(path: str) -> str:
     """The key of a ``--keyFile``: its content without whitespace; 6 to 1024 base64
-    characters (``readSecurityFile``). Raises ``ValueError`` with mongod's reason."""
+    characters, in a file no group or other user may read, write or run
+    (``readSecurityFile``, ``src/mongo/db/auth/security_file.cpp``: "permissions on <path> are
+    too open"). Raises ``ValueError`` with mongod's reason (``OSError`` for a missing file)."""
+    if os.name == "posix" and os.stat(path).st_mode & 0o077:
+        raise ValueError(f"permissions on {path} are too open")
     with open(path) as f:
         key = "".join(f.read().split())
     if len(key) < 6:
@@ -132,31 +139,60 @@ class Security:
                     and is_localhost(req.conn.peer) and not await self.store.has_users():
                 return  # the localhost exception: the first user or role, in admin
             raise MongoError(13, f"Command {name} requires authentication")
-        if sess.is_system or needed == privs_mod.AUTH_ONLY:
+        if sess.is_system:
+            return
+        if name in checks.CHECKS:  # rules beyond a privilege list (shardsim/auth/checks.py)
+            checks.check(name, req, await sess.resolve(self.store), sess)
+            return
+        if needed == privs_mod.AUTH_ONLY:
             return
         privileges = await sess.resolve(self.store)
-        if name == "usersInfo" and self._own_users(req, sess):
-            return
         for target, actions in needed:
             if not roles_mod.authorized(privileges, target, actions):
                 raise MongoError(13, f"not authorized on {req.db} to execute command "
                                      f"{format_bson(_snip(req.body))}")
 
-    @staticmethod
-    def _own_users(req: Request, sess: AuthSession) -> bool:
-        """usersInfo about the connection's own users needs no privilege."""
-        arg = req.arg
-        targets = arg if isinstance(arg, list) else [arg]
-        for t in targets:
-            if isinstance(t, str):
-                t = (t, req.db)
-            elif isinstance(t, dict):
-                t = (t.get("user"), t.get("db"))
-            else:
-                return False
-            if t not in sess.users:
-                return False
-        return True
+    # -- logical sessions ------------------------------------------------------------------
+    async def qualify_sessions(self, req: Request, name: str) -> None:
+        """Bind the request's sessions to the caller (``makeLogicalSessionId``,
+        ``src/mongo/db/logical_session_id_helpers.cpp``): an ``lsid`` without ``uid`` gets
+        the digest of the authenticated user (SHA-256 of ``"user@db"``; the no-auth digest
+        without one), so two users' sessions with the same id are distinct sessions on this
+        node and on the shards a router forwards them to (the router sends ``lsid.uid``, as
+        mongos does). A ``uid`` given by the client must be its own unless the caller may
+        ``impersonate`` (the cluster's internal user) or, for ``killSessions``, has
+        ``killAnySession``: Unauthorized (13) "Unauthorized to set user digest in
+        LogicalSessionId" otherwise. ``endSessions``/``killSessions`` lists are qualified
+        the same way."""
+        body = req.body
+        lsid = body.get("lsid")
+        if isinstance(lsid, dict) and "id" in lsid:
+            body["lsid"] = await self._make_lsid(req, lsid, ())
+        if name in ("endSessions", "killSessions") and isinstance(body.get(req.name), list):
+            spoof = ("killAnySession",) if name == "killSessions" else ()
+            body[req.name] = [await self._make_lsid(req, x, spoof)
+                              if isinstance(x, dict) and "id" in x else x
+                              for x in body[req.name]]
+
+    async def _make_lsid(self, req: Request, lsid: dict[str, Any],
+                         spoof: tuple[str, ...]) -> dict[str, Any]:
+        sess = req.conn.auth
+        users = sess.users if sess is not None else []
+        mine = local_sessions.user_uid(*users[0]) if users else local_sessions.NO_AUTH_UID
+        if "uid" not in lsid:
+            return {"id": lsid["id"], "uid": mine,
+                    **{k: v for k, v in lsid.items() if k != "id"}}
+        uid = lsid["uid"]
+        if isinstance(uid, (bytes, Binary)) and bytes(uid) == bytes(mine):
+            return lsid
+        if sess is not None and sess.is_system:
+            return lsid
+        if sess is not None and users:
+            privs = await sess.resolve(self.store)
+            if any(roles_mod.authorized(privs, ("cluster",), [a])
+                   for a in ("impersonate",) + spoof):
+                return lsid
+        raise MongoError(13, "Unauthorized to set user digest in LogicalSessionId")
 
     # -- cluster time ----------------------------------------------------------------------
     def sign(self, ts: Timestamp, dummy: dict[str, Any]) -> dict[str, Any]:

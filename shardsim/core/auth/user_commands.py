@@ -1,7 +1,9 @@
 """User and role management on a mongod (``src/mongo/db/commands/user_management_commands.cpp``):
 ``createUser``, ``updateUser``, ``dropUser``, ``dropAllUsersFromDatabase``, ``usersInfo``,
-``createRole``, ``dropRole``, ``grantRolesToUser``, ``revokeRolesFromUser``, ``rolesInfo``,
-``invalidateUserCache``.
+``createRole``, ``updateRole``, ``dropRole``, ``dropAllRolesFromDatabase``, ``grantRolesToUser``,
+``revokeRolesFromUser``, ``grantRolesToRole``, ``revokeRolesFromRole``,
+``grantPrivilegesToRole``, ``revokePrivilegesFromRole``, ``rolesInfo``,
+``invalidateUserCache``. Who may run each is :mod:`shardsim.core.auth.checks`.
 
 The handlers work on ``node.security.store``, which must have the write methods of
 :class:`shardsim.core.auth.store.MemoryUserStore` (``put_user``, ``delete_user``, ``put_role``,
@@ -191,13 +193,15 @@ def _targets(req: Request, key: str) -> list[tuple[str, str]] | None:
 
 @commands.handler("usersInfo")
 async def users_info(node: "Node", req: Request) -> dict[str, Any]:
-    """``{usersInfo: 1 | name | {user, db} | [...], showCredentials?, showPrivileges?}``:
+    """``{usersInfo: 1 | name | {user, db} | {forAllDBs: true} | [...], showCredentials?,
+    showPrivileges?}``:
     ``{users: [{_id, userId, user, db, roles, mechanisms, customData?, inheritedRoles?,
     inheritedPrivileges?}]}`` sorted by ``_id``."""
     store = node.security.store
-    targets = _targets(req, "user")
+    every_db = isinstance(req.arg, dict) and req.arg.get("forAllDBs") is True
+    targets = None if every_db else _targets(req, "user")
     docs = [d for d in await store.users()
-            if (targets is None and d.get("db") == req.db)
+            if every_db or (targets is None and d.get("db") == req.db)
             or (targets is not None and (d.get("user"), d.get("db")) in targets)]
     out = []
     for d in sorted(docs, key=lambda d: d["_id"]):
@@ -217,6 +221,42 @@ async def users_info(node: "Node", req: Request) -> dict[str, Any]:
     return {"users": out}
 
 
+def _privileges_arg(req: Request, role_db: str) -> list[dict[str, Any]]:
+    """``privileges: [{resource, actions}]``, each resource valid (BadValue 2), and allowed
+    for a role of ``role_db`` (``checkOkayToGrantPrivilegesToRole``: outside ``admin`` only
+    ``{db: role_db, collection}`` resources; InvalidRoleModification 49 otherwise)."""
+    privileges = check_type(req, "privileges", list, "array", required=True)
+    for p in privileges:
+        if not isinstance(p, dict) or not isinstance(p.get("actions"), list):
+            raise MongoError(2, "privileges must be objects with 'resource' and 'actions'")
+        pattern = roles_mod.pattern_from_resource(p.get("resource"))
+        if role_db != "admin" and not (pattern[0] in ("db", "exact") and pattern[1] == role_db):
+            raise MongoError(49, f"Roles on the '{role_db}' database cannot be granted privileges "
+                                 f"that target other databases or the cluster")
+    return privileges
+
+
+async def _check_roles_to_role(node: "Node", role: tuple[str, str],
+                               refs: list[tuple[str, str]]) -> None:
+    """``checkOkayToGrantRolesToRole`` (user_management_commands.cpp): not itself, from the
+    role's own database unless it is in ``admin`` (InvalidRoleModification 49), existing
+    (RoleNotFound 31), and no cycle (49)."""
+    name = f"{role[0]}@{role[1]}"
+    for ref in refs:
+        if ref == role:
+            raise MongoError(49, f"Cannot grant role {name} to itself.")
+        if role[1] != "admin" and ref[1] != role[1]:
+            raise MongoError(49, f"Roles on the '{role[1]}' database cannot be granted roles "
+                                 f"from other databases")
+    try:
+        await _check_roles(node, refs)
+    except MongoError as exc:
+        raise MongoError(exc.code, f"Cannot grant roles to '{name}': {exc.errmsg}") from None
+    if role in await resolve_roles(node.security.store, refs, {}):
+        raise MongoError(49, f"Granting roles to {name} would introduce a cycle in the role "
+                             f"graph")
+
+
 @commands.handler("createRole")
 async def create_role(node: "Node", req: Request) -> dict[str, Any]:
     """``{createRole: name, privileges: [{resource, actions}], roles: [...]}``."""
@@ -224,13 +264,9 @@ async def create_role(node: "Node", req: Request) -> dict[str, Any]:
     store = node.security.store
     if roles_mod.is_builtin(name, req.db) or await store.get_role(req.db, name) is not None:
         raise MongoError(51002, f'Role "{name}@{req.db}" already exists')
-    privileges = check_type(req, "privileges", list, "array", required=True)
-    for p in privileges:
-        if not isinstance(p, dict) or not isinstance(p.get("actions"), list):
-            raise MongoError(2, "privileges must be objects with 'resource' and 'actions'")
-        roles_mod.pattern_from_resource(p.get("resource"))
+    privileges = _privileges_arg(req, req.db)
     refs = _roles_arg(req)
-    await _check_roles(node, refs)
+    await _check_roles_to_role(node, (name, req.db), refs)
     await store.put_role({"_id": f"{req.db}.{name}", "role": name, "db": req.db,
                           "privileges": privileges, "roles": _role_docs(refs)})
     return {}
@@ -243,6 +279,109 @@ async def drop_role(node: "Node", req: Request) -> dict[str, Any]:
     if not isinstance(name, str) or not await node.security.store.delete_role(f"{req.db}.{name}"):
         raise MongoError(31, f"Could not find role: {name}@{req.db}")
     return {}
+
+
+async def _role_doc(node: "Node", req: Request) -> dict[str, Any]:
+    """The custom role the command names (``{<cmd>: name}``): InvalidRoleModification (49)
+    for a built-in one, RoleNotFound (31) for none."""
+    name = req.arg
+    if not isinstance(name, str):
+        raise MongoError(14, f"BSON field '{req.name}.{req.name}' is the wrong type, expected "
+                             f"type 'string'")
+    if roles_mod.is_builtin(name, req.db):
+        raise MongoError(49, f"{name}@{req.db} is a built-in role and cannot be modified.")
+    doc = await node.security.store.get_role(req.db, name)
+    if doc is None:
+        raise MongoError(31, f"Could not find role: {name}@{req.db}")
+    return dict(doc)
+
+
+@commands.handler("updateRole")
+async def update_role(node: "Node", req: Request) -> dict[str, Any]:
+    """``{updateRole: name, privileges?, roles?}``: replaces what is given; BadValue (2) when
+    neither is."""
+    if "privileges" not in req.body and "roles" not in req.body:
+        raise MongoError(2, "Must specify at least one field to update in updateRole")
+    doc = await _role_doc(node, req)
+    if "privileges" in req.body:
+        doc["privileges"] = _privileges_arg(req, req.db)
+    if "roles" in req.body:
+        refs = _roles_arg(req)
+        await _check_roles_to_role(node, (doc["role"], req.db), refs)
+        doc["roles"] = _role_docs(refs)
+    await node.security.store.put_role(doc)
+    return {}
+
+
+@commands.handler("grantRolesToRole")
+async def grant_roles_to_role(node: "Node", req: Request) -> dict[str, Any]:
+    """``{grantRolesToRole: name, roles: [...]}``."""
+    doc = await _role_doc(node, req)
+    refs = _roles_arg(req)
+    await _check_roles_to_role(node, (doc["role"], req.db), refs)
+    have = role_refs(doc.get("roles"), req.db)
+    doc["roles"] = _role_docs(have + [r for r in refs if r not in have])
+    await node.security.store.put_role(doc)
+    return {}
+
+
+@commands.handler("revokeRolesFromRole")
+async def revoke_roles_from_role(node: "Node", req: Request) -> dict[str, Any]:
+    """``{revokeRolesFromRole: name, roles: [...]}``."""
+    doc = await _role_doc(node, req)
+    refs = _roles_arg(req)
+    doc["roles"] = _role_docs([r for r in role_refs(doc.get("roles"), req.db) if r not in refs])
+    await node.security.store.put_role(doc)
+    return {}
+
+
+def _merge_privileges(have: list[dict[str, Any]], change: list[dict[str, Any]],
+                      grant: bool) -> list[dict[str, Any]]:
+    """Add (``grant``) or remove ``change``'s actions per resource."""
+    out: dict[tuple, set[str]] = {}
+    for p in have:
+        try:
+            out.setdefault(roles_mod.pattern_from_resource(p.get("resource")), set()).update(
+                p.get("actions") or [])
+        except MongoError:
+            continue
+    for p in change:
+        acts = out.setdefault(roles_mod.pattern_from_resource(p.get("resource")), set())
+        acts.update(p["actions"]) if grant else acts.difference_update(p["actions"])
+    return [{"resource": roles_mod.resource_from_pattern(k), "actions": sorted(v)}
+            for k, v in out.items() if v]
+
+
+async def _change_privileges(node: "Node", req: Request, grant: bool) -> dict[str, Any]:
+    doc = await _role_doc(node, req)
+    privileges = _privileges_arg(req, req.db if grant else "admin")
+    doc["privileges"] = _merge_privileges(list(doc.get("privileges") or []), privileges, grant)
+    await node.security.store.put_role(doc)
+    return {}
+
+
+@commands.handler("grantPrivilegesToRole")
+async def grant_privileges(node: "Node", req: Request) -> dict[str, Any]:
+    """``{grantPrivilegesToRole: name, privileges: [{resource, actions}]}``: adds the actions
+    (InvalidRoleModification 49 for a resource outside a non-admin role's database)."""
+    return await _change_privileges(node, req, True)
+
+
+@commands.handler("revokePrivilegesFromRole")
+async def revoke_privileges(node: "Node", req: Request) -> dict[str, Any]:
+    """``{revokePrivilegesFromRole: name, privileges: [...]}``: removes the actions."""
+    return await _change_privileges(node, req, False)
+
+
+@commands.handler("dropAllRolesFromDatabase")
+async def drop_all_roles(node: "Node", req: Request) -> dict[str, Any]:
+    """``{dropAllRolesFromDatabase: 1}``: ``{n: <dropped>}``."""
+    store = node.security.store
+    n = 0
+    for doc in await store.roles():
+        if doc.get("db") == req.db:
+            n += await store.delete_role(doc["_id"])
+    return {"n": n}
 
 
 @commands.handler("rolesInfo")

@@ -122,13 +122,13 @@ def deployment(topology: str, uri: str | None, shards: int,
         return
     if topology == "sharded":
         from shardsim.tools.launcher import Cluster
-        with Cluster(shards=shards, routers=mongoses, auth=auth) as cluster:
+        with Cluster(shards=shards, routers=mongoses, auth=auth, test_commands=True) as cluster:
             target = cluster.routers_uri
             yield with_credentials(target, *auth) if auth else target
         return
     from shardsim.tools.procs import RoleProcess
     with contextlib.ExitStack() as stack:
-        args = ["--port", "0", "--shard-name", "rs0"]
+        args = ["--port", "0", "--shard-name", "rs0", "--enable-test-commands"]  # fail points
         if auth:
             key_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="shardsim-spec-"))
             args += ["--keyFile", _write_key_file(key_dir)]
