@@ -12,6 +12,8 @@ import pytest
 from bson import Binary
 from pymongo.errors import BulkWriteError, OperationFailure, WriteError
 
+from shardsim.testing.helpers import split_over_two_shards
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -27,13 +29,7 @@ def shard_client(cluster: Any) -> Iterator[pymongo.MongoClient]:
 
 
 def _sharded(client: pymongo.MongoClient, db: str, coll: str) -> None:
-    client.admin.command("enableSharding", db)
-    client.admin.command("shardCollection", f"{db}.{coll}", key={"_id": 1})
-    client.admin.command("split", f"{db}.{coll}", middle={"_id": 10})
-    primary = client.config.databases.find_one({"_id": db})["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
-                 if s["_id"] != primary)
-    client.admin.command("moveChunk", f"{db}.{coll}", find={"_id": 10}, to=other)
+    split_over_two_shards(client, f"{db}.{coll}", key="_id", middle=10)
 
 
 SCHEMA = {"$jsonSchema": {"bsonType": "object", "required": ["name"],
