@@ -28,7 +28,7 @@ of docs/testing.md is :func:`markdown_table`'s output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
 from bson.timestamp import Timestamp
@@ -76,7 +76,7 @@ Step = Union[Send, Action]
 class Param:
     """One parameter of a fault: ``name`` (the kit method's, and the CLI's destination),
     ``kind`` (``shard``, ``member``, ``ms`` (>= 0, float), ``interval_ms`` (>= 1, int),
-    ``timestamp``, ``mode``, ``document``), ``default`` (:data:`REQUIRED` or a value; the
+    ``timestamp``, ``failpoint``, ``mode``, ``document``), ``default`` (:data:`REQUIRED` or a value; the
     kit's), ``option`` (the CLI's ``--flag``; None: a positional argument), ``cli_default``
     and ``help`` (the CLI's)."""
 
@@ -94,7 +94,8 @@ class Fault:
     ``shards`` (two of them), ``member`` (router, config server or shard), ``shards and config
     server``, ``cluster``); ``doc`` one line; ``undone_by`` the record that undoes it (None:
     not undone, e.g. history truncated stays lost); ``done`` the CLI's message (a format
-    string over the arguments and the reply)."""
+    string over the arguments and the reply); ``notes`` anything else (``in-process only``:
+    ``command`` is None because ``shardsim fault`` cannot start or drain a shard process)."""
 
     method: str
     command: str | None
@@ -105,7 +106,7 @@ class Fault:
     undo: tuple[Step, ...] = ()
     undone_by: str | None = None
     done: str = ""
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     @property
     def sends(self) -> tuple[Send, ...]:

@@ -123,6 +123,11 @@ class Member:
     def running(self) -> bool:
         return self.server is not None
 
+    @property
+    def paused(self) -> bool:
+        """Running with its gate closed (``pause_shard``): it answers nothing."""
+        return self.server is not None and not self.server.gate.is_set()
+
     async def start(self) -> None:
         """Build the node and listen (on the kept port after the first start)."""
         node = self.make_node(self.port)
