@@ -264,7 +264,7 @@ class AsyncShardedCluster:
         result: Any = None
         for step in faults.BY_METHOD[method].apply:
             if isinstance(step, faults.Send):
-                cmd = faults.fill(step.command, args)
+                cmd = faults.build(step, args)
                 for member in (targets if step.to == "each" else targets[:1]):
                     result = await run_as(member, self.command, member, cmd)
             else:

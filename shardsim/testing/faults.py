@@ -11,7 +11,7 @@ SIGKILL to its process).
 Three runtimes iterate :data:`FAULTS`:
 
 * :class:`shardsim.testing.AsyncShardedCluster`: one method per record (the record's
-  ``method``); it runs the steps with :func:`fill` for a :class:`Send` and its own handler of
+  ``method``); it runs the steps with :func:`build` for a :class:`Send` and its own handler of
   each :class:`Action` name (``_act_<name>``).
 * :class:`shardsim.testing.ShardedCluster`: its fault methods are generated from the records
   (each hands the async method's coroutine to the cluster's loop).
@@ -53,10 +53,15 @@ class Arg:
 @dataclass(frozen=True)
 class Send:
     """Send ``command`` (a template whose :class:`Arg` values :func:`fill` replaces) to the
-    fault's target member (``to="target"``), or to each of its targets."""
+    fault's target member (``to="target"``), or to each of its targets.
+
+    With ``request`` (a declared internal request class: ``request(**fields).to_command()``
+    builds the wire command ``{request.NAME: <first field>, <other fields>...}``), ``command``
+    holds the request's fields instead; :func:`build` makes the command either way."""
 
     command: Mapping[str, Any]
     to: str = "target"
+    request: Any = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,13 @@ def fill(template: Any, args: Mapping[str, Any]) -> Any:
             out[k] = fill(v, args)
         return out
     return template
+
+
+def build(step: Send, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The command ``step`` sends with the fault's arguments ``args`` (:func:`fill`, then the
+    step's ``request`` class when it has one)."""
+    body = fill(step.command, args)
+    return step.request(**body).to_command() if step.request is not None else body
 
 
 _SHARD = Param("name", "shard", help="The shard's name.")
@@ -241,7 +253,11 @@ BY_COMMAND: dict[str, Fault] = {f.command: f for f in FAULTS if f.command}
 def _step_text(step: Step) -> str:
     if isinstance(step, Action):
         return f"kit: {step.kit}; CLI: {step.cli}"
-    return f"`{_show(step.command)}`" + (" on each" if step.to == "each" else "")
+    command: Any = step.command
+    if step.request is not None:  # {NAME: <first field>, <the other fields>...}
+        items = list(step.command.items())
+        command = {step.request.NAME: items[0][1], **dict(items[1:])}
+    return f"`{_show(command)}`" + (" on each" if step.to == "each" else "")
 
 
 def _show(value: Any) -> str:
@@ -275,4 +291,4 @@ def markdown_table() -> str:
 
 
 __all__ = ["Action", "Arg", "BY_COMMAND", "BY_METHOD", "FAULTS", "Fault", "Param", "REQUIRED",
-           "Send", "Step", "fill", "markdown_table"]
+           "Send", "Step", "build", "fill", "markdown_table"]

@@ -154,7 +154,7 @@ def _run(fault_: Fault, targets: list[dict[str, Any]], args: dict[str, Any], run
     out: dict[str, Any] = {}
     for step in fault_.apply:
         if isinstance(step, faults.Send):
-            cmd = faults.fill(step.command, args)
+            cmd = faults.build(step, args)
             for p in (targets if step.to == "each" else targets[:1]):
                 out.update(_command(p, cmd))
         else:

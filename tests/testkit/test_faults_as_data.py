@@ -69,6 +69,21 @@ def test_fill_builds_the_commands_a_fault_sends() -> None:
     assert faults.fill(fp, {"name": "x", "mode": {"times": 1}, "data": {"a": 1}})["data"] == {"a": 1}
 
 
+def test_a_send_step_may_build_a_declared_internal_request() -> None:
+    class Pin:  # the shape of a shardsim.core.protocol request
+        NAME = "_pin"
+
+        def __init__(self, ts: int) -> None:
+            self.ts = ts
+
+        def to_command(self) -> dict:
+            return {self.NAME: self.ts}
+
+    step = faults.Send({"ts": faults.Arg("ts")}, request=Pin)
+    assert faults.build(step, {"ts": 7}) == {"_pin": 7}
+    assert faults.build(faults.Send({"ping": 1}), {}) == {"ping": 1}
+
+
 def test_the_docs_faults_table_is_the_records_table() -> None:
     with open(DOCS) as f:
         assert faults.markdown_table() in f.read()
