@@ -72,6 +72,13 @@ class ConfigServerNode(ShardNode):
         await cluster_keys.start(self)
         self.balancer.start()
 
+    def crash(self) -> None:
+        """``kill -9``: as a shard (:meth:`ShardNode.crash`), and the pools to the shards
+        closed."""
+        super().crash()
+        for pool in self.shard_pools.values():
+            pool.close()
+
     async def shutdown(self) -> None:
         """Stop handing out keys, stop as a shard does, then close the pools to the shards."""
         cluster_keys.stop(self)

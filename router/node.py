@@ -251,6 +251,15 @@ class RouterNode(Node):
             except Exception:  # keep refreshing whatever happened
                 log.exception("catalog refresh failed")
 
+    def crash(self) -> None:
+        """``kill -9`` (see :meth:`Node.crash`): stop refreshing the catalog and close the
+        connection pools to the shards."""
+        super().crash()
+        if self._refresher is not None:
+            self._refresher.cancel()
+        for _, pool in self._pools.values():
+            pool.close()
+
     async def shutdown(self) -> None:
         """Stop refreshing, close the promise channels of change streams and every pool."""
         if self._refresher is not None:

@@ -206,6 +206,15 @@ class DurableStore:
             cur.execute("ROLLBACK")
             raise
 
+    def crash(self) -> None:
+        """Let go of the file as a process killed with ``kill -9`` does: the connection and the
+        dbpath lock are released, no checkpoint is written (the WAL is replayed when the store
+        is opened again, as SQLite recovers after a crash)."""
+        try:
+            self.conn.close()
+        finally:
+            self._lock.close()
+
     def close(self) -> None:
         try:
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -472,7 +472,10 @@ class ShardNode(Node):
         self.coordinators.recover()  # finish the two-phase commits decided before a restart
 
     async def shutdown(self) -> None:
-        """Close cursors, then flush and close the durable store."""
+        """Stop the no-op writer and the transaction reaper, close cursors, then flush and
+        close the durable store."""
+        noop_writer.stop(self)
+        self.sessions.stop_reaper()
         await super().shutdown()
         self.coordinators.close()
         self.sharding.close()
@@ -482,6 +485,17 @@ class ShardNode(Node):
             except MongoError:
                 pass  # not durable: like an unacknowledged write at kill -9
             self.durable.close()
+
+    def crash(self) -> None:
+        """``kill -9`` (see :meth:`Node.crash`): no-op writer and reapers stopped, and the
+        durable store let go without a checkpoint or a flush (every acknowledged write is
+        committed already; the WAL is replayed on restart), its dbpath lock released."""
+        super().crash()
+        noop_writer.stop(self)
+        self.sessions.stop_reaper()
+        if self.durable is not None:
+            self.durable.crash()
+            self.durable = None
 
 
 def _noop_secs(ms: Any) -> Any:

@@ -498,6 +498,12 @@ class Sessions:
                 self.abort_expired()
         self._reaper = asyncio.get_running_loop().create_task(reap())
 
+    def stop_reaper(self) -> None:
+        """Cancel the transaction reaper of :meth:`start_reaper` (if running)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+
     def abort_expired(self) -> int:
         """Roll back every in-progress transaction past its lifetime; returns how many."""
         deadline = time.monotonic() - self.lifetime_s

@@ -54,6 +54,17 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture
+def first_shard_client(cluster: Cluster) -> Iterator[pymongo.MongoClient]:
+    """A direct client (``directConnection=true``) to the shared cluster's first shard."""
+    client: pymongo.MongoClient = pymongo.MongoClient(cluster.shards[0].address,
+                                                      directConnection=True)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
 def router_client(cluster: Cluster) -> Iterator[pymongo.MongoClient]:
     """A pymongo client to the shared cluster's router."""
     client: pymongo.MongoClient = pymongo.MongoClient(cluster.router_uri,

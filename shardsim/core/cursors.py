@@ -321,3 +321,9 @@ class CursorManager:
                 if stale:
                     await self.kill(stale)
         self._reaper = asyncio.get_running_loop().create_task(reap())
+
+    def stop_reaper(self) -> None:
+        """Cancel the idle-cursor reaper of :meth:`start_reaper` (if running)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None

@@ -213,5 +213,14 @@ class Node:
         self.cursors.start_reaper()
 
     async def shutdown(self) -> None:
-        """Kill every open cursor."""
+        """Stop the idle-cursor reaper, kill every open cursor."""
+        self.cursors.stop_reaper()
         await self.cursors.kill_all()
+
+    def crash(self) -> None:
+        """Die like ``kill -9`` (the test kit's ``kill_shard``; the server loop drops the
+        connections, :meth:`shardsim.core.server.Server.abort`): stop every periodic task of
+        the node and release what the operating system would release for a dead process
+        (sockets to other members, file locks), writing nothing (no checkpoint, no flush).
+        Synchronous; the node is not used again (a restart builds a new one). Roles extend it."""
+        self.cursors.stop_reaper()

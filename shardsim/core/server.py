@@ -103,6 +103,18 @@ class Server:
             w.close()
         await self.node.shutdown()
 
+    def abort(self) -> None:
+        """Close the listening socket and drop every connection at once, without replies
+        (the sockets of a process killed with ``kill -9``; the node is not shut down: see
+        :meth:`shardsim.core.node.Node.crash`)."""
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._conns):
+            transport = w.transport
+            if transport is not None:
+                transport.abort()
+        self._conns.clear()
+
     async def serve_forever(self) -> None:
         assert self._server is not None
         async with self._server:

@@ -8,7 +8,9 @@ loop: the caller's (``async with AsyncShardedCluster() as c``) or, for
 :class:`shardsim.testing.ShardedCluster`, a background thread's. Shards are added with the
 router's own ``addShard`` command, as ``shardsim up`` does (:mod:`shardsim.tools.launcher`).
 
-Faults on demand are methods (see each): :meth:`pause_shard` / :meth:`resume_shard`,
+Faults on demand are methods, one per record of :mod:`shardsim.testing.faults` (the same
+records ``shardsim fault`` offers), each running its record's steps: :meth:`pause_shard` /
+:meth:`resume_shard`,
 :meth:`kill_shard` / :meth:`restart_shard`, :meth:`add_shard` / :meth:`remove_shard`,
 :meth:`set_noop_interval`, :meth:`truncate_oplog`, :meth:`slow_promises` /
 :meth:`stall_promises` / :meth:`clear_promise_faults`, :meth:`same_cluster_time`,
@@ -30,12 +32,11 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from shardsim.core.clock import ts_key
 from shardsim.core.commands import ConnectionInfo, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.node import Node
+from shardsim.testing import faults
 from shardsim.testing.members import Member, TaskTracker, run_as
-from shardsim.core.protocol import shard as shrq
 
 PROMISE_MODES = ("clock", "mongod")
 _KIT_CONN = ConnectionInfo(id=-1, peer="shardsim.testing")
@@ -230,7 +231,7 @@ class AsyncShardedCluster:
     async def _add_shard(self, member: Member) -> None:
         await self.command("router", {"addShard": member.address, "name": member.name})
 
-    # -- faults -----------------------------------------------------------------------------
+    # -- faults: the records of shardsim.testing.faults, run on members ---------------------
     def _member(self, name: str) -> Member:
         if name == "router" and self.router is not None:
             return self.router
@@ -257,42 +258,41 @@ class AsyncShardedCluster:
             raise ClusterNotRunning(f"{member.name} is not running")
         return member.server
 
-    async def pause_shard(self, name: str | None = None) -> str:
-        """Stop answering on shard ``name`` (a seeded random shard when None): commands on its
-        connections, and replies already being computed (an awaitData getMore), wait until
-        :meth:`resume_shard`. The router's getMore to it then waits too, so its promise does
-        not advance and the merged stream holds back every event after it. (The router gives
-        up on a remote getMore after maxAwaitTimeMS + 30 s with NetworkTimeout 89, a resumable
-        error, as it does for any unresponsive shard.) Returns the shard's name."""
-        member = self._shard(name)
-        self._running(member).gate.clear()
-        return member.name
+    async def _apply(self, method: str, targets: list[str], args: dict[str, Any]) -> Any:
+        """Run the apply steps of fault record ``method`` (:data:`faults.BY_METHOD`) on the
+        members named ``targets``: a :class:`faults.Send` goes to the first target (to each
+        with ``to="each"``) through its command table, as the member's own task; an
+        :class:`faults.Action` calls ``_act_<name>(target)``. Returns the last step's result."""
+        result: Any = None
+        for step in faults.BY_METHOD[method].apply:
+            if isinstance(step, faults.Send):
+                cmd = faults.build(step, args)
+                for member in (targets if step.to == "each" else targets[:1]):
+                    result = await run_as(member, self.command, member, cmd)
+            else:
+                act = getattr(self, "_act_" + step.name.replace("-", "_"))
+                result = await act(*targets[:1])
+        return result
 
-    async def resume_shard(self, name: str) -> None:
-        """Answer again on shard ``name``: everything held by :meth:`pause_shard` proceeds."""
-        self._running(self._shard(name)).gate.set()
+    async def _act_stop_answering(self, name: str) -> None:
+        self._running(self._member(name)).gate.clear()
 
-    async def kill_shard(self, name: str | None = None) -> str:
-        """Kill shard ``name`` like ``kill -9``: its sockets close without replies, its tasks
-        stop, nothing more is written. Clients see network errors (HostUnreachable 6 / ...,
-        resumable for change streams). Returns the shard's name."""
-        member = self._shard(name)
+    async def _act_answer_again(self, name: str) -> None:
+        self._running(self._member(name)).gate.set()
+
+    async def _act_kill(self, name: str) -> None:
+        member = self._member(name)
         self._running(member)
         await member.kill(self._tracker)
-        return member.name
 
-    async def restart_shard(self, name: str) -> None:
-        """Start shard ``name`` again on the same port (and the same dbpath when durable: it
-        comes back with its documents and oplog; in memory it comes back empty). A running
-        shard is killed first."""
-        member = self._shard(name)
+    async def _act_start(self, name: str) -> None:
+        member = self._member(name)
         if member.running:
             await member.kill(self._tracker)
         await run_as(member.name, member.start)
         self._seed_fail_points(member)
 
-    async def add_shard(self) -> str:
-        """Start a new shard and ``addShard`` it through the router; returns its name."""
+    async def _act_add_shard(self) -> str:
         member = self._new_shard_member()
         try:
             await run_as(member.name, member.start)
@@ -304,12 +304,7 @@ class AsyncShardedCluster:
         self._seed_fail_points(member)
         return member.name
 
-    async def remove_shard(self, name: str) -> None:
-        """Drain and remove shard ``name`` through the router (``removeShard``), then stop it.
-
-        Without a balancer the kit does the draining itself: every chunk the shard owns is
-        moved (``moveChunk``) and every database it is primary of is moved (``movePrimary``)
-        to another shard picked with the seeded random generator."""
+    async def _act_drain_and_remove(self, name: str) -> None:
         member = self._shard(name)
         reply = await self.command("router", {"removeShard": name})
         others = sorted(n for n in self.shards if n != name)
@@ -331,50 +326,89 @@ class AsyncShardedCluster:
         node = self.node("config")
         return await node.find_all(coll, filt)  # type: ignore[attr-defined]
 
+    async def pause_shard(self, name: str | None = None) -> str:
+        """Stop answering on shard ``name`` (a seeded random shard when None): commands on its
+        connections, and replies already being computed (an awaitData getMore), wait until
+        :meth:`resume_shard`. The router's getMore to it then waits too, so its promise does
+        not advance and the merged stream holds back every event after it. (The router gives
+        up on a remote getMore after maxAwaitTimeMS + 30 s with NetworkTimeout 89, a resumable
+        error, as it does for any unresponsive shard.) Returns the shard's name."""
+        member = self._shard(name)
+        await self._apply("pause_shard", [member.name], {"name": member.name})
+        return member.name
+
+    async def resume_shard(self, name: str) -> None:
+        """Answer again on shard ``name``: everything held by :meth:`pause_shard` proceeds."""
+        await self._apply("resume_shard", [self._shard(name).name], {"name": name})
+
+    async def kill_shard(self, name: str | None = None) -> str:
+        """Kill shard ``name`` like ``kill -9``: its sockets close without replies, its tasks
+        stop, nothing more is written (``node.crash()``). Clients see network errors
+        (HostUnreachable 6 / ..., resumable for change streams). Returns the shard's name."""
+        member = self._shard(name)
+        await self._apply("kill_shard", [member.name], {"name": member.name})
+        return member.name
+
+    async def restart_shard(self, name: str) -> None:
+        """Start shard ``name`` again on the same port (and the same dbpath when durable: it
+        comes back with its documents and oplog; in memory it comes back empty). A running
+        shard is killed first."""
+        await self._apply("restart_shard", [self._shard(name).name], {"name": name})
+
+    async def add_shard(self) -> str:
+        """Start a new shard and ``addShard`` it through the router; returns its name."""
+        return await self._apply("add_shard", [], {})
+
+    async def remove_shard(self, name: str) -> None:
+        """Drain and remove shard ``name`` through the router (``removeShard``), then stop it.
+
+        Without a balancer the kit does the draining itself: every chunk the shard owns is
+        moved (``moveChunk``) and every database it is primary of is moved (``movePrimary``)
+        to another shard picked with the seeded random generator."""
+        await self._apply("remove_shard", [self._shard(name).name], {"name": name})
+
     async def set_noop_interval(self, ms: int, name: str | None = None) -> None:
         """Set the periodic no-op writer's interval (ms) of shard ``name``, or of every shard
-        and the config server when None; the writer restarts with it. mongod's
-        ``periodicNoopIntervalSecs`` is 10 s by default: ``set_noop_interval(10_000)``
-        reproduces the latency an idle shard adds to a merged stream (SERVER-80427)."""
-        from shardsim.shard import noop_writer
+        and the config server when None (``setParameter: {periodicNoopIntervalSecs: ms /
+        1000}``, which shardsim accepts at runtime with test commands on); the writer restarts
+        with it. mongod's ``periodicNoopIntervalSecs`` is 10 s by default:
+        ``set_noop_interval(10_000)`` reproduces the latency an idle shard adds to a merged
+        stream (SERVER-80427). ValueError below 1 ms."""
         if int(ms) < 1:
             raise ValueError("the no-op interval is at least 1 ms")
         members = [self._shard(name)] if name is not None else \
             [*self.shards.values(), *([self.config] if self.config else [])]
         for member in members:
-            node = self.node(member.name)
-            node.options["noop_interval_ms"] = int(ms)
-            noop_writer.stop(node)
-            await run_as(member.name, _start_noop_writer, node)
+            self.node(member.name)
+            await self._apply("set_noop_interval", [member.name], {"ms": int(ms)})
         if name is None:
             self.noop_interval_ms = int(ms)
 
     async def truncate_oplog(self, name: str, before: Timestamp | datetime.datetime) -> int:
         """Remove every oplog entry (and pre-image) of shard ``name`` older than ``before`` (a
         BSON Timestamp, or a datetime taken as UTC when naive), as capped-oplog truncation
-        does; the newest entry is always kept. A change stream resuming before the new oldest
-        entry then fails with ChangeStreamHistoryLost (286), labelled
-        NonResumableChangeStreamError. Returns the number of entries removed."""
-        node = self.node(self._shard(name).name)
+        does; the newest entry is always kept (test command ``_shardsimTruncateOplog``). A
+        change stream resuming before the new oldest entry then fails with
+        ChangeStreamHistoryLost (286), labelled NonResumableChangeStreamError. Returns the
+        number of entries removed; TypeError for another ``before``."""
+        member = self._shard(name)
         if isinstance(before, datetime.datetime):
             if before.tzinfo is None:
                 before = before.replace(tzinfo=datetime.timezone.utc)
             before = Timestamp(int(before.timestamp()), 0)
         if not isinstance(before, Timestamp):
             raise TypeError("before must be a bson Timestamp or a datetime")
-        removed = node.oplog.truncate_before(ts_key(before))  # type: ignore[attr-defined]
-        node.flush()  # type: ignore[attr-defined]
-        return removed
+        self.node(member.name)
+        reply = await self._apply("truncate_oplog", [member.name],
+                                  {"name": member.name, "before": before})
+        return int(reply["removed"])
 
     async def configure_fail_point(self, member: str, name: str, mode: Any,
                                    data: dict[str, Any] | None = None) -> dict[str, Any]:
         """``configureFailPoint`` on ``member`` (``"router"``, ``"config"`` or a shard name):
         ``failCommand`` / ``failGetMoreAfterCursorCheckout`` with mongod's modes and data."""
-        cmd: dict[str, Any] = {"configureFailPoint": name, "mode": mode}
-        if data is not None:
-            cmd["data"] = data
-        return await self.command(member, cmd)
-
+        return await self._apply("configure_fail_point", [member],
+                                 {"member": member, "name": name, "mode": mode, "data": data})
 
     # -- promise faults (shard/change_stream/promise_faults.py) ------------------------------
     async def slow_promises(self, name: str, ms: float) -> None:
@@ -382,11 +416,11 @@ class AsyncShardedCluster:
         ``shardsimDelayPromise``): its getMore replies without events, which carry its
         promise, leave ``ms`` after the promise was taken, so the merged stream releases
         another shard's event about ``ms`` later. The shard's own events are not delayed.
-        Until :meth:`clear_promise_faults`."""
+        Until :meth:`clear_promise_faults`. ValueError below 0 ms."""
         if ms < 0:
             raise ValueError("the promise delay is at least 0 ms")
-        await self.configure_fail_point(self._shard(name).name, "shardsimDelayPromise",
-                                        "alwaysOn", {"delayMs": ms})
+        member = self._shard(name).name
+        await self._apply("slow_promises", [member], {"name": member, "ms": ms})
 
     async def stall_promises(self, name: str) -> None:
         """Freeze shard ``name``'s change-stream promise at its current value (fail point
@@ -394,16 +428,14 @@ class AsyncShardedCluster:
         events, but promises nothing newer, so the merged stream holds back every later event
         of the other shards (``$currentOp`` names it in ``waitingFor``). Until
         :meth:`clear_promise_faults`, which lets it promise at once."""
-        await self.configure_fail_point(self._shard(name).name, "shardsimStallPromise",
-                                        "alwaysOn")
+        member = self._shard(name).name
+        await self._apply("stall_promises", [member], {"name": member})
 
     async def clear_promise_faults(self, name: str) -> None:
         """Undo :meth:`slow_promises`, :meth:`stall_promises` and a pending
         :meth:`same_cluster_time` pin on shard ``name``."""
         member = self._shard(name).name
-        await self.configure_fail_point(member, "shardsimStallPromise", "off")
-        await self.configure_fail_point(member, "shardsimDelayPromise", "off")
-        await self.command(member, shrq.SetClusterTime(Timestamp(0, 0)).to_command())
+        await self._apply("clear_promise_faults", [member], {"name": member})
 
     async def same_cluster_time(self, shard_a: str, shard_b: str) -> Timestamp:
         """Pin the next oplog entry of shards ``shard_a`` and ``shard_b`` at one cluster time T
@@ -412,7 +444,7 @@ class AsyncShardedCluster:
         resume token, as for real shards whose clocks agree. Until a shard writes, its promise
         stays at or below T (events at or after T wait for it) and its periodic no-op writer
         skips. The next entry includes an implicit ``create``: write to existing collections.
-        Returns T."""
+        Returns T; ValueError for one shard twice; BadValue (2) if the clocks kept moving."""
         if shard_a == shard_b:
             raise ValueError("same_cluster_time needs two different shards")
         names = [self._shard(shard_a).name, self._shard(shard_b).name]
@@ -422,19 +454,14 @@ class AsyncShardedCluster:
                       for n in nodes) + 1
             ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
             try:
-                for n in names:
-                    await self.command(n, shrq.SetClusterTime(ts).to_command())
+                await self._apply("same_cluster_time", names,
+                                  {"shard_a": names[0], "shard_b": names[1], "ts": ts})
             except MongoError as exc:
                 if exc.code != 2:
                     raise
                 continue
             return ts
         raise MongoError(2, "the shards' clocks kept moving; could not pin a common time")
-
-
-async def _start_noop_writer(node: Any) -> None:
-    from shardsim.shard import noop_writer
-    noop_writer.start(node)
 
 
 __all__ = ["AsyncShardedCluster", "ClusterNotRunning", "PROMISE_MODES"]

@@ -3,7 +3,7 @@
 :class:`GatedServer` is :class:`shardsim.core.server.Server` (the loop every role process runs) with
 two additions the test kit needs: a *gate* that, when closed, holds every command of every
 connection before it runs and every reply before it is sent (``pause_shard``: the shard stops
-answering, as a mongod stopped with SIGSTOP would), and :meth:`GatedServer.abort` which drops the
+answering, as a mongod stopped with SIGSTOP would); ``Server.abort`` drops the
 listening socket and every connection without a goodbye (``kill_shard``).
 
 :class:`Member` keeps what is needed to build the node again on the same port and dbpath
@@ -95,16 +95,6 @@ class GatedServer(Server):
             await self.gate.wait()
         return out
 
-    def abort(self) -> None:
-        """Close the listening socket and drop every connection at once (no replies)."""
-        if self._server is not None:
-            self._server.close()
-        for w in list(self._conns):
-            transport = w.transport
-            if transport is not None:
-                transport.abort()
-        self._conns.clear()
-
 
 class Member:
     """A config server, shard or router of the in-process cluster.
@@ -133,6 +123,11 @@ class Member:
     def running(self) -> bool:
         return self.server is not None
 
+    @property
+    def paused(self) -> bool:
+        """Running with its gate closed (``pause_shard``): it answers nothing."""
+        return self.server is not None and not self.server.gate.is_set()
+
     async def start(self) -> None:
         """Build the node and listen (on the kept port after the first start)."""
         node = self.make_node(self.port)
@@ -143,52 +138,23 @@ class Member:
         self.port = server.port
 
     async def stop(self, tracker: TaskTracker) -> None:
-        """Shut down as the role process does on SIGTERM (durable stores flushed and closed)."""
+        """Shut down as the role process does on SIGTERM (the node's ``shutdown``: periodic
+        tasks stopped, cursors killed, pools closed, durable stores flushed and closed)."""
         server, self.server = self.server, None
         if server is None:
             return
         server.gate.set()
-        _stop_background(server.node)
         await server.close()
         await tracker.cancel(self.name)
-        _close_pools(server.node)
 
     async def kill(self, tracker: TaskTracker) -> None:
-        """Stop like ``kill -9``: connections dropped, tasks cancelled, nothing flushed (a
-        durable shard has committed every acknowledged write already), the dbpath lock freed."""
+        """Stop like ``kill -9``: connections dropped (``Server.abort``), tasks cancelled, then
+        the node's public ``crash()`` (nothing flushed: a durable shard has committed every
+        acknowledged write already; the dbpath lock freed)."""
         server, self.server = self.server, None
         if server is None:
             return
         server.abort()
-        _stop_background(server.node)
         await tracker.cancel(self.name)
         server.gate.set()
-        _close_pools(server.node)
-        durable = getattr(server.node, "durable", None)
-        if durable is not None:
-            durable.conn.close()  # no checkpoint: the WAL is replayed on restart
-            durable._lock.close()
-            server.node.durable = None
-
-
-def _stop_background(node: Node) -> None:
-    for attr in ("noop_writer_task", "_refresher"):
-        task = getattr(node, attr, None)
-        if task is not None:
-            task.cancel()
-    for holder in (getattr(node, "cursors", None), getattr(node, "sessions", None)):
-        task = getattr(holder, "_reaper", None)
-        if task is not None:
-            task.cancel()
-
-
-def _close_pools(node: Node) -> None:
-    # the router's per-shard pools (``_pools``) and the config server's (``shard_pools``)
-    pools = getattr(node, "_pools", None) or getattr(node, "shard_pools", None)
-    if isinstance(pools, dict):
-        for p in list(pools.values()):
-            pool = p[1] if isinstance(p, tuple) else p
-            try:
-                pool.close()
-            except Exception:  # pragma: no cover - closing is best effort
-                pass
+        server.node.crash()

@@ -89,8 +89,7 @@ def clean_sharded_cluster(sharded_cluster: Any) -> Any:
     shards = getattr(sharded_cluster, "cluster", None)
     if shards is not None:
         for name in sharded_cluster.shard_names:
-            member = shards.shards[name]
-            if member.server is not None and not member.server.gate.is_set():
+            if shards.shards[name].paused:
                 sharded_cluster.resume_shard(name)
     drop_user_databases(sharded_cluster)
     return sharded_cluster

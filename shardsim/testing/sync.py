@@ -10,13 +10,12 @@ joins the thread and closes the loop: nothing of the cluster survives it.
 from __future__ import annotations
 
 import asyncio
-import datetime
+import inspect
 import threading
-from typing import Any, Coroutine, TypeVar
-
-from bson.timestamp import Timestamp
+from typing import Any, Callable, Coroutine, TypeVar
 
 from shardsim.testing.cluster import AsyncShardedCluster, ClusterNotRunning
+from shardsim.testing.faults import FAULTS, Fault
 
 T = TypeVar("T")
 
@@ -32,7 +31,9 @@ class ShardedCluster:
             cluster.pause_shard("shard1")
 
     Same parameters, attributes and fault methods as :class:`AsyncShardedCluster` (see there),
-    as blocking calls. ``timeout`` (s) bounds each call into the cluster's loop.
+    as blocking calls; the fault methods are generated from the records of
+    :mod:`shardsim.testing.faults`, one per record. ``timeout`` (s) bounds each call into the
+    cluster's loop.
     """
 
     def __init__(self, shards: int = 3, *, timeout: float = 60.0, **options: Any) -> None:
@@ -130,59 +131,27 @@ class ShardedCluster:
         """Run ``cmd`` on a member's command table (see :meth:`AsyncShardedCluster.command`)."""
         return self._call(self.cluster.command(member, cmd, db))
 
-    # -- faults (see AsyncShardedCluster for what each does) ----------------------------------
-    def pause_shard(self, name: str | None = None) -> str:
-        """Stop answering on a shard (seeded random when None); returns its name."""
-        return self._call(self.cluster.pause_shard(name))
 
-    def resume_shard(self, name: str) -> None:
-        """Answer again on a paused shard."""
-        self._call(self.cluster.resume_shard(name))
+def _blocking(fault: Fault) -> Callable[..., Any]:
+    """The blocking method of fault record ``fault``: the async method's coroutine run on the
+    cluster's loop (same signature and docstring; ``.fault`` is the record)."""
+    async_method = getattr(AsyncShardedCluster, fault.method)
 
-    def kill_shard(self, name: str | None = None) -> str:
-        """Kill a shard like ``kill -9``; returns its name."""
-        return self._call(self.cluster.kill_shard(name))
+    def method(self: ShardedCluster, *args: Any, **kwargs: Any) -> Any:
+        return self._call(getattr(self.cluster, fault.method)(*args, **kwargs))
 
-    def restart_shard(self, name: str) -> None:
-        """Start a shard again, same port and dbpath."""
-        self._call(self.cluster.restart_shard(name))
+    method.__name__ = fault.method
+    method.__qualname__ = f"ShardedCluster.{fault.method}"
+    method.__doc__ = async_method.__doc__
+    method.__signature__ = inspect.signature(async_method)  # type: ignore[attr-defined]
+    method.fault = fault  # type: ignore[attr-defined]
+    return method
 
-    def add_shard(self) -> str:
-        """Start and add a new shard; returns its name."""
-        return self._call(self.cluster.add_shard())
 
-    def remove_shard(self, name: str) -> None:
-        """Drain (chunks, primaries), remove and stop a shard."""
-        self._call(self.cluster.remove_shard(name))
-
-    def set_noop_interval(self, ms: int, name: str | None = None) -> None:
-        """The periodic no-op writer's interval in ms (one shard, or all and the config server)."""
-        self._call(self.cluster.set_noop_interval(ms, name))
-
-    def truncate_oplog(self, name: str, before: Timestamp | datetime.datetime) -> int:
-        """Drop a shard's oplog entries older than ``before``; returns how many."""
-        return self._call(self.cluster.truncate_oplog(name, before))
-
-    def slow_promises(self, name: str, ms: float) -> None:
-        """Delay a shard's change-stream promises by ``ms`` ms (``shardsimDelayPromise``)."""
-        self._call(self.cluster.slow_promises(name, ms))
-
-    def stall_promises(self, name: str) -> None:
-        """Freeze a shard's change-stream promise (``shardsimStallPromise``)."""
-        self._call(self.cluster.stall_promises(name))
-
-    def clear_promise_faults(self, name: str) -> None:
-        """Undo slow/stalled promises and a pending cluster-time pin on a shard."""
-        self._call(self.cluster.clear_promise_faults(name))
-
-    def same_cluster_time(self, shard_a: str, shard_b: str) -> Timestamp:
-        """Pin the next write of two shards at one cluster time; returns it."""
-        return self._call(self.cluster.same_cluster_time(shard_a, shard_b))
-
-    def configure_fail_point(self, member: str, name: str, mode: Any,
-                             data: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``configureFailPoint`` on a member."""
-        return self._call(self.cluster.configure_fail_point(member, name, mode, data))
+# The fault methods (pause_shard, kill_shard, slow_promises, ...): one per record.
+for _fault in FAULTS:
+    setattr(ShardedCluster, _fault.method, _blocking(_fault))
+del _fault
 
 
 async def _cancel_all_tasks() -> None:

@@ -3,8 +3,12 @@
 The cluster is found through its state file (``cluster.json`` in the run directory, written by
 ``up --detach``; :mod:`shardsim.tools.launcher_cli`). Every fault but the four on processes
 (pause, resume, kill, restart) uses test-only commands: start the cluster with ``shardsim up
---detach --enable-test-commands`` (CommandNotFound 59 otherwise, with that hint). The same faults as the in-process kit's methods
-(:class:`shardsim.testing.ShardedCluster`), done to processes:
+--detach --enable-test-commands`` (CommandNotFound 59 otherwise, with that hint). The same
+faults as the in-process kit's methods
+(:class:`shardsim.testing.ShardedCluster`), done to processes: one command per record of
+:mod:`shardsim.testing.faults` that names one (its arguments and options are the record's
+parameters; its commands are sent to the member's process, its actions are signals or a
+restart of the process, :data:`ACTIONS`):
 
 ==========================  ==================================================================
 ``pause-shard NAME``        SIGSTOP to the shard's process: it stops answering, the router's
@@ -49,10 +53,11 @@ from typing import Any
 
 import click
 
+from shardsim.testing import faults
+from shardsim.testing.faults import Fault, Param
 from shardsim.tools.launcher import (FileRoleProcess, default_run_dir, pid_is, read_state,
                                state_path, write_state)
 from shardsim.tools.launcher_cli import run_dir_option
-from shardsim.core.protocol import shard as shrq
 
 
 def _state(run_dir: str | None) -> tuple[str, dict[str, Any]]:
@@ -73,6 +78,14 @@ def _member(state: dict[str, Any], name: str, module: str | None = None) -> dict
                                f"{name!r} (there are: {', '.join(names)})")
 
 
+class _CommandFailed(click.ClickException):
+    """A member answered ``ok: 0`` (``code`` kept: same-cluster-time retries on BadValue 2)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def _signal(p: dict[str, Any], sig: int) -> None:
     if not pid_is(p["pid"], p["module"]):
         raise click.ClickException(f"{p['name']} is not running (pid {p['pid']})")
@@ -91,61 +104,35 @@ def _command(p: dict[str, Any], cmd: dict[str, Any]) -> dict[str, Any]:
         if exc.code == 59:  # CommandNotFound: test-only commands are off by default
             hint = ("; the faults that use test-only commands need a cluster started with "
                     "'shardsim up --detach --enable-test-commands'")
-        raise click.ClickException(f"{p['name']}: {exc.details.get('errmsg', exc)} "
-                                   f"(code {exc.code}){hint}") from None
+        raise _CommandFailed(f"{p['name']}: {exc.details.get('errmsg', exc)} "
+                             f"(code {exc.code}){hint}", exc.code) from None
     except pymongo.errors.PyMongoError as exc:
         raise click.ClickException(f"{p['name']} did not answer: {exc}") from None
     finally:
         client.close()
 
 
-@click.group()
-def fault() -> None:
-    """Faults on demand for a running 'shardsim up --detach' cluster."""
+# -- the actions of the records, done to processes ------------------------------------------
+def _stop_answering(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
+    _signal(p, signal.SIGSTOP)
+    return {}
 
 
-@fault.command("pause-shard")
-@click.argument("name")
-@run_dir_option
-def pause_shard(name: str, run_dir: str | None) -> None:
-    """Stop shard NAME (SIGSTOP): it answers nothing until resume-shard."""
-    _, state = _state(run_dir)
-    _signal(_member(state, name, "shard"), signal.SIGSTOP)
-    click.echo(f"{name} paused")
+def _answer_again(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
+    _signal(p, signal.SIGCONT)
+    return {}
 
 
-@fault.command("resume-shard")
-@click.argument("name")
-@run_dir_option
-def resume_shard(name: str, run_dir: str | None) -> None:
-    """Let shard NAME run again (SIGCONT)."""
-    _, state = _state(run_dir)
-    _signal(_member(state, name, "shard"), signal.SIGCONT)
-    click.echo(f"{name} resumed")
-
-
-@fault.command("kill-shard")
-@click.argument("name")
-@run_dir_option
-def kill_shard(name: str, run_dir: str | None) -> None:
-    """Kill shard NAME like kill -9."""
-    _, state = _state(run_dir)
-    p = _member(state, name, "shard")
+def _kill(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
     _signal(p, signal.SIGKILL)
     try:
         os.waitpid(p["pid"], 0)
     except ChildProcessError:
         pass  # not our child: its parent (init) reaps it
-    click.echo(f"{name} killed")
+    return {}
 
 
-@fault.command("restart-shard")
-@click.argument("name")
-@run_dir_option
-def restart_shard(name: str, run_dir: str | None) -> None:
-    """Start shard NAME again on the same port and dbpath (killing it first if it runs)."""
-    run_dir, state = _state(run_dir)
-    p = _member(state, name, "shard")
+def _start(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
     if "args" not in p:
         raise click.ClickException("the state file has no start arguments (written by an "
                                    "older shardsim); restart the cluster")
@@ -159,25 +146,30 @@ def restart_shard(name: str, run_dir: str | None) -> None:
         raise click.ClickException(str(exc)) from None
     p["pid"] = proc.pid
     write_state(run_dir, state)
-    click.echo(f"{name} restarted on {proc.address} (pid {p['pid']})")
+    return {"address": proc.address, "pid": p["pid"]}
 
 
-@fault.command("noop-interval")
-@click.argument("ms", type=click.IntRange(min=1))
-@click.option("--shard", "name", default=None, help="Only this shard (or 'configsvr').")
-@run_dir_option
-def noop_interval(ms: int, name: str | None, run_dir: str | None) -> None:
-    """Set the periodic no-op writer's interval to MS milliseconds (mongod's
-    periodicNoopIntervalSecs; 10000 reproduces a real idle shard's latency)."""
-    _, state = _state(run_dir)
-    members = [_member(state, name)] if name else \
-        [p for p in state["processes"] if p["module"] in ("shard", "configsvr")]
-    secs: Any = ms // 1000 if ms % 1000 == 0 else ms / 1000
-    for p in members:
-        _command(p, {"setParameter": 1, "periodicNoopIntervalSecs": secs})
-        click.echo(f"{p['name']}: no-op interval {ms} ms")
+#: The CLI's handler of each :class:`faults.Action` name (the kit's are its ``_act_*``).
+ACTIONS = {"stop-answering": _stop_answering, "answer-again": _answer_again, "kill": _kill,
+           "start": _start}
 
 
+def _run(fault_: Fault, targets: list[dict[str, Any]], args: dict[str, Any], run_dir: str,
+         state: dict[str, Any]) -> dict[str, Any]:
+    """Run the record's apply steps on the target processes; returns the last reply merged
+    with what the actions reported (for the record's ``done`` message)."""
+    out: dict[str, Any] = {}
+    for step in fault_.apply:
+        if isinstance(step, faults.Send):
+            cmd = faults.build(step, args)
+            for p in (targets if step.to == "each" else targets[:1]):
+                out.update(_command(p, cmd))
+        else:
+            out.update(ACTIONS[step.name](targets[0], run_dir, state))
+    return out
+
+
+# -- what some records need before or around their steps ------------------------------------
 def _timestamp(text: str) -> Any:
     from bson.timestamp import Timestamp
     secs, _, inc = text.partition(",")
@@ -187,83 +179,49 @@ def _timestamp(text: str) -> Any:
         raise click.BadParameter(f"expected SECS[,INC], not {text!r}") from None
 
 
-@fault.command("truncate-oplog")
-@click.argument("name")
-@click.option("--before", default=None, help="Timestamp SECS[,INC] [default: the newest entry].")
-@run_dir_option
-def truncate_oplog(name: str, before: str | None, run_dir: str | None) -> None:
-    """Drop shard NAME's oplog entries older than --before (history loss: 286)."""
-    _, state = _state(run_dir)
-    p = _member(state, name, "shard")
-    if before is None:
-        ts = _command(p, {"serverStatus": 1})["oplog"]["latestOptime"]
+def _truncate_oplog(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+                    run_dir: str) -> None:
+    p = _member(state, args["name"], "shard")
+    if args["before"] is None:
+        args["before"] = _command(p, {"serverStatus": 1})["oplog"]["latestOptime"]
     else:
-        ts = _timestamp(before)
-    reply = _command(p, shrq.TruncateOplog(1, ts).to_command())
+        args["before"] = _timestamp(args["before"])
+    reply = _run(fault_, [p], args, run_dir, state)
     first = reply["earliestOptime"]
-    click.echo(f"{name}: {reply['removed']} oplog entries removed; oldest now "
-               f"{first.time},{first.inc}")
+    click.echo(fault_.done.format(**args, removed=reply["removed"],
+                                  oldest=f"{first.time},{first.inc}"))
 
 
-@fault.command("fail-point")
-@click.argument("member")
-@click.argument("name")
-@click.option("--mode", default="alwaysOn", show_default=True,
-              help="alwaysOn, off, or JSON such as '{\"times\": 2}'.")
-@click.option("--data", default=None, help="The fail point's data, JSON.")
-@run_dir_option
-def fail_point(member: str, name: str, mode: str, data: str | None, run_dir: str | None) -> None:
-    """configureFailPoint NAME on MEMBER (router, configsvr or a shard)."""
-    _, state = _state(run_dir)
-    p = _member(state, member)
+def _noop_interval(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+                   run_dir: str) -> None:
+    name = args["name"]
+    members = [_member(state, name)] if name else \
+        [p for p in state["processes"] if p["module"] in ("shard", "configsvr")]
+    for p in members:
+        _run(fault_, [p], args, run_dir, state)
+        click.echo(fault_.done.format(**args, member=p["name"]))
+
+
+def _slow_promises(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+                   run_dir: str) -> None:
+    ms = args["ms"]
+    args["ms"] = int(ms) if ms == int(ms) else ms
+    _run(fault_, [_member(state, args["name"], "shard")], args, run_dir, state)
+    click.echo(fault_.done.format(**args))
+
+
+def _fail_point(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+                run_dir: str) -> None:
+    p = _member(state, args["member"])
+    mode = args["mode_text"] = args["mode"]
     try:
-        mode_value: Any = json.loads(mode) if mode.lstrip().startswith("{") else mode
-        cmd: dict[str, Any] = {"configureFailPoint": name, "mode": mode_value}
-        if data is not None:
-            cmd["data"] = json.loads(data)
+        args["mode"] = json.loads(mode) if mode.lstrip().startswith("{") else mode
+        if args["data"] is not None:
+            args["data"] = json.loads(args["data"])
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}") from None
-    reply = _command(p, cmd)
-    click.echo(f"{member}: {name} {mode} (was entered {reply.get('count', 0)} times)")
-
-
-@fault.command("slow-promises")
-@click.argument("name")
-@click.argument("ms", type=click.FloatRange(min=0))
-@run_dir_option
-def slow_promises(name: str, ms: float, run_dir: str | None) -> None:
-    """Delay shard NAME's change-stream promises by MS milliseconds."""
-    _, state = _state(run_dir)
-    p = _member(state, name, "shard")
-    delay: Any = int(ms) if ms == int(ms) else ms
-    _command(p, {"configureFailPoint": "shardsimDelayPromise", "mode": "alwaysOn",
-                 "data": {"delayMs": delay}})
-    click.echo(f"{name}: promises delayed by {delay} ms")
-
-
-@fault.command("stall-promises")
-@click.argument("name")
-@run_dir_option
-def stall_promises(name: str, run_dir: str | None) -> None:
-    """Freeze shard NAME's change-stream promise until clear-promises."""
-    _, state = _state(run_dir)
-    _command(_member(state, name, "shard"),
-             {"configureFailPoint": "shardsimStallPromise", "mode": "alwaysOn"})
-    click.echo(f"{name}: promises stalled")
-
-
-@fault.command("clear-promises")
-@click.argument("name")
-@run_dir_option
-def clear_promises(name: str, run_dir: str | None) -> None:
-    """Undo slow-promises, stall-promises and a pending same-cluster-time pin on shard NAME."""
-    from bson.timestamp import Timestamp
-    _, state = _state(run_dir)
-    p = _member(state, name, "shard")
-    for fp in ("shardsimStallPromise", "shardsimDelayPromise"):
-        _command(p, {"configureFailPoint": fp, "mode": "off"})
-    _command(p, shrq.SetClusterTime(Timestamp(0, 0)).to_command())
-    click.echo(f"{name}: promise faults cleared")
+    reply = _run(fault_, [p], args, run_dir, state)
+    click.echo(fault_.done.format(**args, count=reply.get("count", 0)))
 
 
 def _time_key(p: dict[str, Any]) -> int:
@@ -274,47 +232,69 @@ def _time_key(p: dict[str, Any]) -> int:
     return max(((t.time << 32) | t.inc) for t in times if t is not None)
 
 
-@fault.command("same-cluster-time")
-@click.argument("shard_a")
-@click.argument("shard_b")
-@run_dir_option
-def same_cluster_time(shard_a: str, shard_b: str, run_dir: str | None) -> None:
-    """Give the next write of shards SHARD_A and SHARD_B the same cluster time."""
+def _same_cluster_time(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+                       run_dir: str) -> None:
     from bson.timestamp import Timestamp
-    if shard_a == shard_b:
+    if args["shard_a"] == args["shard_b"]:
         raise click.BadParameter("two different shards are needed")
-    _, state = _state(run_dir)
-    members = [_member(state, shard_a, "shard"), _member(state, shard_b, "shard")]
+    members = [_member(state, args["shard_a"], "shard"), _member(state, args["shard_b"], "shard")]
     for _ in range(3):  # a clock may move between the look and the pin: look again
         key = max(_time_key(p) for p in members) + 1
-        ts = Timestamp(key >> 32, key & 0xFFFFFFFF)
+        args["ts"] = Timestamp(key >> 32, key & 0xFFFFFFFF)
         try:
-            for p in members:
-                _pin(p, ts)
-        except _Moved:
-            continue
-        click.echo(f"{shard_a}, {shard_b}: next write at {ts.time},{ts.inc}")
+            _run(fault_, members, args, run_dir, state)
+        except _CommandFailed as exc:
+            if exc.code == 2:  # BadValue: the clock is already past it
+                continue
+            raise
+        click.echo(fault_.done.format(**args))
         return
     raise click.ClickException("the shards' clocks kept moving; try again")
 
 
-class _Moved(Exception):
-    """A pin refused because the shard's clock is already past it (BadValue 2)."""
+def _on_a_shard(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+                run_dir: str) -> None:
+    """The records whose target is one shard named ``name`` and that need nothing more."""
+    reply = _run(fault_, [_member(state, args["name"], "shard")], args, run_dir, state)
+    click.echo(fault_.done.format(**{**reply, **args}))
 
 
-def _pin(p: dict[str, Any], ts: Any) -> None:
-    import pymongo
-    import pymongo.errors
-    client: Any = pymongo.MongoClient(p["host"], p["port"], directConnection=True,
-                                      serverSelectionTimeoutMS=5000)
-    try:
-        client.admin.command(shrq.SetClusterTime(ts).to_command())
-    except pymongo.errors.OperationFailure as exc:
-        if exc.code == 2:
-            raise _Moved() from None
-        raise click.ClickException(f"{p['name']}: {exc.details.get('errmsg', exc)} "
-                                   f"(code {exc.code})") from None
-    except pymongo.errors.PyMongoError as exc:
-        raise click.ClickException(f"{p['name']} did not answer: {exc}") from None
-    finally:
-        client.close()
+HANDLERS = {"truncate_oplog": _truncate_oplog, "set_noop_interval": _noop_interval,
+            "slow_promises": _slow_promises, "configure_fail_point": _fail_point,
+            "same_cluster_time": _same_cluster_time}
+
+
+# -- the commands, built from the records ---------------------------------------------------
+_TYPES: dict[str, Any] = {"interval_ms": click.IntRange(min=1), "ms": click.FloatRange(min=0)}
+
+
+def _click_param(p: Param) -> click.Parameter:
+    kind = _TYPES.get(p.kind, str)
+    if p.option is None:
+        return click.Argument([p.name], type=kind)
+    return click.Option([p.option, p.name], type=kind, default=p.cli_default,
+                        show_default=p.cli_default is not None, help=p.help)
+
+
+def _make_command(fault_: Fault) -> click.Command:
+    handler = HANDLERS.get(fault_.method, _on_a_shard)
+
+    def callback(run_dir: str | None, **args: Any) -> None:
+        run_dir, state = _state(run_dir)
+        handler(fault_, state, args, run_dir)
+
+    params = [_click_param(p) for p in fault_.params]
+    command = click.Command(fault_.command, callback=callback, params=params,
+                            help=fault_.doc)
+    return run_dir_option(command)
+
+
+@click.group()
+def fault() -> None:
+    """Faults on demand for a running 'shardsim up --detach' cluster."""
+
+
+for _record in faults.FAULTS:
+    if _record.command:
+        fault.add_command(_make_command(_record))
+del _record

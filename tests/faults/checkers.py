@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from shardsim.testing import invariants
+
 
 @dataclass
 class Observed:
@@ -28,23 +30,41 @@ class Observed:
     events: list[dict[str, Any]] = field(default_factory=list)  # in stream order
 
 
+def _applied(o: Observed) -> dict[tuple[str, int], int]:
+    """How many times each write took effect, read off the final documents: the insert of
+    ``i`` once if its document is there, its ``$inc`` ``n`` times."""
+    out = {("insert", i): 1 for i in o.docs}
+    out.update({("update", i): d.get("n", 0) for i, d in o.docs.items()})
+    return out
+
+
+def _writes(inserts: set[int], incs: set[int]) -> list[tuple[str, int]]:
+    return [("insert", i) for i in sorted(inserts)] + [("update", i) for i in sorted(incs)]
+
+
 def no_lost_acknowledged_write(o: Observed) -> list[str]:
-    """Every acknowledged insert is there; every acknowledged $inc is reflected."""
-    out = [f"acknowledged insert {i} lost" for i in sorted(o.acked_inserts) if i not in o.docs]
-    out += [f"acknowledged $inc of {i} lost (n={o.docs.get(i, {}).get('n', 0)})"
-            for i in sorted(o.acked_incs) if o.docs.get(i, {}).get("n", 0) < 1]
+    """Every acknowledged insert is there; every acknowledged $inc is reflected
+    (:func:`invariants.lost_writes`)."""
+    out = []
+    for op, i in invariants.lost_writes(_writes(o.acked_inserts, o.acked_incs), _applied(o)):
+        out.append(f"acknowledged insert {i} lost" if op == "insert" else
+                   f"acknowledged $inc of {i} lost (n={o.docs.get(i, {}).get('n', 0)})")
     return out
 
 
 def no_doubled_write(o: Observed) -> list[str]:
     """No $inc applied twice, none applied that was acknowledged as matching nothing; no
-    document that nobody inserted."""
-    out = [f"$inc of {i} applied {d.get('n')} times" for i, d in sorted(o.docs.items())
-           if d.get("n", 0) > 1]
-    out += [f"$inc of {i} acknowledged as matching nothing but applied" for i in
-            sorted(o.acked_noop_incs) if o.docs.get(i, {}).get("n", 0) > 0]
-    known = o.acked_inserts | o.ambiguous_inserts
-    out += [f"document {i} was never written" for i in sorted(o.docs) if i not in known]
+    document that nobody inserted (:func:`invariants.doubled_writes`)."""
+    possible = set(_writes(o.acked_inserts | o.ambiguous_inserts,
+                           o.acked_incs | o.ambiguous_incs))
+    out = []
+    for (op, i), n in sorted(invariants.doubled_writes(_applied(o), possible)):
+        if op == "insert":
+            out.append(f"document {i} was never written")
+        elif n > 1:
+            out.append(f"$inc of {i} applied {n} times")
+        else:
+            out.append(f"$inc of {i} acknowledged as matching nothing but applied")
     return out
 
 
@@ -53,51 +73,40 @@ def _key(ev: dict[str, Any]) -> tuple[str, Any]:
 
 
 def no_lost_event(o: Observed) -> list[str]:
-    """Every write that took effect (seen in the final documents) has its event."""
-    seen = {_key(e) for e in o.events}
-    out = [f"insert event of {i} missing" for i in sorted(o.docs) if ("insert", i) not in seen]
-    out += [f"update event of {i} missing" for i, d in sorted(o.docs.items())
-            if d.get("n", 0) >= 1 and ("update", i) not in seen]
-    return out
+    """Every write that took effect (seen in the final documents) has its event
+    (:func:`invariants.lost_events`)."""
+    took_effect = sorted(w for w, n in _applied(o).items() if n >= 1)
+    return [f"{op} event of {i} missing"
+            for op, i in invariants.lost_events(took_effect, map(_key, o.events))]
 
 
 def no_duplicated_event(o: Observed) -> list[str]:
-    """Each event once: resume tokens unique, one event per (operation, document)."""
-    out: list[str] = []
-    tokens: set[str] = set()
-    keys: set[tuple[str, Any]] = set()
-    for e in o.events:
-        tok = e["_id"]["_data"]
-        if tok in tokens:
-            out.append(f"event {tok} delivered twice")
-        tokens.add(tok)
-        k = _key(e)
-        if k in keys:
-            out.append(f"{k[0]} event of {k[1]} delivered twice")
-        keys.add(k)
+    """Each event once: resume tokens unique, one event per (operation, document)
+    (:func:`invariants.duplicate_events`)."""
+    tokens = [e["_id"]["_data"] for e in o.events]
+    keys = [_key(e) for e in o.events]
+    out = [f"event {tokens[i]} delivered twice" for i, _ in invariants.duplicate_events(tokens)]
+    out += [f"{keys[i][0]} event of {keys[i][1]} delivered twice"
+            for i, _ in invariants.duplicate_events(keys)]
     return out
 
 
 def no_reordered_event(o: Observed) -> list[str]:
     """Events in resume-token order, and the writer's acknowledged writes in write order: op
-    ``i``'s insert before its update, and ``i`` before ``i + 1``. An ambiguous write has no
+    ``i``'s insert before its update, and ``i`` before ``i + 1``
+    (:func:`invariants.unordered_events`). An ambiguous write has no
     place in that order: when its shard died after applying it but before replying, the
     router never learned its cluster time, so a later write on another shard may get an
     earlier one (no causal order without an acknowledgement; mongod behaves the same)."""
-    out: list[str] = []
-    prev = ""
-    for e in o.events:
-        tok = e["_id"]["_data"]
-        if tok < prev:
-            out.append(f"event {tok} after {prev}")
-        prev = tok
+    tokens = [e["_id"]["_data"] for e in o.events]
+    out = [f"event {tokens[i]} after {tokens[i - 1]}"
+           for i in invariants.unordered_events(tokens, strict=False)]
     acked = {(i, 0) for i in o.acked_inserts} | {(i, 1) for i in o.acked_incs}
     order = [(e["documentKey"]["_id"], 0 if e["operationType"] == "insert" else 1)
              for e in o.events if e["operationType"] in ("insert", "update")]
     order = [k for k in order if k in acked]
-    for a, b in zip(order, order[1:]):
-        if b < a:
-            out.append(f"write {b} streamed after {a}")
+    out += [f"write {order[i]} streamed after {order[i - 1]}"
+            for i in invariants.unordered_events(order, strict=False)]
     return out
 
 

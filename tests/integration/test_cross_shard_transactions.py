@@ -14,7 +14,7 @@ import pymongo
 from bson import Binary
 
 from shardsim.testing import ShardedCluster
-from txn_kit import read_events, two_shard_collection
+from shardsim.testing.helpers import read_events, split_over_two_shards
 
 NO_AUTH_UID = hashlib.sha256(b"").digest()
 
@@ -32,7 +32,7 @@ def _shard_oplog(c: ShardedCluster, name: str) -> list[dict[str, Any]]:
 def test_two_phase_commit_events_and_oplog() -> None:
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        primary, other = two_shard_collection(client, "t.c")
+        primary, other = split_over_two_shards(client, "t.c")
         coll = client.t.c
         with coll.watch() as stream:
             with client.start_session() as s:
@@ -79,7 +79,7 @@ def test_snapshot_readers_see_transactions_atomically_and_stream_agrees() -> Non
     rnd = random.Random(1515)
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        two_shard_collection(client, "bank.acct")
+        split_over_two_shards(client, "bank.acct")
         coll = client.bank.acct
         ids = list(range(-4, 0)) + list(range(1, 5))
         coll.insert_many([{"_id": i, "x": i, "bal": 100} for i in ids])
@@ -121,7 +121,7 @@ def test_coordinator_restart_after_decision_finishes_the_commit(tmp_path) -> Non
     restarted coordinator commits on every participant and the stream shows the events."""
     with ShardedCluster(shards=2, dbpath=str(tmp_path)) as c:
         client = c.client()
-        primary, other = two_shard_collection(client, "k.c")
+        primary, other = split_over_two_shards(client, "k.c")
         coll = client.k.c
         node = c.cluster.node(primary)
         with coll.watch() as stream:
@@ -164,7 +164,7 @@ def test_participant_ahead_in_time_commits_later_as_in_mongod() -> None:
     transaction's events being adjacent. Both participants commit at one commitTimestamp."""
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        primary, other = two_shard_collection(client, "i.c")
+        primary, other = split_over_two_shards(client, "i.c")
         coll = client.i.c
         c.configure_fail_point(other, "failCommand", {"times": 1}, {
             "failCommands": ["commitTransaction"], "failInternalCommands": True,
@@ -204,7 +204,7 @@ def test_decision_is_sent_again_until_the_participant_acknowledges_it() -> None:
     holds nothing prepared."""
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        primary, other = two_shard_collection(client, "u.c")
+        primary, other = split_over_two_shards(client, "u.c")
         coll = client.u.c
         coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
         c.configure_fail_point(other, "failCommand", {"times": 2},

@@ -5,24 +5,13 @@ by name and number, and mongod's codes for bad input."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pymongo
 import pytest
 from pymongo.errors import OperationFailure
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def shard_client(cluster: Any) -> Iterator[pymongo.MongoClient]:
-    """A direct client to the cluster's first shard."""
-    client: pymongo.MongoClient = pymongo.MongoClient(cluster.shards[0].address,
-                                                      directConnection=True)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def _code(client: pymongo.MongoClient, db: str, cmd: dict[str, Any]) -> int:
@@ -44,8 +33,9 @@ def _sharded(client: pymongo.MongoClient, db: str, coll: str) -> None:
 
 @pytest.mark.parametrize("target", ["router", "shard"])
 def test_input_checks_give_mongods_codes(router_client: pymongo.MongoClient,
-                                         shard_client: pymongo.MongoClient, target: str) -> None:
-    client = router_client if target == "router" else shard_client
+                                         first_shard_client: pymongo.MongoClient,
+                                         target: str) -> None:
+    client = router_client if target == "router" else first_shard_client
     db = f"crud_checks_{target}"
     client[db].c.insert_one({"_id": 1})
     assert _code(client, db, {"insert": "c", "documents": []}) == 16

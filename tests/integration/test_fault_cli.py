@@ -15,6 +15,8 @@ from typing import Any
 
 import pymongo
 import pytest
+
+from shardsim.testing.helpers import read_events, split_over_two_shards
 from pymongo.errors import OperationFailure
 
 pytestmark = pytest.mark.timeout(180)
@@ -74,37 +76,16 @@ def detached(tmp_path: Any) -> Any:
     assert marked_pids(marker) == []
 
 
-def split(client: Any, ns: str) -> tuple[str, str]:
-    db = ns.split(".")[0]
-    client.admin.command("enableSharding", db)
-    primary = client.config.databases.find_one({"_id": db})["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
-                 if s["_id"] != primary)
-    client.admin.command("shardCollection", ns, key={"x": 1})
-    client.admin.command("split", ns, middle={"x": 0})
-    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
-    return primary, other
-
-
-def read(stream: Any, want: int, timeout: float) -> list[Any]:
-    out, deadline = [], time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        e = stream.try_next()
-        if e is not None:
-            out.append(e)
-    return out
-
-
 def test_pause_top_resume_kill_restart(detached: Any) -> None:
     run_dir, marker, uri = detached
     with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000) as client:
-        primary, other = split(client, "f.c")
+        primary, other = split_over_two_shards(client, "f.c")
         coll = client.f.c
         with coll.watch(max_await_time_ms=100) as stream:
             r = run_cli("fault", "pause-shard", other, run_dir=run_dir, marker=marker)
             assert r.returncode == 0, r.stderr
             coll.insert_one({"_id": 1, "x": -1})
-            assert read(stream, 1, 1.0) == []             # held back by the stopped shard
+            assert read_events(stream, 1, 1.0) == []             # held back by the stopped shard
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
                 top = run_cli("top", "--once", run_dir=run_dir, marker=marker)
@@ -117,7 +98,7 @@ def test_pause_top_resume_kill_restart(detached: Any) -> None:
             assert "f.c" in top.stdout and primary in top.stdout and "config" in top.stdout
             r = run_cli("fault", "resume-shard", other, run_dir=run_dir, marker=marker)
             assert r.returncode == 0, r.stderr
-            assert [e["documentKey"]["_id"] for e in read(stream, 1, 10)] == [1]
+            assert [e["documentKey"]["_id"] for e in read_events(stream, 1, 10)] == [1]
 
             old_pid = next(p["pid"] for p in json.load(open(os.path.join(run_dir, "cluster.json")))
                            ["processes"] if p["name"] == other)
@@ -129,7 +110,7 @@ def test_pause_top_resume_kill_restart(detached: Any) -> None:
                        ["processes"] if p["name"] == other)
             assert new["pid"] != old_pid
             coll.insert_many([{"_id": 2, "x": 5}, {"_id": 3, "x": -5}])
-            got = read(stream, 2, 20)
+            got = read_events(stream, 2, 20)
         assert [e["documentKey"]["_id"] for e in got] == [2, 3]
         assert coll.count_documents({}) == 3                # durable: the shard kept _id 1..
 
@@ -149,7 +130,7 @@ def test_noop_interval_truncate_oplog_and_fail_point(detached: Any) -> None:
         coll.insert_one({"x": 1})
         with coll.watch() as stream:
             coll.insert_one({"x": 2})
-            token = read(stream, 1, 10)[0]["_id"]
+            token = read_events(stream, 1, 10)[0]["_id"]
         coll.insert_one({"x": 3})
         primary = client.config.databases.find_one({"_id": "g"})["primary"]
         r = run_cli("fault", "truncate-oplog", primary, run_dir=run_dir, marker=marker)
@@ -183,16 +164,16 @@ def test_stalled_promises_and_same_cluster_time(detached: Any) -> None:
         return r
 
     with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000) as client:
-        primary, other = split(client, "pr.c")
+        primary, other = split_over_two_shards(client, "pr.c")
         coll = client.pr.c
         coll.insert_many([{"x": -1000}, {"x": 1000}])
         with coll.watch(max_await_time_ms=100) as stream:
             assert "promises stalled" in cli("stall-promises", other).stdout
             coll.insert_one({"_id": 1, "x": -1})
-            assert read(stream, 1, 1.5) == []             # held: the other shard promises nothing
+            assert read_events(stream, 1, 1.5) == []             # held: the other shard promises nothing
             assert coll.count_documents({"x": {"$gte": 0}}) == 1  # ... but serves commands
             cli("clear-promises", other)
-            assert [e["documentKey"]["_id"] for e in read(stream, 1, 10)] == [1]
+            assert [e["documentKey"]["_id"] for e in read_events(stream, 1, 10)] == [1]
 
             assert "delayed by 300 ms" in cli("slow-promises", other, "300").stdout
             cli("clear-promises", other)
@@ -201,7 +182,7 @@ def test_stalled_promises_and_same_cluster_time(detached: Any) -> None:
             secs, inc = re.search(r"next write at (\d+),(\d+)", out).groups()
             coll.insert_one({"_id": "b", "x": 1})
             coll.insert_one({"_id": "a", "x": -1})
-            got = read(stream, 2, 10) + read(stream, 1, 1.0)
+            got = read_events(stream, 2, 10) + read_events(stream, 1, 1.0)
         assert [e["documentKey"]["_id"] for e in got] == ["a", "b"]  # token order, once each
         assert {(e["clusterTime"].time, e["clusterTime"].inc) for e in got} == \
             {(int(secs), int(inc))}

@@ -16,7 +16,7 @@ from bson import Binary, Int64
 from shardsim.core import resume_token
 from shardsim.core.client import Pool, parse_address
 from shardsim.testing import ShardedCluster
-from txn_kit import read_events
+from shardsim.testing.helpers import read_events, split_over_two_shards
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +29,7 @@ def _collection(c: ShardedCluster, name: str) -> tuple[Any, str, str]:
     """``t.<name>`` sharded on ``{x: 1}``: ``x < 0`` on the primary shard, ``x >= 0`` on the
     other. Returns (collection, primary, other)."""
     client = c.client()
-    client.admin.command("enableSharding", "t")
-    primary = client.config.databases.find_one({"_id": "t"})["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
-                 if s["_id"] != primary)
-    ns = f"t.{name}"
-    client.admin.command("shardCollection", ns, key={"x": 1})
-    client.admin.command("split", ns, middle={"x": 0})
-    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
+    primary, other = split_over_two_shards(client, f"t.{name}")
     return client.t[name], primary, other
 
 

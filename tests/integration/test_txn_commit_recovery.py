@@ -18,7 +18,7 @@ from bson import Binary
 from shardsim.core.client import Pool, parse_address
 from shardsim.core.errors import MongoError
 from shardsim.testing import ShardedCluster
-from txn_kit import two_shard_collection
+from shardsim.testing.helpers import split_over_two_shards
 
 
 
@@ -48,7 +48,7 @@ def _commit(txn: int, lsid: dict[str, Any], token: dict[str, Any] | None) -> dic
 @pytest.fixture(scope="module")
 def cluster() -> Any:
     with ShardedCluster(shards=2, routers=2) as c:
-        two_shard_collection(c.client(), "r.c")
+        split_over_two_shards(c.client(), "r.c")
         yield c
 
 

@@ -45,7 +45,8 @@ from pymongo.errors import OperationFailure
 
 from shardsim.core.client import Pool
 from shardsim.tools.launcher import Cluster
-from txn_kit import commit_in_background, two_shard_collection
+from shardsim.testing.helpers import split_over_two_shards
+from txn_kit import commit_in_background
 
 MOMENTS = {
     # moment: (coordinator fail point, its mode, outcome)
@@ -123,7 +124,7 @@ def test_delayed_commit_retry_after_coordinator_kill9(tmp_path, moment: str) -> 
     fail_point, mode, outcome = MOMENTS[moment]
     with Cluster(shards=2, base_dir=str(tmp_path), durable=True, test_commands=True) as cluster:
         client = pymongo.MongoClient(cluster.router_uri, socketTimeoutMS=60000)
-        coordinator, other = two_shard_collection(client, "k.c")
+        coordinator, other = split_over_two_shards(client, "k.c")
         coll = client.k.c
         coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
         with _direct(cluster, coordinator) as d:

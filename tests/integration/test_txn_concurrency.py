@@ -14,7 +14,8 @@ from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.read_concern import ReadConcern
 
 from shardsim.testing import ShardedCluster
-from txn_kit import commit_in_background, hold_prepared, read_events, two_shard_collection
+from shardsim.testing.helpers import read_events, split_over_two_shards
+from txn_kit import commit_in_background, hold_prepared
 
 NEG = list(range(-4, 0))
 POS = list(range(1, 5))
@@ -28,7 +29,7 @@ def test_transaction_reads_one_snapshot_on_every_shard() -> None:
     snapshot transaction reads at the router's atClusterTime."""
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        two_shard_collection(client, "s.c")
+        split_over_two_shards(client, "s.c")
         coll = client.s.c
         coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
         for rc in (None, ReadConcern("snapshot")):
@@ -90,7 +91,7 @@ def test_seeded_concurrent_transactions_atomic_and_streamed_once() -> None:
     together, in ``txnOpIndex`` order, in that shard's part of the merged stream."""
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        two_shard_collection(client, "bank.acct")
+        split_over_two_shards(client, "bank.acct")
         coll = client.bank.acct
         coll.insert_many([{"_id": i, "x": i, "bal": 100} for i in NEG + POS])
         outcome: dict[tuple[bytes, int], str] = {}
@@ -202,7 +203,7 @@ def test_coordinator_killed_before_decision_commits_everywhere(tmp_path) -> None
     (``jstests/sharding/txn_two_phase_commit_failover.js``)."""
     with ShardedCluster(shards=2, dbpath=str(tmp_path)) as c:
         client = c.client()
-        primary, other = two_shard_collection(client, "k.c")
+        primary, other = split_over_two_shards(client, "k.c")
         coll = client.k.c
         coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
         node = c.cluster.node(primary)

@@ -22,7 +22,8 @@ import pymongo
 import pytest
 
 from shardsim.tools.launcher import Cluster
-from txn_kit import commit_in_background, read_events, two_shard_collection
+from shardsim.testing.helpers import read_events, split_over_two_shards
+from txn_kit import commit_in_background
 
 
 def _direct(cluster: Cluster, name: str) -> pymongo.MongoClient:
@@ -61,7 +62,7 @@ def test_kill9_coordinator_during_two_phase_commit(tmp_path, fail_point: str,
                                                    decided: bool) -> None:
     with Cluster(shards=2, base_dir=str(tmp_path), durable=True, test_commands=True) as cluster:
         client = pymongo.MongoClient(cluster.router_uri)
-        primary, other = two_shard_collection(client, "k.c")
+        primary, other = split_over_two_shards(client, "k.c")
         coll = client.k.c
         coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}])
         with _direct(cluster, primary) as d:  # the first participant coordinates

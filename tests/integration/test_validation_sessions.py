@@ -5,35 +5,18 @@ cache."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
-
 import pymongo
 import pytest
 from bson import Binary
 from pymongo.errors import BulkWriteError, OperationFailure, WriteError
 
+from shardsim.testing.helpers import split_over_two_shards
+
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def shard_client(cluster: Any) -> Iterator[pymongo.MongoClient]:
-    """A direct client to the cluster's first shard."""
-    client: pymongo.MongoClient = pymongo.MongoClient(cluster.shards[0].address,
-                                                      directConnection=True)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
 def _sharded(client: pymongo.MongoClient, db: str, coll: str) -> None:
-    client.admin.command("enableSharding", db)
-    client.admin.command("shardCollection", f"{db}.{coll}", key={"_id": 1})
-    client.admin.command("split", f"{db}.{coll}", middle={"_id": 10})
-    primary = client.config.databases.find_one({"_id": db})["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
-                 if s["_id"] != primary)
-    client.admin.command("moveChunk", f"{db}.{coll}", find={"_id": 10}, to=other)
+    split_over_two_shards(client, f"{db}.{coll}", key="_id", middle=10)
 
 
 SCHEMA = {"$jsonSchema": {"bsonType": "object", "required": ["name"],
@@ -138,8 +121,8 @@ def test_bad_validator_options_are_refused(router_client: pymongo.MongoClient) -
 
 
 def test_list_local_sessions(router_client: pymongo.MongoClient,
-                             shard_client: pymongo.MongoClient) -> None:
-    for client in (router_client, shard_client):
+                             first_shard_client: pymongo.MongoClient) -> None:
+    for client in (router_client, first_shard_client):
         with client.start_session() as s:
             client.admin.command("ping", session=s)
             docs = list(client.admin.aggregate([{"$listLocalSessions": {}}], session=s))

@@ -1,5 +1,6 @@
-"""Shared pieces of the cross-shard transaction tests (issue 15): a collection split at
-``x: 0`` over two shards, and reading a number of change events with a deadline."""
+"""Shared pieces of the cross-shard transaction tests (issue 15). A collection split at ``x: 0``
+over two shards and reading events with a deadline are :mod:`shardsim.testing.helpers`'
+``split_over_two_shards`` and ``read_events``."""
 
 from __future__ import annotations
 
@@ -10,30 +11,7 @@ from typing import Any
 import pymongo
 from pymongo.errors import PyMongoError
 
-
-def two_shard_collection(client: pymongo.MongoClient, ns: str) -> tuple[str, str]:
-    """Shard ``ns`` on ``{x: 1}`` with the chunk ``x < 0`` on the database's primary shard and
-    ``x >= 0`` on another; returns ``(primary, other)`` shard names."""
-    db, _coll = ns.split(".")
-    client.admin.command("enableSharding", db)
-    primary = client.config.databases.find_one({"_id": db})["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
-                 if s["_id"] != primary)
-    client.admin.command("shardCollection", ns, key={"x": 1})
-    client.admin.command("split", ns, middle={"x": 0})
-    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
-    return primary, other
-
-
-def read_events(stream: Any, want: int, timeout: float = 20.0) -> list[dict[str, Any]]:
-    """Up to ``want`` events from a pymongo change stream, waiting at most ``timeout`` s."""
-    out: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        ev = stream.try_next()
-        if ev is not None:
-            out.append(ev)
-    return out
+from shardsim.testing.helpers import split_over_two_shards
 
 
 def commit_in_background(session: Any) -> tuple[threading.Thread, list[BaseException]]:
@@ -58,7 +36,7 @@ def hold_prepared(c: Any, client: pymongo.MongoClient, extra: tuple[dict[str, An
     ``v: 1`` on both, held prepared after its commit decision (the coordinator's fail point
     ``hangBeforeWaitingForDecisionWriteConcern``, left on). Returns (collection, coordinating
     shard, the thread committing it, the newest prepare timestamp)."""
-    primary, other = two_shard_collection(client, "p.c")
+    primary, other = split_over_two_shards(client, "p.c")
     coll = client.p.c
     coll.insert_many([{"_id": -1, "x": -1, "v": 0}, {"_id": 1, "x": 1, "v": 0}, *extra])
     c.configure_fail_point(primary, "hangBeforeWaitingForDecisionWriteConcern", "alwaysOn")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pymongo.errors import OperationFailure
 
+from shardsim.testing.helpers import change_stream_ops, read_events, split_over_two_shards
 from shardsim.testing import ShardedCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -22,38 +23,9 @@ def cluster() -> Any:
         yield c
 
 
-def split(client: Any, ns: str) -> tuple[str, str]:
-    db = ns.split(".")[0]
-    client.admin.command("enableSharding", db)
-    primary = client.config.databases.find_one({"_id": db})["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
-                 if s["_id"] != primary)
-    client.admin.command("shardCollection", ns, key={"x": 1})
-    client.admin.command("split", ns, middle={"x": 0})
-    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
-    return primary, other
-
-
-def stream_entries(client: Any, cursor_id: int | None = None) -> list[dict[str, Any]]:
-    pipeline: list[dict[str, Any]] = [{"$currentOp": {"idleCursors": True, "localOps": True}},
-                                      {"$match": {"changeStream": {"$exists": True}}}]
-    if cursor_id is not None:
-        pipeline.append({"$match": {"cursor.cursorId": cursor_id}})
-    return list(client.admin.aggregate(pipeline))
-
-
-def read(stream: Any, want: int, timeout: float) -> list[Any]:
-    out, deadline = [], time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        e = stream.try_next()
-        if e is not None:
-            out.append(e)
-    return out
-
-
 def test_paused_shard_is_named_in_waiting_for_and_events_arrive_in_order(cluster: Any) -> None:
     client = cluster.client()
-    primary, other = split(client, "why.orders")
+    primary, other = split_over_two_shards(client, "why.orders")
     orders = client.why.orders
     with orders.watch(max_await_time_ms=100) as stream:
         cid = stream._cursor.cursor_id  # the router cursor's id (what $currentOp reports)
@@ -62,10 +34,10 @@ def test_paused_shard_is_named_in_waiting_for_and_events_arrive_in_order(cluster
         blocked = threading.Thread(target=lambda: orders.insert_one({"_id": 2, "x": 1}))
         blocked.start()                                   # waits for the paused shard
         orders.insert_one({"_id": 3, "x": -3})
-        assert read(stream, 1, 1.0) == []                 # held back
+        assert read_events(stream, 1, 1.0) == []                 # held back
         deadline, entry = time.monotonic() + 10, None
         while time.monotonic() < deadline:
-            entries = stream_entries(client, cid)
+            entries = change_stream_ops(client, cursor_id=cid)
             cs = entries[0]["changeStream"] if entries else None
             if cs and other in cs["waitingFor"] and cs["heldEvent"] is not None and \
                     sum(r["bufferedEvents"] for r in cs["remotes"]) >= 1:
@@ -75,7 +47,7 @@ def test_paused_shard_is_named_in_waiting_for_and_events_arrive_in_order(cluster
         if entry is None:
             cluster.resume_shard(other)
             blocked.join(10)
-        assert entry is not None, stream_entries(client)
+        assert entry is not None, change_stream_ops(client)
         cs = entry["changeStream"]
         assert primary not in cs["waitingFor"]
         assert entry["type"] in ("idleCursor", "op") and entry["ns"] == "why.orders"
@@ -91,7 +63,7 @@ def test_paused_shard_is_named_in_waiting_for_and_events_arrive_in_order(cluster
         assert remotes[primary]["host"] == cluster.shard_address(primary)
         cluster.resume_shard(other)
         blocked.join(10)
-        events = read(stream, 3, 10)
+        events = read_events(stream, 3, 10)
     # _id 2 was applied only when its shard answered again: after _id 3
     assert [e["documentKey"]["_id"] for e in events] == [1, 3, 2]
     tokens = [e["_id"]["_data"] for e in events]
@@ -105,17 +77,17 @@ def test_nothing_waits_when_idle_and_counts_are_kept(cluster: Any) -> None:
     with coll.watch(max_await_time_ms=50) as stream:
         cid = stream._cursor.cursor_id
         coll.insert_many([{"x": i} for i in range(3)])
-        assert len(read(stream, 3, 10)) == 3
+        assert len(read_events(stream, 3, 10)) == 3
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            cs = stream_entries(client, cid)[0]
+            cs = change_stream_ops(client, cursor_id=cid)[0]
             if not cs["changeStream"]["waitingFor"]:
                 break
             time.sleep(0.05)
         assert cs["changeStream"]["waitingFor"] == []
         assert cs["changeStream"]["heldEvent"] is None
         assert cs["cursor"]["nDocsReturned"] >= 3 and cs["cursor"]["nBatchesReturned"] >= 2
-    assert stream_entries(client, cid) == []              # closed: gone
+    assert change_stream_ops(client, cursor_id=cid) == []              # closed: gone
 
 
 def test_without_local_ops_the_shards_answer_for_themselves(cluster: Any) -> None:
@@ -149,7 +121,7 @@ def test_current_op_needs_admin_and_aggregate_1(cluster: Any) -> None:
 def test_load_wait_sampler_names_the_paused_shard(cluster: Any) -> None:
     from shardsim.tools.load.watch import WaitSampler
     client = cluster.client()
-    primary, other = split(client, "waits.c")
+    primary, other = split_over_two_shards(client, "waits.c")
     coll = client.waits.c
     sampler = WaitSampler(cluster.uri, "waits", interval=0.05)
     with coll.watch(max_await_time_ms=100) as stream:
@@ -157,10 +129,10 @@ def test_load_wait_sampler_names_the_paused_shard(cluster: Any) -> None:
         cluster.pause_shard(other)
         try:
             coll.insert_one({"x": -1})
-            read(stream, 1, 0.6)                          # held: the paused shard promised nothing
+            read_events(stream, 1, 0.6)                          # held: the paused shard promised nothing
         finally:
             cluster.resume_shard(other)
-        assert len(read(stream, 1, 10)) == 1
+        assert len(read_events(stream, 1, 10)) == 1
         sampler.stop()
         sampler.join(5)
     assert sampler.error is None

@@ -16,6 +16,7 @@ import pytest
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
+from shardsim.testing.helpers import read_events, split_over_two_shards
 from shardsim.testing import AsyncShardedCluster, ShardedCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -90,50 +91,27 @@ def test_async_variant_with_async_with() -> None:
     assert asyncio.run(main()) == [{"_id": 1}]
 
 
-def _two_shard_collection(client: pymongo.MongoClient, ns: str) -> tuple[str, str]:
-    """Shard ``ns`` on ``x`` with x < 0 on the primary shard and x >= 0 on the other one;
-    returns (primary, other)."""
-    db, coll = ns.split(".")
-    client.admin.command("enableSharding", db)
-    primary = client.config.databases.find_one({"_id": db})["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"] if s["_id"] != primary)
-    client.admin.command("shardCollection", ns, key={"x": 1})
-    client.admin.command("split", ns, middle={"x": 0})
-    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
-    return primary, other
-
-
-def _read(stream: Any, want: int, timeout: float) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        ev = stream.try_next()
-        if ev is not None:
-            out.append(ev)
-    return out
-
-
 def test_paused_shard_holds_the_merged_stream_back_until_resumed() -> None:
     with ShardedCluster(shards=2, noop_interval_ms=100) as c:
         client = c.client()
-        primary, other = _two_shard_collection(client, "pz.c")
+        primary, other = split_over_two_shards(client, "pz.c")
         coll = client.pz.c
         with coll.watch(max_await_time_ms=100) as stream:
             coll.insert_one({"x": -1})
             coll.insert_one({"x": 1})
-            assert [e["fullDocument"]["x"] for e in _read(stream, 2, 10)] == [-1, 1]
+            assert [e["fullDocument"]["x"] for e in read_events(stream, 2, 10)] == [-1, 1]
             c.pause_shard(other)
             # Writes to the running shard succeed; the one to the paused shard waits.
             for x in (-2, -3, -4):
                 coll.insert_one({"x": x})
             blocked = threading.Thread(target=coll.insert_one, args=({"x": 2},))
             blocked.start()
-            held = _read(stream, 1, 1.5)
+            held = read_events(stream, 1, 1.5)
             assert held == []  # nothing written while the shard is paused is released
             assert blocked.is_alive()
             c.resume_shard(other)
             blocked.join(10)
-            got = _read(stream, 4, 10)
+            got = read_events(stream, 4, 10)
             assert sorted(e["fullDocument"]["x"] for e in got) == [-4, -3, -2, 2]
             assert [e["fullDocument"]["x"] for e in got if e["fullDocument"]["x"] < 0] == [-2, -3, -4]
             tokens = [e["_id"]["_data"] for e in got]
@@ -143,18 +121,18 @@ def test_paused_shard_holds_the_merged_stream_back_until_resumed() -> None:
 def test_kill_and_restart_a_durable_shard_mid_stream_loses_nothing() -> None:
     with ShardedCluster(shards=2, durable=True, noop_interval_ms=100) as c:
         client = c.client()
-        primary, other = _two_shard_collection(client, "kr.c")
+        primary, other = split_over_two_shards(client, "kr.c")
         coll = client.kr.c
         with coll.watch(max_await_time_ms=100) as stream:
             for i in range(1, 21):
                 coll.insert_one({"_id": i, "x": i if i % 2 else -i})
-            first = _read(stream, 10, 10)
+            first = read_events(stream, 10, 10)
             c.kill_shard(other)
             c.restart_shard(other)
             assert coll.count_documents({}) == 20  # the restarted shard kept its documents
             for i in range(21, 41):
                 coll.insert_one({"_id": i, "x": i if i % 2 else -i})
-            rest = _read(stream, 30, 20)
+            rest = read_events(stream, 30, 20)
         got = [e["_id"] for e in first + rest]
         assert [e["documentKey"]["_id"] for e in first + rest] == list(range(1, 41))
         assert len({g["_data"] for g in got}) == 40
@@ -164,11 +142,11 @@ def test_kill_and_restart_a_durable_shard_mid_stream_loses_nothing() -> None:
 def test_truncated_history_gives_286_non_resumable() -> None:
     with ShardedCluster(shards=2) as c:
         client = c.client()
-        primary, other = _two_shard_collection(client, "hl.c")
+        primary, other = split_over_two_shards(client, "hl.c")
         coll = client.hl.c
         with coll.watch() as stream:
             coll.insert_one({"x": 1})
-            token = _read(stream, 1, 10)[0]["_id"]
+            token = read_events(stream, 1, 10)[0]["_id"]
         coll.insert_many([{"x": 2}, {"x": -2}])
         now = client.admin.command("ping")["$clusterTime"]["clusterTime"]
         removed = c.truncate_oplog(other, Timestamp(now.time, now.inc + 1))

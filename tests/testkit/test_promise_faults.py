@@ -12,6 +12,7 @@ import pymongo
 import pytest
 from bson.timestamp import Timestamp
 
+from shardsim.testing.helpers import read_events, split_over_two_shards, waiting_for
 from shardsim.core.errors import MongoError
 from shardsim.testing import ShardedCluster
 
@@ -24,74 +25,45 @@ def cluster() -> Any:
         yield c
 
 
-def split(client: Any, ns: str) -> tuple[str, str]:
-    """Shard ``ns`` on x: x < 0 on the primary shard, x >= 0 on the other; (primary, other)."""
-    db = ns.split(".")[0]
-    client.admin.command("enableSharding", db)
-    primary = client.config.databases.find_one({"_id": db})["primary"]
-    other = next(s["_id"] for s in client.admin.command("listShards")["shards"]
-                 if s["_id"] != primary)
-    client.admin.command("shardCollection", ns, key={"x": 1})
-    client.admin.command("split", ns, middle={"x": 0})
-    client.admin.command("moveChunk", ns, find={"x": 0}, to=other)
-    return primary, other
-
-
-def read(stream: Any, want: int, timeout: float) -> list[Any]:
-    out, deadline = [], time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        e = stream.try_next()
-        if e is not None:
-            out.append(e)
-    return out
-
-
-def waiting_for(client: Any, ns: str) -> list[str]:
-    entry = next(iter(client.admin.aggregate([
-        {"$currentOp": {"idleCursors": True, "localOps": True}},
-        {"$match": {"ns": ns, "changeStream": {"$exists": True}}}])), None)
-    return entry["changeStream"]["waitingFor"] if entry else []
-
-
 def latency_ms(coll: Any, stream: Any, x: int) -> float:
     """Insert-to-event latency through the router (ms) of one insert with ``x``."""
     start = time.monotonic()
     coll.insert_one({"x": x})
-    got = read(stream, 1, 15)
+    got = read_events(stream, 1, 15)
     assert [e["fullDocument"]["x"] for e in got] == [x]
     return (time.monotonic() - start) * 1000
 
 
 def test_stalled_promises_hold_the_stream_until_cleared(cluster: Any) -> None:
     client = cluster.client()
-    primary, other = split(client, "st.c")
+    primary, other = split_over_two_shards(client, "st.c")
     coll = client.st.c
     with coll.watch(max_await_time_ms=100) as stream:
         coll.insert_one({"x": -1})
-        assert [e["fullDocument"]["x"] for e in read(stream, 1, 10)] == [-1]
+        assert [e["fullDocument"]["x"] for e in read_events(stream, 1, 10)] == [-1]
         cluster.stall_promises(other)
         try:
             coll.insert_one({"x": -2})                    # on the primary: not released
-            assert read(stream, 1, 1.5) == []
+            assert read_events(stream, 1, 1.5) == []
             # The stalled shard still serves commands (a read on it, through the router).
             assert coll.find_one({"x": {"$gte": 0}}) is None
             waiting, deadline = [], time.monotonic() + 10
             while other not in waiting and time.monotonic() < deadline:
                 waiting = waiting_for(client, "st.c")
             assert waiting == [other]
-            assert read(stream, 1, 0.5) == []             # still held
+            assert read_events(stream, 1, 0.5) == []             # still held
         finally:
             cluster.clear_promise_faults(other)
         start = time.monotonic()
-        assert [e["fullDocument"]["x"] for e in read(stream, 1, 10)] == [-2]
+        assert [e["fullDocument"]["x"] for e in read_events(stream, 1, 10)] == [-2]
         assert time.monotonic() - start < 3               # at once, not after an await period
         coll.insert_one({"x": -3})                        # promises flow again
-        assert [e["fullDocument"]["x"] for e in read(stream, 1, 10)] == [-3]
+        assert [e["fullDocument"]["x"] for e in read_events(stream, 1, 10)] == [-3]
 
 
 def test_slow_promises_add_their_delay_to_the_latency(cluster: Any) -> None:
     client = cluster.client()
-    primary, other = split(client, "sl.c")
+    primary, other = split_over_two_shards(client, "sl.c")
     coll = client.sl.c
     with coll.watch(max_await_time_ms=100) as stream:
         latency_ms(coll, stream, -100)                    # warm up
@@ -109,7 +81,7 @@ def test_slow_promises_add_their_delay_to_the_latency(cluster: Any) -> None:
 
 def test_same_cluster_time_ties_two_shards_and_the_merge_orders_by_token(cluster: Any) -> None:
     client = cluster.client()
-    primary, other = split(client, "tie.c")
+    primary, other = split_over_two_shards(client, "tie.c")
     coll = client.tie.c
     coll.insert_many([{"x": -1000}, {"x": 1000}])        # the collection exists on both
     with coll.watch(max_await_time_ms=100) as stream:
@@ -118,8 +90,8 @@ def test_same_cluster_time_ties_two_shards_and_the_merge_orders_by_token(cluster
         # (same cluster time and collection: the documentKey decides, x=-1 first).
         coll.insert_one({"_id": "b", "x": 1})
         coll.insert_one({"_id": "a", "x": -1})
-        got = read(stream, 2, 10)
-        got += read(stream, 1, 1.0)                       # nothing more: once each
+        got = read_events(stream, 2, 10)
+        got += read_events(stream, 1, 1.0)                       # nothing more: once each
     assert [e["documentKey"]["_id"] for e in got] == ["a", "b"]
     assert [e["clusterTime"] for e in got] == [ts, ts]
     tokens = [e["_id"]["_data"] for e in got]

@@ -5,51 +5,17 @@ batches, postBatchResumeToken / high-water marks in both promise modes, awaitDat
 from __future__ import annotations
 
 import asyncio
-import datetime
 import time
 
 import pytest
 from bson import Binary, Timestamp
 
 from shardsim.core import resume_token as rt
-from shardsim.core.clock import HybridLogicalClock, ts_key
+from shardsim.core.clock import ts_key
 from shardsim.core.errors import MongoError
 from shardsim.shard import noop_writer
 from shardsim.shard.change_stream import open_cursor
-from shardsim.shard.change_stream.cursor import PromiseWaiters
-from shardsim.shard.oplog import Oplog, PreImages
-
-U1 = Binary(bytes(range(16)), 4)
-
-
-class FakeNode:
-    def __init__(self, promise_mode="clock", **oplog_kw):
-        self.clock = HybridLogicalClock(wall=lambda: 1000.0)
-        self.oplog = Oplog(**oplog_kw)
-        self.pre_images = PreImages()
-        self.options = {"promise_mode": promise_mode, "noop_interval_ms": 40}
-        self.docs = {}
-        self.cs_promise_waiters = PromiseWaiters()  # as ShardNode declares them
-        self.noop_writer_task = None
-
-    def write(self, op, ns, o, o2=None, ui=U1, **extra):
-        e = {"op": op, "ns": ns, "o": o, "ts": self.clock.tick(), "wall": datetime.datetime(2026, 1, 1)}
-        if ui is not None:
-            e["ui"] = ui
-        if o2 is not None:
-            e["o2"] = o2
-        e.update(extra)
-        self.oplog.append(e)
-        return e
-
-    def write_noop(self, o, o2=None, ns="", ui=None):
-        return self.write("n", ns, o, o2, ui=ui)["ts"]
-
-    def find_document(self, ns, key):
-        return self.docs.get((ns, key.get("_id")))
-
-    def parameters(self):
-        return {}
+from support.fakes import U1, FakeShardNode
 
 
 def run(coro):
@@ -61,7 +27,7 @@ def cursor(node, cs=None, rest=(), target="c", needs_merge=False):
 
 
 def test_batches_and_pbrt_clock_mode():
-    node = FakeNode()
+    node = FakeShardNode()
     node.write("i", "d.c", {"_id": 0}, {"_id": 0})
     cur = cursor(node)
 
@@ -89,7 +55,7 @@ def test_batches_and_pbrt_clock_mode():
 
 
 def test_pbrt_mongod_mode_follows_scanned_oplog():
-    node = FakeNode("mongod")
+    node = FakeShardNode("mongod")
     node.write("i", "d.c", {"_id": 0}, {"_id": 0})
     cur = cursor(node)
 
@@ -105,7 +71,7 @@ def test_pbrt_mongod_mode_follows_scanned_oplog():
 
 
 def test_await_data_wakes_only_for_matching_writes():
-    node = FakeNode()
+    node = FakeShardNode()
     cur = cursor(node)
 
     async def go():
@@ -123,7 +89,7 @@ def test_await_data_wakes_only_for_matching_writes():
 
 
 def test_needs_merge_sort_key_and_topology_event_bypasses_user_stages():
-    node = FakeNode()
+    node = FakeShardNode()
     cur = cursor(node, rest=[{"$match": {"operationType": "delete"}}], needs_merge=True)
 
     async def go():
@@ -140,7 +106,7 @@ def test_needs_merge_sort_key_and_topology_event_bypasses_user_stages():
 
 
 def test_invalidate_closes_cursor_after_its_batch():
-    node = FakeNode()
+    node = FakeShardNode()
     cur = cursor(node)
 
     async def go():
@@ -155,7 +121,7 @@ def test_invalidate_closes_cursor_after_its_batch():
 
 
 def test_history_lost_while_tailing():
-    node = FakeNode(max_bytes=300, min_retention_s=0)
+    node = FakeShardNode(max_bytes=300, min_retention_s=0)
     cur = cursor(node)
 
     async def go():
@@ -169,7 +135,7 @@ def test_history_lost_while_tailing():
 
 
 def test_resume_token_version_and_start_points():
-    node = FakeNode()
+    node = FakeShardNode()
     node.write("i", "d.c", {"_id": 1}, {"_id": 1})
     e2 = node.write("i", "d.c", {"_id": 2}, {"_id": 2})
     cur = cursor(node, {"startAtOperationTime": e2["ts"]})
@@ -185,7 +151,7 @@ def test_resume_token_version_and_start_points():
 
 
 def test_noop_writer_writes_only_when_idle():
-    node = FakeNode()
+    node = FakeShardNode()
 
     async def go():
         task = noop_writer.start(node)
@@ -209,7 +175,7 @@ def test_failed_first_batch_releases_the_oplog_listener():
     from types import SimpleNamespace
     from shardsim.shard.change_stream import aggregate_change_stream
     from shardsim.core.cursors import CursorManager
-    node = FakeNode()
+    node = FakeShardNode()
     node.cursors = CursorManager()
     node.write("i", "d.c", {"_id": 1}, {"_id": 1})
     start = node.oplog.first_ts()
@@ -231,7 +197,7 @@ def test_needs_merge_batch_vouches_for_its_sort_key_layout_only_when_true():
     from bson import Int64
     from shardsim.core.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
 
-    node = FakeNode()
+    node = FakeShardNode()
     plain = cursor(node, needs_merge=True)
     direct = cursor(node)
     moved = cursor(node, rest=[{"$replaceRoot": {"newRoot": {"op": "$operationType", "_id": "$_id"}}}],

@@ -22,7 +22,7 @@ from shardsim.shard.change_stream import fast_crud, open_cursor
 from shardsim.core import change_stream_spec as spec_mod
 from shardsim.shard.change_stream.cursor import RawEvent
 
-from test_change_stream_cursor import FakeNode
+from support.fakes import FakeShardNode as FakeNode
 
 U1 = Binary(bytes(range(16)), 4)
 U2 = Binary(bytes(range(16, 32)), 4)

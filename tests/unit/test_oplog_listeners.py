@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 import datetime
 
-from bson import Binary, Timestamp
+from bson import Timestamp
 
-from shardsim.core.clock import HybridLogicalClock
 from shardsim.shard.change_stream import open_cursor
-from shardsim.shard.change_stream.cursor import PromiseWaiters
-from shardsim.shard.oplog import Oplog, PreImages
-
-U1 = Binary(bytes(range(16)), 4)
+from shardsim.shard.oplog import Oplog
+from support.fakes import FakeShardNode
 
 
 def entry(inc, op="i", ns="d.c", **extra):
@@ -54,22 +51,6 @@ def test_remove_scoped_listener_and_register_once():
     assert len(seen) == 1 and o.listener_count == 0 and o._by_ns == {}
 
 
-class FakeNode:
-    def __init__(self, promise_mode="clock"):
-        self.clock = HybridLogicalClock(wall=lambda: 1000.0)
-        self.oplog = Oplog()
-        self.pre_images = PreImages()
-        self.options = {"promise_mode": promise_mode}
-        self.cs_promise_waiters = PromiseWaiters()  # as ShardNode declares it
-
-    def write(self, op, ns, o, o2=None):
-        e = {"op": op, "ns": ns, "ui": U1, "o": o, "ts": self.clock.tick(),
-             "wall": datetime.datetime(2026, 1, 1)}
-        if o2 is not None:
-            e["o2"] = o2
-        self.oplog.append(e)
-
-
 class _Wake:
     """Stands in for the future a getMore parks on (``ChangeStreamCursor._wait``)."""
 
@@ -99,7 +80,7 @@ def _waiting_cursor_with_counted_match(node, target, cs=None):
 
 
 def test_write_on_another_namespace_does_not_call_an_unrelated_cursor():
-    node = FakeNode()
+    node = FakeShardNode()
     coll_cur, coll_calls = _waiting_cursor_with_counted_match(node, "c")
     db_cur, db_calls = _waiting_cursor_with_counted_match(node, 1)
     for i in range(50):
@@ -119,7 +100,7 @@ def test_write_on_another_namespace_does_not_call_an_unrelated_cursor():
 
 
 def test_mongod_mode_cursor_listens_to_every_entry():
-    node = FakeNode(promise_mode="mongod")
+    node = FakeShardNode(promise_mode="mongod")
     cur, calls = _waiting_cursor_with_counted_match(node, "c")
     node.write("i", "x.c", {"_id": 1}, {"_id": 1})
     assert calls == ["x.c"]
@@ -173,7 +154,7 @@ def test_scoped_entries_from_matches_a_filtered_full_scan_across_truncation():
 
 
 def test_idle_stream_getmore_skips_unrelated_writes_and_still_promises_the_end():
-    node = FakeNode(promise_mode="mongod")
+    node = FakeShardNode(promise_mode="mongod")
     cur = open_cursor(node, "d", "idle", [{"$changeStream": {}}])
     calls = []
     inner = cur.match
@@ -200,7 +181,7 @@ def test_idle_stream_getmore_skips_unrelated_writes_and_still_promises_the_end()
 
 def test_truncation_calls_no_cursor_and_history_loss_is_still_detected():
     from shardsim.core.errors import MongoError
-    node = FakeNode()
+    node = FakeShardNode()
     node.oplog.max_bytes = 2000
     curs = [open_cursor(node, "d", f"c{i}", [{"$changeStream": {}}]) for i in range(20)]
     assert node.oplog.truncated_callbacks == []  # a write at the size cap costs nothing per cursor

@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
+from shardsim.testing import invariants
 from shardsim.tools.load.plan import DELETE, INSERT, KIND_NAMES, UPDATE, Plan
 
 OP_CODES = {"insert": INSERT, "update": UPDATE, "delete": DELETE}
@@ -102,106 +103,89 @@ def verify(plan: Plan, events: Sequence[Event],
     ``final`` is optional: collection name → ``{_id: document}`` as read back from the cluster.
     Events of other namespaces than the plan's collections are violations too (the watchers
     watch only the plan's database). Never raises on bad input; returns a :class:`Report`.
+
+    Each invariant is one checker of :mod:`shardsim.testing.invariants` run over the whole
+    stream (C-speed passes when it holds); the first bad event is the earliest any of them
+    finds, ties going to the order of the module docstring (as one pass in stream order would
+    report it).
     """
-    names = plan.spec.collection_names
-    coll_index = {n: i for i, n in enumerate(names)}
     n = len(plan)
-    seen = bytearray(n)
-    arrived_at: dict[int, int] = {}
-    tokens: dict[str, int] = {}
-    kinds, colls, ids, prev = plan.kinds, plan.colls, plan.ids, plan.prev
-    last_token = ""
-    matched = 0
+    seqs = _planned_ops(plan, events)
+    tokens = [ev.token for ev in events]
+    found: list[tuple[int, int, str, str]] = []  # (index, rank, kind, message)
+    for i, j in invariants.duplicate_events(tokens, first=True):
+        found.append((i, 0, "duplicate", f"is a duplicate of event #{j}"))
+    for i, j in invariants.duplicate_events(seqs, first=True, ignore=-1):
+        found.append((i, 1, "duplicate", f"repeats {plan.describe(seqs[i])}, already "
+                                         f"delivered as event #{j}"))
+    for i in invariants.unordered_events(tokens, first=True):
+        found.append((i, 2, "token-order", f"has a resume token not greater than the previous "
+                                           f"event's ({tokens[i - 1][:26]}…)"))
+    if -1 in seqs:
+        found.append((seqs.index(-1), 3, "unplanned", "matches no planned operation"))
+    for i, p in invariants.events_before_predecessor(seqs, plan.prev, first=True, size=n):
+        later = next((k for k in range(i + 1, len(events))
+                      if seqs[k] == p), None)
+        fate = "which never arrived" if later is None else f"which arrived later as event #{later}"
+        found.append((i, 4, "document-order", f"is {plan.describe(seqs[i])} but arrived before "
+                                              f"the document's previous {plan.describe(p)}, {fate}"))
     violation: Violation | None = None
+    if found:
+        i, _, kind, msg = min(found)
+        violation = Violation(i, kind, f"{_describe_event(i, events[i])} {msg}", events[i])
+        matched = i  # every event before the first bad one delivered a planned op once
+        missing = n - matched
+    else:
+        matched, missing = len(events), n - len(events)
+        if matched < n:
+            first = invariants.lost_events(range(n), seqs)[0]
+            violation = Violation(-1, "missing", f"{plan.describe(first)} never arrived "
+                                  f"({n - matched} of {n} planned ops missing; stream ended "
+                                  f"after {len(events)} events)")
+    final_checked = False
+    if violation is None and final is not None:
+        final_checked = True
+        violation = _compare_final(plan.expected_final(), final)
+    return Report(violation is None, violation, len(events), n, matched, missing, final_checked)
 
-    def bad(i: int, kind: str, msg: str, ev: Event | None) -> Violation:
-        return Violation(i, kind, msg, ev)
 
-    for i, ev in enumerate(events):
-        what = _describe_event(i, ev)
-        # 1. duplicate by token
-        j = tokens.get(ev.token)
-        if j is not None:
-            violation = bad(i, "duplicate", f"{what} is a duplicate of event #{j}", ev)
-            break
-        tokens[ev.token] = i
-        # 3. which planned op is it?
+def _planned_ops(plan: Plan, events: Sequence[Event]) -> list[int]:
+    """The planned op each event delivers (-1: none): an insert/update names its op in ``s``
+    (checked against the plan's kind, collection and _id); a delete is its document's only
+    one."""
+    coll_index = {name: i for i, name in enumerate(plan.spec.collection_names)}
+    n = len(plan)
+    kinds, colls, ids, deletes = plan.kinds, plan.colls, plan.ids, plan.deletes
+    out = []
+    append = out.append
+    for ev in events:
         c = coll_index.get(ev.coll)
         code = OP_CODES.get(ev.op)
         seq = -1
         if c is not None and code is not None:
             if code == DELETE:
-                seq = plan.deletes.get((c, ev.id), -1)
+                seq = deletes.get((c, ev.id), -1)
             elif 0 <= ev.seq < n and kinds[ev.seq] == code and colls[ev.seq] == c \
                     and ids[ev.seq] == ev.id:
                 seq = ev.seq
-        # 1b. duplicate by planned op (a re-delivered event with a different token)
-        if seq >= 0 and seen[seq]:
-            violation = bad(i, "duplicate", f"{what} repeats {plan.describe(seq)}, "
-                            f"already delivered as event #{arrived_at[seq]}", ev)
-            break
-        # 2. token order
-        if ev.token <= last_token:
-            violation = bad(i, "token-order", f"{what} has a resume token not greater than "
-                            f"the previous event's ({last_token[:26]}…)", ev)
-            break
-        last_token = ev.token
-        if seq < 0:
-            violation = bad(i, "unplanned", f"{what} matches no planned operation", ev)
-            break
-        # 4. document order
-        p = prev[seq]
-        if p >= 0 and not seen[p]:
-            later = next((k for k in range(i + 1, len(events))
-                          if _names(plan, events[k], p, coll_index)), None)
-            fate = "which never arrived" if later is None else f"which arrived later as event #{later}"
-            violation = bad(i, "document-order", f"{what} is {plan.describe(seq)} but arrived "
-                            f"before the document's previous {plan.describe(p)}, {fate}", ev)
-            break
-        seen[seq] = 1
-        arrived_at[seq] = i
-        matched += 1
-
-    missing = n - matched if violation is None else n - sum(seen)
-    if violation is None and matched < n:
-        first = seen.find(0)
-        violation = Violation(-1, "missing", f"{plan.describe(first)} never arrived "
-                              f"({n - matched} of {n} planned ops missing; stream ended after "
-                              f"{len(events)} events)")
-    final_checked = False
-    if violation is None and final is not None:
-        final_checked = True
-        expected = plan.expected_final()
-        violation = _compare_final(expected, final)
-    return Report(violation is None, violation, len(events), n, matched, missing, final_checked)
-
-
-def _names(plan: Plan, ev: Event, seq: int, coll_index: Mapping[str, int]) -> bool:
-    """Does ``ev`` deliver planned op ``seq``?"""
-    if coll_index.get(ev.coll) != plan.colls[seq] or ev.id != plan.ids[seq]:
-        return False
-    if plan.kinds[seq] == DELETE:
-        return ev.op == "delete"
-    return ev.seq == seq and OP_CODES.get(ev.op) == plan.kinds[seq]
+        append(seq)
+    return out
 
 
 def _compare_final(expected: Mapping[str, Mapping[Any, Mapping[str, Any]]],
                    final: Mapping[str, Mapping[Any, Mapping[str, Any]]]) -> Violation | None:
-    for coll, docs in expected.items():
-        got = final.get(coll, {})
-        for _id, doc in docs.items():
-            have = got.get(_id)
-            if have is None:
-                return Violation(-1, "final-state", f"final state: {coll} _id={_id!r} is missing "
-                                 f"(expected {_summ(doc)})")
-            if dict(have) != dict(doc):
-                return Violation(-1, "final-state", f"final state: {coll} _id={_id!r} is "
-                                 f"{_summ(have)}, expected {_summ(doc)}")
-        extra = next((k for k in got if k not in docs), None)
-        if extra is not None:
-            return Violation(-1, "final-state", f"final state: {coll} _id={extra!r} should not "
-                             f"exist ({len(got)} documents, expected {len(docs)})")
-    return None
+    diff = invariants.final_state_diff(expected, final)
+    if diff is None:
+        return None
+    what, coll, _id, doc, have = diff
+    if what == "missing":
+        msg = f"final state: {coll} _id={_id!r} is missing (expected {_summ(doc)})"
+    elif what == "different":
+        msg = f"final state: {coll} _id={_id!r} is {_summ(have)}, expected {_summ(doc)}"
+    else:
+        msg = (f"final state: {coll} _id={_id!r} should not exist ({len(final.get(coll, {}))} "
+               f"documents, expected {len(expected[coll])})")
+    return Violation(-1, "final-state", msg)
 
 
 def _summ(doc: Mapping[str, Any]) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardsim.testing import invariants
+
 from .common import healthy
 
 
@@ -15,8 +17,11 @@ def check(world: Any) -> list[str]:
         keys = [e.key for e in st.returned]
         expected = [e.key for e in world.expected(st)]
         if expected != keys:
-            exp_set, got_set = set(expected), set(keys)
+            exp_set = set(expected)
+            missing = set(invariants.lost_events(expected, keys))
+            unexpected = {keys[i] for i in invariants.unexpected_events(keys, exp_set)}
+            duplicates = invariants.duplicate_events(keys)
             out.append(f"stream {st.sid}: expected {len(expected)} events, got {len(keys)} "
-                       f"(missing {len(exp_set - got_set)}, unexpected {len(got_set - exp_set)}, "
-                       f"duplicates {len(keys) - len(got_set)})")
+                       f"(missing {len(missing)}, unexpected {len(unexpected)}, "
+                       f"duplicates {len(duplicates)})")
     return out

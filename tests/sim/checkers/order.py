@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardsim.testing import invariants
+
 from .common import healthy
 
 
@@ -13,8 +15,6 @@ def check(world: Any) -> list[str]:
     out = []
     for st in healthy(world):
         keys = [e.key for e in st.returned]
-        for a, b in zip(keys, keys[1:]):
-            if not a < b:
-                out.append(f"stream {st.sid}: order violation {a[0]} then {b[0]}")
-                break
+        for i in invariants.unordered_events(keys, first=True):
+            out.append(f"stream {st.sid}: order violation {keys[i - 1][0]} then {keys[i][0]}")
     return out
