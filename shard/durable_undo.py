@@ -62,6 +62,10 @@ def undo(node: Any, journal: list[tuple]) -> None:
             coll = storage.by_uuid.get(uuid)
             if uuid not in catalog and coll is not None:
                 _restore_docs(store, storage, coll, list(keys))
+        for sid, _ in txn_ops:  # a transaction's commit: its session may not be journaled
+            sess = node.sessions._sessions.get(sid)
+            if sess is not None:
+                sessions.setdefault(sid, sess)
         for sid, sess in sessions.items():
             _restore_session(node, store.committed_session(sid), sess, txn_ops)
     finally:
@@ -146,16 +150,16 @@ def _restore_session(node: Any, rec: dict[str, Any] | None, sess: Any,
     statements executed; a transaction whose commit/prepare entry was lost is prepared again
     (``rec`` says prepared) or aborted."""
     txn = sess.txn
-    lost_txn = txn is not None and (_lsid_key(sess.lsid), txn.txn_number) in txn_ops \
-        and txn.state in ("committed", "prepared")
-    if lost_txn:
+    if txn is not None and (_lsid_key(sess.lsid), txn.txn_number) in txn_ops \
+            and txn.state in ("committed", "prepared"):
         if txn.state == "prepared":
             txn.unlock()
-        txn.state = "aborted"
+        txn.state = "aborted"  # its txnNumber stays used: a retry gets NoSuchTransaction
+        if rec and rec.get("prepared") and int(rec["txnNumber"]) == txn.txn_number:
+            node.sessions._restore_prepared(sess, rec["prepared"])  # prepared, as on disk
+        return
     if txn is not None and txn.state == "in_progress" and txn.txn_number == sess.txn_number:
         return  # a transaction still open on the session: its number stays
     sess.txn_number = int(rec["txnNumber"]) if rec else -1
     sess.executed = {int(x["i"]): x["r"] for x in rec.get("stmts", [])} if rec else {}
-    if rec and rec.get("prepared") and lost_txn:
-        node.sessions._restore_prepared(sess, rec["prepared"])
 
