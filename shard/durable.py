@@ -1,10 +1,12 @@
 """Durable shard storage (``--dbpath DIR``): SQLite (stdlib ``sqlite3``) in WAL mode.
 
-One file ``DIR/shard.sqlite`` holds five tables: ``catalog`` (collection UUID -> BSON catalog
+One file ``DIR/shard.sqlite`` holds six tables: ``catalog`` (collection UUID -> BSON catalog
 record: name, options, shard key, index specs), ``docs`` (one row per document, BSON, in
 insertion order so a reload keeps ``$natural`` order), ``oplog`` (ts_key -> BSON entry, with its
-scope and size columns, see :mod:`shard.oplog_disk`), ``preimages`` and ``sessions``
-(retryable-write history, like ``config.transactions``). The node keeps the documents, catalog,
+scope and size columns, see :mod:`shard.oplog_disk`), ``preimages``, ``sessions``
+(retryable-write history, like ``config.transactions``) and ``meta`` (the commit counter).
+Every row carries ``crc``, its CRC32C; start-up verifies them, runs ``quick_check`` and
+compares the counter with ``DIR/shard.ack`` (:mod:`shard.durable_integrity`). The node keeps the documents, catalog,
 pre-images and sessions in memory, and of the oplog only a bounded cache of its newest entries
 (:class:`shard.oplog_disk.DiskOplog` reads older ones from the table); it journals each mutation
 (:attr:`shard.storage.Storage.journal`); :meth:`DurableStore.commit` writes a command's whole
