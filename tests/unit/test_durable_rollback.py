@@ -151,3 +151,41 @@ def test_a_failed_transaction_commit_is_aborted(node, monkeypatch):
         assert retry["ok"] == 0 and retry["code"] == 251  # NoSuchTransaction: it was aborted
 
     asyncio.run(main())
+
+
+def test_a_store_of_the_previous_layout_opens_and_is_checked_from_then_on(tmp_path):
+    """A store without checksum columns, counter or marker (written before them) loads; new
+    rows get checksums, and from its first commit on the marker guards the WAL."""
+    import bson
+    from bson import Binary
+    from shard.durable_integrity import AckMarker
+    dbpath = tmp_path / "old"
+    dbpath.mkdir()
+    c = sqlite3.connect(dbpath / "shard.sqlite", isolation_level=None)
+    c.executescript("""
+        CREATE TABLE catalog (uuid BLOB PRIMARY KEY, rec BLOB NOT NULL);
+        CREATE TABLE docs (seq INTEGER PRIMARY KEY AUTOINCREMENT, uuid BLOB NOT NULL,
+                           id BLOB NOT NULL, doc BLOB NOT NULL);
+        CREATE UNIQUE INDEX docs_id ON docs (uuid, id);
+        CREATE TABLE sessions (sid BLOB PRIMARY KEY, rec BLOB NOT NULL);
+        CREATE TABLE preimages (ts INTEGER NOT NULL, uuid BLOB NOT NULL, idx INTEGER NOT NULL,
+                                doc BLOB NOT NULL, PRIMARY KEY (ts, uuid, idx));
+        CREATE TABLE oplog (ts INTEGER PRIMARY KEY, cmd INTEGER NOT NULL, ns TEXT, db TEXT,
+                            size INTEGER NOT NULL, entry BLOB NOT NULL);""")
+    uuid = b"\x02" * 16
+    c.execute("INSERT INTO catalog VALUES (?, ?)", (uuid, bson.encode(
+        {"db": "a", "name": "x", "uuid": Binary(uuid, 4), "options": {}, "shardKey": None,
+         "indexes": [{"v": 2, "key": {"_id": 1}, "name": "_id_"}]})))
+    c.execute("INSERT INTO docs (uuid, id, doc) VALUES (?, ?, ?)",
+              (uuid, repr(("n", 1)).encode(), bson.encode({"_id": 1})))
+    c.close()
+    node = ShardNode(shard_name="s", options={"dbpath": str(dbpath), "noop_interval_ms": 600000})
+    try:
+        assert [d["_id"] for d in node.storage.get("a", "x").docs.values()] == [1]
+        asyncio.run(node.run_command(_req("insert", "a", {"insert": "x",
+                                                           "documents": [{"_id": 2}]})))
+        assert AckMarker(str(dbpath)).read()[0] == node.durable.commits >= 1
+        rows = node.durable.conn.execute("SELECT crc FROM docs ORDER BY seq").fetchall()
+        assert rows[0][0] is None and rows[1][0] is not None
+    finally:
+        node.durable.close()
