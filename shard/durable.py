@@ -114,17 +114,26 @@ class DurableStore:
         self.conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
         self.conn.execute("PRAGMA wal_autocheckpoint=10000")
         integrity.quick_check(self.conn, self.path)
+        # Checked before anything is written: a refused store stays as it was found.
+        self.commits = self._scalar("SELECT v FROM meta WHERE k = 'commits'")
+        self.newest_ts = self._scalar("SELECT max(ts) FROM oplog")
+        integrity.check_acknowledged(self.marker, self.commits, self.newest_ts,
+                                     self.path + "-wal")
         self.conn.executescript(SCHEMA)
         for table in _CRC_TABLES:
             if "crc" not in [r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")]:
                 self.conn.execute(f"ALTER TABLE {table} ADD COLUMN crc INTEGER")
         migrate_oplog(self.conn)  # the oplog table (shard.oplog_disk), from the first layouts
-        row = self.conn.execute("SELECT v FROM meta WHERE k = 'commits'").fetchone()
-        self.commits = int(row[0]) if row else 0
-        newest = self.conn.execute("SELECT max(ts) FROM oplog").fetchone()[0]
-        self.newest_ts = int(newest or 0)
-        integrity.check_acknowledged(self.marker, self.commits, self.newest_ts,
-                                     self.path + "-wal")
+
+    def _scalar(self, sql: str) -> int:
+        """An integer the store may not have yet (a table of a newer layout): 0 then."""
+        try:
+            row = self.conn.execute(sql).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return 0
+            raise
+        return int(row[0] or 0) if row else 0
 
     # -- start-up -----------------------------------------------------------------------------
     def load(self, node: Any) -> None:

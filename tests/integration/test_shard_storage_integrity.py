@@ -253,3 +253,14 @@ def test_an_intact_store_starts_after_kill_and_after_clean_stop(tmp_path, shard_
     proc.stop()  # SIGTERM: checkpoint and close
     proc = shard_process("fine", dbpath)
     assert shard_client(proc).app.items.count_documents({}) == 1001
+
+
+def test_a_refused_store_is_left_as_it_was_found(tmp_path, shard_process, shard_client):
+    dbpath = tmp_path / "untouched"
+    _fill(shard_process, shard_client, dbpath, 1000)
+    os.remove(dbpath / "shard.sqlite-wal")  # every commit was in it: the main file is empty
+    kept = ("shard.sqlite", "shard.ack")  # (SQLite may recreate its -wal and -shm files)
+    before = {name: (dbpath / name).read_bytes() for name in kept}
+    _assert_refused(_start_refused(dbpath), "acknowledged commit(s) are missing")
+    _assert_refused(_start_refused(dbpath), "acknowledged commit(s) are missing")  # and again
+    assert {name: (dbpath / name).read_bytes() for name in kept} == before
