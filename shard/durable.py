@@ -6,12 +6,14 @@ insertion order so a reload keeps ``$natural`` order), ``oplog`` (ts_key -> BSON
 scope and size columns, see :mod:`shard.oplog_disk`), ``preimages``, ``sessions``
 (retryable-write history, like ``config.transactions``) and ``meta`` (the commit counter).
 Every row carries ``crc``, its CRC32C; start-up verifies them, runs ``quick_check`` and
-compares the counter with ``DIR/shard.ack`` (:mod:`shard.durable_integrity`). The node keeps the documents, catalog,
-pre-images and sessions in memory, and of the oplog only a bounded cache of its newest entries
-(:class:`shard.oplog_disk.DiskOplog` reads older ones from the table); it journals each mutation
-(:attr:`shard.storage.Storage.journal`); :meth:`DurableStore.commit` writes a command's whole
-journal in ONE SQLite transaction before the reply is sent, so an acknowledged write, its oplog
-entry and its pre-image are on disk together or not at all.
+compares the counter with ``DIR/shard.ack`` (:mod:`shard.durable_integrity`). The node keeps
+the documents, catalog, pre-images and sessions in memory, and of the oplog only a bounded
+cache of its newest entries (:class:`shard.oplog_disk.DiskOplog` reads older ones from the
+table); it journals each mutation (:attr:`shard.storage.Storage.journal`);
+:meth:`DurableStore.commit` writes a command's whole journal in ONE SQLite transaction before
+the reply is sent, so an acknowledged write, its oplog entry and its pre-image are on disk
+together or not at all; a commit that fails is taken back out of memory too
+(:mod:`shard.durable_undo`).
 
 ``synchronous=NORMAL`` (default) in WAL mode writes every commit to the WAL file without fsync:
 it survives ``kill -9`` of the process (the OS has the pages) but not a power loss;

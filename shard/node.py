@@ -270,9 +270,11 @@ class ShardNode(Node):
         self._depth += 1
         # the transaction's uncommitted collections are visible to its statements only
         token = CURRENT_TXN.set(self._req_txn.get(id(req)))
-        scope = WriteScope()
-        self._scopes.add(scope)
-        scope_token = WRITE_SCOPE.set(scope)
+        scope = scope_token = None
+        if self.durable is not None:  # what this command journals (see flush)
+            scope = WriteScope()
+            self._scopes.add(scope)
+            scope_token = WRITE_SCOPE.set(scope)
         try:
             reply = await super().run_command(req)
             if self.durable is not None and (self.storage.journal or self._unflushed):
@@ -281,14 +283,15 @@ class ShardNode(Node):
                 except MongoError:
                     pass  # scope.lost says whether this command's writes were in it
         finally:
-            WRITE_SCOPE.reset(scope_token)
-            self._scopes.discard(scope)
+            if scope is not None:
+                WRITE_SCOPE.reset(scope_token)
+                self._scopes.discard(scope)
             CURRENT_TXN.reset(token)
             self._depth -= 1
             self._req_txn.pop(id(req), None)
             if versioned_write is not None:
                 self.sharding.done(versioned_write)
-        if scope.lost is not None:  # a command that wrote nothing keeps its reply
+        if scope is not None and scope.lost is not None:  # one that wrote nothing keeps its reply
             reply = scope.lost.to_reply()
             self.cluster_time_fields(req, reply)
         return reply

@@ -257,8 +257,8 @@ class DiskOplog(Oplog):
         return self._decoded(rows)
 
     def _decoded(self, rows: Any) -> tuple[list[int], list[dict[str, Any]]]:
-        """``(keys, entries)`` of ``(ts, crc, entry BLOB)`` rows (checksums verified), stopping after
-        :data:`READ_BYTES` of BLOBs (at least one row; see :attr:`short_reads`)."""
+        """``(keys, entries)`` of ``(ts, crc, entry BLOB)`` rows (checksums verified), stopping
+        after :data:`READ_BYTES` of BLOBs (at least one row; see :attr:`short_reads`)."""
         keys: list[int] = []
         entries: list[dict[str, Any]] = []
         total = 0
@@ -307,7 +307,8 @@ class DiskOplog(Oplog):
             if not self._disk_count:
                 return
             rows = self._conn.execute(
-                "SELECT ts, crc, entry FROM oplog WHERE ts >= ? AND ts < ? ORDER BY ts DESC LIMIT ?",
+                "SELECT ts, crc, entry FROM oplog WHERE ts >= ? AND ts < ? "
+                "ORDER BY ts DESC LIMIT ?",
                 (self._disk_from, min(hi, first), _BATCH)).fetchall()
             if not rows:
                 return
