@@ -108,6 +108,46 @@ def test_disk_full_write_is_rolled_back_everywhere(tmp_path, shard_process, shar
     assert inserted == [0, 1, 2, 3, 4, 101, 200]
 
 
+def test_disk_full_under_a_write_loop_acked_equals_streamed_equals_restarted(
+        tmp_path, shard_process, shard_client):
+    """The audit's measurement: writes in a loop while the disk is full (small ones still fit
+    in the file's free space, large ones do not). Acknowledged, streamed and kept after a
+    restart must be the same set."""
+    dbpath = tmp_path / "loop"
+    proc = shard_process("loop0", dbpath, "--noop-interval-ms", "600000")
+    client = shard_client(proc)
+    coll = client.app.loop
+    coll.insert_one({"_id": -1})
+    stream = coll.watch()
+    _full(client, True)
+    acked, failed = [], []
+    for i in range(60):
+        doc = {"_id": i, "pad": BIG if i % 3 == 0 else "s"}
+        try:
+            coll.insert_one(doc)
+            acked.append(i)
+        except OperationFailure as exc:
+            assert exc.code == 14031, exc.details
+            failed.append(i)
+    _full(client, False)
+    coll.insert_one({"_id": "end"})
+    assert failed and acked  # both happened
+    streamed = []
+    while not streamed or streamed[-1] != "end":
+        change = stream.try_next()
+        if change is not None:
+            streamed.append(change["documentKey"]["_id"])
+    assert streamed == acked + ["end"]
+    assert sorted(d["_id"] for d in coll.find({"_id": {"$type": "int"}})) == [-1] + acked
+    stream.close()
+    client.close()
+    proc.kill()
+    c2 = shard_client(shard_process("loop0", dbpath))
+    assert sorted(d["_id"] for d in c2.app.loop.find({"_id": {"$type": "int"}})) == [-1] + acked
+    oplog_ids = [e["o"]["_id"] for e in c2.local["oplog.rs"].find({"ns": "app.loop", "op": "i"})]
+    assert oplog_ids == [-1] + acked + ["end"]
+
+
 def test_disk_full_ddl_is_rolled_back(tmp_path, shard_process, shard_client):
     proc = shard_process("full1", tmp_path / "ddl", "--noop-interval-ms", "600000")
     client = shard_client(proc)
