@@ -304,3 +304,31 @@ def test_a_refused_store_is_left_as_it_was_found(tmp_path, shard_process, shard_
     _assert_refused(_start_refused(dbpath), "acknowledged commit(s) are missing")
     _assert_refused(_start_refused(dbpath), "acknowledged commit(s) are missing")  # and again
     assert {name: (dbpath / name).read_bytes() for name in kept} == before
+
+
+def test_the_config_server_refuses_a_damaged_store_too(tmp_path):
+    from shardsim.procs import RoleProcess
+    dbpath = tmp_path / "cfg"
+    proc = RoleProcess("configsvr", ["--port", "0", "--dbpath", str(dbpath),
+                                     "--noop-interval-ms", "600000"], name="cfg")
+    try:
+        proc.start()
+        client = pymongo_client(proc)
+        client.app.items.insert_many([{"_id": i} for i in range(100)])
+        client.close()
+    finally:
+        proc.kill()
+    os.remove(dbpath / "shard.sqlite-wal")
+    result = subprocess.run([sys.executable, "-m", "configsvr", "--port", "0", "--dbpath",
+                             str(dbpath)], capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert result.returncode == 14, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("shardsim configsvr: DataCorruptionDetected: ")
+    assert "acknowledged commit(s) are missing" in line
+
+
+def pymongo_client(proc):
+    import pymongo
+    return pymongo.MongoClient(f"mongodb://{proc.address}/?directConnection=true",
+                               serverSelectionTimeoutMS=5000)
