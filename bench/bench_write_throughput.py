@@ -3,7 +3,8 @@
 Same single pymongo client, same documents: (a) bulk inserts of 1,000 through the router into a
 collection spread over 3 shards, (b) the same to one shard's own port (baseline, its own
 unsharded collection), then (c)/(d) one-at-a-time ``insert_one`` (round-trip bound) both ways.
-Prints ops/s and the router/direct ratio.
+Prints ops/s and the router/direct ratio. ``--durable`` gives every process a ``--dbpath``
+(each command then commits to SQLite before its reply: the durable write path).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--docs", type=int, default=60_000)
     ap.add_argument("--singles", type=int, default=3_000)
+    ap.add_argument("--durable", action="store_true", help="every process with --dbpath")
     args = ap.parse_args()
-    print(f"# bench_write_throughput  {machine()}")
-    with Cluster(shards=3) as cluster:
+    print(f"# bench_write_throughput{' --durable' if args.durable else ''}  {machine()}")
+    with Cluster(shards=3, durable=args.durable) as cluster:
         client = MongoClient(cluster.router_uri)
         spread_collection(client)
         direct = direct_client(cluster.shards[0].address)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import logging
+import sys
 
 import click
 
@@ -44,13 +45,18 @@ def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from shardsim.configsvr.node import ConfigServerNode
     sec_options, tls = apply_security("configsvr", **security)
-    node = ConfigServerNode(host=host, port=port, test_commands=test_commands,
-                            options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms,
-                                     "oplog_size_mb": oplog_size_mb,
-                                     "oplog_cache_mb": oplog_cache_mb,
-                                     "snapshot_history_mb": snapshot_history_mb,
-                                     "oplog_min_retention_hours": oplog_min_retention_hours,
-                                     **sec_options})
+    from shardsim.shard.durable_integrity import EXIT_CORRUPTION, StorageCorruption
+    try:
+        node = ConfigServerNode(host=host, port=port, test_commands=test_commands,
+                                options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms,
+                                         "oplog_size_mb": oplog_size_mb,
+                                         "oplog_cache_mb": oplog_cache_mb,
+                                         "snapshot_history_mb": snapshot_history_mb,
+                                         "oplog_min_retention_hours": oplog_min_retention_hours,
+                                         **sec_options})
+    except StorageCorruption as exc:  # one line, like mongod's fatal start-up messages
+        click.echo(f"shardsim configsvr: {exc}", err=True)
+        sys.exit(EXIT_CORRUPTION)
     run_node(node, host, port, ready_message=ready_line("configsvr"), tls=tls)
 
 

@@ -60,9 +60,13 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
     }
     sec_options, tls = apply_security("shard", **security)
     options.update(sec_options)
+    from shardsim.shard.durable_integrity import EXIT_CORRUPTION, StorageCorruption
     try:
         node = ShardNode(shard_name=shard_name, host=host, port=port,
                          test_commands=test_commands, options=options)
+    except StorageCorruption as exc:  # one line, like mongod's fatal start-up messages
+        click.echo(f"shardsim shard: {exc}", err=True)
+        sys.exit(EXIT_CORRUPTION)
     except RuntimeError as exc:  # e.g. DBPathInUse: exit like mongod does (code 100)
         click.echo(f"shardsim shard: {exc}", err=True)
         sys.exit(100)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import time
 from typing import Any
 
@@ -34,6 +35,7 @@ from shardsim.shard import commands as shard_commands
 from shardsim.shard.change_stream import cursor as cs_cursor
 from shardsim.shard.change_stream import promise_faults
 from shardsim.shard.auth_store import LocalUserStore
+from shardsim.shard import durable_undo
 from shardsim.shard.durable import DurableStore
 from shardsim.shard.prepare_conflicts import wait_for_prepared
 from shardsim.core.auth import user_commands
@@ -44,8 +46,8 @@ from shardsim.core.query import select
 from shardsim.shard.sessions import Sessions, full_lsid
 from shardsim.shard.sharding_runtime import ShardingRuntime
 from shardsim.shard.transaction_coordinator import Coordinators
-from shardsim.shard.storage import (CURRENT_TXN, Collection, Storage, new_uuid, validate_collection_name,
-                           validate_db_name)
+from shardsim.shard.storage import (CURRENT_TXN, WRITE_SCOPE, Collection, Journal, Storage, WriteScope,
+                           new_uuid, validate_collection_name, validate_db_name)
 from shardsim.shard.write_context import NO_CONTEXT, WriteContext
 
 TERM = Int64(1)
@@ -100,7 +102,8 @@ class ShardNode(Node):
             self.oplog = Oplog(**retention)
         self.pre_images = PreImages()
         self.oplog.truncated_callbacks.append(self._on_oplog_truncated)
-        self._unflushed: list[tuple] = []  # journal records of failed commits, retried first
+        self._unflushed: list[tuple] = []  # oplog truncations of failed commits, retried first
+        self._scopes: set[WriteScope] = set()  # the commands running (see flush)
         self._depth = 0
         self._req_txn: dict[int, Any] = {}
         self.sessions = Sessions(self)
@@ -116,7 +119,7 @@ class ShardNode(Node):
         # The periodic no-op writer's asyncio task once started (shard/noop_writer.py).
         self.noop_writer_task: Any = None
         if self.durable is not None:
-            self.storage.journal = []
+            self.storage.journal = Journal()
             self.durable.load(self)
         self.commands.install(self, *shard_commands.FAMILIES,  # after the common family
                               user_commands.commands,
@@ -267,22 +270,30 @@ class ShardNode(Node):
         self._depth += 1
         # the transaction's uncommitted collections are visible to its statements only
         token = CURRENT_TXN.set(self._req_txn.get(id(req)))
+        scope = scope_token = None
+        if self.durable is not None:  # what this command journals (see flush)
+            scope = WriteScope()
+            self._scopes.add(scope)
+            scope_token = WRITE_SCOPE.set(scope)
         try:
             reply = await super().run_command(req)
+            if self.durable is not None and (self.storage.journal or self._unflushed):
+                try:
+                    self.flush()
+                except MongoError:
+                    pass  # scope.lost says whether this command's writes were in it
         finally:
+            if scope is not None:
+                WRITE_SCOPE.reset(scope_token)
+                self._scopes.discard(scope)
             CURRENT_TXN.reset(token)
             self._depth -= 1
             self._req_txn.pop(id(req), None)
             if versioned_write is not None:
                 self.sharding.done(versioned_write)
-        if self.durable is not None and (self.storage.journal or self._unflushed):
-            wrote = bool(self.storage.journal)
-            try:
-                self.flush()
-            except MongoError as exc:
-                if wrote:  # a command that wrote nothing keeps its reply
-                    reply = exc.to_reply()
-                    self.cluster_time_fields(req, reply)
+        if scope is not None and scope.lost is not None:  # one that wrote nothing keeps its reply
+            reply = scope.lost.to_reply()
+            self.cluster_time_fields(req, reply)
         return reply
 
     async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
@@ -294,24 +305,45 @@ class ShardNode(Node):
     def flush(self) -> None:
         """Write the pending journal to SQLite in one transaction (durable shards).
 
-        A failed commit (:class:`shard.durable.DurableWriteError`: the storage engine's error,
-        e.g. OutOfDiskSpace 14031) raises MongoError and keeps the records: they are retried,
-        in order and before anything newer, by the next commit. The process keeps serving
-        (reads answer from memory; writes fail until a commit succeeds) instead of exiting and
-        restarting into the same failure."""
+        A failed commit (:class:`shard.durable.DurableWriteError`: OutOfDiskSpace 14031, or
+        UnknownError 8) leaves nothing behind, as an aborted WiredTiger transaction: SQLite
+        rolled it back, and :func:`shard.durable_undo.undo` takes its documents, catalog
+        changes, oplog entries, pre-images and session records back out of memory. Every
+        running command that had journaled records (its :class:`~shard.storage.WriteScope`)
+        gets the error as its reply; then this raises it. Only oplog truncations (deletes of
+        old rows) are kept for the next commit. The process keeps serving: reads answer, and
+        writes succeed again once a commit does (space freed)."""
         if self.durable is not None and (self.storage.journal or self._unflushed):
             journal = self._unflushed + self.storage.journal
-            self.storage.journal = []
+            self.storage.journal = Journal()
             self._unflushed = []
             try:
                 self.durable.commit(journal)
-            except MongoError:
-                self._unflushed = journal
+            except MongoError as exc:
+                self._unflushed = [r for r in journal if r[0] == "truncate"]
+                for scope in self._scopes:
+                    if scope.wrote:
+                        scope.lost = exc
+                self._undo(journal)
                 logging.getLogger("shardsim.shard").error(
-                    "durable commit failed; %d records kept for the next commit", len(journal),
-                    exc_info=True)
+                    "durable commit failed, its %d records were rolled back: %s", len(journal),
+                    exc.errmsg)
                 raise
+            for scope in self._scopes:
+                scope.wrote = False  # everything journaled so far is on disk
             self.oplog.mark_durable(self.oplog.latest_key)  # the cache may let them go now
+
+    def _undo(self, journal: list[tuple]) -> None:
+        """:func:`shard.durable_undo.undo`; if memory cannot be put back (the store cannot even
+        be read) the process stops rather than serve writes that are not on disk (mongod's
+        fatal assertion on a storage failure it cannot recover from)."""
+        try:
+            durable_undo.undo(self, journal)
+        except Exception:
+            logging.getLogger("shardsim.shard").critical(
+                "a failed durable commit could not be rolled back in memory; exiting",
+                exc_info=True)
+            os._exit(14)
 
     # -- the write path -----------------------------------------------------------------------
     def write_context(self, req: Request) -> WriteContext:

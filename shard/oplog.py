@@ -365,6 +365,30 @@ class Oplog:
         """Entries up to ``key`` are committed to disk (durable shards). The in-memory oplog
         keeps every entry anyway; :class:`shard.oplog_disk.DiskOplog` evicts from its cache."""
 
+    def discard_after(self, key: int) -> int:
+        """Remove the newest entries, those with ``ts_key > key`` (a durable commit that failed
+        took them back: :mod:`shard.durable_undo`); returns how many. Listeners are not called:
+        nothing read them, the commit ran before any other command could."""
+        count = 0
+        while len(self._keys) > self._head and self._keys[-1] > key:
+            self._keys.pop()
+            self._entries.pop()
+            self._bytes -= self._sizes.pop()
+            count += 1
+        if count:
+            first = self._base + len(self._entries)  # absolute position of the first removed
+            for index in (self._ns_pos, self._db_pos):
+                for name in list(index):
+                    arr = index[name]
+                    while arr and arr[-1] >= first:
+                        arr.pop()
+                    if not arr:
+                        del index[name]
+            while self._cmd_pos and self._cmd_pos[-1] >= first:
+                self._cmd_pos.pop()
+            self._index_gen += 1  # live scans re-seek
+        return count
+
     def truncate(self) -> None:
         """Apply the retention settings now (after they change)."""
         self._enforce_retention()
@@ -476,6 +500,14 @@ class PreImages:
         """Drop pre-images with ts_key < ``key``; returns how many were removed."""
         stop = self._docs.bisect_left((key, b"", -1))
         keys = list(self._docs.keys()[:stop])
+        for k in keys:
+            del self._docs[k]
+        return len(keys)
+
+    def discard_from(self, key: int) -> int:
+        """Drop pre-images with ts_key >= ``key`` (a failed durable commit's); returns how many."""
+        start = self._docs.bisect_left((key, b"", -1))
+        keys = list(self._docs.keys()[start:])
         for k in keys:
             del self._docs[k]
         return len(keys)

@@ -25,11 +25,13 @@ works on the counters and journals ``("truncate", key)``, which the next commit 
 the newest ``cache_bytes`` of entries (the clock restarts after the newest ``ts``).
 
 The table (created by :mod:`shard.durable`): ``oplog (ts INTEGER PRIMARY KEY, cmd, ns, db,
-size, entry)`` — ``ts`` the :func:`shardsim.core.clock.ts_key`, ``cmd`` 1 for ``op: "c"`` entries,
-``ns``/``db`` the namespace and database of CRUD/no-op entries with a namespace (NULL
+size, crc, entry)`` — ``ts`` the :func:`shardsim.core.clock.ts_key`, ``cmd`` 1 for ``op: "c"``
+entries, ``ns``/``db`` the namespace and database of CRUD/no-op entries with a namespace (NULL
 otherwise: what the in-memory indexes index), ``size`` the bytes the oplog accounts for the
-entry, ``entry`` its BSON. The small columns come before the BLOB so counting and indexing never
-read the entries' overflow pages.
+entry, ``crc`` the CRC32C of ``ts`` and the entry (:func:`shard.durable_integrity.oplog_crc`;
+checked at start-up and on every disk read: DataCorruptionDetected 301), ``entry`` its BSON.
+The small columns come before the BLOB so counting and indexing never read the entries'
+overflow pages.
 """
 
 from __future__ import annotations
@@ -45,19 +47,21 @@ from bson.timestamp import Timestamp
 
 from shardsim.core.clock import ts_from_key, ts_key
 from shardsim.core.node import CODEC
+from shardsim.shard.durable_integrity import oplog_corrupt, oplog_crc
 from shardsim.shard.oplog import Oplog
 
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 
 OPLOG_SCHEMA = """
 CREATE TABLE IF NOT EXISTS oplog (ts INTEGER PRIMARY KEY, cmd INTEGER NOT NULL, ns TEXT, db TEXT,
-                                  size INTEGER NOT NULL, entry BLOB NOT NULL);
+                                  size INTEGER NOT NULL, crc INTEGER, entry BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS oplog_ns ON oplog (ns, ts) WHERE ns IS NOT NULL;
 CREATE INDEX IF NOT EXISTS oplog_db ON oplog (db, ts) WHERE db IS NOT NULL;
 CREATE INDEX IF NOT EXISTS oplog_cmd ON oplog (ts) WHERE cmd = 1;
 """
 
-PUT_OPLOG = "INSERT OR REPLACE INTO oplog (ts, cmd, ns, db, size, entry) VALUES (?, ?, ?, ?, ?, ?)"
+PUT_OPLOG = ("INSERT OR REPLACE INTO oplog (ts, cmd, ns, db, size, crc, entry) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?)")
 
 _WINDOW = 256  # (ts_key, size) pairs of the oldest disk entries read ahead for truncation
 _BATCH = 256  # entries per disk read of the iterators
@@ -67,22 +71,34 @@ READ_BYTES = 4 * 1024 * 1024  # a disk read stops after this many bytes of entri
 
 def oplog_row(entry: dict[str, Any], raw: bytes, size: int | None = None) -> tuple:
     """The ``oplog`` table row of ``entry`` (``raw`` its BSON; ``size`` the bytes the oplog
-    accounts for it, ``len(raw)`` when None)."""
+    accounts for it, ``len(raw)`` when None), with its checksum."""
     key = ts_key(entry["ts"])
     size = len(raw) if size is None else int(size)
+    crc = oplog_crc(key, raw)
     if entry.get("op") == "c":
-        return (key, 1, None, None, size, raw)
+        return (key, 1, None, None, size, crc, raw)
     ns = entry.get("ns")
     if isinstance(ns, str) and ns:
-        return (key, 0, ns, ns.partition(".")[0], size, raw)
-    return (key, 0, None, None, size, raw)
+        return (key, 0, ns, ns.partition(".")[0], size, crc, raw)
+    return (key, 0, None, None, size, crc, raw)
+
+
+def _entry(key: int, crc: int | None, raw: bytes) -> dict[str, Any]:
+    """The decoded entry of an oplog row read from disk; DataCorruptionDetected (301) when its
+    checksum fails (NULL: a row written before checksums)."""
+    if crc is not None and crc != oplog_crc(key, raw):
+        raise oplog_corrupt("shard.sqlite", key)
+    return bson.decode(raw, CODEC)
 
 
 def migrate(conn: sqlite3.Connection) -> None:
     """Bring an ``oplog`` table of the first layout (``ts, entry``) to the current one, in one
-    transaction (a store written by an earlier shardsim opens unchanged otherwise)."""
+    transaction; one of the second layout (no ``crc``) gets the column, NULL for the rows it
+    has (not verified). A store written by an earlier shardsim opens unchanged otherwise."""
     cols = [r[1] for r in conn.execute("PRAGMA table_info(oplog)")]
     if not cols or "size" in cols:
+        if cols and "crc" not in cols:
+            conn.execute("ALTER TABLE oplog ADD COLUMN crc INTEGER")
         conn.executescript(OPLOG_SCHEMA)
         return
     conn.execute("BEGIN")
@@ -136,11 +152,11 @@ class DiskOplog(Oplog):
             return
         tail: list[tuple[int, int, dict[str, Any]]] = []
         cached = 0
-        for key, size, raw in self._conn.execute(
-                "SELECT ts, size, entry FROM oplog ORDER BY ts DESC"):
+        for key, size, crc, raw in self._conn.execute(
+                "SELECT ts, size, crc, entry FROM oplog ORDER BY ts DESC"):
             if tail and cached + size > self.cache_bytes:
                 break
-            tail.append((key, size, bson.decode(raw, CODEC)))
+            tail.append((key, size, _entry(key, crc, raw)))
             cached += size
         tail.reverse()
         self._disk_count = count - len(tail)
@@ -193,9 +209,9 @@ class DiskOplog(Oplog):
             return super().get(key)
         if key < self._disk_from:
             return None
-        row = self._conn.execute("SELECT entry FROM oplog WHERE ts = ?", (key,)).fetchone()
+        row = self._conn.execute("SELECT crc, entry FROM oplog WHERE ts = ?", (key,)).fetchone()
         self.disk_rows_read += row is not None
-        return bson.decode(row[0], CODEC) if row is not None else None
+        return _entry(key, row[0], row[1]) if row is not None else None
 
     def scoped_batch(self, key: int, limit: int, *, ns: str | None = None,
                      db: str | None = None) -> tuple[Any, Any]:
@@ -219,7 +235,7 @@ class DiskOplog(Oplog):
         ``limit``, from SQLite."""
         conn = self._conn
         if ns is None and db is None:
-            rows: Any = conn.execute("SELECT ts, entry FROM oplog WHERE ts >= ? AND ts < ? "
+            rows: Any = conn.execute("SELECT ts, crc, entry FROM oplog WHERE ts >= ? AND ts < ? "
                                      "ORDER BY ts LIMIT ?", (lo, hi, limit))
         else:
             col, name = ("ns", ns) if ns is not None else ("db", db)
@@ -227,7 +243,7 @@ class DiskOplog(Oplog):
                 "SELECT ts FROM oplog WHERE cmd = 1 AND ts >= ? AND ts < ? ORDER BY ts LIMIT ?",
                 (lo, hi, limit))]
             if not cmds:
-                rows = conn.execute(f"SELECT ts, entry FROM oplog WHERE {col} = ? AND ts >= ? "
+                rows = conn.execute(f"SELECT ts, crc, entry FROM oplog WHERE {col} = ? AND ts >= ? "
                                     f"AND ts < ? ORDER BY ts LIMIT ?", (name, lo, hi, limit))
             else:
                 mine = [k for (k,) in conn.execute(
@@ -235,21 +251,21 @@ class DiskOplog(Oplog):
                     f"ORDER BY ts LIMIT ?", (name, lo, hi, limit))]
                 want = sorted(cmds + mine)[:limit]
                 rows = itertools.chain.from_iterable(
-                    conn.execute(f"SELECT ts, entry FROM oplog WHERE ts IN "
+                    conn.execute(f"SELECT ts, crc, entry FROM oplog WHERE ts IN "
                                  f"({','.join('?' * len(part))}) ORDER BY ts", part)
                     for part in (want[i:i + _IN_CHUNK] for i in range(0, len(want), _IN_CHUNK)))
         return self._decoded(rows)
 
     def _decoded(self, rows: Any) -> tuple[list[int], list[dict[str, Any]]]:
-        """``(keys, entries)`` of ``(ts, entry BLOB)`` rows, stopping after
-        :data:`READ_BYTES` of BLOBs (at least one row; see :attr:`short_reads`)."""
+        """``(keys, entries)`` of ``(ts, crc, entry BLOB)`` rows (checksums verified), stopping
+        after :data:`READ_BYTES` of BLOBs (at least one row; see :attr:`short_reads`)."""
         keys: list[int] = []
         entries: list[dict[str, Any]] = []
         total = 0
         self._capped = False
-        for key, raw in rows:
+        for key, crc, raw in rows:
             keys.append(key)
-            entries.append(bson.decode(raw, CODEC))
+            entries.append(_entry(key, crc, raw))
             total += len(raw)
             if total >= READ_BYTES:
                 self._capped = True
@@ -291,14 +307,15 @@ class DiskOplog(Oplog):
             if not self._disk_count:
                 return
             rows = self._conn.execute(
-                "SELECT ts, entry FROM oplog WHERE ts >= ? AND ts < ? ORDER BY ts DESC LIMIT ?",
+                "SELECT ts, crc, entry FROM oplog WHERE ts >= ? AND ts < ? "
+                "ORDER BY ts DESC LIMIT ?",
                 (self._disk_from, min(hi, first), _BATCH)).fetchall()
             if not rows:
                 return
             self.disk_rows_read += len(rows)
-            for key, raw in rows:
+            for key, crc, raw in rows:
                 hi = key
-                yield bson.decode(raw, CODEC)
+                yield _entry(key, crc, raw)
 
     def _bisect(self, key: int) -> int:
         return bisect.bisect_left(self._keys, key, self._head)

@@ -39,6 +39,34 @@ ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 #: ``UncommittedCatalogUpdates`` (``uncommitted_catalog_updates.cpp``)
 CURRENT_TXN: ContextVar[Any] = ContextVar("shardsim_current_txn", default=None)
 
+#: the write scope of the command running (set by ``ShardNode._run_command``): a
+#: :class:`Journal` append marks it, so a failed durable commit knows which in-flight commands
+#: lost writes (:meth:`shard.node.ShardNode.flush`)
+WRITE_SCOPE: ContextVar[Any] = ContextVar("shardsim_write_scope", default=None)
+
+
+class WriteScope:
+    """What one command journaled: ``wrote`` (records not yet committed) and ``lost`` (the
+    MongoError of a failed commit that took them back, else None)."""
+
+    __slots__ = ("wrote", "lost")
+
+    def __init__(self) -> None:
+        self.wrote = False
+        self.lost: Any = None
+
+
+class Journal(list):
+    """A durable shard's pending records (:attr:`Storage.journal`); ``append`` also marks the
+    running command's :data:`WRITE_SCOPE`."""
+
+    def append(self, rec: Any) -> None:
+        scope = WRITE_SCOPE.get()
+        if scope is not None:
+            scope.wrote = True
+        list.append(self, rec)
+
+
 # The per-database view catalog collection (NamespaceString::kSystemDotViewsCollectionName).
 VIEWS_COLL = "system.views"
 

@@ -81,10 +81,16 @@ def check_statement(coll: Any, filt: Any, multi: bool) -> None:
 
 
 async def write_conflict_retry(req: Any, exc: WriteConflictWait,
-                               attempt: Callable[[], Any]) -> Any:
+                               attempt: Callable[[], Any],
+                               commit: Callable[[], None] | None = None) -> Any:
     """``writeConflictRetry`` for a statement outside a transaction that raised ``exc``: wait
     until the holding transaction ends, then run ``attempt()`` again, as often as needed.
-    MaxTimeMSExpired (50) past the request's ``maxTimeMS``."""
+    MaxTimeMSExpired (50) past the request's ``maxTimeMS``. ``commit`` (a durable shard's
+    ``ShardNode.flush``) first commits the statements the command already ran, as mongod's
+    statements each commit their own unit of work: other commands run during the wait and must
+    only see committed writes (a failure raises its MongoError, e.g. OutOfDiskSpace 14031)."""
+    if commit is not None:
+        commit()
     deadline = deadline_of(req)
     while True:
         while exc.holder.state in LIVE:

@@ -156,7 +156,7 @@ async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
             try:
                 k = coll.insert(doc)
             except WriteConflictWait as exc:  # writeConflictRetry (shard.write_conflicts)
-                k = await write_conflict_retry(req, exc, lambda: coll.insert(doc))
+                k = await write_conflict_retry(req, exc, lambda: coll.insert(doc), node.flush)
             if note:
                 storage.note_doc(coll, k, doc)
             node.log_op("i", coll, doc, coll.document_key(doc), ctx=ctx, size=raw_size)
@@ -310,7 +310,7 @@ async def update(node: ShardNode, req: Request) -> dict[str, Any]:
                 except WriteConflictWait as exc:  # writeConflictRetry (shard.write_conflicts)
                     m, mod, up = await write_conflict_retry(req, exc, lambda: do_update(
                         node, txn_view(node, storage.get(req.db, name), ctx), req.db, name,
-                        stmt, ctx, i))
+                        stmt, ctx, i), node.flush)
                 if retry is not None:
                     retry.record_result(ctx.stmt_id, {"n": m, "m": mod,
                                                       "u": [up] if up is not _NONE else []})
@@ -405,7 +405,7 @@ async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
                 deleted = _delete_stmt(node, req, name, stmt, ctx)
             except WriteConflictWait as exc:  # writeConflictRetry (shard.write_conflicts)
                 deleted = await write_conflict_retry(
-                    req, exc, lambda: _delete_stmt(node, req, name, stmt, ctx))
+                    req, exc, lambda: _delete_stmt(node, req, name, stmt, ctx), node.flush)
             n += deleted
             if retry is not None:
                 retry.record_result(ctx.stmt_id, deleted)
@@ -511,7 +511,8 @@ async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
             leo, value = _find_and_modify_once(*args)
         except WriteConflictWait as exc:  # writeConflictRetry (shard.write_conflicts)
             leo, value = await write_conflict_retry(req, exc,
-                                                    lambda: _find_and_modify_once(*args))
+                                                    lambda: _find_and_modify_once(*args),
+                                                    node.flush)
     except MongoError as exc:
         if ctx.txn is not None and exc.code != shard_key_update.WCOS:
             node.sessions.abort_on_error(req)  # WouldChangeOwningShard leaves it open

@@ -14,6 +14,13 @@ mongod's ``configureFailPoint`` is; without them they do not exist: CommandNotFo
   (2) when T is not after the shard's cluster time and newest oplog entry
   (:mod:`shard.change_stream.promise_faults`).
 
+* ``{_shardsimStorageFull: <bool>}`` -> ``{pageCount, maxPageCount}``: with ``true`` a
+  durable shard's SQLite file may not grow any more (``PRAGMA max_page_count`` = its page count
+  now), so the next commit that needs a new page fails with SQLITE_FULL, the error a full disk
+  gives: the write gets OutOfDiskSpace (14031) and is rolled back
+  (:meth:`shard.node.ShardNode.flush`). ``false`` lifts the limit ("space is back").
+  IllegalOperation (20) on an in-memory shard, TypeMismatch (14) for a non-bool.
+
 The no-op writer's interval is set with ``setParameter: {periodicNoopIntervalSecs}``
 (:meth:`shard.node.ShardNode.set_parameter`).
 """
@@ -25,6 +32,7 @@ from typing import Any
 
 from shardsim.core.clock import ts_key
 from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.errors import MongoError
 from shardsim.core.protocol import shard as shrq
 
 commands = CommandFamily("testing")
@@ -45,3 +53,15 @@ async def set_cluster_time(node: Any, req: Request) -> dict[str, Any]:
     ts = shrq.SetClusterTime.parse(req.body).ts
     node.cs_promise_faults.set_pin(ts)
     return {"pinned": ts}
+
+
+@commands.handler(shrq.StorageFull.NAME)
+async def storage_full(node: Any, req: Request) -> dict[str, Any]:
+    """See the module docstring."""
+    full = shrq.StorageFull.parse(req.body).full
+    if node.durable is None:
+        raise MongoError(20, f"{shrq.StorageFull.NAME} needs a durable shard (--dbpath)")
+    conn = node.durable.conn
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    limit = conn.execute(f"PRAGMA max_page_count = {pages if full else 4294967294}").fetchone()[0]
+    return {"pageCount": pages, "maxPageCount": limit}

@@ -1,6 +1,6 @@
 """Cluster-time limits (``vector_clock.cpp``): gossip beyond ``maxAcceptableLogicalClockDriftSecs``
 is refused with 205 and moves nothing; no tick passes 2**31 - 1; the ``$clusterTime`` shape check;
-a durable commit that fails is an error reply and is retried, never an exit."""
+a durable commit that fails is an error reply and is rolled back, never an exit."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def _req(name: str, body: dict) -> Request:
     return Request(name, body["$db"], body, ConnectionInfo(1))
 
 
-def test_failed_durable_commit_is_an_error_reply_then_retried(tmp_path):
+def test_failed_durable_commit_is_an_error_reply_and_rolled_back(tmp_path):
     node = ShardNode(shard_name="d0", options={"dbpath": str(tmp_path / "d0")})
 
     async def main() -> None:
@@ -109,9 +109,12 @@ def test_failed_durable_commit_is_an_error_reply_then_retried(tmp_path):
         node.durable.conn.execute("PRAGMA query_only=1")  # every write to SQLite now fails
         bad = await node.run_command(_req("insert", {"insert": "c", "documents": [{"_id": 2}]}))
         assert bad["ok"] == 0 and bad["code"] == 8 and bad["codeName"] == "UnknownError"
-        assert "storage engine write failed" in bad["errmsg"] and "Error" not in bad["errmsg"]
+        assert "readonly database (SQLITE_READONLY)" in bad["errmsg"]
+        assert "Error" not in bad["errmsg"] and "Traceback" not in bad["errmsg"]
         ping = await node.run_command(_req("ping", {"ping": 1}))  # still serving
         assert ping["ok"] == 1
+        # the failed write is gone (aborted, as a WiredTiger transaction), not kept for later
+        assert [d["_id"] for d in node.storage.get("app", "c").docs.values()] == [1]
         node.durable.conn.execute("PRAGMA query_only=0")
         ok = await node.run_command(_req("insert", {"insert": "c", "documents": [{"_id": 3}]}))
         assert ok["ok"] == 1
@@ -120,5 +123,5 @@ def test_failed_durable_commit_is_an_error_reply_then_retried(tmp_path):
     node.durable.close()
     again = ShardNode(shard_name="d0", options={"dbpath": str(tmp_path / "d0")})
     coll = again.storage.get("app", "c")
-    assert sorted(d["_id"] for d in coll.docs.values()) == [1, 2, 3]  # the kept records landed
+    assert sorted(d["_id"] for d in coll.docs.values()) == [1, 3]  # the failed write never was
     again.durable.close()

@@ -172,3 +172,34 @@ def test_first_layout_is_migrated(tmp_path):
     assert [e for _, e in log.scoped_entries_from(0, ns="d.c")] == entries
     assert [e for _, e in log.scoped_entries_from(0, db="x")] == entries[-1:]
     c.close()
+
+
+def test_second_layout_gets_a_crc_column_and_disk_reads_verify_checksums(tmp_path):
+    from shardsim.core.errors import MongoError
+    c = sqlite3.connect(tmp_path / "v2.sqlite", isolation_level=None)
+    c.execute("CREATE TABLE oplog (ts INTEGER PRIMARY KEY, cmd INTEGER NOT NULL, ns TEXT, db TEXT,"
+              " size INTEGER NOT NULL, entry BLOB NOT NULL)")
+    old = {"op": "i", "ns": "d.c", "o": {"_id": 0, "v": "old"}, "ts": Timestamp(10, 1)}
+    c.execute("INSERT INTO oplog VALUES (?, 0, 'd.c', 'd', 10, ?)", (ts_key(old["ts"]),
+                                                                    bson.encode(old)))
+    migrate(c)  # a store of the second layout: the column is added, NULL = not verified
+    entries = [{"op": "i", "ns": "d.c", "o": {"_id": i, "v": "value"}, "ts": Timestamp(20 + i, 1)}
+               for i in range(5)]
+    c.execute("BEGIN")
+    for e in entries:
+        c.execute(PUT_OPLOG, oplog_row(e, bson.encode(e), SIZE))
+    c.execute("COMMIT")
+    log = DiskOplog(c, cache_bytes=1)
+    log.load_from_disk()
+    assert log.get(ts_key(old["ts"])) == old
+    assert [e for _, e in log.scoped_entries_from(0, ns="d.c")] == [old] + entries
+    # One changed byte in a stored entry (same length, still valid BSON): the read refuses it.
+    key = ts_key(entries[1]["ts"])
+    raw = c.execute("SELECT entry FROM oplog WHERE ts = ?", (key,)).fetchone()[0]
+    c.execute("UPDATE oplog SET entry = ? WHERE ts = ?", (raw.replace(b"value", b"valuf"), key))
+    with pytest.raises(MongoError) as bad:
+        log.get(key)
+    assert bad.value.code == 301 and bad.value.code_name == "DataCorruptionDetected"
+    with pytest.raises(MongoError):
+        list(log.scoped_entries_from(0, ns="d.c"))
+    c.close()

@@ -164,3 +164,12 @@ class SetClusterTime(InternalRequest):
     Reply ``{pinned}``."""
     NAME = "_shardsimSetClusterTime"
     ts: Timestamp
+
+
+@request
+class StorageFull(InternalRequest):
+    """Simulate a full disk on a durable shard: with ``true`` SQLite may not grow its file
+    (``max_page_count`` = the current size), so the next commit fails with SQLITE_FULL as on a
+    real full disk; ``false`` lifts it. Reply ``{pageCount, maxPageCount}``."""
+    NAME = "_shardsimStorageFull"
+    full: bool
