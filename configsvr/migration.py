@@ -34,10 +34,11 @@ import logging
 import uuid as uuid_mod
 from typing import TYPE_CHECKING, Any
 
-from bson import ObjectId
+from bson import Binary, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from configsvr.migration_recovery import UNREACHABLE
 from shardsim.errors import MongoError
 from shardsim.shard_key import KeyPattern
 
@@ -119,6 +120,7 @@ async def _clone_and_catch_up(node: "ConfigServerNode", donor: str, to: str, db:
     for i in range(0, len(objects), BATCH):
         await node.on_shard(to, db, {"insert": coll, "documents": objects[i:i + BATCH],
                                      "ordered": False, "fromMigrate": True})
+    await node.migration_recovery.pause(3)
     for _ in range(CATCH_UP_ROUNDS):
         mods = await node.on_shard(donor, "admin", {"_transferMods": 1, "sessionId": sid})
         await _apply_mods(node, to, db, coll, mods)
@@ -152,18 +154,71 @@ async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], patt
                   chunk_docs: list[dict[str, Any]], doc: dict[str, Any], to: str) -> int:
     """Move chunk ``doc`` of ``ns`` to shard ``to`` (phases 1-7 of the module doc; the caller
     holds the DDL lock and has created the collection and its shard-key index on ``to``).
-    Returns the number of documents moved. Raises what a shard answers; on an error before
-    the commit the migration is abandoned (the critical section released, the recipient's
-    copies left as orphans the next migration of the range overwrites)."""
+    Returns the number of documents moved. First the coordinations of ``ns`` left by an
+    interrupted migration are completed (ConflictingOperationInProgress, 117, while one cannot
+    be); the donor persists its coordinator document and the recipient clears the range before
+    anything is cloned; whatever happens, the migration is completed by its decision in
+    ``config.chunks`` (:mod:`configsvr.migration_recovery`): the side that does not own the
+    range deletes its copy. Raises what a shard answers."""
     db, coll = ns.split(".", 1)
     donor = doc["shard"]
+    recovery = node.migration_recovery
+    if await recovery.recover_once(ns):
+        raise MongoError(117, f"a previous migration of {ns} is not completed yet: a shard "
+                              f"does not answer")
+    mid = Binary(uuid_mod.uuid4().bytes, 4)
     sid = f"{donor}_{to}_{uuid_mod.uuid4().hex}"
-    await node.on_shard(donor, "admin", {"_shardsimMigrationStart": ns, "sessionId": sid,
-                                         "key": pattern.pattern, "min": doc["min"],
-                                         "max": doc["max"]})
+    coordinator = {"_id": mid, "migrationSessionId": sid, "nss": ns,
+                   "collectionUuid": entry["uuid"], "donorShardId": donor,
+                   "recipientShardId": to, "range": {"min": doc["min"], "max": doc["max"]},
+                   "keyPattern": pattern.pattern}
+    recovery.active.add(mid)
+    try:
+        await node.on_shard(donor, "admin", {"_shardsimMigrationStart": ns, "sessionId": sid,
+                                             "key": pattern.pattern, "min": doc["min"],
+                                             "max": doc["max"], "migrationId": mid,
+                                             "uuid": entry["uuid"], "to": to})
+        try:
+            cloned = await _run_phases(node, ns, doc, chunk_docs, pattern, donor, to, sid, mid)
+        finally:
+            await _complete(node, coordinator)
+    finally:
+        recovery.active.discard(mid)
+    log.info("moved chunk %s of %s from %s to %s (%d docs cloned)", doc["min"], ns, donor, to,
+             cloned)
+    return cloned
+
+
+async def _complete(node: "ConfigServerNode", coordinator: dict[str, Any]) -> None:
+    """Complete the migration by its decision; when a shard does not answer, leave it to the
+    background recovery (:meth:`MigrationRecovery.kick`)."""
+    recovery = node.migration_recovery
+    try:
+        await recovery.complete(coordinator)
+    except MongoError as exc:
+        log.warning("migration %s of %s not completed: %s", coordinator["_id"],
+                    coordinator["nss"], exc.errmsg)
+        recovery.active.discard(coordinator["_id"])
+        recovery.kick()
+        if exc.code not in UNREACHABLE:
+            raise
+
+
+async def _run_phases(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
+                      chunk_docs: list[dict[str, Any]], pattern: KeyPattern, donor: str,
+                      to: str, sid: str, mid: Binary) -> int:
+    """Phases 2-6: the recipient's start, clone, catch-up, critical section, commit.
+    Returns the number of documents cloned."""
+    db, coll = ns.split(".", 1)
+    recovery = node.migration_recovery
+    await node.on_shard(to, "admin", {"_shardsimRecvChunkStart": ns, "migrationId": mid,
+                                      "uuid": doc.get("uuid"), "from": donor,
+                                      "key": pattern.pattern, "min": doc["min"],
+                                      "max": doc["max"]})
     in_cs = False
     try:
         cloned = await _clone_and_catch_up(node, donor, to, db, coll, sid)
+        await recovery.pause(4)
         await node.on_shard(donor, "admin", {"_shardsimMigrationCriticalSection": ns,
                                              "enter": True})
         in_cs = True
@@ -173,29 +228,18 @@ async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], patt
         if records:
             await node.on_shard(to, "admin", {"_shardsimMergeSessionRecords": 1,
                                               "records": records})
+        await recovery.pause(5)
         await _commit(node, ns, doc, chunk_docs, donor, to)
         await log_change(node, donor, "moveChunk.commit", ns, {
             "min": doc["min"], "max": doc["max"], "from": donor, "to": to,
             "counts": {"cloned": Int64(cloned), "clonedBytes": Int64(0),
                        "catchup": Int64(0), "steady": Int64(0)}})
+        await recovery.pause(6)
     finally:
         if in_cs:
-            await node.on_shard(donor, "admin", {"_shardsimMigrationCriticalSection": ns,
-                                                 "enter": False})
-        await node.on_shard(donor, "admin", {"_shardsimMigrationEnd": 1, "sessionId": sid})
-    await _delete_range(node, donor, db, coll, pattern, doc)
-    log.info("moved chunk %s of %s from %s to %s (%d docs cloned)", doc["min"], ns, donor, to,
-             cloned)
+            try:
+                await node.on_shard(donor, "admin", {"_shardsimMigrationCriticalSection": ns,
+                                                     "enter": False})
+            except MongoError as exc:  # the completion releases it again
+                log.warning("critical section of %s not released on %s: %s", ns, donor, exc)
     return cloned
-
-
-async def _delete_range(node: "ConfigServerNode", donor: str, db: str, coll: str,
-                        pattern: KeyPattern, doc: dict[str, Any]) -> None:
-    """Phase 7: delete the range's documents on the donor with ``fromMigrate``."""
-    from shardsim.shard_key import compare_keys
-    lo, hi = pattern.bound_to_key(doc["min"]), pattern.bound_to_key(doc["max"])
-    ids = [d["_id"] for d in await node.shard_find_all(donor, db, coll)
-           if compare_keys(lo, k := pattern.key_of_doc(d)) <= 0 and compare_keys(k, hi) < 0]
-    for i in range(0, len(ids), BATCH):
-        await node.on_shard(donor, db, {"delete": coll, "fromMigrate": True, "deletes": [
-            {"q": {"_id": {"$in": ids[i:i + BATCH]}}, "limit": 0}]})

@@ -40,6 +40,7 @@ from shardsim.auth import user_commands
 from shard.oplog import Oplog, PreImages
 from shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
 from shard.read_concern import run_with_read_concern
+from shard.range_deleter import RangeDeleter
 from shardsim.query import select
 from shard.sessions import Sessions, full_lsid
 from shard.sharding_runtime import VERSIONED, ShardingRuntime
@@ -108,6 +109,7 @@ class ShardNode(Node):
         self.coordinators = Coordinators(self)
         # Filtering metadata, critical sections, transfer mods (shard/sharding_runtime.py).
         self.sharding = ShardingRuntime(self)
+        self.range_deleter = RangeDeleter(self)  # config.rangeDeletions, migration coordinators
         # Promise requests from the router (_shardsimAdvanceClusterTime) and the change-stream
         # cursors waiting for them (shard/change_stream/cursor.py).
         self.cs_promise_waiters = cs_cursor.PromiseWaiters()
@@ -470,11 +472,13 @@ class ShardNode(Node):
         noop_writer.start(self)  # periodic no-ops (change streams)
         self.sessions.start_reaper()  # abort transactions past transactionLifetimeLimitSeconds
         self.coordinators.recover()  # finish the two-phase commits decided before a restart
+        self.range_deleter.resume()  # range deletions made ready before a restart
 
     async def shutdown(self) -> None:
         """Close cursors, then flush and close the durable store."""
         await super().shutdown()
         self.coordinators.close()
+        self.range_deleter.close()
         self.sharding.close()
         if self.durable is not None:
             try:

@@ -27,6 +27,7 @@ from shardsim.commands import CommandFamily, Request
 from shardsim.errors import MongoError
 from shardsim.shard_key import KeyPattern, compare_keys
 from shardsim.values import id_key
+from shard.range_deleter import COORDINATORS, RANGE_DELETIONS
 from shard.sharding_runtime import ModsTracker
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,13 +84,25 @@ async def set_filtering_metadata(node: "ShardNode", req: Request) -> dict[str, A
 
 @commands.handler("_shardsimMigrationStart")
 async def migration_start(node: "ShardNode", req: Request) -> dict[str, Any]:
-    """``{_shardsimMigrationStart: ns, sessionId, key, min, max}``: record the namespace's
-    writes from now on (``MigrationChunkClonerSource::startClone``). ``{}``."""
+    """``{_shardsimMigrationStart: ns, sessionId, key, min, max, migrationId?, uuid?, to?}``:
+    with ``migrationId``, persist the coordinator document and the donor's pending
+    range-deletion task (``MigrationCoordinator::startMigration``); then record the
+    namespace's writes from now on (``MigrationChunkClonerSource::startClone``). ``{}``."""
     ns = _ns(req)
     sid = req.body.get("sessionId")
     if not isinstance(sid, str):
         raise MongoError(14, "BSON field 'sessionId' is the wrong type, expected type 'string'")
     pattern = KeyPattern(dict(req.body["key"]))
+    mid = req.body.get("migrationId")
+    if mid is not None:
+        common = {"_id": mid, "nss": ns, "collectionUuid": req.body.get("uuid"),
+                  "donorShardId": node.shard_name,
+                  "range": {"min": req.body["min"], "max": req.body["max"]},
+                  "keyPattern": pattern.pattern}
+        node.range_deleter.save(COORDINATORS, {**common, "migrationSessionId": sid,
+                                               "recipientShardId": req.body.get("to")})
+        node.range_deleter.save(RANGE_DELETIONS, {**common, "whenToClean": "now",
+                                                  "pending": True})
     tracker = ModsTracker()
     node.sharding.trackers.setdefault(ns, []).append(tracker)
     _migrations(node)[sid] = (ns, tracker, pattern, pattern.bound_to_key(req.body["min"]),
@@ -185,3 +198,56 @@ async def merge_session_records(node: "ShardNode", req: Request) -> dict[str, An
             node.sessions.note(s)
             n += 1
     return {"n": n}
+
+
+@commands.handler("_shardsimRecvChunkStart")
+async def recv_chunk_start(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_shardsimRecvChunkStart: ns, migrationId, uuid, from, key, min, max}`` on the
+    recipient, before the clone: run the range deletions overlapping ``[min, max)``, delete
+    what is left there (orphans), persist the recipient's pending range-deletion task
+    (``MigrationDestinationManager::_migrateDriver``). ``{deleted: n}``. Errors:
+    ConflictingOperationInProgress (117) while an overlapping task is pending, 73."""
+    ns = _ns(req)
+    pattern = KeyPattern(dict(req.body["key"]))
+    task = {"_id": req.body.get("migrationId"), "nss": ns,
+            "collectionUuid": req.body.get("uuid"), "donorShardId": req.body.get("from"),
+            "range": {"min": req.body["min"], "max": req.body["max"]},
+            "keyPattern": pattern.pattern, "whenToClean": "now", "pending": True}
+    return {"deleted": await node.range_deleter.clear_incoming(task)}
+
+
+@commands.handler("_shardsimMigrationDecision")
+async def migration_decision(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_shardsimMigrationDecision: migrationId, decision: "committed" | "aborted"}``:
+    persist the decision in the coordinator document (``MigrationCoordinator::
+    setMigrationDecision``). ``{found: bool}``; BadValue (2) for another decision."""
+    decision = req.body.get("decision")
+    if decision not in ("committed", "aborted"):
+        raise MongoError(2, f"unknown migration decision {decision!r}")
+    doc = node.range_deleter.find(COORDINATORS, req.arg)
+    if doc is not None and doc.get("decision") != decision:
+        node.range_deleter.save(COORDINATORS, {**doc, "decision": decision})
+    return {"found": doc is not None}
+
+
+@commands.handler("_shardsimRangeDeletionTask")
+async def range_deletion_task(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_shardsimRangeDeletionTask: migrationId, action: "run" | "forget"}``: make the task
+    ready and delete its range (``markAsReadyRangeDeletionTaskLocally`` and the range
+    deleter), or delete the task (``deleteRangeDeletionTaskLocally``). ``{deleted: n}`` (the
+    documents deleted). BadValue (2) for another action."""
+    action = req.body.get("action")
+    if action == "run":
+        return {"deleted": await node.range_deleter.run_task(req.arg)}
+    if action == "forget":
+        node.range_deleter.remove(RANGE_DELETIONS, req.arg)
+        return {"deleted": 0}
+    raise MongoError(2, f"unknown range deletion action {action!r}")
+
+
+@commands.handler("_shardsimForgetMigration")
+async def forget_migration(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{_shardsimForgetMigration: migrationId}``: delete the donor's coordinator document
+    (``MigrationCoordinator::forgetMigration``). ``{}``."""
+    node.range_deleter.remove(COORDINATORS, req.arg)
+    return {}
