@@ -120,7 +120,7 @@ async def _clone_and_catch_up(node: "ConfigServerNode", donor: str, to: str, db:
     for i in range(0, len(objects), BATCH):
         await node.on_shard(to, db, {"insert": coll, "documents": objects[i:i + BATCH],
                                      "ordered": False, "fromMigrate": True})
-    await node.migration_recovery.pause(3)
+    await node.migration_recovery.pause("moveChunkHangAtStep3")
     for _ in range(CATCH_UP_ROUNDS):
         mods = await node.on_shard(donor, "admin", {"_transferMods": 1, "sessionId": sid})
         await _apply_mods(node, to, db, coll, mods)
@@ -218,7 +218,7 @@ async def _run_phases(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
     in_cs = False
     try:
         cloned = await _clone_and_catch_up(node, donor, to, db, coll, sid)
-        await recovery.pause(4)
+        await recovery.pause("moveChunkHangAtStep4")
         await node.on_shard(donor, "admin", {"_shardsimMigrationCriticalSection": ns,
                                              "enter": True})
         in_cs = True
@@ -228,13 +228,13 @@ async def _run_phases(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
         if records:
             await node.on_shard(to, "admin", {"_shardsimMergeSessionRecords": 1,
                                               "records": records})
-        await recovery.pause(5)
+        await recovery.pause("moveChunkHangAtStep5")
         await _commit(node, ns, doc, chunk_docs, donor, to)
         await log_change(node, donor, "moveChunk.commit", ns, {
             "min": doc["min"], "max": doc["max"], "from": donor, "to": to,
             "counts": {"cloned": Int64(cloned), "clonedBytes": Int64(0),
                        "catchup": Int64(0), "steady": Int64(0)}})
-        await recovery.pause(6)
+        await recovery.pause("moveChunkHangAtStep6")
     finally:
         if in_cs:
             try:

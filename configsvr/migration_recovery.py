@@ -28,7 +28,10 @@ Fail points (the config server's, with test commands; it runs the migration phas
 ``moveChunkHangAtStep3`` (cloned, before the catch-up), ``moveChunkHangAtStep4`` (caught up,
 before the critical section), ``moveChunkHangAtStep5`` (in the critical section, before the
 commit on the config server), ``moveChunkHangAtStep6`` (committed, before the completion),
-named after ``move_chunk_command.cpp``'s.
+named after ``move_chunk_command.cpp``'s; and the resharding coordinator's
+``reshardingPauseCoordinatorBeforeBlockingWrites`` (cloned and caught up, at the end of the
+``clone`` phase) and ``reshardingPauseCoordinatorBeforeCompletion`` (decision persisted and
+catalog switched, before the renames), after ``resharding_coordinator_service.cpp``'s.
 """
 
 from __future__ import annotations
@@ -50,19 +53,22 @@ log = logging.getLogger("shardsim.configsvr")
 RETRY_S = 0.5
 # A shard that cannot be reached (network, shutting down, not primary).
 UNREACHABLE = frozenset({6, 7, 89, 9001, 91, 11600, 189, 10107, 13436})
-STEPS = (3, 4, 5, 6)
+# The config server's fail points (pauseWhileSet), by name.
+HANG_POINTS = ("moveChunkHangAtStep3", "moveChunkHangAtStep4", "moveChunkHangAtStep5",
+               "moveChunkHangAtStep6", "reshardingPauseCoordinatorBeforeBlockingWrites",
+               "reshardingPauseCoordinatorBeforeCompletion")
 
 
 class MigrationRecovery:
     """``node.migration_recovery``: the coordinations in progress in this process
     (``active``: migration ids, never recovered meanwhile), the background completion and the
-    fail points (``hang[step]``)."""
+    config server's fail points (``hang[name]``, also the resharding's)."""
 
     def __init__(self, node: "ConfigServerNode") -> None:
         self.node = node
         self.active: set[Any] = set()
         self._task: asyncio.Task | None = None
-        self.hang = {step: FailPoint(f"moveChunkHangAtStep{step}") for step in STEPS}
+        self.hang = {name: FailPoint(name) for name in HANG_POINTS}
 
     def install_fail_points(self) -> None:
         """Make the fail points configurable (``configureFailPoint``; test commands only)."""
@@ -71,9 +77,9 @@ class MigrationRecovery:
             for fp in self.hang.values():
                 fps.add(fp)
 
-    async def pause(self, step: int) -> None:
-        """``moveChunkHangAtStep<step>.pauseWhileSet()``."""
-        fp = self.hang[step]
+    async def pause(self, name: str) -> None:
+        """``<name>.pauseWhileSet()`` (one of :data:`HANG_POINTS`)."""
+        fp = self.hang[name]
         if fp.should_fail():
             log.info("Hit %s failpoint", fp.name)
             while fp.active:

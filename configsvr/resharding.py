@@ -354,6 +354,7 @@ async def finish_commit(node: ConfigServerNode, op: ReshardOp) -> None:
     ns = op.ns
     untrack = _untracks(op)
     await _switch_catalog(node, op)
+    await node.migration_recovery.pause("reshardingPauseCoordinatorBeforeCompletion")
     await _critical_section(node, op, True, block_reads=True)
     for shard in op.recipients:
         try:

@@ -145,6 +145,7 @@ async def reshard_collection(node: ConfigServerNode, req: Request) -> dict[str, 
         for _ in range(5):  # applying, outside the lock; until little is left
             if await resharding.catch_up(node, op) < 10:
                 break
+        await node.migration_recovery.pause("reshardingPauseCoordinatorBeforeBlockingWrites")
         return {"noop": False}
     op = node.reshardings.pop(ns, None)
     if op is None:
