@@ -12,9 +12,9 @@ taken (after the last catch-up, before the catalog switch); it is deleted when t
 done or aborted. On start-up (and before a new resharding of the same namespace) every
 document left is resumed:
 
-* ``cloning``: aborted. The recipients drop their temporary collection
-  (``<db>.system.resharding.<old uuid>``, only the one with this operation's UUID) and every
-  participant leaves the critical section; the client's command failed with the connection,
+* ``cloning``: aborted. Every shard drops the temporary collection
+  (``<db>.system.resharding.<old uuid>``, only the one with this operation's UUID) and leaves
+  the critical section of the namespace; the client's command failed with the connection,
   and a retry starts from scratch;
 * ``committing``: rolled forward (:func:`configsvr.resharding.finish_commit`: catalog
   switch, renames, metadata, drops, the event), then the critical section is released.
@@ -64,9 +64,9 @@ async def resume(node: "ConfigServerNode", doc: dict[str, Any]) -> str:
         await resharding.release(node, op)
         log.info("resharding of %s resumed after a restart: committed", op.ns)
         return "committed"
-    for shard in op.recipients:
+    # every shard: the recipients may not be chosen yet when the document was written
+    for shard in [s["_id"] for s in await node.shards()]:
         await _drop_temp(node, op, shard)
-    for shard in op.donors + [s for s in op.recipients if s not in op.donors]:
         await node.on_shard(shard, "admin", {"_shardsimMigrationCriticalSection": op.ns,
                                              "enter": False})
     await resharding.forget_state(node, op)
