@@ -56,7 +56,9 @@ async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | N
                         ) -> None:
     """Send every shard (or ``shards``) the filtering and routing metadata of the sharded
     ``ns``: epoch, timestamp, uuid, key, every chunk with its ``lastmod`` and owner, and the
-    shards' hosts (``_shardsimSetFilteringMetadata``; mongod's shards pull it on a refresh).
+    shards' hosts and the config server's address, which the shard keeps as its shard identity
+    to refresh the metadata itself after a restart (``_shardsimSetFilteringMetadata``; mongod's
+    shards pull it on a refresh).
     A shard derives its own placement version from its chunks and routes post-image look-ups
     with the rest. A shard that is down is skipped (it accepts any version until it hears
     again)."""
@@ -68,7 +70,8 @@ async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | N
             "uuid": entry["uuid"], "key": entry["key"],
             "chunks": [{"min": d["min"], "max": d["max"], "lastmod": d["lastmod"],
                         "shard": d["shard"]} for d in chunk_docs],
-            "shards": {s["_id"]: s["host"] for s in shard_docs}}
+            "shards": {s["_id"]: s["host"] for s in shard_docs},
+            "configsvr": node.address}
     for shard in names:
         try:
             await node.on_shard(shard, db, {"_shardsimSetFilteringMetadata": ns,

@@ -237,3 +237,34 @@ def _temps(cluster: Cluster) -> list[bool]:
         with _direct(proc) as d:
             out.append(any(n.startswith("system.resharding") for n in d.k.list_collection_names()))
     return out
+
+
+def test_restarted_donor_filters_orphans_before_range_deletion(tmp_path) -> None:
+    """The donor killed after the commit and restarted while its range deletion cannot run
+    yet (the migration still holds the DDL lock at ``moveChunkHangAtStep6``): it has no
+    filtering metadata, refreshes it from the config server on the first routed read and
+    does not return the documents of the migrated range (mongod's ``ShardFilterer`` after
+    ``onShardVersionMismatch``); then the range deletion removes them."""
+    ns = "k.f"
+    with Cluster(shards=2, base_dir=str(tmp_path), durable=True) as cluster:
+        client = pymongo.MongoClient(cluster.router_uri, serverSelectionTimeoutMS=30000)
+        donor, recipient = _setup(client, ns)
+        step = "moveChunkHangAtStep6"
+        with _direct(cluster.config) as c:
+            c.admin.command("configureFailPoint", step, mode="alwaysOn")
+        moving, errors = _background(lambda: client.admin.command(
+            "moveChunk", ns, find={"x": 1}, to=recipient))
+        _wait(lambda: _hit(cluster, step), what=step)
+        cluster.shard(donor).kill()
+        cluster.restart(cluster.shard(donor))
+        with _direct(cluster.shard(donor)) as d:  # the orphans are still there
+            assert d.k.f.count_documents({"x": {"$gte": 0, "$lt": N}}) == N
+        got = sorted(d["_id"] for d in client.k.f.find({}))
+        assert got == list(range(-1, N + 1))  # each once: the donor filtered its orphans
+        with _direct(cluster.config) as c:
+            c.admin.command("configureFailPoint", step, mode="off")
+        moving.join(60)
+        assert not errors
+        _wait(lambda: _settled(cluster), what="the range deletion")
+        _check_shards(cluster, ns, 0)
+        client.close()
