@@ -1,6 +1,8 @@
-"""``python -m tests.faults [--role shard|router|config|all] [--trials N] [--seed S] [--ops N]``:
-fault trials on one durable 2-shard cluster per role, then a summary table. Trial ``k`` of a
-run has seed ``S + k`` (printed per trial); ``--seed X --trials 1 --role R`` replays one."""
+"""``python -m tests.faults [--role shard|router|config|migration-config|migration-donor|
+migration-recipient|reshard-config|all] [--trials N] [--seed S] [--ops N]``: fault trials on
+one durable 2-shard cluster per role (or scenario: :mod:`.migration`), then a summary table.
+Trial ``k`` of a run has seed ``S + k`` (printed per trial); ``--seed X --trials 1 --role R``
+replays one."""
 
 from __future__ import annotations
 
@@ -11,21 +13,25 @@ import tempfile
 
 from shardsim.launcher import Cluster
 
-from .checkers import CHECKERS
+from .checkers import CHECKERS, SHARD_CHECKERS
 from .harness import ROLES, TrialResult, run_trial
+from .migration import SCENARIOS, run_scenario
+
+ALL = ROLES + SCENARIOS
 
 
 def _summary(results: list[TrialResult]) -> str:
-    cols = ["role", "trials", "failed", "acked writes", "ambiguous", "events", *CHECKERS,
+    checkers = [*CHECKERS, *SHARD_CHECKERS]
+    cols = ["role", "trials", "failed", "acked writes", "ambiguous", "events", *checkers,
             "s/trial"]
     rows = []
-    for role in ROLES:
+    for role in ALL:
         rs = [r for r in results if r.role == role]
         if not rs:
             continue
         rows.append([role, len(rs), sum(not r.ok for r in rs), sum(r.acked for r in rs),
                      sum(r.ambiguous for r in rs), sum(r.events for r in rs),
-                     *(sum(len(r.violations[c]) for r in rs) for c in CHECKERS),
+                     *(sum(len(r.violations.get(c, ())) for r in rs) for c in checkers),
                      f"{sum(r.seconds for r in rs) / len(rs):.1f}"])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
@@ -34,14 +40,14 @@ def _summary(results: list[TrialResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
-    p.add_argument("--role", choices=[*ROLES, "all"], default="all")
+    p.add_argument("--role", choices=[*ALL, "all"], default="all")
     p.add_argument("--trials", type=int, default=100, help="trials per role")
     p.add_argument("--seed", type=int, default=None, help="seed of the first trial")
     p.add_argument("--ops", type=int, default=150, help="writer ops per trial")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     print(f"fault trials: seed {seed}, {args.trials} per role, {args.ops} ops each", flush=True)
-    roles = ROLES if args.role == "all" else (args.role,)
+    roles = ALL if args.role == "all" else (args.role,)
     results: list[TrialResult] = []
     for role in roles:
         with tempfile.TemporaryDirectory(prefix="shardsim-faults-") as tmp:
@@ -49,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster.start()
             try:
                 for k in range(args.trials):
-                    r = run_trial(cluster, role, seed + k, args.ops)
+                    r = (run_scenario if role in SCENARIOS else run_trial)(
+                        cluster, role, seed + k, args.ops)
                     results.append(r)
                     bad = {c: v[:3] for c, v in r.violations.items() if v}
                     print(f"{role:6} seed {r.seed:>8} victim {r.victim:9} acked {r.acked:4} "
