@@ -68,11 +68,17 @@ def _setup(cluster: Cluster, name: str) -> tuple[str, str]:
         c.admin.command("shardCollection", ns, key={"x": 1})
         for mid in (0, N):
             c.admin.command("split", ns, middle={"x": mid})
-        donor = c.config.chunks.find_one({"min": {"x": 0}})["shard"]
+        donor = _range_owner(c, ns)
         recipient = next(s.name for s in cluster.shards if s.name != donor)
         c.admin.command("moveChunk", ns, find={"x": N}, to=recipient)
         c[DB][name].insert_many([{"_id": x, "x": x, "n": 0} for x in range(-1, N + 1)])
     return donor, recipient
+
+
+def _range_owner(client: pymongo.MongoClient, ns: str) -> str:
+    """The shard owning ``[0, N)`` of ``ns`` by ``config.chunks``."""
+    uuid = client.config.collections.find_one({"_id": ns})["uuid"]
+    return client.config.chunks.find_one({"uuid": uuid, "min": {"x": 0}})["shard"]
 
 
 class _Incs(threading.Thread):
@@ -188,7 +194,7 @@ def run_migration_trial(cluster: Cluster, scenario: str, seed: int, ops: int = 1
     if not _until(lambda: _settled(cluster), 60):
         notes.append("recovery did not finish in 60 s")
     with _direct(cluster.config) as c:  # the later migration of the range
-        now = c.config.chunks.find_one({"min": {"x": 0}, "max": {"x": N}})["shard"]
+        now = _range_owner(c, ns)
     _move(cluster, ns, recipient if now == donor else donor, notes)
     _until(lambda: _settled(cluster), 60)
     return _finish(cluster, scenario, seed, victim.name, ns, writer, watcher, started, notes)
