@@ -90,7 +90,8 @@ class _Incs(threading.Thread):
         self.client: pymongo.MongoClient = pymongo.MongoClient(
             uri, retryWrites=True, serverSelectionTimeoutMS=20000, socketTimeoutMS=40000)
         self.coll = self.client[DB][name]
-        self.ids = [random.Random(seed).randint(-1, N) for _ in range(ops)]
+        rng = random.Random(seed)
+        self.ids = [rng.randint(-1, N) for _ in range(ops)]
         self.acked: dict[int, int] = {}
         self.ambiguous: dict[int, int] = {}
 
