@@ -7,7 +7,10 @@ The phases follow ``MigrationSourceManager`` (``src/mongo/db/s/migration_source_
 (``migration_destination_manager.cpp``: ``_migrateDriver``, every write ``fromMigrate``) and
 range deletion (``range_deleter_service.cpp``, with ``orphanCleanupDelaySecs`` 0):
 
-1. the donor starts recording the collection's writes (``_shardsimMigrationStart``);
+1. the donor persists its coordinator document and pending range-deletion task, then starts
+   recording the collection's writes (``_shardsimMigrationStart``); the recipient clears the
+   range and persists its pending task (``_shardsimRecvChunkStart``,
+   ``MigrationDestinationManager::_migrateDriver``; :mod:`shard.range_deleter`);
 2. clone: the range's documents are inserted on the recipient with ``fromMigrate``;
 3. catch-up: ``_transferMods`` rounds re-send the documents written meanwhile (replacement
    upserts and deletes by ``_id``, ``fromMigrate``) until a round is small;
@@ -19,7 +22,10 @@ range deletion (``range_deleter_service.cpp``, with ``orphanCleanupDelaySecs`` 0
    get their new filtering metadata;
 6. the critical section is released: the waiting writes fail with StaleConfig (13388) and the
    routers retry them on the new owner;
-7. range deletion on the donor (``fromMigrate`` deletes).
+7. completion by the decision in ``config.chunks``: range deletion on the side that does not
+   own the range (``fromMigrate`` deletes), the persisted state removed
+   (:mod:`configsvr.migration_recovery`, which also completes the migrations a restart or a
+   failure interrupted).
 
 Not faithful: the config server drives the phases (in 8.0 the donor shard runs
 ``MigrationSourceManager`` and the recipient pulls ``_migrateClone``/``_transferMods`` itself);
@@ -177,11 +183,11 @@ async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], patt
                    "keyPattern": pattern.pattern}
     recovery.active.add(mid)
     try:
-        await node.on_shard(donor, "admin", {"_shardsimMigrationStart": ns, "sessionId": sid,
-                                             "key": pattern.pattern, "min": doc["min"],
-                                             "max": doc["max"], "migrationId": mid,
-                                             "uuid": entry["uuid"], "to": to})
         try:
+            await node.on_shard(donor, "admin", {
+                "_shardsimMigrationStart": ns, "sessionId": sid, "key": pattern.pattern,
+                "min": doc["min"], "max": doc["max"], "migrationId": mid,
+                "uuid": entry["uuid"], "to": to})
             cloned = await _run_phases(node, ns, doc, chunk_docs, pattern, donor, to, sid, mid)
         finally:
             await _complete(node, coordinator)
