@@ -31,7 +31,7 @@ from .harness import DB, TrialResult, _retrying, _Watcher
 
 SCENARIOS = ("migration-config", "migration-donor", "migration-recipient", "reshard-config")
 N = 100  # documents in the migrating range [0, N)
-STEPS = {"config": (3, 4, 5, 6), "donor": (3, 4, 5, 6), "recipient": (3, 4)}
+STEPS = {"config": (3, 4, 5, 6), "donor": (3, 4, 5, 6), "recipient": (3, 4, 5, 6)}
 RESHARD_POINTS = ("reshardingPauseCoordinatorBeforeBlockingWrites",
                   "reshardingPauseCoordinatorBeforeCompletion")
 
