@@ -61,6 +61,20 @@ def _migration(node: "ShardNode", req: Request) -> _Migration:
     return mig
 
 
+def _range_args(req: Request) -> KeyPattern:
+    """The shard-key pattern of a request with ``key``, ``min`` and ``max`` (objects):
+    40414 for a missing field, TypeMismatch (14) for another type."""
+    for f in ("key", "min", "max"):
+        v = req.body.get(f)
+        if v is None:
+            raise MongoError(40414, f"BSON field '{req.name}.{f}' is missing but a required "
+                                    f"field")
+        if not isinstance(v, dict):
+            raise MongoError(14, f"BSON field '{req.name}.{f}' is the wrong type, expected "
+                                 f"type 'object'")
+    return KeyPattern(dict(req.body["key"]))
+
+
 def _in_range(mig: _Migration, doc: dict[str, Any]) -> bool:
     _, _, pattern, lo, hi = mig
     try:
@@ -92,7 +106,7 @@ async def migration_start(node: "ShardNode", req: Request) -> dict[str, Any]:
     sid = req.body.get("sessionId")
     if not isinstance(sid, str):
         raise MongoError(14, "BSON field 'sessionId' is the wrong type, expected type 'string'")
-    pattern = KeyPattern(dict(req.body["key"]))
+    pattern = _range_args(req)
     mid = req.body.get("migrationId")
     if mid is not None:
         common = {"_id": mid, "nss": ns, "collectionUuid": req.body.get("uuid"),
@@ -206,9 +220,13 @@ async def recv_chunk_start(node: "ShardNode", req: Request) -> dict[str, Any]:
     recipient, before the clone: run the range deletions overlapping ``[min, max)``, delete
     what is left there (orphans), persist the recipient's pending range-deletion task
     (``MigrationDestinationManager::_migrateDriver``). ``{deleted: n}``. Errors:
-    ConflictingOperationInProgress (117) while an overlapping task is pending, 73."""
+    ConflictingOperationInProgress (117) while an overlapping task is pending, 73, 40414 (a
+    missing field), 14."""
     ns = _ns(req)
-    pattern = KeyPattern(dict(req.body["key"]))
+    pattern = _range_args(req)
+    if req.body.get("migrationId") is None:
+        raise MongoError(40414, "BSON field '_shardsimRecvChunkStart.migrationId' is missing "
+                                "but a required field")
     task = {"_id": req.body.get("migrationId"), "nss": ns,
             "collectionUuid": req.body.get("uuid"), "donorShardId": req.body.get("from"),
             "range": {"min": req.body["min"], "max": req.body["max"]},
