@@ -323,6 +323,8 @@ async def _switch_catalog(node: ConfigServerNode, op: ReshardOp) -> None:
 
 
 async def _write_catalog(node: ConfigServerNode, op: ReshardOp, untrack: bool) -> None:
+    """The catalog writes of the switch: the new chunks, then the entry in one write (or the
+    entry removed when ``untrack``)."""
     ns = op.ns
     now = node.clock.now()
     # A router reads config.collections and config.chunks one after the other: the new chunks
