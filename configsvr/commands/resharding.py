@@ -142,10 +142,17 @@ async def reshard_collection(node: ConfigServerNode, req: Request) -> dict[str, 
                 node.reshardings.pop(ns, None)
                 await resharding.abort(node, op)
                 raise
-        for _ in range(5):  # applying, outside the lock; until little is left
-            if await resharding.catch_up(node, op) < 10:
-                break
-        await node.migration_recovery.pause("reshardingPauseCoordinatorBeforeBlockingWrites")
+        try:
+            for _ in range(5):  # applying, outside the lock; until little is left
+                if await resharding.catch_up(node, op) < 10:
+                    break
+            await node.migration_recovery.pause("reshardingPauseCoordinatorBeforeBlockingWrites")
+        except BaseException:  # the router sends no abort after a failed clone phase
+            if node.reshardings.get(ns) is op:
+                node.reshardings.pop(ns, None)
+                async with node.ddl_lock:
+                    await resharding.abort(node, op)
+            raise
         return {"noop": False}
     op = node.reshardings.pop(ns, None)
     if op is None:
