@@ -56,6 +56,8 @@ WRITES = frozenset({"insert", "update", "delete", "findAndModify", "findandmodif
 # How long a write waits for a critical section before it fails (mongod:
 # migrationLockAcquisitionMaxWaitMS / the critical section signal's wait), seconds.
 CRITICAL_SECTION_WAIT_S = 30.0
+# How long a refresh of the filtering metadata from the config server may take, seconds.
+REFRESH_TIMEOUT_S = 10.0
 # Attempts of a post-image look-up (mongod's kMaxNumStaleVersionRetries).
 MAX_LOOKUP_ATTEMPTS = 10
 
@@ -241,7 +243,8 @@ class ShardingRuntime:
     async def refresh_if_unknown(self, ns: str, received: dict[str, Any]) -> None:
         """Load ``ns``'s metadata from the config server when this shard has none (a
         restart) and ``received`` is a sharded version; concurrent requests share one
-        refresh. A config server that cannot be reached leaves it unknown."""
+        refresh. A config server that cannot be reached (or does not answer within
+        :data:`REFRESH_TIMEOUT_S`) leaves it unknown."""
         if ns in self.metadata or received.get("e") in (None, UNSHARDED["e"]):
             return
         addr = self.config_address()
@@ -253,11 +256,11 @@ class ShardingRuntime:
             return
         fut = self._refreshing[ns] = asyncio.get_running_loop().create_future()
         try:
-            meta = await self._fetch(addr, ns)
+            meta = await asyncio.wait_for(self._fetch(addr, ns), REFRESH_TIMEOUT_S)
             if ns not in self.metadata:  # no push meanwhile (it is newer)
                 self.set_metadata(ns, meta)
-        except MongoError as exc:
-            log.warning("filtering metadata of %s not refreshed: %s", ns, exc.errmsg)
+        except (MongoError, asyncio.TimeoutError) as exc:
+            log.warning("filtering metadata of %s not refreshed: %s", ns, exc)
         finally:
             self._refreshing.pop(ns, None)
             fut.set_result(None)
