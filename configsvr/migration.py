@@ -7,7 +7,10 @@ The phases follow ``MigrationSourceManager`` (``src/mongo/db/s/migration_source_
 (``migration_destination_manager.cpp``: ``_migrateDriver``, every write ``fromMigrate``) and
 range deletion (``range_deleter_service.cpp``, with ``orphanCleanupDelaySecs`` 0):
 
-1. the donor starts recording the collection's writes (``_shardsimMigrationStart``);
+1. the donor persists its coordinator document and pending range-deletion task, then starts
+   recording the collection's writes (``_shardsimMigrationStart``); the recipient clears the
+   range and persists its pending task (``_shardsimRecvChunkStart``,
+   ``MigrationDestinationManager::_migrateDriver``; :mod:`shard.range_deleter`);
 2. clone: the range's documents are inserted on the recipient with ``fromMigrate``;
 3. catch-up: ``_transferMods`` rounds re-send the documents written meanwhile (replacement
    upserts and deletes by ``_id``, ``fromMigrate``) until a round is small;
@@ -19,7 +22,10 @@ range deletion (``range_deleter_service.cpp``, with ``orphanCleanupDelaySecs`` 0
    get their new filtering metadata;
 6. the critical section is released: the waiting writes fail with StaleConfig (13388) and the
    routers retry them on the new owner;
-7. range deletion on the donor (``fromMigrate`` deletes).
+7. completion by the decision in ``config.chunks``: range deletion on the side that does not
+   own the range (``fromMigrate`` deletes), the persisted state removed
+   (:mod:`configsvr.migration_recovery`, which also completes the migrations a restart or a
+   failure interrupted).
 
 Not faithful: the config server drives the phases (in 8.0 the donor shard runs
 ``MigrationSourceManager`` and the recipient pulls ``_migrateClone``/``_transferMods`` itself);
@@ -34,10 +40,11 @@ import logging
 import uuid as uuid_mod
 from typing import TYPE_CHECKING, Any
 
-from bson import ObjectId
+from bson import Binary, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from shardsim.configsvr.migration_recovery import UNREACHABLE
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern
 from shardsim.core.protocol import shard as shrq
@@ -57,7 +64,9 @@ async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | N
                         ) -> None:
     """Send every shard (or ``shards``) the filtering and routing metadata of the sharded
     ``ns``: epoch, timestamp, uuid, key, every chunk with its ``lastmod`` and owner, and the
-    shards' hosts (``_shardsimSetFilteringMetadata``; mongod's shards pull it on a refresh).
+    shards' hosts and the config server's address, which the shard keeps as its shard identity
+    to refresh the metadata itself after a restart (``_shardsimSetFilteringMetadata``; mongod's
+    shards pull it on a refresh).
     A shard derives its own placement version from its chunks and routes post-image look-ups
     with the rest. A shard that is down is skipped (it accepts any version until it hears
     again)."""
@@ -69,7 +78,8 @@ async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | N
             "uuid": entry["uuid"], "key": entry["key"],
             "chunks": [{"min": d["min"], "max": d["max"], "lastmod": d["lastmod"],
                         "shard": d["shard"]} for d in chunk_docs],
-            "shards": {s["_id"]: s["host"] for s in shard_docs}}
+            "shards": {s["_id"]: s["host"] for s in shard_docs},
+            "configsvr": node.address}
     for shard in names:
         try:
             await node.on_shard(shard, db, shrq.SetFilteringMetadata(ns, meta).to_command())
@@ -120,6 +130,7 @@ async def _clone_and_catch_up(node: "ConfigServerNode", donor: str, to: str, db:
     for i in range(0, len(objects), BATCH):
         await node.on_shard(to, db, {"insert": coll, "documents": objects[i:i + BATCH],
                                      "ordered": False, "fromMigrate": True})
+    await node.migration_recovery.pause("moveChunkHangAtStep3")
     for _ in range(CATCH_UP_ROUNDS):
         mods = await node.on_shard(donor, "admin", shrq.TransferMods(1, sid).to_command())
         await _apply_mods(node, to, db, coll, mods)
@@ -153,17 +164,69 @@ async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], patt
                   chunk_docs: list[dict[str, Any]], doc: dict[str, Any], to: str) -> int:
     """Move chunk ``doc`` of ``ns`` to shard ``to`` (phases 1-7 of the module doc; the caller
     holds the DDL lock and has created the collection and its shard-key index on ``to``).
-    Returns the number of documents moved. Raises what a shard answers; on an error before
-    the commit the migration is abandoned (the critical section released, the recipient's
-    copies left as orphans the next migration of the range overwrites)."""
+    Returns the number of documents moved. First the coordinations of ``ns`` left by an
+    interrupted migration are completed (ConflictingOperationInProgress, 117, while one cannot
+    be); the donor persists its coordinator document and the recipient clears the range before
+    anything is cloned; whatever happens, the migration is completed by its decision in
+    ``config.chunks`` (:mod:`configsvr.migration_recovery`): the side that does not own the
+    range deletes its copy. Raises what a shard answers."""
     db, coll = ns.split(".", 1)
     donor = doc["shard"]
+    recovery = node.migration_recovery
+    if await recovery.recover_once(ns):
+        raise MongoError(117, f"a previous migration of {ns} is not completed yet: a shard "
+                              f"does not answer")
+    mid = Binary(uuid_mod.uuid4().bytes, 4)
     sid = f"{donor}_{to}_{uuid_mod.uuid4().hex}"
-    await node.on_shard(donor, "admin", shrq.MigrationStart(
-        ns, sid, pattern.pattern, doc["min"], doc["max"]).to_command())
+    coordinator = {"_id": mid, "migrationSessionId": sid, "nss": ns,
+                   "collectionUuid": entry["uuid"], "donorShardId": donor,
+                   "recipientShardId": to, "range": {"min": doc["min"], "max": doc["max"]},
+                   "keyPattern": pattern.pattern}
+    recovery.active.add(mid)
+    try:
+        try:
+            await node.on_shard(donor, "admin", shrq.MigrationStart(
+                ns, sid, pattern.pattern, doc["min"], doc["max"], migrationId=mid,
+                uuid=entry["uuid"], to=to).to_command())
+            cloned = await _run_phases(node, ns, doc, chunk_docs, pattern, donor, to, sid, mid)
+        finally:
+            await _complete(node, coordinator)
+    finally:
+        recovery.active.discard(mid)
+    log.info("moved chunk %s of %s from %s to %s (%d docs cloned)", doc["min"], ns, donor, to,
+             cloned)
+    return cloned
+
+
+async def _complete(node: "ConfigServerNode", coordinator: dict[str, Any]) -> None:
+    """Complete the migration by its decision; when a shard does not answer, leave it to the
+    background recovery (:meth:`MigrationRecovery.kick`)."""
+    recovery = node.migration_recovery
+    try:
+        await recovery.complete(coordinator)
+    except MongoError as exc:
+        log.warning("migration %s of %s not completed: %s", coordinator["_id"],
+                    coordinator["nss"], exc.errmsg)
+        recovery.active.discard(coordinator["_id"])
+        recovery.kick()
+        if exc.code not in UNREACHABLE:
+            raise
+
+
+async def _run_phases(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
+                      chunk_docs: list[dict[str, Any]], pattern: KeyPattern, donor: str,
+                      to: str, sid: str, mid: Binary) -> int:
+    """Phases 2-6: the recipient's start, clone, catch-up, critical section, commit.
+    Returns the number of documents cloned."""
+    db, coll = ns.split(".", 1)
+    recovery = node.migration_recovery
+    await node.on_shard(to, "admin", shrq.RecvChunkStart(
+        ns, mid, pattern.pattern, doc["min"], doc["max"], uuid=doc.get("uuid"),
+        from_=donor).to_command())
     in_cs = False
     try:
         cloned = await _clone_and_catch_up(node, donor, to, db, coll, sid)
+        await recovery.pause("moveChunkHangAtStep4")
         await node.on_shard(donor, "admin", shrq.MigrationCriticalSection(ns, True).to_command())
         in_cs = True
         mods = await node.on_shard(donor, "admin", shrq.TransferMods(1, sid).to_command())
@@ -172,29 +235,18 @@ async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], patt
                                        shrq.SessionRecords(1).to_command()))["records"]
         if records:
             await node.on_shard(to, "admin", shrq.MergeSessionRecords(1, records).to_command())
+        await recovery.pause("moveChunkHangAtStep5")
         await _commit(node, ns, doc, chunk_docs, donor, to)
         await log_change(node, donor, "moveChunk.commit", ns, {
             "min": doc["min"], "max": doc["max"], "from": donor, "to": to,
             "counts": {"cloned": Int64(cloned), "clonedBytes": Int64(0),
                        "catchup": Int64(0), "steady": Int64(0)}})
+        await recovery.pause("moveChunkHangAtStep6")
     finally:
         if in_cs:
-            await node.on_shard(donor, "admin",
-                                shrq.MigrationCriticalSection(ns, False).to_command())
-        await node.on_shard(donor, "admin", shrq.MigrationEnd(1, sid).to_command())
-    await _delete_range(node, donor, db, coll, pattern, doc)
-    log.info("moved chunk %s of %s from %s to %s (%d docs cloned)", doc["min"], ns, donor, to,
-             cloned)
+            try:
+                await node.on_shard(donor, "admin",
+                                    shrq.MigrationCriticalSection(ns, False).to_command())
+            except MongoError as exc:  # the completion releases it again
+                log.warning("critical section of %s not released on %s: %s", ns, donor, exc)
     return cloned
-
-
-async def _delete_range(node: "ConfigServerNode", donor: str, db: str, coll: str,
-                        pattern: KeyPattern, doc: dict[str, Any]) -> None:
-    """Phase 7: delete the range's documents on the donor with ``fromMigrate``."""
-    from shardsim.core.shard_key import compare_keys
-    lo, hi = pattern.bound_to_key(doc["min"]), pattern.bound_to_key(doc["max"])
-    ids = [d["_id"] for d in await node.shard_find_all(donor, db, coll)
-           if compare_keys(lo, k := pattern.key_of_doc(d)) <= 0 and compare_keys(k, hi) < 0]
-    for i in range(0, len(ids), BATCH):
-        await node.on_shard(donor, db, {"delete": coll, "fromMigrate": True, "deletes": [
-            {"q": {"_id": {"$in": ids[i:i + BATCH]}}, "limit": 0}]})

@@ -33,6 +33,8 @@ from bson import Binary
 from shardsim.configsvr.balancer import Balancer
 from shardsim.configsvr.catalog import shard_host, split_ns
 from shardsim.configsvr.commands import FAMILIES
+from shardsim.configsvr import resharding_recovery
+from shardsim.configsvr.migration_recovery import MigrationRecovery
 from shardsim.core.gossip import gossip_command
 from shardsim.core.shard_key import KeyPattern
 from shardsim.shard.node import ShardNode
@@ -63,6 +65,9 @@ class ConfigServerNode(ShardNode):
         self.shard_pools: dict[str, Pool] = {}
         self.balancer = Balancer(self)
         self.reshardings: dict[str, Any] = {}  # ns -> configsvr.resharding.ReshardOp
+        # interrupted migrations completed on start-up and after failures; moveChunkHangAtStep*
+        self.migration_recovery = MigrationRecovery(self)
+        self.migration_recovery.install_fail_points()
         self.commands.install(self, *FAMILIES)
 
     async def startup(self) -> None:
@@ -70,6 +75,8 @@ class ConfigServerNode(ShardNode):
         (:mod:`configsvr.keys`)."""
         await super().startup()
         await cluster_keys.start(self)
+        self.migration_recovery.kick()  # the migrations a restart interrupted
+        resharding_recovery.start(self)  # the reshardings a restart interrupted
         self.balancer.start()
 
     def crash(self) -> None:
@@ -83,6 +90,8 @@ class ConfigServerNode(ShardNode):
         """Stop handing out keys, stop as a shard does, then close the pools to the shards."""
         cluster_keys.stop(self)
         await self.balancer.stop()
+        await self.migration_recovery.stop()
+        await resharding_recovery.stop(self)
         await super().shutdown()
         for pool in self.shard_pools.values():
             pool.close()

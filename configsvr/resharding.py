@@ -152,6 +152,12 @@ async def prepare(node: ConfigServerNode, op: ReshardOp, shards: list[str],
     if not op.chunks:
         op.chunks = _split_chunks(op.pattern, docs, shards)
     for shard in op.recipients:
+        # no leftover of an earlier attempt (resharding_data_copy_util's ensureCollectionDropped)
+        try:
+            await node.on_shard(shard, op.db, {"drop": op.temp, "fromMigrate": True})
+        except MongoError as exc:
+            if exc.code != 26:
+                raise
         await node.on_shard(shard, op.db, shrq.EnsureCollection(
             op.temp, uuid=op.new_uuid, shardKey=op.pattern.pattern, options=op.options,
             primary=False).to_command())
@@ -256,6 +262,11 @@ async def _critical_section(node: ConfigServerNode, op: ReshardOp, enter: bool,
             log.warning("critical section of %s not released on %s: %s", op.ns, shard, exc)
 
 
+async def release(node: ConfigServerNode, op: ReshardOp) -> None:
+    """Leave the critical section on every participant (best effort for each)."""
+    await _critical_section(node, op, False)
+
+
 async def _move_session_records(node: ConfigServerNode, op: ReshardOp) -> None:
     """The donors' retryable-write history to the recipients, so a statement executed on a
     donor is not applied again on its new owner (8.0's ``ReshardingTxnCloner`` and the
@@ -286,9 +297,36 @@ async def commit(node: ConfigServerNode, op: ReshardOp) -> None:
 async def _commit_in_critical_section(node: ConfigServerNode, op: ReshardOp) -> None:
     await catch_up(node, op)
     await _move_session_records(node, op)
-    now = node.clock.now()
+    await save_state(node, op, "committing")  # the decision: from here on, rolled forward
+    await finish_commit(node, op)
+
+
+def _untracks(op: ReshardOp) -> bool:
+    """True when the operation leaves the collection untracked (moved/unsharded onto the
+    database's primary shard)."""
+    return op.provenance != "reshardCollection" and op.to_shard == op.primary
+
+
+async def _switch_catalog(node: ConfigServerNode, op: ReshardOp) -> None:
+    """The catalog switch (new uuid, key and chunks; or the entry removed for an untracked
+    result). Done once: skipped when ``config.collections`` already has the new uuid (a
+    commit resumed after a restart); chunks of the new uuid left by an interrupted switch are
+    replaced."""
     ns = op.ns
-    untrack = op.provenance != "reshardCollection" and op.to_shard == op.primary
+    untrack = _untracks(op)
+    found = await node.find_all("collections", {"_id": ns})
+    done = (found and found[0].get("uuid") == op.new_uuid) or (untrack and not found)
+    if not done:
+        await _write_catalog(node, op, untrack)
+    if op.entry is not None:
+        await node.delete("chunks", {"uuid": op.old_uuid})
+
+
+async def _write_catalog(node: ConfigServerNode, op: ReshardOp, untrack: bool) -> None:
+    """The catalog writes of the switch: the new chunks, then the entry in one write (or the
+    entry removed when ``untrack``)."""
+    ns = op.ns
+    now = node.clock.now()
     # A router reads config.collections and config.chunks one after the other: the new chunks
     # go in first and the entry is swapped in one write, so every read pairs an entry with its
     # own complete chunks (old entry + old chunks, or new + new); the old chunks go last.
@@ -302,18 +340,32 @@ async def _commit_in_critical_section(node: ConfigServerNode, op: ReshardOp) -> 
         doc.pop("unsplittable", None)
         if op.provenance != "reshardCollection":
             doc["unsplittable"] = True
+        await node.delete("chunks", {"uuid": op.new_uuid})
         await node.insert("chunks", [chunk_doc(op.new_uuid, op.pattern, c, Timestamp(1, i), now)
                                      for i, c in enumerate(op.chunks)])
         if op.entry is not None:
             await node.update("collections", {"_id": ns}, doc)
         else:
             await node.insert("collections", [doc])
-    if op.entry is not None:
-        await node.delete("chunks", {"uuid": op.old_uuid})
+
+
+async def finish_commit(node: ConfigServerNode, op: ReshardOp) -> None:
+    """Committing, from the persisted decision on: the catalog switch, the renames, every
+    shard's new metadata, the drops on former owners, the event. Each step can be repeated
+    (a commit resumed by :mod:`configsvr.resharding_recovery` after a restart)."""
+    ns = op.ns
+    untrack = _untracks(op)
+    await _switch_catalog(node, op)
+    await node.migration_recovery.pause("reshardingPauseCoordinatorBeforeCompletion")
     await _critical_section(node, op, True, block_reads=True)
     for shard in op.recipients:
-        await node.on_shard(shard, "admin", {"renameCollection": f"{op.db}.{op.temp}", "to": ns,
-                                             "dropTarget": True, "fromMigrate": True})
+        try:
+            await node.on_shard(shard, "admin", {"renameCollection": f"{op.db}.{op.temp}",
+                                                 "to": ns, "dropTarget": True,
+                                                 "fromMigrate": True})
+        except MongoError as exc:
+            if exc.code != 26:  # renamed already (a resumed commit)
+                raise
     if not untrack:  # a new uuid, epoch and chunks: every shard learns them
         await migration.push_metadata(node, ns)
     else:  # unsharded (untracked) now: no shard keeps the old version
@@ -338,15 +390,56 @@ async def _commit_in_critical_section(node: ConfigServerNode, op: ReshardOp) -> 
         o2=o2, ns=ns, ui=op.old_uuid).to_command())
     log.info("%s %s: new key %s, %d chunks on %s", op.provenance, ns, op.pattern.pattern,
              len(op.chunks), op.recipients)
+    await forget_state(node, op)
 
 
 async def abort(node: ConfigServerNode, op: ReshardOp) -> None:
-    """Drop the temporary collections (after a failure)."""
+    """Drop the temporary collections (after a failure) and forget the persisted state."""
     for shard in op.recipients:
         try:
             await node.on_shard(shard, op.db, {"drop": op.temp, "fromMigrate": True})
         except MongoError:
             pass
+    await forget_state(node, op)
+
+
+# -- the coordinator document (config.reshardingOperations on the config server) -------------
+STATE_COLL = "reshardingOperations"
+
+
+def to_doc(op: ReshardOp) -> dict[str, Any]:
+    """``op`` as its coordinator document ``{_id: reshardingUUID, ns, state, op: {...}}``
+    (``ReshardingCoordinatorDocument``; shardsim keeps what a resumed commit needs)."""
+    fields = {k: v for k, v in op.__dict__.items() if not k.startswith("_")}
+    fields["pattern"] = op.pattern.pattern
+    fields["chunks"] = [{"min": list(c.min), "max": list(c.max), "shard": c.shard}
+                        for c in op.chunks]
+    return {"_id": op.new_uuid, "ns": op.ns, "op": fields}
+
+
+def from_doc(doc: dict[str, Any]) -> ReshardOp:
+    """The :class:`ReshardOp` of a coordinator document (:func:`to_doc`)."""
+    fields = dict(doc["op"])
+    fields["pattern"] = KeyPattern(dict(fields["pattern"]))
+    fields["chunks"] = [Chunk(tuple(c["min"]), tuple(c["max"]), c["shard"])
+                        for c in fields["chunks"]]
+    fields["marks"] = dict(fields.get("marks") or {})
+    return ReshardOp(**fields)
+
+
+async def save_state(node: ConfigServerNode, op: ReshardOp, state: str) -> None:
+    """Persist ``op`` in ``state`` (``cloning`` before the temporary collections exist,
+    ``committing`` once the decision is taken: ``ReshardingCoordinator``'s state document)."""
+    doc = {**to_doc(op), "state": state}
+    if await node.find_all(STATE_COLL, {"_id": op.new_uuid}):
+        await node.update(STATE_COLL, {"_id": op.new_uuid}, doc)
+    else:
+        await node.insert(STATE_COLL, [doc])
+
+
+async def forget_state(node: ConfigServerNode, op: ReshardOp) -> None:
+    """Delete ``op``'s coordinator document (done or aborted)."""
+    await node.delete(STATE_COLL, {"_id": op.new_uuid})
 
 
 def new_uuid() -> Binary:
@@ -354,5 +447,6 @@ def new_uuid() -> Binary:
     return Binary(uuid_mod.uuid4().bytes, 4)
 
 
-__all__ = ["ReshardOp", "abort", "catch_up", "clone", "commit", "donor_docs", "mark", "new_uuid",
-           "prepare"]
+__all__ = ["ReshardOp", "abort", "catch_up", "clone", "commit", "donor_docs", "finish_commit",
+           "forget_state", "from_doc", "mark", "new_uuid", "prepare", "release", "save_state",
+           "to_doc"]

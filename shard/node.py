@@ -42,6 +42,7 @@ from shardsim.core.auth import user_commands
 from shardsim.shard.oplog import Oplog, PreImages
 from shardsim.shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
 from shardsim.shard.read_concern import run_with_read_concern
+from shardsim.shard.range_deleter import RangeDeleter
 from shardsim.core.query import select
 from shardsim.shard.sessions import Sessions, full_lsid
 from shardsim.shard.sharding_runtime import ShardingRuntime
@@ -111,6 +112,7 @@ class ShardNode(Node):
         self.coordinators = Coordinators(self)
         # Filtering metadata, critical sections, transfer mods (shard/sharding_runtime.py).
         self.sharding = ShardingRuntime(self)
+        self.range_deleter = RangeDeleter(self)  # config.rangeDeletions, migration coordinators
         # Promise requests from the router (_shardsimAdvanceClusterTime) and the change-stream
         # cursors waiting for them (shard/change_stream/cursor.py).
         self.cs_promise_waiters = cs_cursor.PromiseWaiters()
@@ -502,6 +504,7 @@ class ShardNode(Node):
         noop_writer.start(self)  # periodic no-ops (change streams)
         self.sessions.start_reaper()  # abort transactions past transactionLifetimeLimitSeconds
         self.coordinators.recover()  # finish the two-phase commits decided before a restart
+        self.range_deleter.resume()  # range deletions made ready before a restart
 
     async def shutdown(self) -> None:
         """Stop the no-op writer and the transaction reaper, close cursors, then flush and
@@ -510,6 +513,7 @@ class ShardNode(Node):
         self.sessions.stop_reaper()
         await super().shutdown()
         self.coordinators.close()
+        self.range_deleter.close()
         self.sharding.close()
         if self.durable is not None:
             try:

@@ -17,13 +17,19 @@ and timestamp are the shard's and its major version equals the shard's
 ``ns``, ``vReceived``, ``vWanted`` and ``shardId`` (``StaleConfigInfo::serialize``).
 
 Not faithful: the config server pushes the metadata to the shards (``_shardsimSetFilteringMetadata``)
-where mongod pulls it from the config server on a refresh; a shard that has no metadata for a
-namespace (after a restart) accepts any version instead of refreshing first.
+where mongod pulls it from the config server on a refresh. A shard that has no metadata for a
+namespace (after a restart) refreshes it from the config server when a routed request names a
+sharded version (``onShardVersionMismatch`` -> ``forceShardFilteringMetadataRefresh``,
+``shard_filtering_metadata_refresh.cpp``), so orphans stay filtered after a restart; it knows
+the config server from the ``shardIdentity`` document (``admin.system.version``, persisted
+from the first metadata the config server pushed, as mongod persists it on ``addShard``).
+When the config server cannot be reached it accepts any version, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,10 +46,14 @@ from shardsim.core.protocol.versions import UNSHARDED_EPOCH, unsharded
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
 
+log = logging.getLogger("shardsim.sharding")
+IDENTITY_NS = ("admin", "system.version")
 WRITES = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify"})
 # How long a write waits for a critical section before it fails (mongod:
 # migrationLockAcquisitionMaxWaitMS / the critical section signal's wait), seconds.
 CRITICAL_SECTION_WAIT_S = 30.0
+# How long a refresh of the filtering metadata from the config server may take, seconds.
+REFRESH_TIMEOUT_S = 10.0
 # Attempts of a post-image look-up (mongod's kMaxNumStaleVersionRetries).
 MAX_LOOKUP_ATTEMPTS = 10
 
@@ -178,6 +188,7 @@ class ShardingRuntime:
         self._idle: dict[str, asyncio.Event] = {}
         self.hosts: dict[str, tuple[str, int]] = {}  # other shards' addresses
         self._pools: dict[str, Pool] = {}
+        self._refreshing: dict[str, asyncio.Future] = {}
 
     # -- metadata -----------------------------------------------------------------------------
     def set_metadata(self, ns: str, doc: dict[str, Any] | None) -> None:
@@ -188,6 +199,8 @@ class ShardingRuntime:
         if doc is None:
             self.metadata[ns] = None
             return
+        if isinstance(doc.get("configsvr"), str):
+            self._note_identity(doc["configsvr"])
         pattern = KeyPattern(dict(doc["key"]))
         me = self.node.shard_name
         mine = [c for c in doc.get("chunks", []) if c.get("shard", me) == me]
@@ -205,6 +218,73 @@ class ShardingRuntime:
                 version = lm
         self.metadata[ns] = CollectionMetadata(doc["epoch"], doc["timestamp"], version, pattern,
                                                chunks, doc.get("uuid"), routing)
+
+    # -- the shard identity and the refresh after a restart --------------------------------------
+    def _note_identity(self, configsvr: str) -> None:
+        """Persist ``{_id: "shardIdentity", shardName, configsvrConnectionString}`` in
+        ``admin.system.version`` when it changed."""
+        if self.config_address() == parse_address(configsvr):
+            return
+        if self.node.storage.get(*IDENTITY_NS) is None:  # a system collection: made here
+            self.node.create_collection(*IDENTITY_NS)
+        self.node.range_deleter.save(IDENTITY_NS, {
+            "_id": "shardIdentity", "shardName": self.node.shard_name,
+            "configsvrConnectionString": configsvr})
+
+    def config_address(self) -> tuple[str, int] | None:
+        """The config server's ``(host, port)`` from the shard identity, or None."""
+        doc = self.node.range_deleter.find(IDENTITY_NS, "shardIdentity")
+        if doc is None:
+            return None
+        return parse_address(str(doc["configsvrConnectionString"]).split("/", 1)[-1]
+                             .split(",")[0])
+
+    async def refresh_if_unknown(self, ns: str, received: dict[str, Any]) -> None:
+        """Load ``ns``'s metadata from the config server when this shard has none (a
+        restart) and ``received`` is a sharded version; concurrent requests share one
+        refresh. A config server that cannot be reached (or does not answer within
+        :data:`REFRESH_TIMEOUT_S`) leaves it unknown."""
+        if ns in self.metadata or received.get("e") in (None, UNSHARDED_EPOCH):
+            return
+        addr = self.config_address()
+        if addr is None:
+            return
+        fut = self._refreshing.get(ns)
+        if fut is not None:
+            await asyncio.shield(fut)
+            return
+        fut = self._refreshing[ns] = asyncio.get_running_loop().create_future()
+        try:
+            meta = await asyncio.wait_for(self._fetch(addr, ns), REFRESH_TIMEOUT_S)
+            if ns not in self.metadata:  # no push meanwhile (it is newer)
+                self.set_metadata(ns, meta)
+        except (MongoError, asyncio.TimeoutError) as exc:
+            log.warning("filtering metadata of %s not refreshed: %s", ns, exc)
+        finally:
+            self._refreshing.pop(ns, None)
+            fut.set_result(None)
+
+    async def _fetch(self, addr: tuple[str, int], ns: str) -> dict[str, Any] | None:
+        """The metadata of ``ns`` as the config server pushes it, read from its catalog."""
+        pool = self._pools.get("$config")
+        if pool is None or (pool.host, pool.port) != addr:
+            pool = self._pools["$config"] = Pool(*addr)
+
+        async def find(coll: str, filt: dict[str, Any]) -> list[dict[str, Any]]:
+            reply = await gossip_command(self.node.clock, pool, "config", {
+                "find": coll, "filter": filt, "batchSize": 1 << 30, "singleBatch": True})
+            return [dict(d) for d in reply["cursor"]["firstBatch"]]
+        found = await find("collections", {"_id": ns})
+        if not found:
+            return None
+        entry = found[0]
+        chunks = await find("chunks", {"uuid": entry["uuid"]})
+        shards = await find("shards", {})
+        return {"epoch": entry["lastmodEpoch"], "timestamp": entry["timestamp"],
+                "uuid": entry["uuid"], "key": entry["key"],
+                "chunks": [{"min": d["min"], "max": d["max"], "lastmod": d["lastmod"],
+                            "shard": d["shard"]} for d in chunks],
+                "shards": {d["_id"]: d["host"] for d in shards}}
 
     def wanted(self, ns: str) -> dict[str, Any]:
         """This shard's version of ``ns`` (UNSHARDED when it is not sharded)."""
@@ -256,6 +336,7 @@ class ShardingRuntime:
         if not isinstance(received, dict):
             raise MongoError(14, "BSON field 'shardVersion' is the wrong type, expected type "
                                  "'object'")
+        await self.refresh_if_unknown(ns, received)
         is_write = command in WRITES
         cs = self.critical.get(ns)
         if cs is not None and (is_write or cs.blocks_reads):

@@ -13,15 +13,16 @@ Errors, as the server's: InvalidNamespace (73), IDLFailedToParse (40414) for a m
 ``key``/``toShard``, NamespaceNotSharded (118) for reshardCollection/unshardCollection of a
 collection that is not sharded, NamespaceNotFound (26) for moveCollection of a missing or
 sharded collection, ShardNotFound (70), ConflictingOperationInProgress (117) when the
-collection is already being resharded, ReshardCollectionAborted (341) for ``commit`` without
-``clone``.
+collection is already being resharded (or an interrupted resharding of it cannot be cleaned up
+yet: :mod:`configsvr.resharding_recovery`), ReshardCollectionAborted (341) for ``commit``
+without ``clone``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardsim.configsvr import resharding
+from shardsim.configsvr import resharding, resharding_recovery
 from shardsim.configsvr.catalog import split_ns
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
@@ -124,11 +125,15 @@ async def reshard_collection(node: ConfigServerNode, req: Request) -> dict[str, 
         async with node.ddl_lock:
             if ns in node.reshardings:
                 raise MongoError(117, f"{ns} is already being resharded")
+            if await resharding_recovery.recover(node, ns):  # one a restart interrupted
+                raise MongoError(117, f"an interrupted resharding of {ns} is not cleaned up "
+                                      f"yet: a shard does not answer")
             op = await _build(node, req)
             if op is None:
                 return {"noop": True}
             node.reshardings[ns] = op
             try:
+                await resharding.save_state(node, op, "cloning")
                 shards = [s["_id"] for s in await node.shards() if not s.get("draining")]
                 await resharding.mark(node, op)
                 docs = await resharding.donor_docs(node, op)
@@ -138,9 +143,17 @@ async def reshard_collection(node: ConfigServerNode, req: Request) -> dict[str, 
                 node.reshardings.pop(ns, None)
                 await resharding.abort(node, op)
                 raise
-        for _ in range(5):  # applying, outside the lock; until little is left
-            if await resharding.catch_up(node, op) < 10:
-                break
+        try:
+            for _ in range(5):  # applying, outside the lock; until little is left
+                if await resharding.catch_up(node, op) < 10:
+                    break
+            await node.migration_recovery.pause("reshardingPauseCoordinatorBeforeBlockingWrites")
+        except BaseException:  # the router sends no abort after a failed clone phase
+            if node.reshardings.get(ns) is op:
+                node.reshardings.pop(ns, None)
+                async with node.ddl_lock:
+                    await resharding.abort(node, op)
+            raise
         return {"noop": False}
     op = node.reshardings.pop(ns, None)
     if op is None:
@@ -154,6 +167,10 @@ async def reshard_collection(node: ConfigServerNode, req: Request) -> dict[str, 
         try:
             await resharding.commit(node, op)
         except BaseException:
-            await resharding.abort(node, op)
+            state = await node.find_all(resharding.STATE_COLL, {"_id": op.new_uuid})
+            if state and state[0].get("state") == "committing":
+                resharding_recovery.start(node)  # decided: rolled forward in the background
+            else:
+                await resharding.abort(node, op)
             raise
     return {}

@@ -27,6 +27,7 @@ from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern, compare_keys
 from shardsim.core.values import id_key
+from shardsim.shard.range_deleter import COORDINATORS, RANGE_DELETIONS
 from shardsim.shard.sharding_runtime import ModsTracker
 from shardsim.core.protocol import shard as shrq
 
@@ -78,11 +79,22 @@ async def set_filtering_metadata(node: "ShardNode", req: Request) -> dict[str, A
 
 @commands.handler(shrq.MigrationStart.NAME)
 async def migration_start(node: "ShardNode", req: Request) -> dict[str, Any]:
-    """:class:`shardsim.core.protocol.shard.MigrationStart`: record the namespace's writes
-    from now on (``MigrationChunkClonerSource::startClone``). ``{}``."""
+    """:class:`shardsim.core.protocol.shard.MigrationStart`: with ``migrationId``, persist the
+    coordinator document and the donor's pending range-deletion task
+    (``MigrationCoordinator::startMigration``); then record the namespace's writes from now
+    on (``MigrationChunkClonerSource::startClone``). ``{}``. Errors: 73, 40414, 14."""
     request = shrq.MigrationStart.parse(req.body)
     ns = _ns(req)
     pattern = KeyPattern(dict(request.key))
+    if request.migrationId is not None:
+        common = {"_id": request.migrationId, "nss": ns, "collectionUuid": request.uuid,
+                  "donorShardId": node.shard_name,
+                  "range": {"min": request.min, "max": request.max},
+                  "keyPattern": pattern.pattern}
+        node.range_deleter.save(COORDINATORS, {**common, "migrationSessionId": request.sessionId,
+                                               "recipientShardId": request.to})
+        node.range_deleter.save(RANGE_DELETIONS, {**common, "whenToClean": "now",
+                                                  "pending": True})
     tracker = ModsTracker()
     node.sharding.trackers.setdefault(ns, []).append(tracker)
     _migrations(node)[request.sessionId] = (ns, tracker, pattern,
@@ -179,3 +191,57 @@ async def merge_session_records(node: "ShardNode", req: Request) -> dict[str, An
             node.sessions.note(s)
             n += 1
     return {"n": n}
+
+
+@commands.handler(shrq.RecvChunkStart.NAME)
+async def recv_chunk_start(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """:class:`shardsim.core.protocol.shard.RecvChunkStart` on the recipient, before the
+    clone: run the range deletions overlapping ``[min, max)``, delete what is left there
+    (orphans), persist the recipient's pending range-deletion task
+    (``MigrationDestinationManager::_migrateDriver``). ``{deleted: n}``. Errors:
+    ConflictingOperationInProgress (117) while an overlapping task is pending, 73, 40414 (a
+    missing field), 14."""
+    request = shrq.RecvChunkStart.parse(req.body)
+    ns = _ns(req)
+    pattern = KeyPattern(dict(request.key))
+    task = {"_id": request.migrationId, "nss": ns, "collectionUuid": request.uuid,
+            "donorShardId": request.from_, "range": {"min": request.min, "max": request.max},
+            "keyPattern": pattern.pattern, "whenToClean": "now", "pending": True}
+    return {"deleted": await node.range_deleter.clear_incoming(task)}
+
+
+@commands.handler(shrq.MigrationDecision.NAME)
+async def migration_decision(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """:class:`shardsim.core.protocol.shard.MigrationDecision`: persist the decision in the
+    coordinator document (``MigrationCoordinator::setMigrationDecision``). ``{found: bool}``;
+    BadValue (2) for another decision."""
+    request = shrq.MigrationDecision.parse(req.body)
+    if request.decision not in ("committed", "aborted"):
+        raise MongoError(2, f"unknown migration decision {request.decision!r}")
+    doc = node.range_deleter.find(COORDINATORS, request.migrationId)
+    if doc is not None and doc.get("decision") != request.decision:
+        node.range_deleter.save(COORDINATORS, {**doc, "decision": request.decision})
+    return {"found": doc is not None}
+
+
+@commands.handler(shrq.RangeDeletionTask.NAME)
+async def range_deletion_task(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """:class:`shardsim.core.protocol.shard.RangeDeletionTask`: ``run`` makes the task ready
+    and deletes its range (``markAsReadyRangeDeletionTaskLocally`` and the range deleter),
+    ``forget`` deletes the task (``deleteRangeDeletionTaskLocally``). ``{deleted: n}`` (the
+    documents deleted). BadValue (2) for another action."""
+    request = shrq.RangeDeletionTask.parse(req.body)
+    if request.action == "run":
+        return {"deleted": await node.range_deleter.run_task(request.migrationId)}
+    if request.action == "forget":
+        node.range_deleter.remove(RANGE_DELETIONS, request.migrationId)
+        return {"deleted": 0}
+    raise MongoError(2, f"unknown range deletion action {request.action!r}")
+
+
+@commands.handler(shrq.ForgetMigration.NAME)
+async def forget_migration(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """:class:`shardsim.core.protocol.shard.ForgetMigration`: delete the donor's coordinator
+    document (``MigrationCoordinator::forgetMigration``). ``{}``."""
+    node.range_deleter.remove(COORDINATORS, shrq.ForgetMigration.parse(req.body).migrationId)
+    return {}

@@ -1,8 +1,9 @@
-"""``python -m tests.faults [--role shard|router|config|txn|all] [--trials N] [--seed S]
-[--ops N]``: fault trials on one durable 2-shard cluster per role, then a summary table. Trial
-``k`` of a run has seed ``S + k`` (printed per trial); ``--seed X --trials 1 --role R`` replays
-one. ``txn``: the coordinator shard killed before/after its commit decision and the client's
-commit retried later (:mod:`.txn_trial`), with its own table per moment."""
+"""``python -m tests.faults [--role shard|router|config|txn|migration-config|migration-donor|
+migration-recipient|reshard-config|all] [--trials N] [--seed S] [--ops N]``: fault trials on
+one durable 2-shard cluster per role (or scenario: :mod:`.migration`), then a summary table.
+Trial ``k`` of a run has seed ``S + k`` (printed per trial); ``--seed X --trials 1 --role R``
+replays one. ``txn``: the coordinator shard killed before/after its commit decision and the
+client's commit retried later (:mod:`.txn_trial`), with its own table per moment."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import tempfile
 
 from shardsim.tools.launcher import Cluster
 
-from .checkers import CHECKERS, TXN_CHECKERS
+from .checkers import CHECKERS, SHARD_CHECKERS, TXN_CHECKERS
 from .harness import ROLES, TrialResult, run_trial
+from .migration import SCENARIOS, run_scenario
 from .txn_trial import MOMENTS
+
+ALL = ROLES + SCENARIOS
 
 
 def _txn_summary(rs: list[TrialResult]) -> str:
@@ -39,16 +43,17 @@ def _txn_summary(rs: list[TrialResult]) -> str:
 
 
 def _summary(results: list[TrialResult]) -> str:
-    cols = ["role", "trials", "failed", "acked writes", "ambiguous", "events", *CHECKERS,
+    checkers = [*CHECKERS, *SHARD_CHECKERS]
+    cols = ["role", "trials", "failed", "acked writes", "ambiguous", "events", *checkers,
             "s/trial"]
     rows = []
-    for role in ROLES:
+    for role in ALL:
         rs = [r for r in results if r.role == role]
         if not rs or role == "txn":
             continue
         rows.append([role, len(rs), sum(not r.ok for r in rs), sum(r.acked for r in rs),
                      sum(r.ambiguous for r in rs), sum(r.events for r in rs),
-                     *(sum(len(r.violations[c]) for r in rs) for c in CHECKERS),
+                     *(sum(len(r.violations.get(c, ())) for r in rs) for c in checkers),
                      f"{sum(r.seconds for r in rs) / len(rs):.1f}"])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] if rows else []
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
@@ -60,23 +65,25 @@ def _summary(results: list[TrialResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
-    p.add_argument("--role", choices=[*ROLES, "all"], default="all")
+    p.add_argument("--role", choices=[*ALL, "all"], default="all")
     p.add_argument("--trials", type=int, default=100, help="trials per role")
     p.add_argument("--seed", type=int, default=None, help="seed of the first trial")
     p.add_argument("--ops", type=int, default=150, help="writer ops per trial")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     print(f"fault trials: seed {seed}, {args.trials} per role, {args.ops} ops each", flush=True)
-    roles = ROLES if args.role == "all" else (args.role,)
+    roles = ALL if args.role == "all" else (args.role,)
     results: list[TrialResult] = []
     for role in roles:
         with tempfile.TemporaryDirectory(prefix="shardsim-faults-") as tmp:
-            # the txn role holds the coordinator at its fail points (test commands)
-            cluster = Cluster(shards=2, durable=True, base_dir=tmp, test_commands=role == "txn")
+            # the txn role and the migration scenarios hold a process at its fail points
+            cluster = Cluster(shards=2, durable=True, base_dir=tmp,
+                              test_commands=role == "txn" or role in SCENARIOS)
             cluster.start()
             try:
                 for k in range(args.trials):
-                    r = run_trial(cluster, role, seed + k, args.ops)
+                    r = (run_scenario if role in SCENARIOS else run_trial)(
+                        cluster, role, seed + k, args.ops)
                     results.append(r)
                     bad = {c: v[:3] for c, v in r.violations.items() if v}
                     print(f"{role:6} seed {r.seed:>8} victim {r.victim:9} acked {r.acked:4} "

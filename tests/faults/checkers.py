@@ -246,3 +246,96 @@ TXN_CHECKERS: dict[str, Callable[[TxnObserved], list[str]]] = {
 def check_txn(o: TxnObserved) -> dict[str, list[str]]:
     """``{invariant: violations}`` for every ``txn`` checker."""
     return {name: fn(o) for name, fn in TXN_CHECKERS.items()}
+# -- interrupted migrations and reshardings (tests/faults/migration.py) -----------------------
+@dataclass
+class ShardState:
+    """Every shard's own documents of a trial's collection (read directly from each shard),
+    the owner of a document by ``config.chunks`` (``owner``), what was left of the migration
+    machinery (``leftovers``: coordinator documents, range-deletion tasks, temporary
+    collections, resharding state), the writer's ``$inc``s per ``_id`` (``acked``,
+    ``ambiguous``), the ``_id``s that must exist, and the stream's events."""
+
+    docs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # shard -> documents
+    owner: Callable[[dict[str, Any]], Any] = lambda doc: None
+    leftovers: list[str] = field(default_factory=list)
+    acked: dict[Any, int] = field(default_factory=dict)
+    ambiguous: dict[Any, int] = field(default_factory=dict)
+    ids: set[Any] = field(default_factory=set)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    pattern: Any = None
+    chunks: list[Any] = field(default_factory=list)
+
+
+def no_orphan(st: ShardState) -> list[str]:
+    """No shard keeps a document of a chunk it does not own."""
+    return [f"{shard} keeps {d['_id']} of {st.owner(d)}'s chunk"
+            for shard, docs in sorted(st.docs.items()) for d in docs if st.owner(d) != shard]
+
+
+def no_duplicate_copy(st: ShardState) -> list[str]:
+    """Each document on one shard only, and every document there."""
+    where: dict[Any, list[str]] = {}
+    for shard, docs in st.docs.items():
+        for d in docs:
+            where.setdefault(d["_id"], []).append(shard)
+    out = [f"{i} on {w}" for i, w in sorted(where.items(), key=repr) if len(w) > 1]
+    out += [f"document {i} lost" for i in sorted(st.ids - set(where), key=repr)]
+    return out
+
+
+def _n(st: ShardState) -> dict[Any, int]:
+    """The final ``n`` of each ``_id`` (the owner's copy when there are several)."""
+    out: dict[Any, int] = {}
+    for shard, docs in st.docs.items():
+        for d in docs:
+            if st.owner(d) == shard or d["_id"] not in out:
+                out[d["_id"]] = int(d.get("n", 0))
+    return out
+
+
+def no_lost_inc(st: ShardState) -> list[str]:
+    """Every acknowledged ``$inc`` is in the document (no stale copy won)."""
+    n = _n(st)
+    return [f"{i}: n={n.get(i, 0)} < {k} acknowledged $inc" for i, k in sorted(st.acked.items())
+            if n.get(i, 0) < k]
+
+
+def no_doubled_inc(st: ShardState) -> list[str]:
+    """No ``$inc`` applied twice: ``n`` at most acknowledged + ambiguous."""
+    n = _n(st)
+    return [f"{i}: n={v} > {st.acked.get(i, 0)} acknowledged + {st.ambiguous.get(i, 0)} "
+            f"ambiguous" for i, v in sorted(n.items(), key=repr)
+            if v > st.acked.get(i, 0) + st.ambiguous.get(i, 0)]
+
+
+def nothing_left(st: ShardState) -> list[str]:
+    """No coordinator document, range-deletion task, temporary collection or resharding
+    state left after the recovery."""
+    return list(st.leftovers)
+
+
+def no_cleanup_event(st: ShardState) -> list[str]:
+    """The stream shows the ``$inc``s, one event each, and nothing of the clone, the range
+    deletions or the drops (all ``fromMigrate``)."""
+    kinds = [e["operationType"] for e in st.events]
+    out = [f"{k} event of {e.get('documentKey')}" for k, e in zip(kinds, st.events)
+           if k != "update"]
+    applied = sum(_n(st).values())
+    if kinds.count("update") != applied:
+        out.append(f"{kinds.count('update')} update events for {applied} applied $inc")
+    return out
+
+
+SHARD_CHECKERS: dict[str, Callable[[ShardState], list[str]]] = {
+    "orphan": no_orphan,
+    "duplicate_copy": no_duplicate_copy,
+    "lost_inc": no_lost_inc,
+    "doubled_inc": no_doubled_inc,
+    "leftover": nothing_left,
+    "cleanup_event": no_cleanup_event,
+}
+
+
+def check_shards(st: ShardState) -> dict[str, list[str]]:
+    """``{invariant: violations}`` for every shard checker."""
+    return {name: fn(st) for name, fn in SHARD_CHECKERS.items()}

@@ -1,6 +1,6 @@
-"""A few fault trials in ``make test`` (one per role, bounded; role ``txn`` kills a
-transaction's coordinator shard, tests/faults/txn_trial.py); ``make faults`` runs 100 per
-role. Each trial kills one process of a durable cluster with ``kill -9`` during writes and a
+"""A few fault trials in ``make test`` (one per role and one per interrupted-migration
+scenario, bounded; role ``txn`` kills a transaction's coordinator shard,
+tests/faults/txn_trial.py); ``make faults`` runs 100 per role. Each trial kills one process of a durable cluster with ``kill -9`` during writes and a
 change stream and checks every invariant of :mod:`.checkers`."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import random
 
 import pytest
 
-from .checkers import Observed, TxnObserved, check, check_txn
+from .checkers import Observed, ShardState, TxnObserved, check, check_shards, check_txn
 from .harness import ROLES, run_trial
+from .migration import SCENARIOS, run_scenario
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,3 +66,38 @@ def test_txn_checkers_catch_each_violation() -> None:
     assert check_txn(TxnObserved(rerun, good.first, left))["txn_prepared_left"]
     assert check_txn(TxnObserved(good.retry, good.first, committed, ["blocked"])
                      )["txn_writer_blocked"]
+
+
+def test_shard_checkers_catch_each_violation() -> None:
+    """Each shard checker fails on the outcome it guards against (and only there)."""
+    ev = {"operationType": "update", "documentKey": {"_id": 1}, "_id": {"_data": "a"}}
+
+    def state(**kw: object) -> ShardState:
+        base = dict(docs={"s0": [{"_id": 1, "n": 1}], "s1": [{"_id": 2, "n": 0}]},
+                    owner=lambda d: "s0" if d["_id"] == 1 else "s1", acked={1: 1},
+                    ids={1, 2}, events=[ev])
+        base.update(kw)
+        return ShardState(**base)  # type: ignore[arg-type]
+    assert not any(check_shards(state()).values())
+    orphan = state(docs={"s0": [{"_id": 1, "n": 1}], "s1": [{"_id": 2, "n": 0},
+                                                             {"_id": 1, "n": 0}]})
+    assert check_shards(orphan)["orphan"] and check_shards(orphan)["duplicate_copy"]
+    assert check_shards(state(docs={"s0": [{"_id": 1, "n": 1}], "s1": []}))["duplicate_copy"]
+    stale = state(docs={"s0": [{"_id": 1, "n": 0}], "s1": [{"_id": 2, "n": 0}]}, events=[])
+    assert check_shards(stale)["lost_inc"]
+    assert check_shards(state(docs={"s0": [{"_id": 1, "n": 2}], "s1": [{"_id": 2, "n": 0}]},
+                              events=[ev, ev]))["doubled_inc"]
+    assert check_shards(state(leftovers=["s1: range deletion"]))["leftover"]
+    delete = {"operationType": "delete", "documentKey": {"_id": 1}, "_id": {"_data": "b"}}
+    assert check_shards(state(events=[ev, delete]))["cleanup_event"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_one_interrupted_migration_trial(cluster_factory, scenario: str) -> None:
+    """One trial per migration/resharding scenario (:mod:`.migration`)."""
+    seed = random.SystemRandom().randrange(1, 10**6)
+    cluster = cluster_factory(shards=2, durable=True)
+    result = run_scenario(cluster, scenario, seed, ops=60)
+    assert result.ok, (f"replay: python -m tests.faults --role {scenario} --seed {seed} "
+                       f"--trials 1 --ops 60", result.violations)
+    assert result.acked > 0 and result.events > 0

@@ -106,3 +106,49 @@ def test_a_retry_waits_for_the_session_checkout_and_answers_from_the_record():
         assert exc.value.code == 225
 
     asyncio.run(main())
+
+
+def test_recipient_clears_the_incoming_range_and_range_deletion_is_from_migrate():
+    """``_shardsimRecvChunkStart`` deletes the orphans of an interrupted migration in the
+    range and persists a pending task; an overlapping pending task of another migration is
+    refused (117); running the task deletes the range with ``fromMigrate`` entries only."""
+    from bson import Binary, MinKey
+    from shardsim.shard.commands import migration
+    from shardsim.shard.range_deleter import RANGE_DELETIONS
+    node = ShardNode(shard_name="recipient")
+    mid1, mid2 = Binary(b"\x01" * 16, 4), Binary(b"\x02" * 16, 4)
+    rng = {"key": {"x": 1}, "min": {"x": 0}, "max": {"x": 10}}
+
+    async def main() -> None:
+        await crud.insert(node, _req("insert", "db", {"insert": "c", "documents": [
+            {"_id": i, "x": i} for i in (-1, 3, 4, 12)]}))
+        start = len(list(node.oplog.entries_from(0)))
+        reply = await migration.recv_chunk_start(node, _req("_shardsimRecvChunkStart", "admin", {
+            "_shardsimRecvChunkStart": "db.c", "migrationId": mid1, "from": "donor", **rng}))
+        assert reply == {"deleted": 2}
+        assert sorted(d["_id"] for d in node.storage.get("db", "c").docs.values()) == [-1, 12]
+        deletes = [e for e in list(node.oplog.entries_from(0))[start:] if e["ns"] == "db.c"]
+        assert [(e["op"], e.get("fromMigrate")) for e in deletes] == [("d", True)] * 2
+        [task] = node.range_deleter.documents(RANGE_DELETIONS)
+        assert task["pending"] is True and task["range"] == {"min": {"x": 0}, "max": {"x": 10}}
+        with pytest.raises(MongoError) as exc:  # mid1's outcome is not known yet
+            await migration.recv_chunk_start(node, _req("_shardsimRecvChunkStart", "admin", {
+                "_shardsimRecvChunkStart": "db.c", "migrationId": mid2, "from": "donor",
+                "key": {"x": 1}, "min": {"x": MinKey()}, "max": {"x": 5}}))
+        assert exc.value.code == 117
+        await crud.insert(node, _req("insert", "db", {"insert": "c", "documents": [
+            {"_id": 5, "x": 5}], "fromMigrate": True}))  # cloned, then the migration aborted
+        reply = await migration.range_deletion_task(node, _req("_shardsimRangeDeletionTask",
+                                                               "admin", {
+            "_shardsimRangeDeletionTask": mid1, "action": "run"}))
+        assert reply == {"deleted": 1} and node.range_deleter.documents(RANGE_DELETIONS) == []
+        for bad, code in (({"key": {"x": 1}, "min": {"x": 0}}, 40414),
+                          ({"key": 1, "min": {"x": 0}, "max": {"x": 1}}, 14),
+                          (rng, 40414)):  # no migrationId
+            with pytest.raises(MongoError) as exc:
+                await migration.recv_chunk_start(node, _req("_shardsimRecvChunkStart", "admin", {
+                    "_shardsimRecvChunkStart": "db.c", **bad,
+                    **({"migrationId": mid2} if bad is not rng else {})}))
+            assert exc.value.code == code
+
+    asyncio.run(main())

@@ -45,6 +45,8 @@ class InternalRequest:
     ``NAME`` set; see the module docstring for the wire shape and the errors of :meth:`parse`."""
 
     NAME: ClassVar[str]
+    # field -> wire name, for a wire name that is a Python keyword (``from``)
+    WIRE_NAMES: ClassVar[dict[str, str]] = {}
     _types: ClassVar[dict[str, tuple[type, ...] | None]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -73,7 +75,7 @@ class InternalRequest:
         for f in fields[1:]:
             value = getattr(self, f.name)
             if value is not None:
-                cmd[f.name] = value
+                cmd[self.WIRE_NAMES.get(f.name, f.name)] = value
         return cmd
 
     @classmethod
@@ -84,7 +86,7 @@ class InternalRequest:
         values: dict[str, Any] = {}
         fields = dataclasses.fields(cls)  # type: ignore[arg-type]
         for i, (name, (types, required)) in enumerate(cls._field_types().items()):
-            key = cls.NAME if i == 0 else name
+            key = cls.NAME if i == 0 else cls.WIRE_NAMES.get(name, name)
             value = body.get(key)
             if value is None:
                 if required:

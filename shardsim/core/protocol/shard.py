@@ -82,6 +82,53 @@ class MigrationStart(InternalRequest):
     key: dict
     min: dict
     max: dict
+    # with migrationId the donor persists its coordinator document and pending range-deletion
+    # task first (``MigrationCoordinator::startMigration``)
+    migrationId: Any = None
+    uuid: Any = None  # the collection's UUID
+    to: str | None = None  # the recipient shard
+
+
+@request
+class RecvChunkStart(InternalRequest):
+    """On the recipient before the clone: run the range deletions overlapping ``[min, max)``,
+    delete what is left there, persist the recipient's pending range-deletion task
+    (``MigrationDestinationManager::_migrateDriver``). Reply ``{deleted: n}``."""
+    NAME = "_shardsimRecvChunkStart"
+    WIRE_NAMES = {"from_": "from"}
+    ns: str
+    migrationId: Any
+    key: dict
+    min: dict
+    max: dict
+    uuid: Any = None
+    from_: str | None = None  # the donor shard
+
+
+@request
+class MigrationDecision(InternalRequest):
+    """Persist a migration's decision (``committed`` / ``aborted``) in the donor's coordinator
+    document (``MigrationCoordinator::setMigrationDecision``). Reply ``{found}``."""
+    NAME = "_shardsimMigrationDecision"
+    migrationId: Any
+    decision: str
+
+
+@request
+class RangeDeletionTask(InternalRequest):
+    """``action: "run"``: make the migration's range-deletion task ready and delete its range;
+    ``"forget"``: delete the task (``markAsReadyRangeDeletionTaskLocally``,
+    ``deleteRangeDeletionTaskLocally``). Reply ``{deleted: n}``."""
+    NAME = "_shardsimRangeDeletionTask"
+    migrationId: Any
+    action: str
+
+
+@request
+class ForgetMigration(InternalRequest):
+    """Delete the donor's coordinator document (``MigrationCoordinator::forgetMigration``)."""
+    NAME = "_shardsimForgetMigration"
+    migrationId: Any
 
 
 @request
@@ -117,7 +164,7 @@ class MigrationEnd(InternalRequest):
     """The donor stops recording the migration's writes."""
     NAME = "_shardsimMigrationEnd"
     one: int
-    sessionId: str
+    sessionId: str | None = None  # none known: nothing to stop (a recovered migration)
 
 
 @request
