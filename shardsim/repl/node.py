@@ -43,12 +43,13 @@ FETCH_LIMIT = 100
 @dataclass
 class DurableState:
     """What survives a restart: the last vote (``local.replset.election``), the rollback id
-    (``local.system.rollback.id``) and the stable optime (the newest majority-committed optime
-    the member has applied: where recover-to-stable-timestamp starts)."""
+    (``local.system.rollback.id``) and the last commit point learned (the server restarts its
+    majority snapshot from the stable timestamp of its last checkpoint; keeping the commit point
+    itself makes it monotonic across restarts; reads stay bounded by what is applied)."""
 
     last_vote: LastVote = LastVote()
     rbid: int = 1
-    stable: OpTime = NULL_OPTIME
+    commit_point: OpTime = NULL_OPTIME
 
 
 class ReplNode(ElectionsMixin, StepDownMixin):
@@ -58,7 +59,7 @@ class ReplNode(ElectionsMixin, StepDownMixin):
     ``rules`` all False outside mutation tests.
 
     The term starts at max(last vote's term, last entry's term) (the server reads both at
-    startup); the commit point at the persisted stable optime. Call :meth:`start` next."""
+    startup); the commit point at the persisted one. Call :meth:`start` next."""
 
     def __init__(self, config: ReplSetConfig, self_id: int, durable: DurableState,
                  last_applied: OpTime, *, now: int, rng: random.Random,
@@ -74,7 +75,7 @@ class ReplNode(ElectionsMixin, StepDownMixin):
         self.role = FOLLOWER
         self.applied = last_applied
         self.durable_optime = last_applied
-        self.commit_point = min(durable.stable, last_applied)
+        self.commit_point = durable.commit_point
         self.views = {mid: MemberView() for mid in config.ids if mid != self_id}
         self.primary_id: Optional[int] = None
         self.sync_source: Optional[int] = None
@@ -86,6 +87,7 @@ class ReplNode(ElectionsMixin, StepDownMixin):
         self.election_deadline: Optional[int] = None
         self.rollback_deadline: Optional[int] = None
         self.next_heartbeat = {mid: now for mid in self.views}
+        self._hb_due: Optional[int] = now if self.views else None
         self.hb_seq = 0
         self._init_elections()
         self._init_stepdown()
@@ -107,14 +109,21 @@ class ReplNode(ElectionsMixin, StepDownMixin):
 
     def next_wake(self) -> Optional[int]:
         """The earliest time (ms) :meth:`tick` has something to do."""
-        times = [min(self.next_heartbeat.values())] if self.next_heartbeat else []
-        for t in (self.election_deadline, self.rollback_deadline, self.fetch_deadline,
-                  self._elections_wake(), self._stepdown_wake()):
-            if t is not None:
-                times.append(t)
-        if self.role == LEADER:
-            times.append(self._majority_check_due())
-        return min(times) if times else None
+        wake = self._hb_due
+        for t in (self.election_deadline, self.rollback_deadline, self.fetch_deadline):
+            if t is not None and (wake is None or t < wake):
+                wake = t
+        if self.role != FOLLOWER or self.catch_up is not None:
+            t = self._elections_wake()
+            if t is not None and (wake is None or t < wake):
+                wake = t
+        if self.step_down_attempt is not None:
+            t = self._stepdown_wake()
+            if t is not None and (wake is None or t < wake):
+                wake = t
+        if self.role == LEADER and (wake is None or self._next_majority_check < wake):
+            wake = self._next_majority_check
+        return wake
 
     def tick(self, now: int) -> None:
         """Do what is due at ``now``: heartbeats, member timeouts, the election timer, an election
@@ -334,6 +343,8 @@ class ReplNode(ElectionsMixin, StepDownMixin):
         self._reset_election_timer(now)
 
     def _send_heartbeats(self, now: int) -> None:
+        if self._hb_due is None or now < self._hb_due:
+            return
         interval = self.config.heartbeat_interval_ms
         for mid, due in self.next_heartbeat.items():
             if now >= due:
@@ -341,10 +352,12 @@ class ReplNode(ElectionsMixin, StepDownMixin):
                 self._out.append((mid, Heartbeat(self.config.set_name, self.id, self.term,
                                                  self.config.version, self.hb_seq)))
                 self.next_heartbeat[mid] = now + interval
+        self._hb_due = min(self.next_heartbeat.values())
 
     def _heartbeat_all_now(self, now: int) -> None:
         for mid in self.next_heartbeat:
             self.next_heartbeat[mid] = now
+        self._hb_due = now if self.next_heartbeat else None
         self._send_heartbeats(now)
 
     def _on_heartbeat(self, hb: Heartbeat, now: int) -> HeartbeatResponse:
@@ -442,7 +455,7 @@ class ReplNode(ElectionsMixin, StepDownMixin):
                                    from_sync_source=from_sync_source, rules=self.rules)
         if new != self.commit_point:
             self.commit_point = new
-            self.durable.stable = max(self.durable.stable, self.readable_point)
+            self.durable.commit_point = new
             self._effects.append(CommitPointAdvanced(new))
 
     # -- internals: fetching and rollback --------------------------------------------------------
