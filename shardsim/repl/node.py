@@ -133,6 +133,7 @@ class ReplNode(ElectionsMixin, StepDownMixin):
         if self.fetch_deadline is not None and now >= self.fetch_deadline:
             self.fetch_deadline = None
         if self.rollback_deadline is not None and now >= self.rollback_deadline:
+            self.rollback_deadline = None
             self.abort_rollback(now)
         if self.role == LEADER and now >= self._majority_check_due():
             self._check_majority_visible(now)
@@ -278,8 +279,8 @@ class ReplNode(ElectionsMixin, StepDownMixin):
         self._learn_commit_point(md.commit_point, now, from_sync_source=True)
         if entries:
             self._send_update_position()
-        elif md.last_applied <= self.applied:
-            self.sync_source = None            # not ahead of us any more
+        elif md.last_applied < self.applied:
+            self.sync_source = None            # the source fell behind us: choose again
         return entries
 
     def finish_rollback(self, plan: RollbackPlan, now: int) -> None:
@@ -471,7 +472,9 @@ class ReplNode(ElectionsMixin, StepDownMixin):
             self.sync_source = None
             self._set_state(MemberState.RECOVERING, "too stale to catch up")
             return
-        if self.role == LEADER:                 # a primary in catch-up never rolls back
+        if self.role != FOLLOWER:
+            # a primary in catch-up never rolls back; a candidate does not enter ROLLBACK while
+            # it runs (setFollowerMode refuses it during an election): try again later
             self.sync_source = None
             return
         self._effects.append(KillOperations(
