@@ -133,8 +133,8 @@ class ReplWorld:
             t += self.rng.randint(20, 160)
             self.sched.at(t, self._client_write)
         self.sched.at(self.chaos_end, self._heal)
-        self.sched.run(self.end, lambda: False, check_from=self.end + 1)
-        self.h.end_time = self.end
+        self.sched.run(self.end, self._settled, check_from=self.chaos_end, every=50)
+        self.h.end_time = self.sched.now
         for m in self.members:
             self.h.final_logs[m.id] = [(op, e["uid"]) for op, e in zip(m.optimes, m.oplog)]
         return self.h
@@ -219,6 +219,14 @@ class ReplWorld:
             if m.node is None:
                 self._boot(m)
         self._watch_liveness()
+
+    def _settled(self) -> bool:
+        """Healed, the final majority write acknowledged, every oplog ending at the same entry
+        (the run can stop: nothing the checkers judge changes any more)."""
+        if self.h.final_write_acked is None:
+            return False
+        last = self.members[0].last
+        return all(m.node is not None and m.last == last for m in self.members)
 
     def _watch_liveness(self) -> None:
         now = self.sched.now
