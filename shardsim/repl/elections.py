@@ -14,7 +14,7 @@ catchUpTimeoutMillis, then ``signalDrainComplete`` writes the "new primary" no-o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from .commit_point import MAX_OPTIME
 from .member_state import MemberState, ReplError
@@ -23,8 +23,6 @@ from .messages import (HeartbeatResponse, PersistState, RequestVotes, StateChang
 from .optime import OpTime
 from .votes import LastVote, VoteTally, process_request_votes
 
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 #: ``replElectionTimeoutOffsetLimitFraction`` (replication_coordinator_external_state_impl.cpp).
 ELECTION_OFFSET_FRACTION = 0.15

@@ -8,9 +8,11 @@ import random
 import pytest
 
 from shardsim.repl import (DurableState, MemberConfig, MemberState, OpTime, ReplError,
-                           ReplNode, ReplSetConfig, election_id, parse_step_down, serve_fetch)
+                           ReplNode, ReplSetConfig, election_id, parse_step_down, plan_rollback,
+                           serve_fetch)
 from shardsim.repl.messages import (FailWaiters, FetchReply, Heartbeat, KillOperations,
-                                    RequestVotes, StateChanged, StepUpFinished, WriteNoop)
+                                    RequestVotes, StartRollback, StateChanged, StepUpFinished,
+                                    WriteNoop)
 from shardsim.repl.sync_source import choose_sync_source, diverged_or_too_stale, MemberView
 
 
@@ -56,6 +58,13 @@ class Harness:
                     self.effects[i].append(eff)
                     if isinstance(eff, WriteNoop):
                         node.note_new_primary_noop(self.append(i, eff.term, eff.doc), self.now)
+                        busy = True
+                    elif isinstance(eff, StartRollback):
+                        plan = plan_rollback(self.oplogs[i], self.oplogs[eff.source_id],
+                                             commit_point=node.commit_point,
+                                             rbid=self.durable[i].rbid)
+                        del self.oplogs[i][plan.keep:]
+                        node.finish_rollback(plan, self.now)
                         busy = True
                 for dst, msg in sends:
                     busy = True
@@ -301,4 +310,8 @@ def test_a_deposed_primary_with_unreplicated_writes_rolls_back():
     effects = h.effects[p]
     assert any(isinstance(e, StateChanged) and e.new == MemberState.ROLLBACK for e in effects)
     assert any(isinstance(e, KillOperations) and e.scope == "all" for e in effects)
+    # the lost write is gone, the rollback id moved, and the member caught up with the new primary
+    assert all(e["o"] != {"_id": "lost"} for e in h.oplogs[p])
+    assert h.durable[p].rbid == 2 and h.nodes[p].state == MemberState.SECONDARY
+    assert h.oplogs[p] == h.oplogs[q]
 
