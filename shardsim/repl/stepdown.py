@@ -78,13 +78,13 @@ class StepDownMixin:
         """Start ``replSetStepDown`` (arguments already checked by :func:`parse_step_down`).
         Returns the attempt; it completes at once when it can, else on later calls (positions
         arriving, :meth:`tick`). Raises ReplError NotWritablePrimary 10107 "not primary so
-        can't step down" on a non-primary."""
+        can't step down" on a non-primary, ConflictingOperationInProgress 117 while another
+        stepdown waits (``TopologyCoordinator::prepareForStepDownAttempt``)."""
         if self.role != "leader":
             raise not_writable_primary("not primary so can't step down")
         if self.step_down_attempt is not None and self.step_down_attempt.result is None:
-            self.step_down_attempt.result = ReplError(
-                117, "ConflictingOperationInProgress",
-                "Another stepdown is already in progress")
+            raise ReplError(117, "ConflictingOperationInProgress",
+                            "This node is already in the process of stepping down")
         attempt = StepDownAttempt(now + catch_up_secs * 1000, now + secs * 1000, force, self.term)
         self.step_down_attempt = attempt
         self._stepdown_progress(now)

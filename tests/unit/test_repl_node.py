@@ -184,6 +184,9 @@ def test_step_down_without_a_caught_up_secondary_fails_with_262_after_the_catch_
     node.note_applied(op, h.now)
     attempt = node.step_down(h.now, secs=60, catch_up_secs=10)
     assert attempt.result is None
+    with pytest.raises(ReplError) as exc:
+        node.step_down(h.now, secs=60, catch_up_secs=10)
+    assert exc.value.code == 117 and exc.value.code_name == "ConflictingOperationInProgress"
     h.advance(h.now + 9_900, fetch=False)
     assert attempt.result is None
     h.advance(h.now + 200, fetch=False)
@@ -315,3 +318,21 @@ def test_a_deposed_primary_with_unreplicated_writes_rolls_back():
     assert h.durable[p].rbid == 2 and h.nodes[p].state == MemberState.SECONDARY
     assert h.oplogs[p] == h.oplogs[q]
 
+
+
+def test_config_validation_and_non_voters():
+    for members, msg in [((), "at least one member"),
+                         ((MemberConfig(0, "a"), MemberConfig(0, "b")), "same _id"),
+                         ((MemberConfig(0, "a", votes=2),), "must be 0 or 1"),
+                         ((MemberConfig(0, "a", votes=0),), "priority must be 0"),
+                         ((MemberConfig(0, "a", votes=0, priority=0),), "at least one voting")]:
+        with pytest.raises(ReplError) as exc:
+            ReplSetConfig("rs0", members)
+        assert exc.value.code == 93 and msg in exc.value.errmsg
+    cfg = ReplSetConfig("rs0", (MemberConfig(0, "a"), MemberConfig(1, "b"),
+                                MemberConfig(2, "c", votes=0, priority=0)))
+    assert cfg.voter_ids == [0, 1] and cfg.majority_vote_count == 2
+    node = ReplNode(cfg, 2, DurableState(), OpTime(t=-1, ts=0), now=0, rng=random.Random(1))
+    node.start(0)
+    assert node.unelectable_reason(0) == "NotAVoter"
+    assert node.hello_fields()["passives"] == ["c"] and node.hello_fields()["hosts"] == ["a", "b"]
