@@ -4,6 +4,8 @@ timing settings (src/mongo/db/repl/repl_set_config.{h,cpp}, member_config.h).
 Defaults are the server's (``ReplSetConfig::kDefault*``): electionTimeoutMillis 10000,
 heartbeatIntervalMillis 2000, heartbeatTimeoutSecs 10, catchUpTimeoutMillis -1 (no limit),
 chainingAllowed true. Times are milliseconds of the caller's clock.
+``priority_takeover_freshness_ts`` is ``priorityTakeoverFreshnessWindowSeconds`` (2) in the
+units of :func:`shardsim.repl.optime.ts_int` (``secs << 32``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class ReplSetConfig:
     heartbeat_timeout_ms: int = 10_000
     catch_up_timeout_ms: int = -1
     chaining_allowed: bool = True
+    priority_takeover_freshness_ts: int = 2 << 32
     _by_id: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -51,6 +51,7 @@ class ElectionsMixin:
         self.catch_up: Optional[CatchUp] = None
         self.step_up_waiting = False
         self.won_terms: list[int] = []
+        self.takeover_deadline: Optional[int] = None
 
     # -- timer ----------------------------------------------------------------------------------
 
@@ -62,7 +63,7 @@ class ElectionsMixin:
         self.election_deadline = now + base + jitter
 
     def _elections_wake(self) -> Optional[int]:
-        times = [t for t in (self.round_deadline,) if t is not None]
+        times = [t for t in (self.round_deadline, self.takeover_deadline) if t is not None]
         if self.catch_up is not None:
             times.append(self.catch_up.target_deadline if self.catch_up.target is None
                          else self.catch_up.deadline)
@@ -73,6 +74,9 @@ class ElectionsMixin:
             self._election_lost(now, "election round timed out")
         if self.catch_up is not None:
             self._catch_up_progress(now, None)
+        if self.takeover_deadline is not None and now >= self.takeover_deadline:
+            self.takeover_deadline = None
+            self._try_priority_takeover(now)
         if (self.election_deadline is not None and now >= self.election_deadline
                 and self.role == "follower"):
             if self.unelectable_reason(now) is None:
@@ -94,12 +98,43 @@ class ElectionsMixin:
             return "RunningForElection" if self.role == "candidate" else "AlreadyPrimary"
         return None
 
+    # -- priority takeover ----------------------------------------------------------------------
+
+    def _schedule_priority_takeover(self, now: int, primary_id: int) -> None:
+        """A heartbeat from a primary of lower priority: stand in ``(priorityRank + 1) *
+        electionTimeoutMillis`` (+ the random offset), unless already scheduled
+        (``_scheduleNextLivenessUpdate``/``_cancelAndReschedulePriorityTakeover``)."""
+        if (self.takeover_deadline is not None or self.role != "follower"
+                or self.config.member(primary_id).priority >= self.me.priority):
+            return
+        base = self.config.election_timeout_ms
+        delay = (self.config.priority_rank(self.id) + 1) * base
+        self.takeover_deadline = now + delay + self.rng.randint(
+            0, int(base * ELECTION_OFFSET_FRACTION))
+
+    def _try_priority_takeover(self, now: int) -> None:
+        """The takeover timer fired: stand (dry run first) if a lower-priority primary is still
+        known and this member is electable and fresh enough (``_amIFreshEnoughForPriorityTakeover``:
+        same term as the primary's last entry, within the freshness window)."""
+        p = self.primary_id
+        if p is None or p == self.id or self.role != "follower":
+            return
+        if self.config.member(p).priority >= self.me.priority or self.unelectable_reason(now):
+            return
+        latest = self.views[p].applied
+        if latest.t != self.applied.t or \
+                self.applied.ts + self.config.priority_takeover_freshness_ts < latest.ts:
+            self._schedule_priority_takeover(now, p)      # not fresh enough yet: try later
+            return
+        self._start_election(now, "priorityTakeover", skip_dry_run=False)
+
     # -- the candidate ------------------------------------------------------------------------
 
     def _start_election(self, now: int, reason: str, *, skip_dry_run: bool) -> None:
         """``ElectionState::start``: become candidate; a dry run first unless skipped."""
         self.role = "candidate"
         self.election_deadline = None
+        self.takeover_deadline = None
         self.election_reason = reason
         if skip_dry_run:
             self._start_real_election(now)

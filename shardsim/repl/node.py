@@ -113,7 +113,8 @@ class ReplNode(ElectionsMixin, StepDownMixin):
         for t in (self.election_deadline, self.rollback_deadline, self.fetch_deadline):
             if t is not None and (wake is None or t < wake):
                 wake = t
-        if self.role != FOLLOWER or self.catch_up is not None:
+        if self.role != FOLLOWER or self.catch_up is not None or \
+                self.takeover_deadline is not None:
             t = self._elections_wake()
             if t is not None and (wake is None or t < wake):
                 wake = t
@@ -333,6 +334,7 @@ class ReplNode(ElectionsMixin, StepDownMixin):
         self.writable = False
         self.first_op_of_term = MAX_OPTIME
         self.catch_up = None
+        self.takeover_deadline = None
         if self.primary_id == self.id:
             self.primary_id = None
         self._effects.append(KillOperations(
@@ -382,6 +384,7 @@ class ReplNode(ElectionsMixin, StepDownMixin):
             self.primary_id = r.sender_id
             if self.role == FOLLOWER:
                 self._reset_election_timer(now)
+                self._schedule_priority_takeover(now, r.sender_id)
         elif self.primary_id == r.sender_id and r.state != MemberState.PRIMARY:
             self.primary_id = None
         if self.state not in (MemberState.ROLLBACK, MemberState.STARTUP2):

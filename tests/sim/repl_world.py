@@ -33,6 +33,8 @@ ELECTION_TIMEOUT = 1000
 HEARTBEAT_INTERVAL = 200
 CATCH_UP_TIMEOUT = 600
 FETCH_IDLE = 60
+#: the freshness window of a priority takeover in this world's ts units (ts ~ 10 x ms): 200 ms
+TAKEOVER_FRESHNESS_TS = 2000
 #: a writable primary must exist this long after the world healed (liveness bound, ms): two
 #: election timeouts with jitter, a dry run and a real round, catch-up, and a few heartbeats.
 LIVENESS_BOUND = 3 * ELECTION_TIMEOUT + CATCH_UP_TIMEOUT + 4 * HEARTBEAT_INTERVAL
@@ -101,7 +103,8 @@ class ReplWorld:
             "rs0", tuple(MemberConfig(i, f"m{i}:27017", priority=self._priority(i, members))
                          for i in range(members)),
             election_timeout_ms=ELECTION_TIMEOUT, heartbeat_interval_ms=HEARTBEAT_INTERVAL,
-            heartbeat_timeout_ms=ELECTION_TIMEOUT, catch_up_timeout_ms=CATCH_UP_TIMEOUT)
+            heartbeat_timeout_ms=ELECTION_TIMEOUT, catch_up_timeout_ms=CATCH_UP_TIMEOUT,
+            priority_takeover_freshness_ts=TAKEOVER_FRESHNESS_TS)
         self.members = [Member(i) for i in range(members)]
         self.h = History(members=members)
         self.chaos_end = chaos_ms
@@ -114,8 +117,11 @@ class ReplWorld:
         self.ts = 0
 
     def _priority(self, i: int, n: int) -> float:
-        # a priority-0 member on some seeds (never stands, still votes)
-        return 0.0 if (self.seed % 7 == 3 and i == n - 1) else 1.0
+        # a priority-0 member on some seeds (never stands, still votes); a priority-2 member on
+        # others (priority takeover)
+        if self.seed % 7 == 3 and i == n - 1:
+            return 0.0
+        return 2.0 if (self.seed % 5 == 1 and i == 0) else 1.0
 
     # -- running ---------------------------------------------------------------------------------
 

@@ -336,3 +336,14 @@ def test_config_validation_and_non_voters():
     node.start(0)
     assert node.unelectable_reason(0) == "NotAVoter"
     assert node.hello_fields()["passives"] == ["c"] and node.hello_fields()["hosts"] == ["a", "b"]
+
+
+def test_a_higher_priority_member_takes_over_once_caught_up():
+    h = Harness(priorities=[1, 1, 2])
+    h.nodes[2].freeze(0, 3)
+    h.advance(2500)
+    p = h.primary()
+    assert p in (0, 1)
+    h.advance(6000)
+    assert h.primary() == 2 and h.nodes[2].election_reason == "priorityTakeover"
+    assert h.nodes[2].term == h.nodes[p].term and h.nodes[p].state == MemberState.SECONDARY
