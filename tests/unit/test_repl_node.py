@@ -205,7 +205,14 @@ def test_step_down_with_a_caught_up_secondary_hands_the_election_off():
     attempt = node.step_down(h.now, secs=60, catch_up_secs=10)
     assert attempt.result == {"ok": 1.0}
     assert node.state == MemberState.SECONDARY and node.stepdown_until == h.now + 60_000
+    seen = len(h.effects[p])
     h.pump()                           # the handoff: replSetStepUp{skipDryRun} to a secondary
+    effects = h.effects[p][seen:]
+    kills = [e for e in effects if isinstance(e, KillOperations)]
+    assert [(e.error.code, e.scope) for e in kills] == [(11602, "writes")]
+    assert [e.error.code for e in effects if isinstance(e, FailWaiters)] == [189]
+    assert node.hello_fields()["isWritablePrimary"] is False and "electionId" not in \
+        node.hello_fields()
     h.advance(h.now + 300)
     q = h.primary()
     assert q is not None and q != p and h.nodes[q].term == 2
