@@ -81,3 +81,13 @@ def test_the_replay_hint_names_the_seed():
         "replay: python tests/sim/repl_run.py --seed 12 --members 5 --break vote_twice "
         "(or python -m pytest tests/sim/test_repl_sim.py --seed 12)")
     assert check_all is not None
+
+
+def test_the_replay_command_runs_one_seed_and_reports_violations(capsys):
+    from sim.repl_run import main
+    assert main(["--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("seed 1: 3 members") and "VIOLATION" not in out
+    bad = caught("vote_twice", election_safety)
+    assert main(["--seed", str(bad), "--break", "vote_twice"]) == 1
+    assert "VIOLATION election safety" in capsys.readouterr().out
