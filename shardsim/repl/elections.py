@@ -13,7 +13,7 @@ catchUpTimeoutMillis, then ``signalDrainComplete`` writes the "new primary" no-o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from .commit_point import MAX_OPTIME
@@ -32,13 +32,15 @@ NEW_PRIMARY_MSG = {"msg": "new primary"}
 @dataclass
 class CatchUp:
     """The new primary's catch-up (``ReplicationCoordinatorImpl::CatchupState``): ``target`` the
-    newest optime heard of since winning (None until every other member answered a heartbeat
-    or ``target_deadline`` passed), ``deadline`` the catchUpTimeoutMillis bound (None: none)."""
+    newest optime heard of in heartbeat replies since winning (``heard``;
+    ``latestKnownOpTimeSinceHeartbeatRestart``), None until every other member answered or
+    ``target_deadline`` passed; ``deadline`` the catchUpTimeoutMillis bound (None: none)."""
 
     waiting_for: set
     target: Optional[OpTime]
     target_deadline: int
     deadline: Optional[int]
+    heard: dict = field(default_factory=dict)
 
 
 class ElectionsMixin:
@@ -251,10 +253,11 @@ class ElectionsMixin:
             return
         if r is not None:
             c.waiting_for.discard(r.sender_id)
+            c.heard[r.sender_id] = r.applied
             if c.target is not None and r.applied > c.target:
                 c.target = r.applied
         if c.target is None and (not c.waiting_for or now >= c.target_deadline):
-            c.target = max([self.applied] + [v.applied for v in self.views.values() if v.up])
+            c.target = max([self.applied, *c.heard.values()])
         if c.target is None:
             return
         if self.applied >= c.target or (c.deadline is not None and now >= c.deadline):

@@ -379,6 +379,7 @@ class ReplNode(ElectionsMixin, StepDownMixin):
         v = self.views[r.sender_id]
         v.state, v.term, v.up, v.last_contact = r.state, r.term, True, now
         v.primary_id, v.sync_source_id = r.primary_id, r.sync_source_id
+        v.hb_applied = r.applied
         v.advance(r.applied, r.durable)
         if r.state == MemberState.PRIMARY and r.term == self.term and self.role != LEADER:
             self.primary_id = r.sender_id

@@ -21,14 +21,17 @@ from .optime import NULL_OPTIME, OpTime, format_optime
 @dataclass
 class MemberView:
     """What a member knows of another (member_data.h ``MemberData``): its state, term, applied
-    and durable optimes (only ever moved forward), whether it is up, when it was last heard
-    from (heartbeat reply or replSetUpdatePosition, ms), whom it knows as primary and syncs
-    from."""
+    and durable optimes (only ever moved forward: what the commit point counts), the applied
+    optime of its last heartbeat reply (``getHeartbeatAppliedOpTime``: may go back after a
+    rollback; what sync-source choice and catch-up use), whether it is up, when it was last
+    heard from (heartbeat reply or replSetUpdatePosition, ms), whom it knows as primary and
+    syncs from."""
 
     state: MemberState = MemberState.UNKNOWN
     term: int = -1
     applied: OpTime = NULL_OPTIME
     durable: OpTime = NULL_OPTIME
+    hb_applied: OpTime = NULL_OPTIME
     up: bool = False
     last_contact: int = -(2**62)
     primary_id: Optional[int] = None
@@ -45,15 +48,15 @@ class MemberView:
 def choose_sync_source(self_id: int, last_fetched: OpTime, views: Mapping[int, MemberView],
                        primary_id: Optional[int], chaining_allowed: bool,
                        exclude: frozenset = frozenset()) -> Optional[int]:
-    """The member to fetch from, or None: an up PRIMARY/SECONDARY whose applied optime is ahead
-    of ``last_fetched``; the primary when it qualifies (or when chaining is off, only it),
+    """The member to fetch from, or None: an up PRIMARY/SECONDARY whose applied optime (as its
+    last heartbeat reply said) is ahead of ``last_fetched``; the primary when it qualifies (or when chaining is off, only it),
     otherwise the freshest (ties: lowest ``_id``). ``exclude`` are sources just found unusable
     (the server's denylist)."""
     def eligible(mid: int) -> bool:
         v = views.get(mid)
         return (mid != self_id and mid not in exclude and v is not None and v.up
                 and v.state in (MemberState.PRIMARY, MemberState.SECONDARY)
-                and v.applied > last_fetched)
+                and v.hb_applied > last_fetched)
 
     if primary_id is not None and eligible(primary_id):
         return primary_id
@@ -61,7 +64,7 @@ def choose_sync_source(self_id: int, last_fetched: OpTime, views: Mapping[int, M
         return None
     best = None
     for mid in sorted(views):
-        if eligible(mid) and (best is None or views[mid].applied > views[best].applied):
+        if eligible(mid) and (best is None or views[mid].hb_applied > views[best].hb_applied):
             best = mid
     return best
 

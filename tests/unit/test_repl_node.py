@@ -287,8 +287,8 @@ def test_a_restarted_member_keeps_its_vote():
 
 
 def test_sync_source_choice_and_oplog_start_missing():
-    views = {1: MemberView(MemberState.SECONDARY, 1, OpTime(t=1, ts=9), up=True),
-             2: MemberView(MemberState.PRIMARY, 1, OpTime(t=1, ts=5), up=True)}
+    views = {1: MemberView(MemberState.SECONDARY, 1, hb_applied=OpTime(t=1, ts=9), up=True),
+             2: MemberView(MemberState.PRIMARY, 1, hb_applied=OpTime(t=1, ts=5), up=True)}
     assert choose_sync_source(0, OpTime(t=1, ts=4), views, 2, True) == 2
     assert choose_sync_source(0, OpTime(t=1, ts=5), views, 2, True) == 1
     assert choose_sync_source(0, OpTime(t=1, ts=5), views, 2, False) is None
