@@ -3,7 +3,8 @@
 After src/mongo/db/repl/topology_coordinator.cpp:
 
 * ``TopologyCoordinator::updateLastCommittedOpTimeAndWallTime`` (the primary): sort the voting
-  members' durable optimes and take ``votingOptimes[size - writeMajority]`` -> :func:`majority_point`;
+  members' durable optimes and take ``votingOptimes[size - writeMajority]``
+  -> :func:`majority_point`;
 * ``TopologyCoordinator::advanceLastCommittedOpTimeAndWallTime`` (every member): the commit
   point never moves back; a primary ignores a point before ``_firstOpTimeOfMyTerm`` (which is
   "infinity" from ``processWinElection`` until ``completeTransitionToPrimary``) -- so an entry

@@ -2,13 +2,14 @@
 
 After src/mongo/db/repl/replication_coordinator_impl_elect_v1.cpp (``ElectionState::start``:
 a dry run at the current term, then ``_startRealElection``: term + 1, the vote for itself
-persisted by ``_writeLastVoteForMyElection``, then the real vote requests; ``_onVoteRequestComplete``
--> ``processWinElection``), vote_requester.cpp, topology_coordinator.cpp
-(``becomeCandidateIfElectable``, ``_getMyUnelectableReason``, ``processWinElection``,
-``completeTransitionToPrimary``), replication_coordinator_impl.cpp (``_cancelAndRescheduleElectionTimeout_inlock``
-with ``_getRandomizedElectionOffset_inlock``: electionTimeoutMillis plus 0-15 % jitter;
-``CatchupState``: the new primary catches up to the newest optime it hears of, bounded by
-catchUpTimeoutMillis, then ``signalDrainComplete`` writes the "new primary" no-op).
+persisted by ``_writeLastVoteForMyElection``, then the real vote requests;
+``_onVoteRequestComplete`` -> ``processWinElection``), vote_requester.cpp,
+topology_coordinator.cpp (``becomeCandidateIfElectable``, ``_getMyUnelectableReason``,
+``processWinElection``, ``completeTransitionToPrimary``) and replication_coordinator_impl.cpp
+(``_cancelAndRescheduleElectionTimeout_inlock`` with ``_getRandomizedElectionOffset_inlock``:
+electionTimeoutMillis plus 0-15 % jitter; ``CatchupState``: the new primary catches up to the
+newest optime it hears of, bounded by catchUpTimeoutMillis, then ``signalDrainComplete``
+writes the "new primary" no-op; the priority takeover).
 """
 
 from __future__ import annotations
@@ -196,7 +197,8 @@ class ElectionsMixin:
             self._reset_election_timer(now)
         if self.step_up_waiting:
             self.step_up_waiting = False
-            self._effects.append(StepUpFinished(ReplError(125, "CommandFailed", "Election failed.")))
+            self._effects.append(StepUpFinished(ReplError(125, "CommandFailed",
+                                                          "Election failed.")))
 
     def _abandon_election(self, now: int) -> None:
         """A newer term arrived while a candidate (``_updateTerm_inlock`` cancels the election)."""

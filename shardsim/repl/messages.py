@@ -119,8 +119,8 @@ class OplogQueryMetadata:
 
 @dataclass(frozen=True, slots=True)
 class FetchReply:
-    """What the source answered to "entries after ``after``": the entries (oldest first), or an error
-    (OplogStartMissing 120 when its oplog does not contain the requested optime), its first
+    """What the source answered to "entries after ``after``": the entries (oldest first), or
+    an error (OplogStartMissing 120 when its oplog does not contain that optime), its first
     optime (to tell "diverged" from "too stale"), and the metadata."""
 
     source_id: int
@@ -155,7 +155,8 @@ class StateChanged:
 class WriteNoop:
     """Append a no-op entry ``{op: "n", o: doc}`` in ``term`` and report its optime with
     :meth:`ReplNode.note_new_primary_noop` (the ``{msg: "new primary"}`` entry a new primary
-    writes before it takes writes: ReplicationCoordinatorExternalStateImpl::onTransitionToPrimary)."""
+    writes before it takes writes:
+    ReplicationCoordinatorExternalStateImpl::onTransitionToPrimary)."""
 
     term: int
     doc: dict

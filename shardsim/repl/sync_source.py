@@ -49,7 +49,8 @@ def choose_sync_source(self_id: int, last_fetched: OpTime, views: Mapping[int, M
                        primary_id: Optional[int], chaining_allowed: bool,
                        exclude: frozenset = frozenset()) -> Optional[int]:
     """The member to fetch from, or None: an up PRIMARY/SECONDARY whose applied optime (as its
-    last heartbeat reply said) is ahead of ``last_fetched``; the primary when it qualifies (or when chaining is off, only it),
+    last heartbeat reply said) is ahead of ``last_fetched``; the primary when it qualifies
+    (or when chaining is off, only it),
     otherwise the freshest (ties: lowest ``_id``). ``exclude`` are sources just found unusable
     (the server's denylist)."""
     def eligible(mid: int) -> bool:
