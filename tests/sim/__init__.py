@@ -26,4 +26,9 @@ are the real shard code too; the rest of the cluster is modelled:
   stream and streams resumed mid-run from tokens the first one returned (:func:`.world.run_seed`);
 * :mod:`.checkers` -- one module per invariant (order, completeness, no event released before
   every remote promised past it, postBatchResumeToken rules, no stream error).
+
+The replica-set simulation lives beside it: :mod:`.repl_world` runs 3- and 5-member sets of the
+replication core (``shardsim/core/repl/``) on the same scheduler, :mod:`.repl_checkers` holds one
+checker per invariant (election safety, log matching, commit point monotonic, no acknowledged
+write lost, no uncommitted entry exposed, liveness), ``repl_run.py --seed N`` replays a seed.
 """
