@@ -23,12 +23,13 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
-from shardsim import collation, expressions
+from shardsim import collation, expressions, max_time, regex_limits
 from shardsim.errors import MongoError
 from shardsim.search_indexes import check_search_stages
 from shardsim.values import id_key
 
 expressions.install()  # let variables, $getField/$setField
+regex_limits.install()  # $regex with a match limit; maxTimeMS checked per document tested
 
 MM_SCRATCH = mongomock.MongoClient().get_database("shardsim").get_collection("scratch")
 
@@ -172,14 +173,20 @@ def pinned_id_keys(filt: dict[str, Any] | None) -> list[Any] | None:
     return None
 
 
-def select(coll: Any, filt: dict[str, Any] | None) -> Iterator[tuple[Any, dict[str, Any]]]:
+PAUSE = (None, None)  # what select(..., pauses=True) yields before each document it examines
+
+
+def select(coll: Any, filt: dict[str, Any] | None, *,
+           pauses: bool = False) -> Iterator[tuple[Any, dict[str, Any]]]:
     """``(id_key, doc)`` for every document of ``coll`` matching ``filt`` in natural order.
 
     ``coll`` is anything with a ``docs`` mapping ``id_key -> document`` in natural order (a
     shard's :class:`shard.storage.Collection`), or None for a missing collection.
 
     An equality on ``_id`` is answered from the ``_id`` map without a scan. The scan works on a
-    snapshot of the keys, so callers may modify the collection while iterating.
+    snapshot of the keys, so callers may modify the collection while iterating. ``pauses``:
+    also yield :data:`PAUSE` before each document examined, where an async caller may let the
+    event loop in (:func:`select_paced`).
     """
     filt = filt or {}
     exact, value = _exact_id(filt)
@@ -203,6 +210,8 @@ def select(coll: Any, filt: dict[str, Any] | None) -> Iterator[tuple[Any, dict[s
             keys.setdefault(id_key(v), v)
         ordered = sorted(keys.items(), key=lambda kv: _SortKey(kv[1]))
         for k, _v in ordered:
+            if pauses:
+                yield PAUSE
             doc = coll.docs.get(k)
             if doc is not None and (len(filt) == 1 or matches(filt, doc)):
                 yield k, doc
@@ -213,9 +222,30 @@ def select(coll: Any, filt: dict[str, Any] | None) -> Iterator[tuple[Any, dict[s
         return
     docs = coll.docs
     for k in list(docs):
+        if pauses:
+            yield PAUSE
         doc = docs.get(k)
         if doc is not None and matches(filt, doc):
             yield k, doc
+
+
+async def select_paced(coll: Any, filt: dict[str, Any] | None,
+                       limit: int = 0) -> list[tuple[Any, dict[str, Any]]]:
+    """:func:`select` as a list (the first ``limit`` matches when ``limit``), for a command
+    handler: the scan checks the operation's ``maxTimeMS`` (MaxTimeMSExpired 50) and lets the
+    event loop serve other connections every few milliseconds (:class:`shardsim.max_time.Pacer`,
+    mongod's query yielding), so a slow scan stalls no other client."""
+    pacer = max_time.Pacer()
+    out: list[tuple[Any, dict[str, Any]]] = []
+    for item in select(coll, filt, pauses=True):
+        if item is PAUSE:
+            if pacer.due():
+                await pacer.tick()
+            continue
+        out.append(item)
+        if limit and len(out) >= limit:
+            break
+    return out
 
 
 def sort_docs(docs: list[dict[str, Any]], sort: dict[str, Any] | None) -> list[dict[str, Any]]:

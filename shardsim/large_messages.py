@@ -1,0 +1,207 @@
+"""Large requests without holding the event loop (issue 28, audit D1).
+
+Every process is one asyncio loop, so CPU spent on one client's message is time every other
+client of the process waits. mongod validates and parses a message on the thread of the
+connection that sent it (``ServiceStateMachine`` / ``SessionWorkflow`` in
+``src/mongo/transport/``, ``OpMsg::parse`` in ``src/mongo/rpc/op_msg.cpp`` with
+``validateBSON`` in ``src/mongo/bson/bson_validate.cpp``); here a message of
+:data:`OFF_LOOP_BYTES` or more is framed, depth-checked and decoded on a small worker pool
+instead:
+
+- The depth scan (:func:`shardsim.bson_limits.raw_depth_exceeds`) is pure Python, so the
+  interpreter hands the GIL back to the loop every switch interval (5 ms).
+- Decoding goes through :func:`decode_sliced`: pymongo's C decoder holds the GIL for a whole
+  call (1-2 s for a 16 MB document of small values), so a large document is decoded a slice of
+  at most :data:`SLICE_BYTES` at a time and the pieces joined, which gives the loop the GIL
+  back between slices.
+
+Limits stay mongod's (:mod:`shardsim.wire`): ``maxMessageSizeBytes`` 48,000,000 (a larger
+header closes the connection, ``ProtocolError``), a body section of at most 16 MiB + 16 KiB
+(``BSONObjMaxInternalSize``, 10334).
+
+Before authentication a connection may only run the commands that need none (``hello``,
+``saslStart``, ...: :data:`shardsim.auth.privileges.TABLE`). mongod parses the whole message
+first and then answers Unauthorized (13); here a large message from an unauthenticated
+connection on a process with ``--auth`` is answered from its command name alone (read from the
+raw body, :func:`command_name`), with the same error and without depth-scanning or decoding
+megabytes nobody may run. (The one difference: a malformed large message from such a client
+gets 13 where mongod would name the malformation.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable
+
+from shardsim import wire
+from shardsim.errors import MongoError
+
+if TYPE_CHECKING:
+    from shardsim.node import Node
+
+OFF_LOOP_BYTES = 256 * 1024  # a message payload at least this large is parsed off the loop
+SLICE_BYTES = 64 * 1024  # at most this much BSON per call of the C decoder
+
+_i32 = struct.Struct("<i")
+_POOL: ThreadPoolExecutor | None = None
+# Fixed value sizes by element type (bytes after the field name); others are sized below.
+_FIXED = {0x01: 8, 0x06: 0, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8,
+          0x13: 16, 0xFF: 0, 0x7F: 0}
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:  # two workers: two large messages at once, the rest queue (per process)
+        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="shardsim-parse")
+    return _POOL
+
+
+class _Malformed(Exception):
+    """The slicer met bytes it cannot walk: the whole-document decoder reports them (22)."""
+
+
+def _value_end(data: bytes, kind: int, pos: int) -> int:
+    """End offset of the value of type ``kind`` starting at ``pos``."""
+    fixed = _FIXED.get(kind)
+    if fixed is not None:
+        return pos + fixed
+    if kind in (0x02, 0x0D, 0x0E):  # string, code, symbol
+        return pos + 4 + _i32.unpack_from(data, pos)[0]
+    if kind in (0x03, 0x04, 0x0F):  # object, array, code with scope: length-prefixed
+        return pos + _i32.unpack_from(data, pos)[0]
+    if kind == 0x05:  # binary
+        return pos + 5 + _i32.unpack_from(data, pos)[0]
+    if kind == 0x0B:  # regex: two cstrings
+        return data.index(b"\x00", data.index(b"\x00", pos) + 1) + 1
+    if kind == 0x0C:  # DBPointer
+        return pos + 4 + _i32.unpack_from(data, pos)[0] + 12
+    raise _Malformed(kind)
+
+
+def _decode_run(decode: Callable[[bytes], dict], data: bytes, start: int, end: int) -> dict:
+    """Decode the consecutive elements ``data[start:end]`` as one small document."""
+    return decode(_i32.pack(end - start + 5) + data[start:end] + b"\x00")
+
+
+def _decode_doc(decode: Callable[[bytes], dict], data: bytes, start: int,
+                as_list: bool) -> Any:
+    """The document (or array) at ``data[start:]``, decoded slice by slice."""
+    (size,) = _i32.unpack_from(data, start)
+    end = start + size - 1
+    if size < 5 or end >= len(data) or data[end] != 0:
+        raise _Malformed(start)
+    out_d: dict[str, Any] = {}
+    out_l: list[Any] = []
+
+    def add(piece: dict) -> None:
+        if as_list:
+            out_l.extend(piece.values())
+        else:
+            out_d.update(piece)
+
+    pos, run = start + 4, start + 4
+    while pos < end:
+        kind = data[pos]
+        name_end = data.index(b"\x00", pos + 1)
+        vend = _value_end(data, kind, name_end + 1)
+        if vend > end:
+            raise _Malformed(pos)
+        if kind in (0x03, 0x04) and vend - name_end - 1 > SLICE_BYTES:
+            if run < pos:
+                add(_decode_run(decode, data, run, pos))
+            name = data[pos + 1:name_end].decode("utf-8")
+            add({name: _decode_doc(decode, data, name_end + 1, kind == 0x04)})
+            run = vend
+        elif vend - run > SLICE_BYTES and run < pos:
+            add(_decode_run(decode, data, run, pos))
+            run = pos
+        pos = vend
+    if run < end:
+        add(_decode_run(decode, data, run, end))
+    if as_list:
+        return out_l
+    if "$ref" in out_d and "$id" in out_d:  # a DBRef: the decoder's own rules
+        return decode(data[start:start + size])
+    return out_d
+
+
+def decode_sliced(raw: bytes, decode: Callable[[bytes], dict] | None = None) -> dict[str, Any]:
+    """Decode the BSON document ``raw`` like :func:`shardsim.node.decode` (same codec, same
+    errors: InvalidBSON 22), but at most :data:`SLICE_BYTES` per call of the C decoder, so a
+    thread running it lets the event loop's thread in between (the C decoder keeps the GIL
+    for a whole call). Nested documents and arrays larger than a slice are decoded element
+    by element; runs of smaller elements are decoded together."""
+    if decode is None:
+        from shardsim.node import decode
+    if len(raw) <= SLICE_BYTES:
+        return decode(raw)
+    try:
+        return _decode_doc(decode, raw, 0, False)
+    except (_Malformed, struct.error, ValueError, IndexError, UnicodeDecodeError):
+        return decode(raw)  # malformed: the decoder names the fault (22)
+
+
+def command_name(op_code: int, payload: bytes) -> str | None:
+    """The command name (first field of the body) of an OP_MSG payload, without parsing the
+    rest; None when it cannot be read cheaply (the full parser then reports the fault)."""
+    if op_code != wire.OP_MSG:
+        return None
+    try:
+        pos, end = 4, len(payload)
+        while pos < end:
+            kind = payload[pos]
+            if kind == 0:
+                first = pos + 5
+                if payload[first] == 0:
+                    return None
+                name_end = payload.index(b"\x00", first + 1, first + 256)
+                return payload[first + 1:name_end].decode("utf-8")
+            if kind != 1:
+                return None
+            pos += 1 + _i32.unpack_from(payload, pos + 1)[0]
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def pre_auth_refusal(node: "Node", header: wire.Header, payload: bytes,
+                     conn: Any) -> wire.BadMessage | None:
+    """Unauthorized (13) ``Command <name> requires authentication`` for a large message from
+    an unauthenticated connection to a process with ``--auth`` whose command needs
+    authentication (``Security.authorize``'s answer, given before the body is parsed); None
+    when the message must be parsed (no auth, an authenticated connection, a command that
+    needs none, or the first-user localhost exception)."""
+    security = node.security
+    if not security.enabled or (conn.auth is not None and conn.auth.users):
+        return None
+    name = command_name(header.op_code, payload)
+    if name is None:
+        return None
+    from shardsim.auth import privileges
+    try:
+        node.commands.lookup(name)
+    except MongoError:
+        return None  # no such command (59) is answered after a full parse, as before
+    canonical = node.commands.canonical(name)
+    if privileges.TABLE.get(canonical) == privileges.NO_AUTH or canonical in ("createUser",
+                                                                               "createRole"):
+        return None
+    return wire.BadMessage(header.request_id, header.op_code,
+                           MongoError(13, f"Command {canonical} requires authentication"))
+
+
+async def parse_off_loop(header: wire.Header, payload: bytes, raw_header: bytes,
+                         decode_request: Callable[[wire.Message], Any]) -> tuple[wire.Message, Any]:
+    """``wire.parse_message`` then ``decode_request(msg)`` (a Request or a MongoError) on the
+    worker pool; the loop awaits them."""
+    def work() -> tuple[wire.Message, Any]:
+        msg = wire.parse_message(header, payload, raw_header)
+        if isinstance(msg, wire.BadMessage):
+            return msg, None
+        try:
+            return msg, decode_request(msg)
+        except MongoError as exc:
+            return msg, exc
+    return await asyncio.get_running_loop().run_in_executor(_pool(), work)
