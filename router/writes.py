@@ -40,6 +40,7 @@ from router.forwarding import forwardable, reply_body
 from router import retryable_writes as rw
 from router import shard_key_update as sku
 from router import shard_versioning as sv
+from shardsim import max_time
 from shardsim.commands import Request, check_type
 from shardsim.errors import MongoError
 
@@ -141,7 +142,7 @@ class WriteExecutor:
         key = info.pattern.key_of_query(q)
         if key is not None:
             return [info.chunks.find(key).shard], False
-        owners = info.chunks.shards_for_query(q)
+        owners = await max_time.run_steps(info.chunks.shards_for_query_steps(q))
         if multi:
             return owners, True
         if self.kind == "update" and op.get("upsert"):

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator, TypeVar
 
 from shardsim.errors import MongoError
 
@@ -35,6 +35,7 @@ TIMED_COMMANDS = frozenset({"find", "aggregate", "count", "distinct", "update", 
                             "findAndModify", "bulkWrite"})
 SLICE_S = 0.005  # at most this much CPU between two yields of a Pacer (seconds)
 
+T = TypeVar("T")
 _deadline: ContextVar[float | None] = ContextVar("shardsim_deadline", default=None)
 
 
@@ -92,3 +93,16 @@ class Pacer:
             await asyncio.sleep(0)
             self._since = time.perf_counter()
             check()
+
+
+async def run_steps(steps: Generator[None, None, T]) -> T:
+    """Run a generator that yields (None) between slices of its work and returns a result,
+    with a :class:`Pacer` between slices: the deadline is checked (50) at each, the event loop
+    let in every :data:`SLICE_S`."""
+    pacer = Pacer()
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await pacer.tick()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from router import aggregate_write, change_stream, shard_versioning
 from router.current_op import aggregate_current_op
-from shardsim import current_op, local_sessions
+from shardsim import current_op, local_sessions, max_time
 from router.commands.admin import CONFIG_DATABASES, config_read
 from router.remote_cursor import tailable_find
 from router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
@@ -62,7 +62,9 @@ async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> 
         shard = node.read_primary(db)
         shards = [shard] if shard else []
     else:
-        shards = info.chunks.shards_for_query(filt if isinstance(filt, dict) else {})
+        # a large $in is targeted in slices, honouring maxTimeMS (issue 28)
+        shards = await max_time.run_steps(
+            info.chunks.shards_for_query_steps(filt if isinstance(filt, dict) else {}))
     if req.get("autocommit") is False:
         node.transactions.participant(req, set(shards))
     return shards
