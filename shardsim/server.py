@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 from itertools import count
 from typing import Any
 
@@ -168,6 +169,9 @@ class Server:
                         msg, decoded = await large_messages.parse_off_loop(
                             header, payload, raw_header, lambda m: _decode_request(m, conn))
                 out = await self._respond(msg, conn, decoded)
+                if isinstance(decoded, Request):  # free its objects off the loop as well
+                    holder, decoded = [decoded.body], None
+                    large_messages.release(holder)
                 if out is not None:
                     writer.write(out)
                     await writer.drain()
@@ -291,6 +295,9 @@ def run_node(node: Node, host: str, port: int, *, ready_message: str | None = No
         # the objects that exist at start (modules, tables) out of every collection.
         gc.freeze()
         gc.set_threshold(20_000, 20, 10)
+        # Large requests are parsed on a worker thread (shardsim/large_messages.py): the loop's
+        # thread waits at most this long for the GIL when it has a connection to serve.
+        sys.setswitchinterval(0.001)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
