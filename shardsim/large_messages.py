@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Callable
 
 from shardsim import wire
@@ -46,6 +47,9 @@ SLICE_BYTES = 64 * 1024  # at most this much BSON per call of the C decoder
 
 _i32 = struct.Struct("<i")
 _POOL: ThreadPoolExecutor | None = None
+# True while a request that was decoded off the loop runs: what it sends on (the router's
+# commands to shards) is encoded off the loop too (:func:`encode_off_loop`).
+LARGE_REQUEST: ContextVar[bool] = ContextVar("shardsim_large_request", default=False)
 # Fixed value sizes by element type (bytes after the field name); others are sized below.
 _FIXED = {0x01: 8, 0x06: 0, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8,
           0x13: 16, 0xFF: 0, 0x7F: 0}
@@ -241,3 +245,36 @@ def release(holder: list[Any]) -> None:
     objects on the loop's thread held it for 60-150 ms."""
     if holder:
         _pool().submit(_release, holder)
+
+
+def _encode_value(encode: Callable[[Any], bytes], key: str, value: Any) -> bytes:
+    """The BSON element ``key: value``, a large array a slice of elements at a time."""
+    if type(value) is list and len(value) > 1024:
+        parts = []
+        for at in range(0, len(value), 1024):
+            piece = encode({str(at + i): v for i, v in enumerate(value[at:at + 1024])})
+            parts.append(piece[4:-1])
+        return b"\x04" + key.encode() + b"\x00" + _wrap(parts)
+    if type(value) is dict and 0 < len(value) <= 64:
+        parts = [_encode_value(encode, str(k), v) for k, v in value.items()]
+        return b"\x03" + key.encode() + b"\x00" + _wrap(parts)
+    return encode({key: value})[4:-1]
+
+
+def _wrap(parts: list[bytes]) -> bytes:
+    size = 5 + sum(map(len, parts))
+    return _i32.pack(size) + b"".join(parts) + b"\x00"
+
+
+def encode_sliced(doc: dict[str, Any], encode: Callable[[Any], bytes]) -> bytes:
+    """``encode(doc)``, but arrays of more than 1024 values (a ``$in`` of 500,000) are encoded
+    1024 values per call of the C encoder (which keeps the GIL for a whole call), so a
+    thread running it lets the event loop's thread in between. Small documents along the way
+    are walked; anything else is encoded whole."""
+    return _wrap([_encode_value(encode, str(k), v) for k, v in doc.items()])
+
+
+async def encode_off_loop(doc: dict[str, Any], encode: Callable[[Any], bytes]) -> bytes:
+    """:func:`encode_sliced` on the worker pool."""
+    return await asyncio.get_running_loop().run_in_executor(_pool(), encode_sliced, doc,
+                                                            encode)

@@ -6,8 +6,8 @@ mongod runs each operation on its own thread and checks its deadline at interrup
 Here one asyncio loop serves every client of a process, so:
 
 - :func:`deadline_scope` (entered by ``Node.run_command`` for the commands in
-  :data:`TIMED_COMMANDS`) keeps the request's deadline in a context variable, visible to the
-  code it runs and to the tasks it starts;
+  :data:`TIMED_COMMANDS`) keeps the request's deadline in a context variable, for the task
+  that runs the command (not for tasks it starts, which may outlive it);
 - :func:`check` is the interrupt point: the matcher calls it for every document it tests
   (:mod:`shardsim.regex_limits` installs it), the router's targeting between slices of a large
   ``$in``;
@@ -36,7 +36,9 @@ TIMED_COMMANDS = frozenset({"find", "aggregate", "count", "distinct", "update", 
 SLICE_S = 0.005  # at most this much CPU between two yields of a Pacer (seconds)
 
 T = TypeVar("T")
-_deadline: ContextVar[float | None] = ContextVar("shardsim_deadline", default=None)
+# (deadline on time.monotonic(), the task running the operation): tasks the operation starts
+# inherit the context but not the deadline (a background task outlives its request).
+_deadline: ContextVar[tuple[float, Any] | None] = ContextVar("shardsim_deadline", default=None)
 
 
 def expired_error() -> MongoError:
@@ -53,23 +55,32 @@ def deadline_scope(max_time_ms: Any) -> Iterator[None]:
         return
     deadline = time.monotonic() + float(max_time_ms) / 1000.0
     outer = _deadline.get()
-    token = _deadline.set(deadline if outer is None else min(outer, deadline))
+    if outer is not None:
+        deadline = min(outer[0], deadline)
+    token = _deadline.set((deadline, asyncio.current_task()))
     try:
         yield
     finally:
         _deadline.reset(token)
 
 
+def _current() -> float | None:
+    held = _deadline.get()
+    if held is None or held[1] is not asyncio.current_task():
+        return None  # no deadline, or a task the operation started (it inherits the context)
+    return held[0]
+
+
 def remaining() -> float | None:
     """Seconds left before the current operation's deadline (negative: past it); None
     without a deadline."""
-    deadline = _deadline.get()
+    deadline = _current()
     return None if deadline is None else deadline - time.monotonic()
 
 
 def check() -> None:
     """The interrupt point: MaxTimeMSExpired (50) once the deadline has passed."""
-    deadline = _deadline.get()
+    deadline = _current()
     if deadline is not None and time.monotonic() >= deadline:
         raise expired_error()
 

@@ -11,8 +11,9 @@ Python's ``re`` has no limit and cannot be interrupted (``(a+)+$`` on ``"a" * 28
 shard's only loop for 18.8 s). Here a ``$regex`` is evaluated with the ``regex`` package, which
 avoids much of that backtracking (``(a+)+$`` is linear in it) and takes a ``timeout``:
 
-- each evaluation (one pattern against one string) may run :data:`MATCH_BUDGET_S`, this
-  project's stand-in for PCRE2's match limit; past it the string does not match, as in 8.0;
+- each evaluation (one pattern against one string) may run :data:`MATCH_BUDGET_S` (10 ms,
+  plus :data:`BUDGET_PER_MB_S` per MB of string), this project's stand-in for PCRE2's match
+  limit; past it the string does not match, as in 8.0;
 - within an operation that has a deadline (``maxTimeMS``, :mod:`shardsim.max_time`) the
   evaluation stops at the deadline instead and the operation fails with 50.
 
@@ -33,7 +34,8 @@ from bson import Regex
 from shardsim import max_time
 from shardsim.errors import MongoError
 
-MATCH_BUDGET_S = 0.02  # one pattern against one string, at most (seconds)
+MATCH_BUDGET_S = 0.01  # one pattern against one (short) string, at most (seconds)
+BUDGET_PER_MB_S = 0.005  # and this much more per MB of string (a linear scan of 16 MB: ~60 ms)
 
 
 @functools.lru_cache(maxsize=512)
@@ -70,15 +72,16 @@ def _pattern_of(spec: Any) -> Any:
 
 def search(spec: Any, text: str) -> bool:
     """True when the pattern ``spec`` (a string, ``re`` pattern or ``bson.Regex``) matches
-    somewhere in ``text``. An evaluation past :data:`MATCH_BUDGET_S` is no match; one that
+    somewhere in ``text``. An evaluation past its budget is no match; one that
     reaches the operation's deadline raises MaxTimeMSExpired (50)."""
     pattern = _pattern_of(spec)
+    limit = MATCH_BUDGET_S + BUDGET_PER_MB_S * (len(text) / 1_000_000)
     left = max_time.remaining()
-    budget = MATCH_BUDGET_S if left is None else max(0.0, min(MATCH_BUDGET_S, left))
+    budget = limit if left is None else max(0.0, min(limit, left))
     try:
         return pattern.search(text, timeout=budget) is not None
     except TimeoutError:
-        if left is not None and left <= MATCH_BUDGET_S:
+        if left is not None and left <= limit:
             raise max_time.expired_error() from None
         return False  # the match limit: no match, as RegexMatchExpression in 8.0
 

@@ -168,10 +168,17 @@ class Server:
                     if msg is None:
                         msg, decoded = await large_messages.parse_off_loop(
                             header, payload, raw_header, lambda m: _decode_request(m, conn))
-                out = await self._respond(msg, conn, decoded)
-                if isinstance(decoded, Request):  # free its objects off the loop as well
-                    holder, decoded = [decoded.body], None
-                    large_messages.release(holder)
+                if decoded is None:
+                    out = await self._respond(msg, conn)
+                else:  # what it sends on is encoded off the loop, its objects freed there
+                    token = large_messages.LARGE_REQUEST.set(True)
+                    try:
+                        out = await self._respond(msg, conn, decoded)
+                    finally:
+                        large_messages.LARGE_REQUEST.reset(token)
+                    if isinstance(decoded, Request):
+                        holder, decoded = [decoded.body], None
+                        large_messages.release(holder)
                 if out is not None:
                     writer.write(out)
                     await writer.drain()
