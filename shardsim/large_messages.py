@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from shardsim.node import Node
 
 OFF_LOOP_BYTES = 256 * 1024  # a message payload at least this large is parsed off the loop
-SLICE_BYTES = 64 * 1024  # at most this much BSON per call of the C decoder
+SLICE_BYTES = 32 * 1024  # at most this much BSON per call of the C decoder
 
 _i32 = struct.Struct("<i")
 _POOL: ThreadPoolExecutor | None = None
@@ -60,6 +60,13 @@ def _pool() -> ThreadPoolExecutor:
     if _POOL is None:  # one worker: large messages queue (one CPU-bound thread beside the loop)
         _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsim-parse")
     return _POOL
+
+
+def start_worker() -> None:
+    """Start the worker thread now (a server calls it when it starts listening): a thread
+    started on demand is waited for by the loop until the OS first runs it, 100-300 ms on a
+    busy machine."""
+    _pool().submit(int).result()
 
 
 class _Malformed(Exception):

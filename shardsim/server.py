@@ -99,6 +99,7 @@ class Server:
         self.port = sock.getsockname()[1]
         self.node.host = self.host
         self.node.port = self.port
+        large_messages.start_worker()
         await self.node.startup()
 
     async def close(self) -> None:

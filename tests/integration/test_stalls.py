@@ -147,11 +147,11 @@ def test_large_messages_are_decoded_off_the_loop(cluster: Cluster) -> None:
     message = _tiny_docs_message({"ping": 1, "$db": "admin"}, "pad")
     host, port = cluster.router.host, cluster.router.port
     worst, pings, results = worst_ping_during(
-        host, port, [lambda: _flood(host, port, message, 2) for _ in range(2)])
+        host, port, [lambda: _flood(host, port, message, 1) for _ in range(2)])
     print(f"\nD1 decoded off the loop: worst ping {worst * 1000:.1f} ms over {pings} pings")
     for replies in results:
         assert not isinstance(replies, BaseException), replies
-        assert [r["ok"] for r in replies] == [1.0, 1.0]
+        assert [r["ok"] for r in replies] == [1.0]
     assert worst < WORST_PING_S
 
 
