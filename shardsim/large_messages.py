@@ -9,7 +9,8 @@ connection that sent it (``ServiceStateMachine`` / ``SessionWorkflow`` in
 instead:
 
 - The depth scan (:func:`shardsim.bson_limits.raw_depth_exceeds`) is pure Python, so the
-  interpreter hands the GIL back to the loop every switch interval (5 ms).
+  interpreter hands the GIL back to the loop every switch interval (1 ms in a server
+  process, :func:`shardsim.server.run_node`).
 - Decoding goes through :func:`decode_sliced`: pymongo's C decoder holds the GIL for a whole
   call (1-2 s for a 16 MB document of small values), so a large document is decoded a slice of
   at most :data:`SLICE_BYTES` at a time and the pieces joined, which gives the loop the GIL

@@ -33,7 +33,7 @@ from shardsim.errors import MongoError
 # by the caller (their maxTimeMS is the wait of the first batch).
 TIMED_COMMANDS = frozenset({"find", "aggregate", "count", "distinct", "update", "delete",
                             "findAndModify", "bulkWrite"})
-SLICE_S = 0.005  # at most this much CPU between two yields of a Pacer (seconds)
+SLICE_S = 0.002  # at most this much CPU between two yields of a Pacer (seconds)
 
 T = TypeVar("T")
 # (deadline on time.monotonic(), the task running the operation): tasks the operation starts

@@ -11,7 +11,7 @@ Python's ``re`` has no limit and cannot be interrupted (``(a+)+$`` on ``"a" * 28
 shard's only loop for 18.8 s). Here a ``$regex`` is evaluated with the ``regex`` package, which
 avoids much of that backtracking (``(a+)+$`` is linear in it) and takes a ``timeout``:
 
-- each evaluation (one pattern against one string) may run :data:`MATCH_BUDGET_S` (5 ms,
+- each evaluation (one pattern against one string) may run :data:`MATCH_BUDGET_S` (2 ms,
   plus :data:`BUDGET_PER_MB_S` per MB of string), this project's stand-in for PCRE2's match
   limit; past it the string does not match, as in 8.0;
 - within an operation that has a deadline (``maxTimeMS``, :mod:`shardsim.max_time`) the
@@ -34,8 +34,8 @@ from bson import Regex
 from shardsim import max_time
 from shardsim.errors import MongoError
 
-MATCH_BUDGET_S = 0.005  # one pattern against one (short) string, at most (seconds)
-BUDGET_PER_MB_S = 0.005  # and this much more per MB of string (a linear scan of 16 MB: ~60 ms)
+MATCH_BUDGET_S = 0.002  # one pattern against one (short) string, at most (seconds)
+BUDGET_PER_MB_S = 0.02  # and this much more per MB of string (a linear scan of 16 MB: ~60 ms)
 
 
 @functools.lru_cache(maxsize=512)

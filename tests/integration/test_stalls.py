@@ -167,36 +167,43 @@ def regex_shard(shard_process, shard_client):
 
 
 def test_backtracking_regex_does_not_stall_the_shard(regex_shard) -> None:
-    """``(a+)+$`` (the audit's pattern) and ``(a|a)+$`` on ``"a" * 24 + "!"``: mongod's PCRE2
-    stops at its match limit and counts no match; here the ``regex`` package with a budget per
-    evaluation does the same, and the scan lets the loop serve the pings."""
+    """``(a+)+$`` (the audit's pattern) and ``(a|a)+$`` on ``"a" * 24 + "!"``, in finds and a
+    multi-update: mongod's PCRE2 stops at its match limit and counts no match; here the
+    ``regex`` package with a budget per evaluation does the same, and the scans let the loop
+    serve the pings."""
     proc, coll = regex_shard
     host, port = proc.address.rsplit(":", 1)
 
     def find(pattern: str) -> Callable[[], list[Any]]:
         return lambda: [d["_id"] for d in coll.find({"s": {"$regex": pattern}})]
 
-    worst, pings, results = worst_ping_during(host, int(port),
-                                              [find("(a+)+$"), find("(a|a)+$")])
+    def update() -> tuple[int, int]:
+        r = coll.update_many({"s": {"$regex": "(a|a)+$"}}, {"$set": {"x": 1}})
+        return r.matched_count, r.modified_count
+
+    first = find("(a+)+$")
+    worst, pings, results = worst_ping_during(
+        host, int(port), [lambda: (first(), update()), find("(a|a)+$")])
     print(f"\nD2 regex: worst ping {worst * 1000:.1f} ms over {pings} pings")
-    assert results == [[100], [100]]
+    assert results == [([100], (1, 1)), [100]]
     assert worst < WORST_PING_S
+    assert coll.delete_many({"s": {"$regex": "(a|a)+$|^aaa$"}}).deleted_count == 1
 
 
 def test_regex_scan_honours_max_time_ms(regex_shard) -> None:
     proc, coll = regex_shard
     coll.insert_many([{"_id": 20 + i, "s": "a" * 24 + "!"} for i in range(12)])
-    for run in (lambda: list(coll.find({"s": {"$regex": "(a|a)+$"}}).max_time_ms(30)),
-                lambda: coll.count_documents({"s": {"$regex": "(a|a)+$"}}, maxTimeMS=30),
+    for run in (lambda: list(coll.find({"s": {"$regex": "(a|a)+$"}}).max_time_ms(20)),
+                lambda: coll.count_documents({"s": {"$regex": "(a|a)+$"}}, maxTimeMS=20),
                 lambda: list(coll.aggregate([{"$match": {"s": {"$regex": "(a|a)+$"}}}],
-                                            maxTimeMS=30)),
+                                            maxTimeMS=20)),
                 lambda: coll.database.command(
                     {"delete": "regex", "deletes": [{"q": {"s": {"$regex": "(a|a)+$"}},
-                                                     "limit": 0}], "maxTimeMS": 30}),
+                                                     "limit": 0}], "maxTimeMS": 20}),
                 lambda: coll.database.command(
                     {"update": "regex", "updates": [{"q": {"s": {"$regex": "(a|a)+$"}},
                                                      "u": {"$set": {"x": 1}}, "multi": True}],
-                     "maxTimeMS": 30})):
+                     "maxTimeMS": 20})):
         with pytest.raises(OperationFailure) as err:
             run()
         assert err.value.code == 50
