@@ -221,7 +221,8 @@ def in_collection(cluster: Cluster) -> Iterator[pymongo.collection.Collection]:
         client.drop_database("stall_in")
         admin.command("enableSharding", "stall_in")
         admin.command("shardCollection", "stall_in.c", key={"k": 1})
-        admin.command("split", "stall_in.c", middle={"k": 10_000_000})
+        for middle in (10_000_000, 30_000_000, 40_000_000, 50_000_000):  # 5 chunks
+            admin.command("split", "stall_in.c", middle={"k": middle})
         config = client.config
         owner = config.chunks.find_one({"max.k": 10_000_000})["shard"]
         other = next(s["_id"] for s in config.shards.find() if s["_id"] != owner)
