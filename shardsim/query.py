@@ -14,6 +14,7 @@ Shards run it over their storage; the router runs it over the union of shard res
 
 from __future__ import annotations
 
+import heapq
 import operator
 import re
 from typing import Any, Iterable, Iterator
@@ -274,6 +275,70 @@ def sort_docs(docs: list[dict[str, Any]], sort: dict[str, Any] | None) -> list[d
     except Exception as exc:
         raise translate_error(exc) from None
     return out
+
+
+_SORT_RUN = 2048  # documents sorted in one call by sort_docs_paced
+_PACED_SORT_MIN = 8 * _SORT_RUN  # fewer documents are sorted in one go (about 0.2 s at most)
+
+
+async def sort_docs_paced(docs: list[dict[str, Any]],
+                          sort: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """:func:`sort_docs` for a command handler: a list of more than ``_PACED_SORT_MIN``
+    documents is sorted in runs of ``_SORT_RUN`` documents, which are then merged (both
+    stable, so the result is the same), with a :class:`shardsim.max_time.Pacer` between runs
+    and every ``_SORT_RUN`` merged documents, so a sort of 100,000 documents neither stalls
+    other clients nor outlives its maxTimeMS (50). The merge compares in Python: such a sort
+    takes 2-4 times the CPU of one in a single call."""
+    if len(docs) <= _PACED_SORT_MIN or not sort or list(sort) == ["$natural"]:
+        return sort_docs(docs, sort)
+    sort_docs([], sort)  # the specification's errors first
+    pacer = max_time.Pacer()
+    out = list(docs)
+    folded = collation.active()
+    try:
+        for path, direction in reversed(list(sort.items())):
+            if isinstance(direction, dict):
+                continue
+            desc = direction < 0
+
+            def key(d: dict[str, Any], p: str = path, r: bool = desc) -> _SortKey:
+                return _SortKey(_sort_value(collation.fold(d) if folded else d, p, r))
+
+            runs = []
+            for n, at in enumerate(range(0, len(out), _SORT_RUN)):
+                run = [_Merged(key(d), n, desc, d) for d in out[at:at + _SORT_RUN]]
+                run.sort()
+                runs.append(run)
+                await pacer.tick()
+            merged: list[dict[str, Any]] = []
+            for item in heapq.merge(*runs):
+                merged.append(item.doc)
+                if len(merged) % _SORT_RUN == 0:
+                    await pacer.tick()
+            out = merged
+    except MongoError:
+        raise
+    except Exception as exc:
+        raise translate_error(exc) from None
+    return out
+
+
+class _Merged:
+    """A document in :func:`sort_docs_paced`: ordered by its sort key (descending when
+    ``desc``), ties by its run, so sorting runs and merging them is stable."""
+
+    __slots__ = ("key", "run", "desc", "doc")
+
+    def __init__(self, key: "_SortKey", run: int, desc: bool, doc: dict[str, Any]) -> None:
+        self.key, self.run, self.desc, self.doc = key, run, desc, doc
+
+    def __lt__(self, other: "_Merged") -> bool:
+        first, second = (other.key, self.key) if self.desc else (self.key, other.key)
+        if first < second:
+            return True
+        if second < first:
+            return False
+        return self.run < other.run
 
 
 class _EmptyArray:

@@ -42,7 +42,7 @@ async def _read_docs(coll: Collection | None, filt: dict[str, Any] | None,
         docs = [d for _, d in await q.select_paced(coll, filt, limit)]
     else:
         docs = [d for _, d in await q.select_paced(coll, filt)]
-        docs = q.sort_docs(docs, sort)
+        docs = await q.sort_docs_paced(docs, sort)
         if skip:
             docs = docs[skip:]
         if limit:

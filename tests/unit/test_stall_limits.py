@@ -121,3 +121,18 @@ def test_a_large_message_before_authentication_is_refused_from_its_name() -> Non
         other = wire.encode_op_msg(bson.encode({name: 1, "$db": "admin", "pad": "x" * 10}))
         assert large_messages.pre_auth_refusal(_node(True), wire.parse_header(other),
                                                other[16:], conn) is None
+
+
+def test_a_paced_sort_gives_the_order_of_a_single_sort() -> None:
+    import random
+    from shardsim import query
+    rnd = random.Random(7)
+    choices = [1, 2.5, "x", None, Int64(2), "y", 7, [3, 1], [0, 9], True]
+    docs = [{"_id": i, "a": rnd.choice(choices), "b": rnd.randint(0, 40)}
+            for i in range(query._PACED_SORT_MIN + 3000)]
+    for spec in ({"a": 1}, {"a": -1}, {"b": 1, "a": -1}, {"b": -1, "_id": 1}):
+        want = [d["_id"] for d in query.sort_docs(docs, spec)]
+        assert [d["_id"] for d in asyncio.run(query.sort_docs_paced(docs, spec))] == want
+    with pytest.raises(MongoError) as err:
+        asyncio.run(query.sort_docs_paced(docs, {"a": 2}))
+    assert err.value.code == 15975
