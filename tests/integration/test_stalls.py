@@ -7,11 +7,16 @@ same attacks held the loop for seconds), and, where the attack honours ``maxTime
 fails with MaxTimeMSExpired (50).
 
 - D1: messages of ~16 MB of tiny documents (the depth scan and the decoding of 1.2 million
-  objects) from an unauthenticated client of a router with ``--auth``, and the same messages
-  on a router without auth (parsed and decoded off the loop, slice by slice);
+  objects) from an unauthenticated client of a router with ``--auth`` (refused from their
+  command name), and the same messages from an authenticated client (parsed and decoded off
+  the loop, slice by slice);
 - D2: a backtracking ``$regex`` on a shard (``(a+)+$``, and ``(a|a)+$`` which backtracks in
   the ``regex`` package too and so meets the match budget);
-- D3: a ``$in`` of 500,000 shard-key values through the router, all in one chunk.
+- D3: a read-only user's ``$in`` of 500,000 shard-key values through the router, all in one
+  chunk.
+
+The router tests share one router with ``--auth`` (real processes, so the pings measure the
+router and not this process); the shard tests start a shard of their own.
 
 The measured worst pings are printed (``pytest -s``).
 """
@@ -29,6 +34,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from shardsim import wire
+from shardsim.auth.scram import SCRAM_SHA_256, ClientConversation
 from shardsim.launcher import Cluster
 
 WORST_PING_S = 0.100
@@ -53,6 +59,21 @@ class _Conn:
     def command(self, message: bytes) -> dict[str, Any]:
         self.send(message)
         return self.reply()
+
+    def login(self, user: str, pwd: str, db: str) -> "_Conn":
+        """SCRAM-SHA-256 on this connection."""
+        conv = ClientConversation(SCRAM_SHA_256, user, pwd)
+
+        def run(body: dict[str, Any]) -> dict[str, Any]:
+            reply = self.command(wire.encode_op_msg(bson.encode({**body, "$db": db})))
+            assert reply["ok"] == 1.0, reply
+            return reply
+
+        first = run({"saslStart": 1, "mechanism": SCRAM_SHA_256, "payload": conv.first(),
+                     "options": {"skipEmptyExchange": True}})
+        run({"saslContinue": 1, "conversationId": first["conversationId"],
+             "payload": conv.final(bytes(first["payload"]))})
+        return self
 
     def close(self) -> None:
         self.sock.close()
@@ -99,25 +120,49 @@ def _tiny_docs_message(command: dict[str, Any], field: str, n: int = 1_200_000) 
     return wire.encode_op_msg(bson.encode({**command, field: [{}] * n}))
 
 
-def _flood(host: str, port: int, message: bytes, times: int) -> list[dict[str, Any]]:
+def _flood(host: str, port: int, message: bytes, times: int,
+           login: tuple[str, str, str] | None = None) -> list[dict[str, Any]]:
     conn = _Conn(host, port)
     try:
+        if login:
+            conn.login(*login)
         return [conn.command(message) for _ in range(times)]
     finally:
         conn.close()
 
 
-# -- D1: large messages ---------------------------------------------------------------------
+# -- the router: 2 shards with --auth ----------------------------------------------------------
+ROOT = ("root", "rootpw", "admin")
+READER = ("reader", "readpw", "stall_in")
+
+
 @pytest.fixture(scope="module")
 def auth_router() -> Iterator[Cluster]:
-    c = Cluster(shards=1, auth=("root", "rootpw"))
+    """A router with ``--auth`` over 2 shards (real processes whatever the test-cluster mode,
+    so the pings measure the router, not this process); ``stall_in.c`` sharded on ``k`` in 5
+    chunks, 6 documents, and a user with the ``read`` role on ``stall_in``."""
+    c = Cluster(shards=2, auth=ROOT[:2])
     c.start()
     try:
+        client = pymongo.MongoClient(c.router_uri, **c.client_options())
+        admin = client.admin
+        admin.command("enableSharding", "stall_in")
+        admin.command("shardCollection", "stall_in.c", key={"k": 1})
+        for middle in (10_000_000, 30_000_000, 40_000_000, 50_000_000):  # 5 chunks
+            admin.command("split", "stall_in.c", middle={"k": middle})
+        owner = client.config.chunks.find_one({"max.k": 10_000_000})["shard"]
+        other = next(s["_id"] for s in client.config.shards.find() if s["_id"] != owner)
+        admin.command("moveChunk", "stall_in.c", find={"k": 20_000_000}, to=other)
+        client.stall_in.c.insert_many([{"_id": i, "k": i} for i in range(5)]
+                                      + [{"_id": 99, "k": 20_000_000}])
+        client.stall_in.command("createUser", READER[0], pwd=READER[1], roles=["read"])
+        client.close()
         yield c
     finally:
         c.stop()
 
 
+# -- D1: large messages ---------------------------------------------------------------------
 def test_large_messages_from_an_unauthenticated_client(auth_router: Cluster) -> None:
     """Two unauthenticated connections send inserts of 16 MB bodies and of 2 million tiny
     documents in a document sequence: each gets Unauthorized (13), and the router keeps
@@ -141,13 +186,13 @@ def test_large_messages_from_an_unauthenticated_client(auth_router: Cluster) -> 
     assert worst < WORST_PING_S
 
 
-def test_large_messages_are_decoded_off_the_loop(cluster: Cluster) -> None:
-    """Without auth the same 16 MB bodies are parsed, depth-checked and decoded (slice by
-    slice, on a worker thread): the command runs, and the pings stay fast."""
+def test_large_messages_are_decoded_off_the_loop(auth_router: Cluster) -> None:
+    """From an authenticated connection the same 16 MB bodies are parsed, depth-checked and
+    decoded (slice by slice, on a worker thread): the command runs, and the pings stay fast."""
     message = _tiny_docs_message({"ping": 1, "$db": "admin"}, "pad")
-    host, port = cluster.router.host, cluster.router.port
+    host, port = auth_router.router.host, auth_router.router.port
     worst, pings, results = worst_ping_during(
-        host, port, [lambda: _flood(host, port, message, 1) for _ in range(2)])
+        host, port, [lambda: _flood(host, port, message, 1, ROOT) for _ in range(2)])
     print(f"\nD1 decoded off the loop: worst ping {worst * 1000:.1f} ms over {pings} pings")
     for replies in results:
         assert not isinstance(replies, BaseException), replies
@@ -213,45 +258,30 @@ def test_regex_scan_honours_max_time_ms(regex_shard) -> None:
 
 
 # -- D3: a huge $in through the router ------------------------------------------------------
-@pytest.fixture
-def in_collection(cluster: Cluster) -> Iterator[pymongo.collection.Collection]:
-    client = pymongo.MongoClient(cluster.router_uri, serverSelectionTimeoutMS=10000)
-    try:
-        admin = client.admin
-        client.drop_database("stall_in")
-        admin.command("enableSharding", "stall_in")
-        admin.command("shardCollection", "stall_in.c", key={"k": 1})
-        for middle in (10_000_000, 30_000_000, 40_000_000, 50_000_000):  # 5 chunks
-            admin.command("split", "stall_in.c", middle={"k": middle})
-        config = client.config
-        owner = config.chunks.find_one({"max.k": 10_000_000})["shard"]
-        other = next(s["_id"] for s in config.shards.find() if s["_id"] != owner)
-        admin.command("moveChunk", "stall_in.c", find={"k": 20_000_000}, to=other)
-        coll = client.stall_in.c
-        coll.insert_many([{"_id": i, "k": i} for i in range(5)] + [{"_id": 99, "k": 20_000_000}])
-        yield coll
-    finally:
-        client.drop_database("stall_in")
-        client.close()
-
-
-def test_huge_in_does_not_stall_the_router(cluster: Cluster, in_collection) -> None:
-    """500,000 shard-key values, all in the chunk below the split: the router targets them in
-    slices, letting the loop answer the pings, and honours maxTimeMS (50)."""
+def test_huge_in_does_not_stall_the_router(auth_router: Cluster) -> None:
+    """A read-only user's find with 500,000 shard-key values, all in the first of 5 chunks:
+    the router targets them in slices, letting the loop answer the pings, and honours
+    maxTimeMS (50)."""
     values = list(range(500_000))
-    host, port = cluster.router.host, cluster.router.port
+    host, port = auth_router.router.host, auth_router.router.port
     # encoded before the pings start (this process's own encoding would hold its GIL)
     message = wire.encode_op_msg(bson.encode({"find": "c", "filter": {"k": {"$in": values}},
                                               "$db": "stall_in"}))
 
     def find() -> list[Any]:
-        (reply,) = _flood(host, port, message, 1)
+        (reply,) = _flood(host, port, message, 1, READER)
         return sorted(d["_id"] for d in reply["cursor"]["firstBatch"])
 
     worst, pings, results = worst_ping_during(host, port, [find])
     print(f"\nD3 $in: worst ping {worst * 1000:.1f} ms over {pings} pings")
     assert results == [[0, 1, 2, 3, 4]]
     assert worst < WORST_PING_S
-    with pytest.raises(OperationFailure) as err:
-        list(in_collection.find({"k": {"$in": values}}).max_time_ms(100))
-    assert err.value.code == 50 and err.value.details["codeName"] == "MaxTimeMSExpired"
+    reader = pymongo.MongoClient(auth_router.router_uri, username=READER[0], password=READER[1],
+                                 authSource=READER[2], serverSelectionTimeoutMS=10000)
+    try:
+        with pytest.raises(OperationFailure) as err:
+            list(reader.stall_in.c.find({"k": {"$in": values}}).max_time_ms(100))
+        assert err.value.code == 50
+        assert err.value.details["codeName"] == "MaxTimeMSExpired"
+    finally:
+        reader.close()
