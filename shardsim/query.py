@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import operator
 import re
+from time import perf_counter
 from typing import Any, Iterable, Iterator
 
 import mongomock
@@ -174,7 +175,7 @@ def pinned_id_keys(filt: dict[str, Any] | None) -> list[Any] | None:
     return None
 
 
-PAUSE = (None, None)  # what select(..., pauses=True) yields before each document it examines
+PAUSE = (None, None)  # what select(..., pauses=True) yields every SLICE_S of scanning
 
 
 def select(coll: Any, filt: dict[str, Any] | None, *,
@@ -186,8 +187,8 @@ def select(coll: Any, filt: dict[str, Any] | None, *,
 
     An equality on ``_id`` is answered from the ``_id`` map without a scan. The scan works on a
     snapshot of the keys, so callers may modify the collection while iterating. ``pauses``:
-    also yield :data:`PAUSE` before each document examined, where an async caller may let the
-    event loop in (:func:`select_paced`).
+    also yield :data:`PAUSE` once :data:`shardsim.max_time.SLICE_S` of scanning has passed
+    since the last one, where an async caller lets the event loop in (:func:`select_paced`).
     """
     filt = filt or {}
     exact, value = _exact_id(filt)
@@ -210,9 +211,11 @@ def select(coll: Any, filt: dict[str, Any] | None, *,
         for v in in_values:
             keys.setdefault(id_key(v), v)
         ordered = sorted(keys.items(), key=lambda kv: _SortKey(kv[1]))
+        since = perf_counter()
         for k, _v in ordered:
-            if pauses:
+            if pauses and perf_counter() - since >= max_time.SLICE_S:
                 yield PAUSE
+                since = perf_counter()
             doc = coll.docs.get(k)
             if doc is not None and (len(filt) == 1 or matches(filt, doc)):
                 yield k, doc
@@ -222,9 +225,11 @@ def select(coll: Any, filt: dict[str, Any] | None, *,
             yield k, doc
         return
     docs = coll.docs
+    since = perf_counter()
     for k in list(docs):
-        if pauses:
+        if pauses and perf_counter() - since >= max_time.SLICE_S:
             yield PAUSE
+            since = perf_counter()
         doc = docs.get(k)
         if doc is not None and matches(filt, doc):
             yield k, doc
@@ -240,8 +245,7 @@ async def select_paced(coll: Any, filt: dict[str, Any] | None,
     out: list[tuple[Any, dict[str, Any]]] = []
     for item in select(coll, filt, pauses=True):
         if item is PAUSE:
-            if pacer.due():
-                await pacer.tick()
+            await pacer.tick()
             continue
         out.append(item)
         if limit and len(out) >= limit:
