@@ -128,9 +128,9 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
         body["projection"] = projection
     results = await asyncio.gather(*(node.drain(s, db, body, session=sess) for s in shards))
     docs = [d for _, part in results for d in part]
-    if sort:
-        from shardsim.query import sort_docs
-        docs = sort_docs(docs, sort)
+    if sort:  # paced when large (issue 28)
+        from shardsim.query import sort_docs_paced
+        docs = await sort_docs_paced(docs, sort)
     docs = docs[skip:]
     if limit is not None:
         docs = docs[:limit]
