@@ -40,6 +40,7 @@ from shardsim.router.forwarding import forwardable, reply_body
 from shardsim.router import retryable_writes as rw
 from shardsim.router import shard_key_update as sku
 from shardsim.router import shard_versioning as sv
+from shardsim.core import max_time
 from shardsim.core.commands import Request, check_type
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol.versions import NETWORK_ERRORS
@@ -142,7 +143,7 @@ class WriteExecutor:
         key = info.pattern.key_of_query(q)
         if key is not None:
             return [info.chunks.find(key).shard], False
-        owners = info.chunks.shards_for_query(q)
+        owners = await max_time.run_steps(info.chunks.shards_for_query_steps(q))
         if multi:
             return owners, True
         if self.kind == "update" and op.get("upsert"):

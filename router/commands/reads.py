@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardsim.router import aggregate_write, change_stream, shard_versioning
 from shardsim.router.current_op import aggregate_current_op
-from shardsim.core import current_op, local_sessions
+from shardsim.core import current_op, local_sessions, max_time
 from shardsim.router.commands.admin import CONFIG_DATABASES, config_read
 from shardsim.router.remote_cursor import tailable_find
 from shardsim.router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
@@ -62,7 +62,9 @@ async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> 
         shard = node.read_primary(db)
         shards = [shard] if shard else []
     else:
-        shards = info.chunks.shards_for_query(filt if isinstance(filt, dict) else {})
+        # a large $in is targeted in slices, honouring maxTimeMS (issue 28)
+        shards = await max_time.run_steps(
+            info.chunks.shards_for_query_steps(filt if isinstance(filt, dict) else {}))
     if req.get("autocommit") is False:
         node.transactions.participant(req, set(shards))
     return shards
@@ -126,9 +128,9 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
         body["projection"] = projection
     results = await asyncio.gather(*(node.drain(s, db, body, session=sess) for s in shards))
     docs = [d for _, part in results for d in part]
-    if sort:
-        from shardsim.core.query import sort_docs
-        docs = sort_docs(docs, sort)
+    if sort:  # paced when large (issue 28)
+        from shardsim.core.query import sort_docs_paced
+        docs = await sort_docs_paced(docs, sort)
     docs = docs[skip:]
     if limit is not None:
         docs = docs[:limit]

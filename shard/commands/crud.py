@@ -10,6 +10,7 @@ error aborts it (:mod:`shard.sessions`).
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import bson
@@ -205,11 +206,47 @@ def do_update(node: ShardNode, coll: Collection | None, db: str, name: str, stmt
                           array_filters)
 
 
+# The keys a paced pre-scan found for the statement being run (None: scan the collection).
+_PRESCANNED: ContextVar[list[Any] | None] = ContextVar("shard_prescanned", default=None)
+
+
+class _Prescanned:
+    """``coll`` seen through the keys of a pre-scan (what :func:`shardsim.core.query.select`
+    reads); each document is matched again when the write visits it."""
+
+    def __init__(self, coll: Any, keys: list[Any]) -> None:
+        docs = coll.docs
+        self.docs = {k: docs[k] for k in keys if k in docs}
+
+
+def _scope(coll: Any) -> Any:
+    keys = _PRESCANNED.get()
+    return coll if keys is None or coll is None else _Prescanned(coll, keys)
+
+
+async def _prescan(node: ShardNode, req: Request, name: str, stmt: Any,
+                   ctx: WriteContext, multi: bool) -> list[Any] | None:
+    """The keys of the documents a multi-document update or delete statement outside a
+    transaction may touch, found by a scan that yields to the loop and honours maxTimeMS
+    (:func:`shardsim.core.query.select_paced`, issue 28): the write then visits only those, matching
+    each again, so a slow filter (a backtracking ``$regex``) stalls no other client. None when
+    the statement is run as before (single-document, in a transaction, sorted, or a
+    collection with prepared or transaction writers)."""
+    if not multi or ctx.txn is not None or not isinstance(stmt, dict) \
+            or not isinstance(stmt.get("q"), dict) or stmt.get("sort"):
+        return None
+    coll = txn_view(node, node.storage.get(req.db, name), ctx)
+    if coll is None or coll.prepared or coll.txn_writers:
+        return None
+    with let_scope(stmt.get("c")), collation_scope(stmt.get("collation")):
+        return [k for k, _ in await q.select_paced(coll, stmt["q"])]
+
+
 def _candidates(coll: Collection | None, filt: dict[str, Any], sort: Any) -> Any:
     """The documents an update visits: natural order, or ``sort`` order (8.0's
     ``updateOne``/``replaceOne`` ``sort``: the first document in that order is updated)."""
     if not sort:
-        return q.select(coll, filt)
+        return q.select(_scope(coll), filt)
     if not isinstance(sort, dict):
         raise MongoError(14, "BSON field 'update.updates.sort' is the wrong type, expected "
                              "type 'object'")
@@ -304,13 +341,21 @@ async def update(node: ShardNode, req: Request) -> dict[str, Any]:
                 else:  # the delete/insert pair of an update that moved its document's shard
                     m, mod, up = int(done), int(done), _NONE
             else:
+                keys = await _prescan(node, req, name, stmt, ctx,
+                                      isinstance(stmt, dict) and "u" in stmt
+                                      and stmt.get("multi") is True)
                 coll = txn_view(node, storage.get(req.db, name), ctx)
+                token = _PRESCANNED.set(keys)
                 try:
                     m, mod, up = do_update(node, coll, req.db, name, stmt, ctx, i)
                 except WriteConflictWait as exc:  # writeConflictRetry (shard.write_conflicts)
+                    _PRESCANNED.reset(token)  # the retry scans the collection again
+                    token = _PRESCANNED.set(None)
                     m, mod, up = await write_conflict_retry(req, exc, lambda: do_update(
                         node, txn_view(node, storage.get(req.db, name), ctx), req.db, name,
                         stmt, ctx, i), node.flush)
+                finally:
+                    _PRESCANNED.reset(token)
                 if retry is not None:
                     retry.record_result(ctx.stmt_id, {"n": m, "m": mod,
                                                       "u": [up] if up is not _NONE else []})
@@ -352,7 +397,7 @@ def _delete_stmt(node: ShardNode, req: Request, name: str, stmt: dict[str, Any],
         with collation_scope(stmt.get("collation")):
             check_statement(coll, stmt["q"], limit == 0)
     deleted = 0
-    matched: Any = q.select(coll, stmt["q"])
+    matched: Any = q.select(_scope(coll), stmt["q"])
     if stmt.get("collation") is not None:
         with collation_scope(stmt["collation"]):
             matched = list(matched)
@@ -401,11 +446,16 @@ async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
                     n += int(done) if not isinstance(done, dict) else int(done.get("n", 0))
                     continue
             hints.check_hint(storage.get(req.db, name), stmt.get("hint"))
+            token = _PRESCANNED.set(await _prescan(node, req, name, stmt, ctx, limit == 0))
             try:
                 deleted = _delete_stmt(node, req, name, stmt, ctx)
             except WriteConflictWait as exc:  # writeConflictRetry (shard.write_conflicts)
+                _PRESCANNED.reset(token)
+                token = _PRESCANNED.set(None)
                 deleted = await write_conflict_retry(
                     req, exc, lambda: _delete_stmt(node, req, name, stmt, ctx), node.flush)
+            finally:
+                _PRESCANNED.reset(token)
             n += deleted
             if retry is not None:
                 retry.record_result(ctx.stmt_id, deleted)

@@ -34,18 +34,16 @@ if TYPE_CHECKING:
 commands = CommandFamily("reads")
 
 
-def _read_docs(coll: Collection | None, filt: dict[str, Any] | None, sort: dict[str, Any] | None,
-               skip: int, limit: int, projection: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The documents of ``coll`` a find returns (an unsorted limit stops the scan early)."""
+async def _read_docs(coll: Collection | None, filt: dict[str, Any] | None,
+                     sort: dict[str, Any] | None, skip: int, limit: int,
+                     projection: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The documents of ``coll`` a find returns (an unsorted limit stops the scan early). The
+    scan yields to the event loop and honours maxTimeMS (:func:`shardsim.core.query.select_paced`)."""
     if not sort and limit and not skip:
-        docs = []
-        for _, d in q.select(coll, filt):
-            docs.append(d)
-            if len(docs) >= limit:
-                break
+        docs = [d for _, d in await q.select_paced(coll, filt, limit)]
     else:
-        docs = [d for _, d in q.select(coll, filt)]
-        docs = q.sort_docs(docs, sort)
+        docs = [d for _, d in await q.select_paced(coll, filt)]
+        docs = await q.sort_docs_paced(docs, sort)
         if skip:
             docs = docs[skip:]
         if limit:
@@ -121,7 +119,8 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
                 docs = (q.sort_docs(docs, sort) if sort else docs)[skip:]
                 cursor = ListCursor(ns, q.project(docs[:limit] if limit else docs, projection))
             else:
-                cursor = ListCursor(ns, _read_docs(coll, filt, sort, skip, limit, projection))
+                cursor = ListCursor(ns, await _read_docs(coll, filt, sort, skip, limit,
+                                                         projection))
     if req.body.get("noCursorTimeout"):
         cursor.no_timeout = True
     bs = int(batch_size) if batch_size is not None else None
@@ -155,7 +154,7 @@ async def count(node: ShardNode, req: Request) -> dict[str, Any]:
         hints.check_hint(raw, req.body.get("hint"), f"{req.db}.{name}")
         coll = node.sharding.owned_view(req, txn_view(node, raw, req))
         n = len(coll.docs) if coll is not None and not filt else \
-            sum(1 for _ in q.select(coll, filt))
+            len(await q.select_paced(coll, filt))
     n = max(0, n - skip)
     if limit:
         n = min(n, limit)
@@ -175,7 +174,7 @@ async def distinct(node: ShardNode, req: Request) -> dict[str, Any]:
     raw = node.storage.get(req.db, name)
     hints.check_hint(raw, req.body.get("hint"), f"{req.db}.{name}")
     coll = node.sharding.owned_view(req, txn_view(node, raw, req))
-    return {"values": q.distinct_values((d for _, d in q.select(coll, filt)), key)}
+    return {"values": q.distinct_values((d for _, d in await q.select_paced(coll, filt)), key)}
 
 
 @commands.handler("aggregate", versioned=True, snapshot=True, reads=True)
@@ -237,7 +236,13 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
             raw = storage.get(req.db, name)
             hints.check_hint(raw, req.body.get("hint"), ns)
             coll = node.sharding.owned_view(req, txn_view(node, raw, req))
-            docs = list(coll.docs.values()) if coll is not None else []
+            if pipeline and isinstance(pipeline[0], dict) and list(pipeline[0]) == ["$match"] \
+                    and isinstance(pipeline[0]["$match"], dict):
+                # the leading $match as the query layer runs it: paced, honouring maxTimeMS
+                docs = [d for _, d in await q.select_paced(coll, pipeline[0]["$match"])]
+                pipeline = pipeline[1:]
+            else:
+                docs = list(coll.docs.values()) if coll is not None else []
     for st in pipeline:
         if isinstance(st, dict) and ("$out" in st or "$merge" in st):
             raise MongoError(238, "$out and $merge are not supported by shardsim")

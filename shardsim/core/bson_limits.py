@@ -16,7 +16,10 @@ Two limits, as mongod keeps them:
   maximum nesting depth of 180``. Empty objects and arrays do not count.
 
 Both scans are iterative, so no depth of input can raise RecursionError here, and the raw scan
-runs only when a document holds enough object/array type bytes to possibly be that deep.
+runs only when a document holds enough object/array type bytes to possibly be that deep. The scope
+of a code-with-scope value (BSON type 15) counts as one more level, as ``validateBSON`` descends
+into it like an embedded object (``bson_validate.cpp``): nesting inside a scope is no way around
+the limit.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def raw_depth_exceeds(raw: bytes | memoryview, max_open: int = MAX_ALLOWABLE_DEP
     """True when the BSON document ``raw`` begins an object while ``max_open`` are open (more
     than ``max_open + 1`` levels). Malformed bytes answer False: the decoder reports them (22)."""
     data = bytes(raw)
-    if data.count(3) + data.count(4) < max_open:  # not enough embedded objects to be that deep
+    if data.count(3) + data.count(4) + data.count(0x0F) < max_open:  # not deep enough to check
         return False
     ends: list[int] = []  # end offsets of the open documents
     pos, n = 0, len(data)
@@ -78,8 +81,15 @@ def raw_depth_exceeds(raw: bytes | memoryview, max_open: int = MAX_ALLOWABLE_DEP
                 pos = data.index(b"\x00", data.index(b"\x00", pos) + 1) + 1
             elif kind == 0x0C:  # DBPointer
                 pos += 4 + _i32.unpack_from(data, pos)[0] + 12
-            elif kind == 0x0F:  # code with scope: skipped whole
-                pos += _i32.unpack_from(data, pos)[0]
+            elif kind == 0x0F:  # code with scope: its scope is one more open document
+                if len(ends) > max_open:
+                    return True
+                scope_at = pos + 8 + _i32.unpack_from(data, pos + 4)[0]
+                (size,) = _i32.unpack_from(data, scope_at)
+                if size < 5:
+                    return False
+                ends.append(scope_at + size)
+                pos = scope_at + 4
             else:
                 return False
     except (struct.error, ValueError, IndexError):

@@ -15,11 +15,15 @@ import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
-from shardsim.core import wire
+from shardsim.core import large_messages, wire
 from shardsim.core.errors import MongoError
 from shardsim.core.node import CODEC, decode
 
 RAW_CODEC = CodecOptions(document_class=RawBSONDocument)
+
+
+def _encode(doc: Any) -> bytes:
+    return bson.encode(doc, codec_options=CODEC)
 
 
 class InternalSecurity:
@@ -178,7 +182,11 @@ class Connection:
         ``check`` an ``ok: 0`` reply raises MongoError carrying its code, codeName and labels."""
         body = dict(cmd)
         body["$db"] = db
-        reply_bytes = await self.command_bytes(bson.encode(body, codec_options=CODEC), timeout)
+        if large_messages.LARGE_REQUEST.get():  # forwarding a large request: encode off the loop
+            encoded = await large_messages.encode_off_loop(body, _encode)
+        else:
+            encoded = bson.encode(body, codec_options=CODEC)
+        reply_bytes = await self.command_bytes(encoded, timeout)
         reply: Any = RawBSONDocument(reply_bytes, RAW_CODEC) if raw else decode(reply_bytes)
         if check and not reply.get("ok"):
             raise remote_error(reply)

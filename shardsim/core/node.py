@@ -21,7 +21,7 @@ from bson import Binary
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 
-from shardsim.core import collation, expressions, node_commands, request_checks, search_indexes
+from shardsim.core import collation, expressions, max_time, node_commands, request_checks, search_indexes
 from shardsim.core.auth import commands as auth_commands
 from shardsim.core.auth.security import Security
 from shardsim.core.clock import HybridLogicalClock
@@ -150,13 +150,17 @@ class Node:
             if "lsid" in req.body:
                 self.local_sessions.vivify(req.body["lsid"], req.conn)
             # maxTimeMS, writeConcern and write batch shapes (shardsim/request_checks.py)
-            request_checks.check_request(self.commands.canonical(req.name), req.body)
-            if ("let" in req.body or "collation" in req.body) and req.name != "bulkWrite":
-                with expressions.let_scope(req.body.get("let")), \
-                        collation.collation_scope(req.body.get("collation")):
+            canonical = self.commands.canonical(req.name)
+            request_checks.check_request(canonical, req.body)
+            timed = canonical in max_time.TIMED_COMMANDS and "maxTimeMS" in req.body \
+                and not self.is_change_stream_request(req)
+            with max_time.deadline_scope(req.body["maxTimeMS"] if timed else None):
+                if ("let" in req.body or "collation" in req.body) and req.name != "bulkWrite":
+                    with expressions.let_scope(req.body.get("let")), \
+                            collation.collation_scope(req.body.get("collation")):
+                        reply = await self.invoke(handler, req)
+                else:
                     reply = await self.invoke(handler, req)
-            else:
-                reply = await self.invoke(handler, req)
             if "ok" not in reply:
                 reply["ok"] = 1.0
         except MongoError as exc:

@@ -14,12 +14,13 @@ import logging
 import os
 import re
 import signal
+import sys
 from itertools import count
 from typing import Any
 
 from bson.raw_bson import RawBSONDocument
 
-from shardsim.core import wire
+from shardsim.core import large_messages, wire
 from shardsim.core.commands import ConnectionInfo, Request
 from shardsim.core.cursors import RawBSONParts
 from shardsim.core.errors import MongoError
@@ -41,24 +42,29 @@ def _request_from_body(body: dict[str, Any], raw: bytes, conn: ConnectionInfo,
     return Request(name=name, db=db, body=body, conn=conn, raw=raw, sequences=sequences or {})
 
 
-def request_from_op_msg(msg: wire.OpMsg, conn: ConnectionInfo) -> Request:
-    """Decode an OP_MSG into a Request; kind-1 sequences become list fields of the body."""
-    body = decode(msg.body)
+def request_from_op_msg(msg: wire.OpMsg, conn: ConnectionInfo, *, sliced: bool = False) -> Request:
+    """Decode an OP_MSG into a Request; kind-1 sequences become list fields of the body.
+    ``sliced``: decode with :func:`shardsim.core.large_messages.decode_sliced` (on a worker thread,
+    so the event loop gets the GIL between slices)."""
+    dec = large_messages.decode_sliced if sliced else decode
+    body = dec(msg.body)
     for name, docs in msg.sequences.items():
         if name in body:
             raise MongoError(40433, f"Duplicate field between body and document sequence {name}")
-        body[name] = [decode(d) for d in docs]
+        body[name] = [dec(d) for d in docs]
     if "$db" not in body:
         raise MongoError(40571, "OP_MSG requests require a $db argument")
     return _request_from_body(body, msg.body, conn, msg.sequences)
 
 
-def request_from_op_query(msg: wire.OpQuery, conn: ConnectionInfo) -> Request:
-    """Decode a legacy OP_QUERY command on ``<db>.$cmd``."""
+def request_from_op_query(msg: wire.OpQuery, conn: ConnectionInfo, *,
+                          sliced: bool = False) -> Request:
+    """Decode a legacy OP_QUERY command on ``<db>.$cmd`` (``sliced``: as
+    :func:`request_from_op_msg`)."""
     db, _, coll = msg.collection.partition(".")
     if coll != "$cmd":
         raise MongoError(352, "Unsupported OP_QUERY command: legacy find is not supported")
-    body = decode(msg.query)
+    body = (large_messages.decode_sliced if sliced else decode)(msg.query)
     if "$query" in body or "query" in body and len(body) > 1 and isinstance(body.get("query"), dict):
         body = body.get("$query", body.get("query"))
     return _request_from_body(dict(body), msg.query, conn, default_db=db)
@@ -94,6 +100,7 @@ class Server:
         self.port = sock.getsockname()[1]
         self.node.host = self.host
         self.node.port = self.port
+        large_messages.start_worker()
         await self.node.startup()
 
     async def close(self) -> None:
@@ -167,8 +174,25 @@ class Server:
                     payload = await reader.readexactly(header.length - wire.HEADER_SIZE)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
-                msg = wire.parse_message(header, payload, raw_header)
-                out = await self._respond(msg, conn)
+                decoded = None
+                if len(payload) < large_messages.OFF_LOOP_BYTES:
+                    msg = wire.parse_message(header, payload, raw_header)
+                else:  # parse and decode off the loop (issue 28)
+                    msg = large_messages.pre_auth_refusal(self.node, header, payload, conn)
+                    if msg is None:
+                        msg, decoded = await large_messages.parse_off_loop(
+                            header, payload, raw_header, lambda m: _decode_request(m, conn))
+                if decoded is None:
+                    out = await self._respond(msg, conn)
+                else:  # what it sends on is encoded off the loop, its objects freed there
+                    token = large_messages.LARGE_REQUEST.set(True)
+                    try:
+                        out = await self._respond(msg, conn, decoded)
+                    finally:
+                        large_messages.LARGE_REQUEST.reset(token)
+                    if isinstance(decoded, Request):
+                        holder, decoded = [decoded.body], None
+                        large_messages.release(holder)
                 if out is not None:
                     writer.write(out)
                     await writer.drain()
@@ -184,7 +208,10 @@ class Server:
             except Exception:  # pragma: no cover - already closed
                 pass
 
-    async def _respond(self, msg: wire.Message, conn: ConnectionInfo) -> bytes | None:
+    async def _respond(self, msg: wire.Message, conn: ConnectionInfo,
+                       decoded: Request | MongoError | None = None) -> bytes | None:
+        """The reply bytes for ``msg`` (None for moreToCome); ``decoded``: its Request or
+        decoding error when it was decoded off the loop already."""
         node = self.node
         if isinstance(msg, wire.BadMessage):
             reply = msg.error.to_reply()
@@ -194,7 +221,9 @@ class Server:
             return wire.encode_op_msg(encode(reply), response_to=msg.request_id)
         if isinstance(msg, wire.OpMsg):
             try:
-                req = request_from_op_msg(msg, conn)
+                if isinstance(decoded, MongoError):
+                    raise decoded
+                req = decoded if decoded is not None else request_from_op_msg(msg, conn)
             except MongoError as exc:
                 reply = exc.to_reply()
                 node.cluster_time_fields(None, reply)
@@ -204,13 +233,22 @@ class Server:
                 return None
             return wire.encode_op_msg(encode_reply_parts(reply), response_to=msg.request_id)
         try:
-            req = request_from_op_query(msg, conn)
+            if isinstance(decoded, MongoError):
+                raise decoded
+            req = decoded if decoded is not None else request_from_op_query(msg, conn)
         except MongoError as exc:
             reply = exc.to_reply()
             node.cluster_time_fields(None, reply)
         else:
             reply = await node.run_command(req)
         return wire.encode_op_reply(encode_reply(reply), response_to=msg.request_id)
+
+
+def _decode_request(msg: wire.Message, conn: ConnectionInfo) -> Request:
+    """The Request of a parsed message, decoded slice by slice (runs on a worker thread)."""
+    if isinstance(msg, wire.OpMsg):
+        return request_from_op_msg(msg, conn, sliced=True)
+    return request_from_op_query(msg, conn, sliced=True)  # type: ignore[arg-type]
 
 
 class _Prefixed:
@@ -288,6 +326,9 @@ def run_node(node: Node, host: str, port: int, *, ready_message: str | None = No
         # the objects that exist at start (modules, tables) out of every collection.
         gc.freeze()
         gc.set_threshold(20_000, 20, 10)
+        # Large requests are parsed on a worker thread (shardsim/core/large_messages.py): the loop's
+        # thread waits at most this long for the GIL when it has a connection to serve.
+        sys.setswitchinterval(0.001)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

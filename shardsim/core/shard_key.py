@@ -24,7 +24,7 @@ import math
 import struct
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Generator, Iterable, Sequence
 
 import bson
 from bson import Binary, Decimal128, MaxKey, MinKey, Regex
@@ -336,6 +336,9 @@ class Chunk:
     shard: str
 
 
+TARGETING_STEP = 512  # $in values targeted between two yields of shards_for_query_steps
+
+
 class ChunkMap:
     """The chunks of one sharded collection, sorted by ``min``; look-up by key in O(log n)."""
 
@@ -370,7 +373,20 @@ class ChunkMap:
         """Shards whose chunks may hold documents matching ``query`` (mongos'
         ``getShardIdsForQuery``, simplified): the full shard key by equality -> one chunk; an
         equality, ``$in`` or range (``$gt/$gte/$lt/$lte``) on the first key field -> the chunks
-        overlapping it; anything else -> every owner."""
+        overlapping it; anything else -> every owner. In chunk order."""
+        steps = self.shards_for_query_steps(query)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def shards_for_query_steps(self, query: Any) -> Generator[None, None, list[str]]:
+        """:meth:`shards_for_query` as a generator that yields (None) every
+        :data:`TARGETING_STEP` values of a large ``$in`` and returns the shards, so the router
+        can target a ``$in`` of 500,000 values without holding its event loop
+        (:func:`shardsim.core.max_time.run_steps`). A single-field key looks each ``$in`` value up
+        by bisection and stops once every owning shard is targeted."""
         key = self.pattern.key_of_query(query)
         if key is not None:
             return [self.find(key).shard]
@@ -383,9 +399,14 @@ class ChunkMap:
         intervals: list[tuple[Any, Any, bool]] = []
         if isinstance(cond, dict) and cond and all(str(k).startswith("$") for k in cond):
             if set(cond) <= {"$in"} and isinstance(cond.get("$in"), list):
-                for v in cond["$in"]:
+                values = cond["$in"]
+                if len(self.pattern.fields) == 1 and len(values) > TARGETING_STEP:
+                    return (yield from self._shards_for_points(values, hashed))
+                for i, v in enumerate(values):
                     if isinstance(v, (dict, list, Regex)):
                         return self.shards()
+                    if i % TARGETING_STEP == TARGETING_STEP - 1:
+                        yield None
                     p = hash64(v) if hashed else v
                     intervals.append((p, p, True))
             elif not hashed and set(cond) <= {"$gt", "$gte", "$lt", "$lte", "$eq"}:
@@ -412,13 +433,35 @@ class ChunkMap:
         exact = len(self.pattern.fields) == 1
         out: dict[str, None] = {}
         for c in self.chunks:
-            for lo, hi, hi_incl in intervals:
+            for i, (lo, hi, hi_incl) in enumerate(intervals):
+                if i % TARGETING_STEP == TARGETING_STEP - 1:
+                    yield None
                 above_lo = compare(c.max[0], lo) > 0 if exact else compare(c.max[0], lo) >= 0
                 below_hi = compare(c.min[0], hi) < 0 if (exact and not hi_incl) \
                     else compare(c.min[0], hi) <= 0
                 if above_lo and below_hi:
                     out.setdefault(c.shard, None)
+                    break
         return list(out) or [self.chunks[0].shard]
+
+    def _shards_for_points(self, values: list[Any],
+                           hashed: bool) -> Generator[None, None, list[str]]:
+        """The shards owning the chunks of single-field shard-key ``values`` (an ``$in``),
+        each found by bisection; every owner: done early."""
+        owners = self.shards()
+        found: set[str] = set()
+        for i, v in enumerate(values):
+            if isinstance(v, (dict, list, Regex)):
+                return owners
+            if i % TARGETING_STEP == TARGETING_STEP - 1:
+                yield None
+            try:
+                found.add(self.find((hash64(v) if hashed else v,)).shard)
+            except MongoError:  # chunks that do not start at MinKey: every owner
+                return owners
+            if len(found) == len(owners):
+                break
+        return [s for s in owners if s in found] or [self.chunks[0].shard]
 
     def shards(self) -> list[str]:
         seen: dict[str, None] = {}

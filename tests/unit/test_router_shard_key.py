@@ -8,7 +8,7 @@ import pytest
 from bson import Binary, MaxKey, MinKey, ObjectId
 from bson.int64 import Int64
 
-from shardsim.core.shard_key import (Chunk, ChunkMap, KeyPattern, compare, hash64,
+from shardsim.core.shard_key import (TARGETING_STEP, Chunk, ChunkMap, KeyPattern, compare, hash64,
                               hashed_split_points)
 from shardsim.core.errors import MongoError
 
@@ -98,3 +98,31 @@ def test_chunk_map_covers_key_space_only_without_gaps() -> None:
     assert not ChunkMap(p, [Chunk((0,), hi, "s1")]).covers_key_space()
     assert not ChunkMap(p, [Chunk(lo, (0,), "s0")]).covers_key_space()
     assert not ChunkMap(p, [Chunk(lo, (0,), "s0"), Chunk((5,), hi, "s1")]).covers_key_space()
+
+
+def test_a_large_in_is_targeted_in_steps_with_the_same_answer() -> None:
+    """Issue 28 (D3): a $in of many values is looked up by bisection in steps (the router
+    awaits between them) and gives the shards the value-by-value answer would, in chunk
+    order; a value that cannot be targeted (an object) still means every owner."""
+    kp = KeyPattern.parse({"x": 1})
+    cmap = ChunkMap(kp, [Chunk((MinKey(),), (10,), "s0"), Chunk((10,), (20,), "s1"),
+                         Chunk((20,), (MaxKey(),), "s2"), Chunk((MaxKey(),), (MaxKey(),), "s1")])
+    many = list(range(-5000, 0))
+    steps = cmap.shards_for_query_steps({"x": {"$in": many}})
+    yields = 0
+    while True:
+        try:
+            next(steps)
+            yields += 1
+        except StopIteration as done:
+            assert done.value == ["s0"]
+            break
+    assert yields >= len(many) // TARGETING_STEP - 1
+    assert cmap.shards_for_query({"x": {"$in": many + [25, 15]}}) == ["s0", "s1", "s2"]
+    assert cmap.shards_for_query({"x": {"$in": [25] * 1000 + [12]}}) == ["s1", "s2"]
+    assert cmap.shards_for_query({"x": {"$in": many + [{"a": 1}]}}) == ["s0", "s1", "s2"]
+    hk = KeyPattern.parse({"x": "hashed"})
+    hmap = ChunkMap(hk, [Chunk((MinKey(),), (Int64(0),), "a"), Chunk((Int64(0),), (MaxKey(),), "b")])
+    values = list(range(2000))
+    assert hmap.shards_for_query({"x": {"$in": values}}) == \
+        sorted({hmap.find((hash64(v),)).shard for v in values})

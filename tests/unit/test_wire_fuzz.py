@@ -21,6 +21,7 @@ import struct
 import bson
 import pytest
 from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -181,6 +182,31 @@ def test_message_nesting_limit_is_mongods():
     assert isinstance(bad, wire.BadMessage) and not bad.fatal
     assert bad.error.code == 15
     assert bad.error.errmsg == "BSONObj exceeded maximum nested object depth: 200"
+
+
+def _doc(elements: bytes) -> bytes:
+    return struct.pack("<i", len(elements) + 5) + elements + b"\x00"
+
+
+def test_nesting_inside_code_with_scope_counts(node):
+    """Audit L1 (issue 28): the scope of a code-with-scope value is one more level, as
+    ``validateBSON`` descends into it; 955 levels inside a scope used to be stored."""
+    from bson import Code
+    (ok,) = frames(op_msg({"ping": 1, "$db": "a", "x": Code("f", nest(200))}))  # 201 levels
+    assert isinstance(ok, wire.OpMsg)
+    (bad,) = frames(op_msg({"ping": 1, "$db": "a", "x": Code("f", nest(201))}))
+    assert isinstance(bad, wire.BadMessage) and bad.error.code == 15
+    scope = bson.encode({"a": 1})  # 955 levels, built as bytes (pymongo cannot encode them)
+    for _ in range(954):
+        scope = _doc(b"\x03a\x00" + scope)
+    cws = b"f\x00"
+    cws = struct.pack("<ii", 8 + len(cws) + len(scope), len(cws)) + cws + scope
+    doc = RawBSONDocument(_doc(b"\x10_id\x00" + struct.pack("<i", 1) + b"\x0fc\x00" + cws))
+    (m,) = frames(op_msg({"insert": "cws", "$db": "door"}, {"documents": [doc]}))
+    reply = run(node, m)
+    assert reply["ok"] == 0 and reply["code"] == 15 and reply["codeName"] == "Overflow"
+    (m,) = frames(op_msg({"find": "cws", "$db": "door", "filter": {}}))
+    assert run(node, m)["cursor"]["firstBatch"] == []
 
 
 def test_deep_document_is_refused_and_the_collection_stays_usable(node):
