@@ -1,5 +1,5 @@
 """The shard's catalog listings: listDatabases, listCollections, listIndexes, collStats and
-dbStats (the last two minimal). Read-only; the DDL that changes the catalog is in
+dbStats. Read-only; the DDL that changes the catalog is in
 :mod:`shard.commands.ddl`.
 """
 
@@ -126,9 +126,23 @@ async def coll_stats(node: ShardNode, req: Request) -> dict[str, Any]:
 
 @commands.handler("dbStats")
 async def db_stats(node: ShardNode, req: Request) -> dict[str, Any]:
-    """``dbStats`` (minimal): ``{db, collections, views, objects, indexes}``."""
+    """``dbStats [, scale]`` (``dbcommands_d.cpp`` ``CmdDbStats``, ``Database::getStats``):
+    ``{db, collections, views, objects, avgObjSize, dataSize, storageSize, indexes, indexSize,
+    totalSize, scaleFactor}`` — sizes are the BSON sizes of :func:`storage_stats`, divided by
+    ``scale`` (``avgObjSize`` unscaled, a double). BadValue (2) for a scale below 1."""
     storage = node.storage
+    scale = req.body.get("scale", 1)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 1:
+        raise MongoError(2, "Scale factor must be greater than zero")
     colls = list(storage.collections(req.db))
+    stats = [storage_stats(cl, 1) for cl in colls]
+    objects = sum(len(cl.docs) for cl in colls)
+    data = sum(int(st["size"]) for st in stats)
+    index = sum(int(st["totalIndexSize"]) for st in stats)
+    scale = int(scale)
     return {"db": req.db, "collections": len(colls), "views": len(storage.views(req.db)),
-            "objects": sum(len(cl.docs) for cl in colls),
-            "indexes": sum(len(cl.indexes) for cl in colls)}
+            "objects": Int64(objects), "avgObjSize": data / objects if objects else 0.0,
+            "dataSize": Int64(data // scale), "storageSize": Int64(data // scale),
+            "indexes": sum(len(cl.indexes) for cl in colls),
+            "indexSize": Int64(index // scale), "totalSize": Int64((data + index) // scale),
+            "scaleFactor": scale}

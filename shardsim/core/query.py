@@ -23,7 +23,7 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
-from shardsim.core import collation, expressions
+from shardsim.core import bucket_auto, collation, expressions  # noqa: F401 (install)
 from shardsim.core.errors import MongoError
 from shardsim.core.search_indexes import check_search_stages
 from shardsim.core.values import id_key
