@@ -305,9 +305,9 @@ class AsyncShardedCluster:
     async def remove_shard(self, name: str) -> None:
         """Drain and remove shard ``name`` through the router (``removeShard``), then stop it.
 
-        Without a balancer the kit does the draining itself: every chunk the shard owns is
-        moved (``moveChunk``) and every database it is primary of is moved (``movePrimary``)
-        to another shard picked with the seeded random generator."""
+        The kit does the draining itself (not waiting for balancer rounds): every chunk the
+        shard owns is moved (``moveChunk``) and every database it is primary of is moved
+        (``movePrimary``) to another shard picked with the seeded random generator."""
         member = self._shard(name)
         reply = await self.command("router", {"removeShard": name})
         others = sorted(n for n in self.shards if n != name)
