@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from shardsim.router import authorized_listing
+from shardsim.core import authorized_listing
 from shardsim.router.commands.admin import CONFIG_DATABASES, config_read
 from shardsim.router.forwarding import BIG_BATCH, forwardable, namespace, reply_body, session_fields
 from shardsim.core.client import remote_error
@@ -150,7 +150,7 @@ async def drop_database(node: "RouterNode", req: Request) -> dict[str, Any]:
 async def list_databases(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{databases: [{name, sizeOnDisk, empty}], totalSize, totalSizeMb}`` summed over every
     shard, with ``config`` and ``admin`` always listed; ``nameOnly`` -> ``[{name}]``. Only the
-    databases the user may see (:mod:`router.authorized_listing`)."""
+    databases the user may see (:mod:`shardsim.core.authorized_listing`)."""
     body = forwardable(req.body)
     targets = [s for s, _, _ in node.catalog.shards()]
     replies = await asyncio.gather(*(node.shard_command(s, "admin", body) for s in targets))
@@ -176,7 +176,7 @@ async def list_databases(node: "RouterNode", req: Request) -> dict[str, Any]:
 async def list_collections(node: "RouterNode", req: Request) -> dict[str, Any]:
     """A cursor over the primary shard's ``listCollections`` (the config server's for
     ``config``/``admin``; empty without shards); ``authorizedCollections`` + ``nameOnly``
-    lists only what the user may see (:mod:`router.authorized_listing`)."""
+    lists only what the user may see (:mod:`shardsim.core.authorized_listing`)."""
     db = req.db
     ns = f"{db}.$cmd.listCollections"
     batch_size = (req.get("cursor") or {}).get("batchSize")

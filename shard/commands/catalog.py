@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary
 from bson.int64 import Int64
 
+from shardsim.core import authorized_listing
 from shardsim.core.commands import CommandFamily, Request, check_type
 from shardsim.core.cursors import ListCursor
 from shardsim.core.errors import MongoError
@@ -27,14 +28,16 @@ commands = CommandFamily("catalog")
 @commands.handler("listDatabases")
 async def list_databases(node: ShardNode, req: Request) -> dict[str, Any]:
     """``listDatabases`` on admin: ``{databases: [{name, sizeOnDisk, empty}], totalSize,
-    totalSizeMb}`` (sizes are estimates; ``nameOnly`` gives names only). Unauthorized (13)
-    elsewhere than admin."""
+    totalSizeMb}`` (sizes are estimates; ``nameOnly`` gives names only; only the databases the
+    user may see, :mod:`shardsim.core.authorized_listing`). Unauthorized (13) elsewhere than
+    admin."""
     storage = node.storage
     if req.db != "admin":
         raise MongoError(13, "listDatabases may only be run against the admin database.")
     filt = check_type(req, "filter", dict, "object") or {}
     name_only = bool(req.body.get("nameOnly", False))
     names = set(db for db, colls in storage.dbs.items() if colls) | {"admin", "config", "local"}
+    names = set(await authorized_listing.filter_databases(node, req, sorted(names)))
     out = []
     total = 0
     for name in sorted(names):
@@ -72,7 +75,8 @@ def coll_info(coll: Collection) -> dict[str, Any]:
 async def list_collections(node: ShardNode, req: Request) -> dict[str, Any]:
     """``listCollections`` (``list_collections.cpp``): a cursor over ``{name, type,
     options, info[, idIndex]}``, collections then views, plus ``oplog.rs`` in ``local``;
-    ``filter`` and ``nameOnly`` apply. 73 for a bad database name."""
+    ``filter`` and ``nameOnly`` apply (with ``authorizedCollections``, only what the user may
+    see: :mod:`shardsim.core.authorized_listing`). 73 for a bad database name."""
     storage = node.storage
     validate_db_name(req.db)
     filt = check_type(req, "filter", dict, "object") or {}
@@ -89,6 +93,7 @@ async def list_collections(node: ShardNode, req: Request) -> dict[str, Any]:
                                   "autoIndexId": False},
                       "info": {"readOnly": False, "uuid": Binary(b"\x00" * 15 + b"\x01", 4)}})
     infos = [i for i in infos if q.matches(filt, i)]
+    infos = await authorized_listing.filter_collections(node, req, infos)
     if name_only:
         infos = [{"name": i["name"], "type": i["type"]} for i in infos]
     bs = cursor_opt.get("batchSize")

@@ -80,3 +80,28 @@ def test_listings_show_only_what_the_user_may_read(cdc: pymongo.MongoClient) -> 
     assert [d["name"] for d in dbs["databases"]] == ["shop"]
     colls = cdc.shop.command("listCollections", authorizedCollections=True, nameOnly=True)
     assert [c["name"] for c in colls["cursor"]["firstBatch"]] == ["orders"]
+
+
+def test_airbyte_check_directly_on_a_shard(auth_cluster: Cluster) -> None:
+    """Airbyte points at a replica set, i.e. a shard, with a user created there (as Datastream
+    and Fivetran ask: a user on every shard): ``MongoDbSource.check`` lists the collections it
+    may read with ``authorizedCollections`` and needs ``setName`` in ``hello``."""
+    shard = auth_cluster.shards[0]
+    uri = f"mongodb://{shard.address}/?directConnection=true"
+    with pymongo.MongoClient(uri) as anon:  # the shard's localhost exception
+        anon.admin.command("createUser", "shardroot", pwd="spw", roles=["root"])
+    with pymongo.MongoClient(uri, username="shardroot", password="spw") as root:
+        root.admin.command("createRole", "cdcSource", privileges=[
+            {"resource": {"db": "shop", "collection": "orders"},
+             "actions": ["changeStream", "find"]}], roles=[])
+        root.admin.command("createUser", "cdc", pwd="cdcpw",
+                           roles=[{"role": "cdcSource", "db": "admin"}])
+        root.shop.secrets.insert_one({"_id": "here"})  # so the shard has both collections
+        has_orders = "orders" in root.shop.list_collection_names()
+    with pymongo.MongoClient(uri, username="cdc", password="cdcpw") as cdc:
+        assert cdc.admin.command("hello")["setName"] == shard.name
+        dbs = cdc.admin.command("listDatabases", nameOnly=True, authorizedDatabases=True)
+        assert [d["name"] for d in dbs["databases"]] == ["shop"]
+        colls = cdc.shop.command("listCollections", authorizedCollections=True, nameOnly=True)
+        names = [c["name"] for c in colls["cursor"]["firstBatch"]]
+        assert names == (["orders"] if has_orders else [])

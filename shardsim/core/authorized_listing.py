@@ -10,9 +10,10 @@ nameOnly}`` show a user who may not list everything (``list_databases.cpp`` /
   without ``listCollections`` on the database: only the collections on which some privilege
   grants an action (``isAuthorizedForAnyActionOnResource(forExactNamespace)``).
 
+Used by the router and by a shard answering a client directly (Airbyte points at a shard).
 Uses the connection's resolved privileges (:meth:`AuthSession.resolve`); nothing is filtered
-when security is off, for ``__system``, or for a connection without users (the command's own
-authorization already refused it then).
+when security is off, for ``__system`` (the router's own requests to the shards), or for a
+connection without users (the command's own authorization already refused it then).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from shardsim.core.auth import roles as roles_mod
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.core.commands import Request
-    from shardsim.router.node import RouterNode
+    from shardsim.core.node import Node as RouterNode  # any role: the router and a shard
 
 
 async def privileges(node: "RouterNode", req: "Request") -> dict[Any, set[str]] | None:
