@@ -395,7 +395,8 @@ class RouterChangeStreamCursor(Cursor):
         if not first:
             st.remote_await_ms = wait_ms if wait_ms > 0 else DEFAULT_AWAIT_MS
         # A resumed stream's first batch: read until the client's token is found or passed.
-        resuming = first and merge.resume_check is not None
+        resuming = first and merge.resume_check is not None \
+            and not merge.resume_check.is_invalidate  # (an invalidate token never fails: 280)
         if resuming:
             wait_ms = RESUME_CHECK_WAIT_MS
             st.remote_await_ms = SHORT_AWAIT_MS

@@ -15,6 +15,8 @@
 * ``dataSize`` (``cluster_data_size_cmd.cpp``): the shards owning chunks in ``[min, max)``
   (every owner without a range; the primary shard when unsharded); ``{size, numObjects,
   millis}`` summed.
+
+The ``config`` and ``admin`` databases are the config server's: all three go there as they are.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from bson.int64 import Int64
 
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.router.commands.admin import CONFIG_DATABASES, config_read
 from shardsim.router.forwarding import forwardable, reply_body
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,6 +133,13 @@ async def coll_stats(node: "RouterNode", req: Request) -> dict[str, Any]:
         raise MongoError(73, f"Invalid namespace specified '{req.db}.{coll}'")
     ns = f"{req.db}.{coll}"
     scale = _scale(req)
+    body = forwardable(req.body)
+    body.pop("scale", None)
+    if req.db in CONFIG_DATABASES:  # the config server's own collections (primary "config")
+        res = reply_body(await node.config_command(body, db=req.db))
+        results = [("config", {k: v for k, v in res.items() if k not in _GOSSIP})]
+        return _coll_stats_reply(ns, {"sharded": False, "primary": "config"},
+                                 merge_coll_stats(results, scale), 1)
     info = await _collection(node, ns)
     out: dict[str, Any] = {"sharded": info is not None}
     if info is None:
@@ -140,15 +150,19 @@ async def coll_stats(node: "RouterNode", req: Request) -> dict[str, Any]:
         targets = [primary]
     else:
         targets = info.chunks.shards()
-    body = forwardable(req.body)
-    body.pop("scale", None)
     merged = merge_coll_stats(await _gather(node, targets, req.db, body), scale)
+    return _coll_stats_reply(ns, out, merged, len(info.chunks.chunks) if info else 1)
+
+
+def _coll_stats_reply(ns: str, out: dict[str, Any], merged: dict[str, Any], nchunks: int
+                      ) -> dict[str, Any]:
+    """mongos' field order: sharded[, primary], first-shard fields, ns, sums, ..., nchunks,
+    shards."""
     shards = merged.pop("_shards")
-    head = {k: merged.pop(k) for k in list(merged) if k in _FIRST_SHARD or k == "warning"}
-    out.update(head)
+    out.update({k: merged.pop(k) for k in list(merged) if k in _FIRST_SHARD or k == "warning"})
     out["ns"] = ns
     out.update(merged)
-    out["nchunks"] = len(info.chunks.chunks) if info is not None else 1
+    out["nchunks"] = nchunks
     out["shards"] = shards
     return out
 
@@ -157,6 +171,8 @@ async def coll_stats(node: "RouterNode", req: Request) -> dict[str, Any]:
 async def db_stats(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{dbStats: 1, scale?}`` through the router: every shard's reply under ``raw`` (keyed by
     its connection string), the sums beside it."""
+    if req.db in CONFIG_DATABASES:
+        return await config_read(node, req, None)
     shards = [name for name, _, _ in node.catalog.shards()]
     if not shards:
         raise MongoError(70, "No shards found")
@@ -185,6 +201,8 @@ async def data_size(node: "RouterNode", req: Request) -> dict[str, Any]:
     if not isinstance(ns, str) or "." not in ns:
         raise MongoError(73, f"Invalid namespace specified '{ns}'")
     db = ns.split(".", 1)[0]
+    if db in CONFIG_DATABASES:
+        return await config_read(node, req, None)
     info = await _collection(node, ns)
     if info is None:
         primary = node.read_primary(db)

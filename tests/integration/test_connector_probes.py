@@ -215,6 +215,18 @@ def test_flink_cdc(kit: ShardedCluster, client: pymongo.MongoClient) -> None:
     assert after["documentKey"] == {"_id": 2001}
 
 
+def test_stats_of_the_config_database(client: pymongo.MongoClient) -> None:
+    """``collStats``/``dbStats``/``dataSize`` of the ``config`` database go to the config
+    server, as on mongos (its primary is ``config``); a splitter reading ``config.chunks``'
+    size sees it."""
+    stats = client.config.command("collStats", "chunks")
+    assert stats["sharded"] is False and stats["primary"] == "config"
+    assert stats["count"] == client.config.chunks.count_documents({})
+    assert list(stats["shards"]) == ["config"]
+    assert client.config.command("dbStats")["db"] == "config"
+    assert client.admin.command("dataSize", "config.chunks")["numObjects"] == stats["count"]
+
+
 # -- Airbyte ----------------------------------------------------------------------------------
 def test_airbyte(kit: ShardedCluster, client: pymongo.MongoClient) -> None:
     """Airbyte's source-mongodb-v2 (airbytehq/airbyte,
