@@ -180,6 +180,9 @@ def test_flink_cdc(kit: ShardedCluster, client: pymongo.MongoClient) -> None:
     assert len(chunks) == stats["nchunks"]
     assert chunks[0]["min"] == {"_id": MinKey()} and chunks[-1]["max"] == {"_id": MaxKey()}
     assert all(a["max"] == b["min"] for a, b in zip(chunks, chunks[1:]))
+    ranged = client.admin.command("dataSize", "shop.orders", keyPattern={"_id": 1},
+                                  min={"_id": 90}, max={"_id": 210})  # over all three shards
+    assert ranged["numObjects"] == 120 and ranged["size"] > 0 and "millis" in ranged
 
     plain = client.shop.command("collStats", "customers")
     assert plain["sharded"] is False and plain["primary"] in kit.shard_names
