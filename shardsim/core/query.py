@@ -23,13 +23,14 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
-from shardsim.core import bucket_auto, collation, expressions  # noqa: F401 (install)
+from shardsim.core import bucket_auto, collation, expressions
 from shardsim.core.errors import MongoError
 from shardsim.core.search_indexes import check_search_stages
 from shardsim.core.values import id_key
 
 expressions.install()  # let variables, $getField/$setField
 
+bucket_auto.install()  # mongomock pipelines get the server's $bucketAuto (idempotent)
 MM_SCRATCH = mongomock.MongoClient().get_database("shardsim").get_collection("scratch")
 
 # mongomock's comparator has no place for Timestamp/MinKey/MaxKey in the BSON type order
