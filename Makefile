@@ -1,4 +1,5 @@
 # shardsim — the two set-up commands are `make run` and `make test`; both install first when needed.
+# `make run PORT=27018` serves the router on another port (default 27017).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -10,16 +11,21 @@ COMPOSE_FILE := deploy/docker-compose.yml
 
 .PHONY: install run test unit integration spec load bench faults fetch-specs up up-auth down logs docker-base docker-build clean
 
+# setuptools' deprecation warnings (BuildBackendWarning, ~40 lines of banners) are silenced in
+# the build backend with PYTHONWARNINGS; errors still fail the install and are printed.
+PIP := PYTHONWARNINGS=ignore $(PY) -m pip --disable-pip-version-check
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
+PORT ?= 27017
 run: $(STAMP)
-	$(VENV)/bin/shardsim up --shards 3 --port 27017
+	$(VENV)/bin/shardsim up --shards 3 --port $(PORT)
 
 test: $(STAMP)
 	$(PY) -m pytest tests -p no:cacheprovider

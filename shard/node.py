@@ -203,7 +203,11 @@ class ShardNode(Node):
         return out
 
     def server_status(self) -> dict[str, Any]:
-        """serverStatus with the ``repl``, ``oplog`` and ``storageEngine`` sections."""
+        """serverStatus with the ``repl``, ``oplog``, ``oplogTruncation`` and ``storageEngine``
+        sections. ``oplogTruncation`` as WiredTiger's oplog truncate markers report it
+        (``{totalTimeProcessingMicros, processingMethod, oplogMinRetentionHours?,
+        totalTimeTruncatingMicros, truncateCount}``; ``oplogMinRetentionHours`` only when set,
+        as mongod): Estuary's connector reads ``oplogMinRetentionHours``."""
         st = super().server_status()
         first, last = self.oplog.first_ts(), self.oplog.last_ts()
         st["repl"] = {"setName": self.shard_name, "isWritablePrimary": True, "secondary": False,
@@ -215,6 +219,13 @@ class ShardNode(Node):
                                 "cachedBytes": Int64(self.oplog.cached_bytes),
                                 "cachedEntries": Int64(self.oplog.cached_entries),
                                 "diskEntriesRead": Int64(self.oplog.disk_rows_read)})
+        trunc: dict[str, Any] = {"totalTimeProcessingMicros": Int64(0),
+                                 "processingMethod": "scanning"}
+        if self.oplog.min_retention_s > 0:
+            trunc["oplogMinRetentionHours"] = self.oplog.min_retention_s / 3600
+        trunc.update({"totalTimeTruncatingMicros": Int64(0),
+                      "truncateCount": Int64(1 if self.oplog.truncated_through else 0)})
+        st["oplogTruncation"] = trunc
         st["storageEngine"] = {"name": "sqlite" if self.durable else "inMemory",
                                "persistent": bool(self.durable)}
         return st

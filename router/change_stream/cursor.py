@@ -61,6 +61,10 @@ log = logging.getLogger("shardsim.router.change_stream")
 DEFAULT_AWAIT_MS = 1000  # mongos' default awaitData timeout for a getMore without maxTimeMS
 REMOTE_AWAIT_CAP_MS = 1000  # ARM::setAwaitDataTimeout cap when merging more than one remote
 SHORT_AWAIT_MS = 20  # remote await of a one-off poll for a newer promise (ms)
+# How long the first batch of a stream resumed from an event token waits to pass the token
+# (so a token that is not in the stream fails the aggregate with 280, as on mongos, where
+# establishing the merged cursor pulls the shards' first results).
+RESUME_CHECK_WAIT_MS = 2000
 # batchSize of the router's getMores to shards: a backlog then comes in slices, so shards build
 # the next slice while the router merges this one and the client reads the previous one.
 REMOTE_BATCH_SIZE = 5000
@@ -376,8 +380,10 @@ class RouterChangeStreamCursor(Cursor):
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
         """One batch: every event that is ready (up to ``batch_size`` / 16 MiB). The first
-        batch never waits; a getMore waits up to ``max_time_ms`` (default 1000 ms) for the first
-        event. Raises the first remote error with the router's labels (the cursor is then
+        batch does not wait, except for a stream resumed from an event token: it reads on
+        (up to :data:`RESUME_CHECK_WAIT_MS`) until the token is found or passed, so a token
+        that is not in the stream fails the ``aggregate`` with 280; a getMore waits up to
+        ``max_time_ms`` (default 1000 ms) for the first event. Raises the first remote error with the router's labels (the cursor is then
         killed by the cursor manager, which kills the remote cursors)."""
         st = self.stream
         merge = st.merge
@@ -388,6 +394,12 @@ class RouterChangeStreamCursor(Cursor):
         wait_ms = DEFAULT_AWAIT_MS if max_time_ms is None else int(max_time_ms)
         if not first:
             st.remote_await_ms = wait_ms if wait_ms > 0 else DEFAULT_AWAIT_MS
+        # A resumed stream's first batch: read until the client's token is found or passed.
+        resuming = first and merge.resume_check is not None \
+            and not merge.resume_check.is_invalidate  # (an invalidate token never fails: 280)
+        if resuming:
+            wait_ms = RESUME_CHECK_WAIT_MS
+            st.remote_await_ms = SHORT_AWAIT_MS
         deadline = time.monotonic() + wait_ms / 1000
         parts: list[bytes] = []  # the reply's array elements, encoded (see Block.write)
         n_out = 0
@@ -440,7 +452,8 @@ class RouterChangeStreamCursor(Cursor):
                 invalidate_pbrt = inv.promise_token
                 exhausted = True
                 break
-            if n_out or first:
+            if n_out or (first and not (resuming and merge.resume_check is not None
+                                        and not merge.resume_check.seen)):
                 break
             st.schedule_getmores(nudge=nudge)
             recheck = st.promises.request_for_held_event(st)

@@ -23,7 +23,8 @@ module            commands
 ``consistency``   checkMetadataConsistency (always an empty cursor)
 ``explain``       explain in mongos' shape (SINGLE_SHARD / SHARD_MERGE / SHARD_WRITE, per-shard
                   plans; aggregate: splitPipeline and shards)
-``admin``         isdbgrid, dbStats, collStats, dataSize, validate; the passthrough of the
+``stats``         collStats, dbStats, dataSize aggregated across the shards
+``admin``         isdbgrid, validate; the passthrough of the
                   ``config``/``admin`` databases to the config server
 ================  ===========================================================================
 
@@ -36,11 +37,11 @@ also call ``await crud.insert(node, request)`` directly.
 from __future__ import annotations
 
 from shardsim.router.commands import (admin, bulk_write, crud, ddl, explain, reads, sharding,
-                             sharding_ddl, transactions, users)
+                             sharding_ddl, stats, transactions, users)
 
 FAMILIES = (transactions.commands, crud.commands, bulk_write.commands, reads.commands,
             ddl.commands, admin.commands, sharding.commands, sharding_ddl.commands,
-            users.commands, explain.commands)
+            users.commands, explain.commands, stats.commands)
 
 __all__ = ["FAMILIES", "admin", "bulk_write", "crud", "ddl", "explain", "reads", "sharding", "sharding_ddl",
-           "transactions", "users"]
+           "stats", "transactions", "users"]

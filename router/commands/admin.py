@@ -2,7 +2,8 @@
 databases to the config server.
 
 * ``isdbgrid``: answers only on a router (``cluster_is_db_grid_cmd.cpp``).
-* ``dbStats``/``collStats``/``dataSize``/``validate``: answered by the database's primary shard.
+* ``validate``: answered by the database's primary shard (``dbStats``/``collStats``/``dataSize``
+  are aggregated across the shards: :mod:`router.commands.stats`).
 * :func:`config_read` / :func:`config_write`: reads and writes of the ``config`` and ``admin``
   databases are the config server's (as on mongos); the read, write and listing families
   call them for those databases.
@@ -66,9 +67,6 @@ async def isdbgrid(node: "RouterNode", req: Request) -> dict[str, Any]:
     return {"isdbgrid": 1, "hostname": node.address}
 
 
-@commands.handler("dbStats")
-@commands.handler("collStats")
-@commands.handler("dataSize")
 @commands.handler("validate")
 async def to_primary(node: "RouterNode", req: Request) -> dict[str, Any]:
     """Forward ``req`` to the database's primary shard (the first shard when the database does

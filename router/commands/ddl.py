@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from shardsim.core import authorized_listing
 from shardsim.router.commands.admin import CONFIG_DATABASES, config_read
 from shardsim.router.forwarding import BIG_BATCH, forwardable, namespace, reply_body, session_fields
 from shardsim.core.client import remote_error
@@ -148,7 +149,8 @@ async def drop_database(node: "RouterNode", req: Request) -> dict[str, Any]:
 @commands.handler("listDatabases")
 async def list_databases(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{databases: [{name, sizeOnDisk, empty}], totalSize, totalSizeMb}`` summed over every
-    shard, with ``config`` and ``admin`` always listed; ``nameOnly`` -> ``[{name}]``."""
+    shard, with ``config`` and ``admin`` always listed; ``nameOnly`` -> ``[{name}]``. Only the
+    databases the user may see (:mod:`shardsim.core.authorized_listing`)."""
     body = forwardable(req.body)
     targets = [s for s, _, _ in node.catalog.shards()]
     replies = await asyncio.gather(*(node.shard_command(s, "admin", body) for s in targets))
@@ -160,6 +162,8 @@ async def list_databases(node: "RouterNode", req: Request) -> dict[str, Any]:
             sizes[d["name"]] = sizes.get(d["name"], 0) + int(d.get("sizeOnDisk", 0) or 0)
     sizes.setdefault("config", 4096)
     sizes.setdefault("admin", 4096)
+    shown = set(await authorized_listing.filter_databases(node, req, sorted(sizes)))
+    sizes = {n: s for n, s in sizes.items() if n in shown}
     if req.get("nameOnly"):
         return {"databases": [{"name": n} for n in sorted(sizes)]}
     total = sum(sizes.values())
@@ -171,7 +175,8 @@ async def list_databases(node: "RouterNode", req: Request) -> dict[str, Any]:
 @commands.handler("listCollections")
 async def list_collections(node: "RouterNode", req: Request) -> dict[str, Any]:
     """A cursor over the primary shard's ``listCollections`` (the config server's for
-    ``config``/``admin``; empty without shards)."""
+    ``config``/``admin``; empty without shards); ``authorizedCollections`` + ``nameOnly``
+    lists only what the user may see (:mod:`shardsim.core.authorized_listing`)."""
     db = req.db
     ns = f"{db}.$cmd.listCollections"
     batch_size = (req.get("cursor") or {}).get("batchSize")
@@ -183,6 +188,7 @@ async def list_collections(node: "RouterNode", req: Request) -> dict[str, Any]:
     body = forwardable(req.body)
     body["cursor"] = {"batchSize": BIG_BATCH}
     _, docs = await node.drain(shard, db, body, session=session_fields(req))
+    docs = await authorized_listing.filter_collections(node, req, docs)
     return await node.cursor_reply(ns, docs, req, batch_size)
 
 

@@ -357,7 +357,7 @@ class ChangeStreamCursor(Cursor):
         if size > self._event_limit or ev.fragment_skip is not None:
             split = self.pipeline.split
             if split is None:
-                raise too_large(size)
+                raise too_large(size, token)
             for frag, ftoken in split.process({k: v for k, v in doc.items() if k != "$sortKey"},
                                               token, ev.fragment_skip):
                 if needs_merge:

@@ -1,9 +1,10 @@
 """``$changeStreamSplitLargeEvent`` (``document_source_change_stream_split_large_event.cpp``,
 ``change_stream_split_event_helpers.cpp``).
 
-An event whose BSON is larger than 16 MiB (16 * 1024 * 1024 bytes) is split into fragments: each
-``{_id: <token with fragmentNum i>, splitEvent: {fragment: i + 1, of: n}, <fields...>}`` with the
-event's top-level fields distributed in order so every fragment fits. Without the stage, such an
+An event whose BSON is larger than ``kBSONObjMaxChangeEventSize`` (16 MiB + 8 KiB) is split into
+fragments: each ``{_id: <token with fragmentNum i>, splitEvent: {fragment: i + 1, of: n},
+<fields...>}``, the event's top-level fields ordered by size (smallest first) and packed greedily
+so every fragment fits (:func:`split_event`), so fragment boundaries and counts are mongod's. Without the stage, such an
 event fails the batch with BSONObjectTooLarge (10334). When resuming from a fragment's token the
 fragments up to and including it are skipped.
 """
@@ -21,52 +22,88 @@ from shardsim.core.change_stream_spec import StreamSpec
 MAX_EVENT_BYTES = 16 * 1024 * 1024  # BSONObjMaxUserSize
 # An event may exceed the user limit a little with $sortKey/_id overhead (BSONObjMaxInternalSize).
 INTERNAL_SLACK = 16 * 1024
-# Room for _id, splitEvent and the $sortKey of each fragment.
-_FRAGMENT_OVERHEAD = 4096
+MAX_INTERNAL_BYTES = MAX_EVENT_BYTES + INTERNAL_SLACK  # BSONObjMaxInternalSize
+# DocumentSourceChangeStreamSplitLargeEvent::kBSONObjMaxChangeEventSize: an event (with its
+# $sortKey when merged) larger than this is split.
+MAX_CHANGE_EVENT_BYTES = MAX_INTERNAL_BYTES - 8 * 1024
 
 
-def too_large(size: int) -> MongoError:
-    """BSONObjectTooLarge (10334) for an event of ``size`` bytes."""
-    return MongoError(10334, f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 and "
-                             f"{MAX_EVENT_BYTES}(16MB)")
+def too_large(size: int, token: Any = None) -> MongoError:
+    """BSONObjectTooLarge (10334) for an event of ``size`` bytes, in mongod's words
+    (``BSONObj::_assertInvalid``): the internal limit and, when known, the first element (the
+    event's ``_id``, as ``BSONElement::toString`` prints it)."""
+    msg = (f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 and "
+           f"{MAX_INTERNAL_BYTES}(16MB)")
+    if isinstance(token, dict):
+        inner = ", ".join(f'{k}: "{v}"' if isinstance(v, str) else f"{k}: {v!r}"
+                          for k, v in token.items())
+        msg += f" First element: _id: {{ {inner} }}"
+    return MongoError(10334, msg)
+
+
+def _element_size(key: str, value: Any) -> int:
+    return len(bson.encode({key: value})) - 5  # the document's length and terminator
 
 
 def split_event(doc: dict[str, Any], token: dict[str, Any], skip_through: int | None = None
                 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """``[(fragment doc, fragment token), ...]`` for an oversized event (fragments numbered
-    from 0 in tokens, from 1 in ``splitEvent``); fragments ``<= skip_through`` are dropped."""
-    groups: list[list[tuple[str, Any, int]]] = [[]]
-    used = 0
-    limit = MAX_EVENT_BYTES - _FRAGMENT_OVERHEAD
-    for k, v in doc.items():
-        if k == "_id":
-            continue
-        size = len(bson.encode({k: v})) - 5
-        if size > limit:
-            raise too_large(size)
-        if used + size > limit and groups[-1]:
-            groups.append([])
-            used = 0
-        groups[-1].append((k, v, size))
-        used += size
+    """``[(fragment doc, fragment token), ...]`` for an oversized event, as
+    ``change_stream_split_event::splitChangeEvent`` builds them: the fields but ``_id``
+    sorted by (BSON element size, name), smallest first, then packed greedily — each fragment
+    ``{_id: <token with fragmentNum i>, splitEvent: {fragment: i + 1, of: n}, <fields>}``
+    (counted with its ``$sortKey``) takes fields while it stays within
+    ``kBSONObjMaxChangeEventSize`` minus the token's size, and at least one. Fragments
+    ``<= skip_through`` are dropped. Errors: 7182502 (nothing but ``_id``), 7182500 (one field
+    too large for a fragment), ChangeStreamFatalError (280) when resuming skips every
+    fragment."""
+    fields = sorted(((_element_size(k, v), k, v) for k, v in doc.items() if k != "_id"),
+                    key=lambda f: (f[0], f[1].encode()))
+    if not fields:
+        raise MongoError(7182502, "Cannot split an empty event or an event containing solely "
+                                  "'_id' field")
+    max_fragment = MAX_CHANGE_EVENT_BYTES - len(bson.encode(token))
     data = rt.decode(token)
-    n = len(groups)
-    out = []
-    for i, group in enumerate(groups):
-        if skip_through is not None and i <= skip_through:
-            continue
-        data.fragmentNum = i
+    built: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    i = 0
+    while i < len(fields):
+        data.fragmentNum = len(built)
         ftoken = rt.encode(data)
-        frag: dict[str, Any] = {"_id": ftoken, "splitEvent": {"fragment": i + 1, "of": n}}
-        for k, v, _ in group:
+        frag: dict[str, Any] = {"_id": ftoken,
+                                "splitEvent": {"fragment": len(built) + 1, "of": 0}}
+        size = len(bson.encode({**frag, "$sortKey": [ftoken]}))
+        while True:
+            fsize, k, v = fields[i]
             frag[k] = v
+            size += fsize
+            i += 1
+            if i >= len(fields) or size + fields[i][0] > max_fragment:
+                break
+        if size > max_fragment:
+            raise MongoError(7182500, f"Splitting change event failed: fragment size {size} is "
+                                      f"greater than maximum allowed fragment size "
+                                      f"{max_fragment}")
+        built.append((frag, ftoken))
+    n = len(built)
+    out = []
+    for j, (frag, ftoken) in enumerate(built):
+        if skip_through is not None and j <= skip_through:
+            continue
+        frag["splitEvent"]["of"] = n
         out.append((frag, ftoken))
+    if skip_through and not out:
+        raise MongoError(280, "Attempted to resume from a split event, but the resumed stream "
+                              "produced a different split. Ensure that the pipeline used to "
+                              "resume is the same as the original")
     return out
 
 
 def event_size_limit(spec: StreamSpec) -> int:
-    """The largest encoded event (bytes) a batch carries whole: BSONObjMaxUserSize, with room
-    for ``$sortKey`` when the router merges the stream (``needsMerge``)."""
+    """The largest encoded event (bytes) a batch carries whole. With
+    ``$changeStreamSplitLargeEvent``: ``kBSONObjMaxChangeEventSize`` (16 MiB + 8 KiB, the size
+    counted with ``$sortKey`` when the router merges the stream); without it
+    BSONObjMaxUserSize, with room for ``$sortKey`` when merged (``needsMerge``)."""
+    if any(name == "$changeStreamSplitLargeEvent" for name, _ in spec.user_stages):
+        return MAX_CHANGE_EVENT_BYTES
     return MAX_EVENT_BYTES + (INTERNAL_SLACK if spec.needs_merge else 0)
 
 

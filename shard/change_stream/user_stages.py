@@ -128,6 +128,16 @@ def compile_stage(name: str, arg: Any) -> StageFn | None:
                                     f"{bson_type_name(arg)}")
         return Projection(arg, name, add_fields=True).apply
     fn = _pipeline_stage({name: arg})
+    if name in ("$replaceRoot", "$replaceWith"):
+        # Parsed, not evaluated: the new root may name a field the sample event lacks (e.g.
+        # Debezium re-roots to "$event" after wrapping the event under "event"); a value
+        # that is not a document fails per event, as on the server.
+        new_root = arg.get("newRoot") if name == "$replaceRoot" and isinstance(arg, dict) \
+            else arg
+        if name == "$replaceRoot" and (not isinstance(arg, dict) or "newRoot" not in arg):
+            raise MongoError(40231, "no newRoot specified for the $replaceRoot stage")
+        _check_operand(new_root)
+        return fn
     fn(dict(_SAMPLE_EVENT))  # validate the specification now, like the server's parse
     return fn
 

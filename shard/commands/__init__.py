@@ -13,6 +13,7 @@ of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
                           killAllSessions
 ``internal``              _shardsimEnsureCollection, _shardsimNoop (shardsim's own)
 ``balancing``             _shardsvrGetStatsForBalancing, autoSplitVector (for the balancer)
+``split_vector``          splitVector, dataSize (range statistics for snapshot splitters)
 ``explain``               explain (plans of :mod:`shard.explain`)
 ``testing``               _shardsimTruncateOplog (shardsim's own; with test commands only,
                           installed by ``ShardNode.__init__``, not in :data:`FAMILIES`)
@@ -29,11 +30,12 @@ the common no-ops.
 from __future__ import annotations
 
 from shardsim.shard.commands import (balancing, catalog, crud, ddl, explain, internal, migration,
-                                     oplog, reads, testing, transactions)
+                                     oplog, reads, split_vector, testing,
+                                     transactions)
 
 FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,
             transactions.commands, internal.commands, balancing.commands, explain.commands,
-            migration.commands)
+            migration.commands, split_vector.commands)
 
 # ``testing`` is installed only with test commands on (ShardNode.__init__).
 __all__ = ["FAMILIES", "testing"]

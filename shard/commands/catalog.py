@@ -1,5 +1,5 @@
 """The shard's catalog listings: listDatabases, listCollections, listIndexes, collStats and
-dbStats (the last two minimal). Read-only; the DDL that changes the catalog is in
+dbStats. Read-only; the DDL that changes the catalog is in
 :mod:`shard.commands.ddl`.
 """
 
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary
 from bson.int64 import Int64
 
+from shardsim.core import authorized_listing
 from shardsim.core.commands import CommandFamily, Request, check_type
 from shardsim.core.cursors import ListCursor
 from shardsim.core.errors import MongoError
@@ -27,14 +28,16 @@ commands = CommandFamily("catalog")
 @commands.handler("listDatabases")
 async def list_databases(node: ShardNode, req: Request) -> dict[str, Any]:
     """``listDatabases`` on admin: ``{databases: [{name, sizeOnDisk, empty}], totalSize,
-    totalSizeMb}`` (sizes are estimates; ``nameOnly`` gives names only). Unauthorized (13)
-    elsewhere than admin."""
+    totalSizeMb}`` (sizes are estimates; ``nameOnly`` gives names only; only the databases the
+    user may see, :mod:`shardsim.core.authorized_listing`). Unauthorized (13) elsewhere than
+    admin."""
     storage = node.storage
     if req.db != "admin":
         raise MongoError(13, "listDatabases may only be run against the admin database.")
     filt = check_type(req, "filter", dict, "object") or {}
     name_only = bool(req.body.get("nameOnly", False))
     names = set(db for db, colls in storage.dbs.items() if colls) | {"admin", "config", "local"}
+    names = set(await authorized_listing.filter_databases(node, req, sorted(names)))
     out = []
     total = 0
     for name in sorted(names):
@@ -72,7 +75,8 @@ def coll_info(coll: Collection) -> dict[str, Any]:
 async def list_collections(node: ShardNode, req: Request) -> dict[str, Any]:
     """``listCollections`` (``list_collections.cpp``): a cursor over ``{name, type,
     options, info[, idIndex]}``, collections then views, plus ``oplog.rs`` in ``local``;
-    ``filter`` and ``nameOnly`` apply. 73 for a bad database name."""
+    ``filter`` and ``nameOnly`` apply (with ``authorizedCollections``, only what the user may
+    see: :mod:`shardsim.core.authorized_listing`). 73 for a bad database name."""
     storage = node.storage
     validate_db_name(req.db)
     filt = check_type(req, "filter", dict, "object") or {}
@@ -89,6 +93,7 @@ async def list_collections(node: ShardNode, req: Request) -> dict[str, Any]:
                                   "autoIndexId": False},
                       "info": {"readOnly": False, "uuid": Binary(b"\x00" * 15 + b"\x01", 4)}})
     infos = [i for i in infos if q.matches(filt, i)]
+    infos = await authorized_listing.filter_collections(node, req, infos)
     if name_only:
         infos = [{"name": i["name"], "type": i["type"]} for i in infos]
     bs = cursor_opt.get("batchSize")
@@ -126,9 +131,23 @@ async def coll_stats(node: ShardNode, req: Request) -> dict[str, Any]:
 
 @commands.handler("dbStats")
 async def db_stats(node: ShardNode, req: Request) -> dict[str, Any]:
-    """``dbStats`` (minimal): ``{db, collections, views, objects, indexes}``."""
+    """``dbStats [, scale]`` (``dbcommands_d.cpp`` ``CmdDbStats``, ``Database::getStats``):
+    ``{db, collections, views, objects, avgObjSize, dataSize, storageSize, indexes, indexSize,
+    totalSize, scaleFactor}`` — sizes are the BSON sizes of :func:`storage_stats`, divided by
+    ``scale`` (``avgObjSize`` unscaled, a double). BadValue (2) for a scale below 1."""
     storage = node.storage
+    scale = req.body.get("scale", 1)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 1:
+        raise MongoError(2, "Scale factor must be greater than zero")
     colls = list(storage.collections(req.db))
+    stats = [storage_stats(cl, 1) for cl in colls]
+    objects = sum(len(cl.docs) for cl in colls)
+    data = sum(int(st["size"]) for st in stats)
+    index = sum(int(st["totalIndexSize"]) for st in stats)
+    scale = int(scale)
     return {"db": req.db, "collections": len(colls), "views": len(storage.views(req.db)),
-            "objects": sum(len(cl.docs) for cl in colls),
-            "indexes": sum(len(cl.indexes) for cl in colls)}
+            "objects": Int64(objects), "avgObjSize": data / objects if objects else 0.0,
+            "dataSize": Int64(data // scale), "storageSize": Int64(data // scale),
+            "indexes": sum(len(cl.indexes) for cl in colls),
+            "indexSize": Int64(index // scale), "totalSize": Int64((data + index) // scale),
+            "scaleFactor": scale}

@@ -202,8 +202,8 @@ def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = Fals
                 raise MongoError(7182800, "$changeStreamSplitLargeEvent spec must be an empty object")
             if any(n == name for n, _ in stages):
                 raise MongoError(7183900, f"{name} can only be used once in the pipeline")
-            if i != len(rest) - 1:  # PositionRequirement::kLast (Pipeline::validateCommon)
-                raise MongoError(40601, f"{name} can only be the final stage in the pipeline")
+            if i != len(rest) - 1:  # validatePipelinePosition (split_large_event.cpp)
+                raise MongoError(7182802, f"{name} must be the last stage in the pipeline")
         stages.append((name, arg))
     spec.user_stages = stages
     if (spec.resume_data is not None and spec.resume_data.fragmentNum is not None

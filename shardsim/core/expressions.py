@@ -14,6 +14,12 @@
   operators that read and write field names with dots and dollars
   (``src/mongo/db/pipeline/expression.cpp``, ``ExpressionGetField``/``ExpressionSetField``).
   ``field`` must be a constant string (or ``$literal``): 3041704 / 4161106 otherwise.
+* **``$type``** (the BSON type alias, ``"missing"`` for a missing value), **``$mergeObjects``**
+  (later documents win; null and missing inputs are skipped; 40400 for a non-object) and
+  **``$bsonSize``** (the encoded size of a document, null for null/missing; 31393 for a
+  non-object), which mongomock lacks (``ExpressionType``, ``ExpressionMergeObjects``,
+  ``ExpressionBsonSize`` in ``expression.cpp``); CDC connectors use them (Airbyte's schema
+  discovery, stream pipelines measuring events).
 
 :func:`install` patches mongomock once (at import of :mod:`shardsim.core.query`).
 """
@@ -26,6 +32,7 @@ import random
 import re
 from typing import Any, Iterator
 
+import bson
 from mongomock import aggregate as mm_aggregate
 
 from shardsim.core.commands import bson_type_name
@@ -139,6 +146,56 @@ def _set_field(parser: Any, spec: Any) -> Any:
     return out
 
 
+def _operand(parser: Any, spec: Any) -> Any:
+    """The single operand of a one-argument operator (``[x]`` or ``x``); missing -> KeyError."""
+    if isinstance(spec, list):
+        if len(spec) != 1:
+            raise MongoError(16020, f"Expression takes exactly 1 arguments. {len(spec)} were "
+                                    f"passed in.")
+        spec = spec[0]
+    return parser.parse(spec)
+
+
+def _type_of(parser: Any, spec: Any) -> str:
+    try:
+        value = _operand(parser, spec)
+    except KeyError:
+        return "missing"
+    return bson_type_name(value)
+
+
+def _merge_objects(parser: Any, spec: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in (spec if isinstance(spec, list) else [spec]):
+        try:
+            value = parser.parse(item)
+        except KeyError:
+            continue
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise MongoError(40400, f"$mergeObjects requires object inputs, but input "
+                                    f"{value!r} is of type {bson_type_name(value)}")
+        out.update(value)
+    return out
+
+
+def _bson_size(parser: Any, spec: Any) -> Any:
+    try:
+        value = _operand(parser, spec)
+    except KeyError:
+        return None
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise MongoError(31393, f"$bsonSize requires a document input, found: "
+                                f"{bson_type_name(value)}")
+    return len(bson.encode(value))
+
+
+_OPERATORS = {"$type": _type_of, "$mergeObjects": _merge_objects, "$bsonSize": _bson_size}
+
+
 def install() -> None:
     """Patch mongomock's expression parser (idempotent): ``let`` variables visible to every
     ``_Parser``, ``$getField``/``$setField`` evaluated here."""
@@ -164,6 +221,8 @@ def install() -> None:
                 return _get_field(self, expression[op])
             if op == "$setField":
                 return _set_field(self, expression[op])
+            if op in _OPERATORS:
+                return _OPERATORS[op](self, expression[op])
             if op == "$rand":
                 if expression[op] != {}:
                     raise MongoError(3040501, "$rand does not currently accept arguments")

@@ -25,7 +25,7 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
-from shardsim.core import collation, expressions, max_time, regex_limits
+from shardsim.core import bucket_auto, collation, expressions, max_time, regex_limits
 from shardsim.core.errors import MongoError
 from shardsim.core.search_indexes import check_search_stages
 from shardsim.core.values import id_key
@@ -33,6 +33,7 @@ from shardsim.core.values import id_key
 expressions.install()  # let variables, $getField/$setField
 regex_limits.install()  # $regex with a match limit; maxTimeMS checked per document tested
 
+bucket_auto.install()  # mongomock pipelines get the server's $bucketAuto (idempotent)
 MM_SCRATCH = mongomock.MongoClient().get_database("shardsim").get_collection("scratch")
 
 # mongomock's comparator has no place for Timestamp/MinKey/MaxKey in the BSON type order

@@ -86,15 +86,16 @@ class Server:
         self.tls = tls
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task] = set()  # connection tasks (asyncio keeps weak refs)
 
     async def start(self) -> None:
         tls = self.tls
         if tls is not None and tls.mode != "requireTLS":
-            self._server = await asyncio.start_server(self._sniff, self.host, self.port,
+            self._server = await asyncio.start_server(self._accept_sniff, self.host, self.port,
                                                       limit=2 ** 20, reuse_address=True)
         else:
             self._server = await asyncio.start_server(
-                self._handle, self.host, self.port, limit=2 ** 20, reuse_address=True,
+                self._accept, self.host, self.port, limit=2 ** 20, reuse_address=True,
                 ssl=tls.context if tls is not None else None)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
@@ -126,6 +127,34 @@ class Server:
         assert self._server is not None
         async with self._server:
             await self._server.serve_forever()
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The accept callback: run :meth:`_handle` in a task of our own. (Handing asyncio a
+        coroutine makes ``StreamReaderProtocol`` watch the task with a callback that calls
+        ``task.exception()``, which raises for a task cancelled before its first step — a
+        connection accepted just as the in-process kit stops — and prints "Exception in
+        callback ... CancelledError".)"""
+        self._start_task(self._handle(reader, writer), writer)
+
+    def _accept_sniff(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """:meth:`_accept` for allowTLS/preferTLS (:meth:`_sniff` first)."""
+        self._start_task(self._sniff(reader, writer), writer)
+
+    def _start_task(self, coro: Any, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if t.cancelled():
+                writer.close()  # cancelled before _handle's own cleanup could run
+                return
+            exc = t.exception()
+            if exc is not None:
+                log.error("connection handler failed", exc_info=exc)
+                writer.close()
+
+        task.add_done_callback(done)
 
     async def _sniff(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """allowTLS/preferTLS: peek at the first byte (still in the reader's buffer) and

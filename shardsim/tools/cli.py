@@ -2,7 +2,7 @@
 
 ``up``/``status``/``down`` (local mini cluster), ``fault`` (faults on demand for it), ``top``
 (its change-stream cursors, live), ``spec`` (unified spec tests), ``load`` (PySpark load +
-verifier). Each subcommand lives next to the code it drives.
+verifier), ``tail`` (a change stream's events and decoded tokens) and ``decode-token``. Each subcommand lives next to the code it drives.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ SUBCOMMANDS = {
     "load": "shardsim.tools.load.cli:load",
     "fault": "shardsim.tools.fault_cli:fault",
     "top": "shardsim.tools.top:top",
+    "tail": "shardsim.tools.token_cli:tail",
+    "decode-token": "shardsim.tools.token_cli:decode_token",
 }
 
 

@@ -55,13 +55,13 @@ import click
 
 from shardsim.testing import faults
 from shardsim.testing.faults import Fault, Param
-from shardsim.tools.launcher import (FileRoleProcess, default_run_dir, pid_is, read_state,
+from shardsim.tools.launcher import (FileRoleProcess, pid_is, read_state,
                                state_path, write_state)
-from shardsim.tools.launcher_cli import run_dir_option
+from shardsim.tools.launcher_cli import resolve_run_dir, run_dir_option
 
 
 def _state(run_dir: str | None) -> tuple[str, dict[str, Any]]:
-    run_dir = run_dir or default_run_dir()
+    run_dir = resolve_run_dir(run_dir)
     state = read_state(run_dir)
     if state is None:
         raise click.ClickException(f"no detached cluster (no {state_path(run_dir)}); start "

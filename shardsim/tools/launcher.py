@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -405,10 +406,56 @@ class Cluster:
 
 
 # -- state files of detached clusters (shardsim up --detach / status / down) -------------------
-def default_run_dir() -> str:
-    """``$SHARDSIM_RUN_DIR`` or ``<tmp>/shardsim-<uid>``."""
-    return os.environ.get("SHARDSIM_RUN_DIR") or os.path.join(
-        tempfile.gettempdir(), f"shardsim-{os.getuid()}")
+DEFAULT_PORT = 27017
+
+
+def _run_dir_for(port: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"shardsim-{os.getuid()}-{port}")
+
+
+def detached_run_dirs() -> list[str]:
+    """This user's run directories that hold a detached cluster's state: the per-port ones
+    (``<tmp>/shardsim-<uid>-<port>``) and the older per-user one (``<tmp>/shardsim-<uid>``)."""
+    tmp = tempfile.gettempdir()
+    prefix = f"shardsim-{os.getuid()}"
+    try:
+        names = sorted(n for n in os.listdir(tmp)
+                       if n == prefix or re.fullmatch(re.escape(prefix) + r"-\d+", n))
+    except OSError:
+        return []
+    return [os.path.join(tmp, n) for n in names
+            if os.path.exists(state_path(os.path.join(tmp, n)))]
+
+
+def default_run_dir(port: int | None = None) -> str:
+    """Where a detached cluster's state and logs live: ``$SHARDSIM_RUN_DIR``, else one
+    directory per user and router port, ``<tmp>/shardsim-<uid>-<port>`` (two clusters on two
+    ports, or two people sharing a uid in a container, never share one). Without ``port``
+    (``status``, ``down``, ``top``, ``fault``): the only detached cluster of this user, or the
+    default port's directory when there is none. ClusterError when there are several (the
+    message names them: pass ``--port`` or ``--run-dir``)."""
+    env = os.environ.get("SHARDSIM_RUN_DIR")
+    if env:
+        return env
+    if port is not None:
+        return _run_dir_for(port)
+    found = detached_run_dirs()
+    if len(found) > 1:
+        raise ClusterError("several detached clusters: " + ", ".join(found)
+                           + "; choose one with --port or --run-dir")
+    return found[0] if found else _run_dir_for(DEFAULT_PORT)
+
+
+def check_owner(run_dir: str) -> None:
+    """ClusterError unless this user owns ``run_dir``'s state file (so ``down`` never stops
+    another user's cluster)."""
+    try:
+        owner = os.stat(state_path(run_dir)).st_uid
+    except OSError:
+        return
+    if owner != os.getuid():
+        raise ClusterError(f"{state_path(run_dir)} belongs to uid {owner}, not to you "
+                           f"(uid {os.getuid()}); not touching that cluster")
 
 
 def state_path(run_dir: str) -> str:

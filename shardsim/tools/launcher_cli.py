@@ -17,8 +17,8 @@ from typing import Any
 
 import click
 
-from shardsim.tools.launcher import (Cluster, ClusterError, default_run_dir, pid_is, read_state,
-                               state_path, stop_pid, write_state)
+from shardsim.tools.launcher import (Cluster, ClusterError, check_owner, default_run_dir, pid_is,
+                               read_state, state_path, stop_pid, write_state)
 
 
 def _status_line(name: str, module: str, host: str | None, port: int | None, pid: int | None,
@@ -134,7 +134,22 @@ def _print_cluster(cluster: Cluster) -> None:
 run_dir_option = click.option(
     "--run-dir", type=click.Path(file_okay=False), default=None,
     help="Where a detached cluster's state (cluster.json) and logs live "
-         "[default: $SHARDSIM_RUN_DIR or <tmp>/shardsim-<uid>].")
+         "[default: $SHARDSIM_RUN_DIR or <tmp>/shardsim-<uid>-<port>].")
+port_option = click.option(
+    "--port", type=int, default=None,
+    help="The detached cluster's router port (selects its run directory; needed when this "
+         "user has several detached clusters).")
+
+
+def resolve_run_dir(run_dir: str | None, port: int | None = None) -> str:
+    """``--run-dir``, else :func:`default_run_dir` (``port``'s, or the only detached cluster's);
+    a ClickException when several detached clusters leave the choice open."""
+    if run_dir:
+        return run_dir
+    try:
+        return default_run_dir(port)
+    except ClusterError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.command()
@@ -171,7 +186,7 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
             raise click.BadParameter(f"only enableTestCommands=0|1 is known, got {item!r}",
                                      param_hint="--setParameter")
         test_commands = value.lower() in ("1", "true")
-    run_dir = run_dir or default_run_dir()
+    run_dir = run_dir or default_run_dir(port)
     if detach:
         state = read_state(run_dir)
         if state and any(pid_is(p["pid"], p["module"]) for p in state["processes"]):
@@ -253,9 +268,10 @@ def _ping(host: str, port: int) -> bool:
 
 @click.command()
 @run_dir_option
-def status(run_dir: str | None) -> None:
+@port_option
+def status(run_dir: str | None, port: int | None = None) -> None:
     """Show the detached cluster's processes (exit 1 if none is running or one is down)."""
-    run_dir = run_dir or default_run_dir()
+    run_dir = resolve_run_dir(run_dir, port)
     state = read_state(run_dir)
     if state is None:
         click.echo(f"no detached cluster (no {state_path(run_dir)})")
@@ -271,13 +287,19 @@ def status(run_dir: str | None) -> None:
 
 @click.command()
 @run_dir_option
-def down(run_dir: str | None) -> None:
-    """Stop the detached cluster and remove its state file."""
-    run_dir = run_dir or default_run_dir()
+@port_option
+def down(run_dir: str | None, port: int | None = None) -> None:
+    """Stop the detached cluster and remove its state file (only a cluster this user
+    started: another user's state file is refused)."""
+    run_dir = resolve_run_dir(run_dir, port)
     state = read_state(run_dir)
     if state is None:
         click.echo(f"no detached cluster (no {state_path(run_dir)})")
         return
+    try:
+        check_owner(run_dir)
+    except ClusterError as exc:
+        raise click.ClickException(str(exc)) from None
     for p in reversed(state["processes"]):
         stopped = stop_pid(p["pid"], p["module"])
         click.echo(f"  {p['name']:<10} {'stopped' if stopped else 'was not running'}")

@@ -20,8 +20,8 @@ from typing import Any
 
 import click
 
-from shardsim.tools.launcher import default_run_dir, read_state, state_path
-from shardsim.tools.launcher_cli import run_dir_option
+from shardsim.tools.launcher import read_state, state_path
+from shardsim.tools.launcher_cli import resolve_run_dir, run_dir_option
 
 PIPELINE = [{"$currentOp": {"idleCursors": True, "localOps": True}},
             {"$match": {"changeStream": {"$exists": True}}}]
@@ -69,7 +69,7 @@ def table(entries: list[dict[str, Any]]) -> Any:
 def _uri(uri: str | None, run_dir: str | None) -> str:
     if uri:
         return uri
-    run_dir = run_dir or default_run_dir()
+    run_dir = resolve_run_dir(run_dir)
     state = read_state(run_dir)
     if state is None:
         raise click.ClickException(f"no --uri and no detached cluster (no {state_path(run_dir)})")

@@ -260,6 +260,8 @@ TABLE: dict[str, Any] = {
     "setAllowMigrations": _on_full_ns("setAllowMigrations"),
     # auto_split_vector_command.cpp: splitVector on the namespace
     "autoSplitVector": _on_coll("splitVector"),
+    # split_vector.cpp: splitVector on the namespace its argument names
+    "splitVector": _on_full_ns("splitVector"),
     # server administration
     "serverStatus": _on_cluster("serverStatus"), "getParameter": _on_cluster("getParameter"),
     "setParameter": _on_cluster("setParameter"), "getCmdLineOpts": _on_cluster("getCmdLineOpts"),

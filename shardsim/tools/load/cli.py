@@ -18,6 +18,25 @@ from typing import Any
 import click
 
 
+def output_paths(out_dir: str | None, result: str | None, plot: str | None) -> tuple[str, str]:
+    """Where ``load`` writes its JSON result and its plot: ``--result``/``--plot`` relative
+    to ``--out`` (created), the result defaulting to ``<out>/load-result.json`` and the plot
+    to the result's path with ``.png``, so the two always land together (never in the current
+    directory when ``--out`` or a ``--result`` elsewhere says otherwise)."""
+    base = out_dir or (os.path.dirname(result) if result else "") or "."
+    if result is None:
+        result = os.path.join(base, "load-result.json")
+    elif out_dir and not os.path.isabs(result):
+        result = os.path.join(out_dir, result)
+    if plot is None:
+        plot = os.path.splitext(result)[0] + ".png"
+    elif out_dir and not os.path.isabs(plot):
+        plot = os.path.join(out_dir, plot)
+    for path in (result, plot):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    return result, plot
+
+
 def _fail(console: Any, msg: str, code: int = 2) -> None:
     console.print(f"[bold red]error:[/] {msg}")
     sys.exit(code)
@@ -49,18 +68,25 @@ def _fail(console: Any, msg: str, code: int = 2) -> None:
               help="Perturb the received stream before verifying (the verifier must catch it).")
 @click.option("--idle-timeout", type=float, default=15.0, show_default=True,
               help="Seconds of silence after the writers finish before a watcher gives up.")
-@click.option("--result", "result_path", default="load-result.json", show_default=True,
-              help="JSON result file.")
-@click.option("--plot", "plot_path", default="load-result.png", show_default=True,
-              help="PNG plot of high-water marks and delivered events.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for the result and the plot (created if missing) "
+                   "[default: the --result file's directory, else the current one].")
+@click.option("--result", "result_path", default=None,
+              help="JSON result file [default: load-result.json in --out].")
+@click.option("--plot", "plot_path", default=None,
+              help="PNG plot of high-water marks and delivered events [default: beside the "
+                   "result, same name with .png].")
 @click.option("--skip-final-check", is_flag=True,
               help="Do not read the collections back to compare with the plan.")
 def load(ops: int, shards: int, uri: str | None, mix: str, distribution: str, collections: int,
          doc_size: int, seed: int, db: str, watchers: int, direct: bool, spark_master: str,
-         batch_size: int, inject_fault: str | None, idle_timeout: float, result_path: str,
-         plot_path: str, skip_final_check: bool) -> None:
+         batch_size: int, inject_fault: str | None, idle_timeout: float,
+         result_path: str | None, plot_path: str | None, skip_final_check: bool,
+         out_dir: str | None = None) -> None:
     """Drive a Spark load through the cluster and verify the merged change stream end to end."""
     from rich.console import Console
+
+    result_path, plot_path = output_paths(out_dir, result_path, plot_path)
 
     from shardsim.tools.load.plan import Plan, PlanSpec, parse_mix
 
