@@ -169,7 +169,7 @@ class RouterNode(Node):
         return shards[0][0] if shards else None
 
     # -- dispatch -------------------------------------------------------------------------
-    async def run_command(self, req: Request) -> dict[str, Any]:
+    async def execute(self, req: Request) -> dict[str, Any]:
         """Run one command with a fresh operationTime holder
         (:data:`shardsim.core.gossip.OPERATION_TIME`)."""
         token = OPERATION_TIME.set([None])
@@ -179,10 +179,10 @@ class RouterNode(Node):
             if req.body.get("autocommit") is False:
                 # inside a transaction a statement is not re-run on StaleConfig: the error
                 # aborts the transaction, which the driver retries whole
-                reply = await super().run_command(req)
+                reply = await super().execute(req)
             else:  # a StaleConfig from a shard: refresh and run the command again
                 reply = await shard_versioning.run_with_retries(
-                    self, lambda: super(RouterNode, self).run_command(req))
+                    self, lambda: super(RouterNode, self).execute(req))
         finally:
             OPERATION_TIME.reset(token)
         if req.body.get("autocommit") is False and isinstance(reply, dict):

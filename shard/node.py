@@ -231,7 +231,7 @@ class ShardNode(Node):
         return st
 
     # -- dispatch -----------------------------------------------------------------------------
-    async def run_command(self, req: Request) -> dict[str, Any]:
+    async def execute(self, req: Request) -> dict[str, Any]:
         """Run a command; a durable shard commits what it wrote before replying. A commit that
         fails turns the reply into the storage error (:meth:`flush`). A command with ``lsid``
         and ``txnNumber`` first checks its session out
@@ -289,7 +289,7 @@ class ShardNode(Node):
             self._scopes.add(scope)
             scope_token = WRITE_SCOPE.set(scope)
         try:
-            reply = await super().run_command(req)
+            reply = await super().execute(req)
             if self.durable is not None and (self.storage.journal or self._unflushed):
                 try:
                     self.flush()

@@ -7,6 +7,7 @@ commands fail like mongod: ``CommandNotFound`` (59) "no such command: '<name>'".
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import re
 import uuid
@@ -23,6 +24,11 @@ from shardsim.core.errors import MongoError
 Handler = Callable[["Request"], Awaitable[dict[str, Any]]]
 # A module-level command handler: ``async def insert(node, req) -> dict`` (node: the role's Node).
 NodeHandler = Callable[[Any, "Request"], Awaitable[dict[str, Any]]]
+
+# The request a node is running on this task: set by ``Node.run_command`` for its command hooks
+# and for checks deeper down that do not see the request (a getMore's cursor checks).
+CURRENT_REQUEST: contextvars.ContextVar["Request | None"] = contextvars.ContextVar(
+    "shardsim_current_request", default=None)
 
 # Fields every command may carry (mongod's generic arguments); handlers must not reject them.
 GENERIC_FIELDS = frozenset({

@@ -11,7 +11,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import bson
 from bson.int64 import Int64
@@ -207,6 +207,9 @@ class CursorManager:
         self._cursors: dict[int, Cursor] = {}
         self.timeout_ms = timeout_ms
         self._reaper: asyncio.Task | None = None
+        # Checks run on a getMore's cursor once it is found, before it is checked out; one that
+        # raises MongoError fails the getMore and kills the cursor (the fail points add one).
+        self.get_more_checks: list[Callable[[Cursor], None]] = []
         self._op_seq = 0  # opid of the getMores ($currentOp)
 
     def __len__(self) -> int:
@@ -265,6 +268,12 @@ class CursorManager:
                                  f"{collection}', but cursor belongs to a different namespace {cursor.ns}")
         if cursor.in_use:
             raise MongoError(43, f"cursor id {int(cursor_id)} is already in use")
+        for check in self.get_more_checks:  # e.g. failGetMoreAfterCursorCheckout
+            try:
+                check(cursor)
+            except MongoError:
+                await self.kill([cursor_id])  # a failed getMore kills its cursor
+                raise
         cursor.in_use = True
         self._op_seq += 1
         cursor.op_id = self._op_seq

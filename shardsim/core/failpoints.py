@@ -44,16 +44,13 @@ from typing import Any
 
 from bson.int64 import Int64
 
+from shardsim.core.commands import CURRENT_REQUEST, CommandFamily
 from shardsim.core.errors import MongoError, change_stream_labels
 
 FAIL_POINTS = ("failCommand", "failGetMoreAfterCursorCheckout")
 FAIL_COMMAND_ERRMSG = "Failing command via 'failCommand' failpoint"
 FAIL_GET_MORE_ERRMSG = "Hit the 'failGetMoreAfterCursorCheckout' failpoint"
 
-# The request being run on this task (failGetMoreAfterCursorCheckout needs its client/namespace
-# but is evaluated inside CursorManager.get_more, which does not see the request).
-_current_request: contextvars.ContextVar[Any] = contextvars.ContextVar("shardsim_fp_request",
-                                                                       default=None)
 
 
 def _is_number(v: Any) -> bool:
@@ -265,94 +262,95 @@ def _apply_override(reply: dict[str, Any], override: list[str] | None) -> None:
         reply["errorLabels"] = list(override)
 
 
-def install(node: Any) -> FailPoints:
-    """Attach fail points to ``node`` (a :class:`shardsim.core.node.Node`; sets ``node.failpoints``).
+# configureFailPoint: a command family, installed only with test commands on.
+commands = CommandFamily("failpoints")
 
-    With ``node.test_commands`` true: registers ``configureFailPoint`` and wraps
-    ``node.run_command`` (failCommand) and ``node.cursors.get_more``
-    (failGetMoreAfterCursorCheckout) on the instance. Without test commands nothing is wired
-    and ``configureFailPoint`` stays unknown (CommandNotFound, 59)."""
-    fps = FailPoints(node)
-    node.failpoints = fps
-    if not node.test_commands:
-        return fps
 
-    async def configure_fail_point(req: Any) -> dict[str, Any]:
-        name = req.arg
-        if not isinstance(name, str):
-            raise MongoError(14, "BSON field 'configureFailPoint.configureFailPoint' is the wrong "
-                                 "type, expected type 'string'")
-        fp = fps.points.get(name)
-        if fp is None:
-            raise MongoError(2, f"Cannot find FailPoint named '{name}'")
-        if "mode" not in req.body:
-            raise MongoError(2, "Missing mode argument")
-        prev = fp.configure(req.body["mode"], req.body.get("data"))
-        return {"count": Int64(prev)}
+@commands.handler("configureFailPoint")
+async def configure_fail_point(node: Any, req: Any) -> dict[str, Any]:
+    """``{configureFailPoint: name, mode, data?}`` -> ``{count: Long}`` (times the point was
+    entered before). Errors: 14 for a non-string name, BadValue (2) for an unknown point or a
+    missing mode (``fail_point_cmd.cpp``)."""
+    name = req.arg
+    if not isinstance(name, str):
+        raise MongoError(14, "BSON field 'configureFailPoint.configureFailPoint' is the wrong "
+                             "type, expected type 'string'")
+    fp = node.failpoints.points.get(name)
+    if fp is None:
+        raise MongoError(2, f"Cannot find FailPoint named '{name}'")
+    if "mode" not in req.body:
+        raise MongoError(2, "Missing mode argument")
+    prev = fp.configure(req.body["mode"], req.body.get("data"))
+    return {"count": Int64(prev)}
 
-    node.commands.register("configureFailPoint", configure_fail_point)
 
-    inner_run = node.run_command
+# The labels a failCommand override sets for the request being run (before -> after).
+_override: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "shardsim_fp_override", default=None)
 
-    async def run_command(req: Any) -> dict[str, Any]:
-        token = _current_request.set(req)
+
+class FailCommandHook:
+    """``failCommand`` as a :class:`shardsim.core.node.CommandHook`: before a command it may
+    block, close the connection or answer an error; after it, add a ``writeConcernError`` and
+    the configured ``errorLabels``."""
+
+    def __init__(self, fps: FailPoints) -> None:
+        self.fps = fps
+
+    async def before_command(self, req: Any) -> dict[str, Any] | None:
+        _override.set(None)
         try:
-            return await _run(req)
-        finally:
-            _current_request.reset(token)
-
-    async def _run(req: Any) -> dict[str, Any]:
-        try:
-            data = fps.fail_command_for(req)
+            data = self.fps.fail_command_for(req)
         except MongoError:
             data = None
-        override = None
-        if data is not None:
-            override = _labels_override(data)
-            if data.get("blockConnection") is True:
-                block = data.get("blockTimeMS")
-                if not _is_number(block) or block < 0:
-                    exc = MongoError(72, "must specify 'blockTimeMS' when 'blockConnection' is true"
-                                     if not _is_number(block) else "'blockTimeMS' must be non-negative")
-                    return _error_reply(req, exc, override)
-                await asyncio.sleep(float(block) / 1000)
-            if data.get("closeConnection") is True:
-                # The server loop drops the connection on ConnectionError, without replying.
-                raise ConnectionResetError("failCommand closeConnection")
-            code = data.get("errorCode")
-            if _is_number(code):
-                return _error_reply(req, MongoError(int(code), FAIL_COMMAND_ERRMSG), override)
-        reply = await inner_run(req)
-        wce_data = fps.write_concern_error_for(req, reply)
+        if data is None:
+            return None
+        override = _labels_override(data)
+        _override.set(override)
+        if data.get("blockConnection") is True:
+            block = data.get("blockTimeMS")
+            if not _is_number(block) or block < 0:
+                exc = MongoError(72, "must specify 'blockTimeMS' when 'blockConnection' is true"
+                                 if not _is_number(block) else "'blockTimeMS' must be non-negative")
+                return self._error_reply(req, exc, override)
+            await asyncio.sleep(float(block) / 1000)
+        if data.get("closeConnection") is True:
+            # The server loop drops the connection on ConnectionError, without replying.
+            raise ConnectionResetError("failCommand closeConnection")
+        code = data.get("errorCode")
+        if _is_number(code):
+            return self._error_reply(req, MongoError(int(code), FAIL_COMMAND_ERRMSG), override)
+        return None
+
+    def after_command(self, req: Any, reply: dict[str, Any]) -> None:
+        override = _override.get()
+        wce_data = self.fps.write_concern_error_for(req, reply)
         if wce_data is not None:
             reply["writeConcernError"] = wce_data["writeConcernError"]
             if override is None:
                 override = _labels_override(wce_data)
         _apply_override(reply, override)
-        return reply
 
-    def _error_reply(req: Any, exc: MongoError, override: list[str] | None) -> dict[str, Any]:
-        exc.labels = override if override is not None else fps.computed_labels(req, exc)
+    def _error_reply(self, req: Any, exc: MongoError, override: list[str] | None) -> dict[str, Any]:
+        exc.labels = override if override is not None else self.fps.computed_labels(req, exc)
         reply = exc.to_reply()
-        node.cluster_time_fields(req, reply)
+        self.fps.node.cluster_time_fields(req, reply)
         return reply
 
-    node.run_command = run_command
 
-    cursors = node.cursors
-    inner_get_more = cursors.get_more
+def install(node: Any) -> FailPoints:
+    """Attach fail points to ``node`` (a :class:`shardsim.core.node.Node`; sets ``node.failpoints``).
 
-    async def get_more(cursor_id: int, collection: str, batch_size: int | None,
-                       max_time_ms: int | None) -> dict[str, Any]:
-        cursor = cursors.get(cursor_id)  # CursorNotFound (43) first, as on the server
-        same_ns = cursor.ns.split(".", 1)[-1] == collection or cursor.ns.endswith("$cmd.aggregate")
-        if same_ns and not cursor.in_use:  # else the inner call's error
-            try:
-                fps.check_get_more(cursor, _current_request.get())
-            except MongoError:
-                await cursors.kill([cursor_id])  # a failed getMore kills its cursor
-                raise
-        return await inner_get_more(cursor_id, collection, batch_size, max_time_ms)
-
-    cursors.get_more = get_more
+    With ``node.test_commands`` true: installs the ``configureFailPoint`` family, the
+    failCommand hook (:attr:`Node.command_hooks`) and the failGetMoreAfterCursorCheckout check
+    (:attr:`CursorManager.get_more_checks`). Without test commands nothing is wired and
+    ``configureFailPoint`` stays unknown (CommandNotFound, 59)."""
+    fps = FailPoints(node)
+    node.failpoints = fps
+    if not node.test_commands:
+        return fps
+    node.commands.install(node, commands)
+    node.command_hooks.append(FailCommandHook(fps))
+    node.cursors.get_more_checks.append(
+        lambda cursor: fps.check_get_more(cursor, CURRENT_REQUEST.get()))
     return fps

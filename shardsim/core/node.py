@@ -14,7 +14,7 @@ import datetime
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import bson
 from bson import Binary
@@ -26,7 +26,7 @@ from shardsim.core.auth import commands as auth_commands
 from shardsim.core.auth.security import Security
 from shardsim.core.clock import HybridLogicalClock
 from shardsim.core.cluster_time import parse_gossip
-from shardsim.core.commands import CommandTable, Request
+from shardsim.core.commands import CURRENT_REQUEST, CommandTable, Request
 from shardsim.core.cursors import CursorManager
 from shardsim.core.local_sessions import LocalSessionCache
 from shardsim.core.errors import MongoError, change_stream_labels
@@ -56,6 +56,18 @@ def encode(doc: Any) -> bytes:
     return bson.encode(doc, codec_options=CODEC)
 
 
+class CommandHook(Protocol):
+    """A hook point around every command a node runs (:meth:`Node.run_command`); the fail
+    points' ``failCommand`` is one (``shardsim/core/failpoints.py``)."""
+
+    async def before_command(self, req: Request) -> dict[str, Any] | None:
+        """A complete reply that replaces the command (an injected error), or None to run it.
+        May raise ConnectionError: the server loop then drops the connection unanswered."""
+
+    def after_command(self, req: Request, reply: dict[str, Any]) -> None:
+        """Amend the command's reply in place (an injected writeConcernError, labels)."""
+
+
 class Node:
     """Base of every role. ``options`` are the process's command-line settings (dict)."""
 
@@ -70,6 +82,7 @@ class Node:
         self.clock = HybridLogicalClock()
         self.cursors = CursorManager()
         self.commands = CommandTable()
+        self.command_hooks: list[CommandHook] = []  # see run_command
         self.local_sessions = LocalSessionCache()  # $listLocalSessions (shardsim/local_sessions.py)
         self.started = time.time()
         self.started_mono = time.monotonic()
@@ -140,7 +153,29 @@ class Node:
             self.clock.advance(ts)
 
     async def run_command(self, req: Request) -> dict[str, Any]:
-        """Run one command and return the complete reply (never raises MongoError)."""
+        """Run one command and return the complete reply (never raises MongoError).
+
+        The explicit hook points of every command: each of :attr:`command_hooks` (a
+        :class:`CommandHook`) may answer instead of the command before it runs, and may amend
+        its reply after; :data:`shardsim.core.commands.CURRENT_REQUEST` names the request
+        meanwhile. Roles extend :meth:`execute`, never this."""
+        token = CURRENT_REQUEST.set(req)
+        try:
+            for hook in self.command_hooks:
+                early = await hook.before_command(req)
+                if early is not None:
+                    return early
+            reply = await self.execute(req)
+            for hook in self.command_hooks:
+                hook.after_command(req, reply)
+            return reply
+        finally:
+            CURRENT_REQUEST.reset(token)
+
+    async def execute(self, req: Request) -> dict[str, Any]:
+        """The command itself: gossip, look-up, authorization, request checks, the handler,
+        errors to replies (roles extend: sessions on the shard, StaleConfig retries on the
+        router)."""
         try:
             self.gossip_in(req)
             handler = self.commands.lookup(req.name)

@@ -12,7 +12,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from shardsim.testing import ShardedCluster
-from txn_kit import read_events
+from shardsim.testing.helpers import read_events
 
 
 @pytest.fixture(scope="module")
