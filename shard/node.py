@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import time
 from typing import Any
 
 from bson import Binary, ObjectId
@@ -39,6 +38,7 @@ from shardsim.shard import durable_undo
 from shardsim.shard.durable import DurableStore
 from shardsim.shard.prepare_conflicts import wait_for_prepared
 from shardsim.core.auth import user_commands
+from shardsim.shard.op_observer import TERM, OpObserver
 from shardsim.shard.oplog import Oplog, PreImages
 from shardsim.shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
 from shardsim.shard.read_concern import run_with_read_concern
@@ -51,23 +51,8 @@ from shardsim.shard.storage import (CURRENT_TXN, WRITE_SCOPE, Collection, Journa
                            new_uuid, validate_collection_name, validate_db_name)
 from shardsim.shard.write_context import NO_CONTEXT, WriteContext
 
-TERM = Int64(1)
-OPLOG_VERSION = Int64(2)
 ID_INDEX_SPEC = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 ELECTION_ID = ObjectId("7fffffff0000000000000001")
-
-
-_EPOCH = datetime.datetime(1970, 1, 1)
-_wall_cache: list[Any] = [0, _EPOCH]
-
-
-def wall_now() -> datetime.datetime:
-    """The oplog ``wall`` field: naive UTC datetime with millisecond precision."""
-    ms = int(time.time() * 1000)
-    if ms != _wall_cache[0]:
-        _wall_cache[0] = ms
-        _wall_cache[1] = _EPOCH + datetime.timedelta(milliseconds=ms)
-    return _wall_cache[1]
 
 
 class ShardNode(Node):
@@ -102,10 +87,12 @@ class ShardNode(Node):
         else:
             self.oplog = Oplog(**retention)
         self.pre_images = PreImages()
-        self.oplog.truncated_callbacks.append(self._on_oplog_truncated)
+        # What every write does once applied: tick, append, pre-image, journal (op_observer.py).
+        self.op_observer = OpObserver(self)
+        self.oplog.truncated_callbacks.append(self.op_observer.on_oplog_truncated)
         self._unflushed: list[tuple] = []  # oplog truncations of failed commits, retried first
         self._scopes: set[WriteScope] = set()  # the commands running (see flush)
-        self._depth = 0
+        self.command_depth = 0
         self._req_txn: dict[int, Any] = {}
         self.sessions = Sessions(self)
         # Two-phase commits this shard coordinates (shard/transaction_coordinator.py).
@@ -280,7 +267,7 @@ class ShardNode(Node):
                 reply = exc.to_reply()
                 self.cluster_time_fields(req, reply)
                 return reply
-        self._depth += 1
+        self.command_depth += 1
         # the transaction's uncommitted collections are visible to its statements only
         token = CURRENT_TXN.set(self._req_txn.get(id(req)))
         scope = scope_token = None
@@ -300,7 +287,7 @@ class ShardNode(Node):
                 WRITE_SCOPE.reset(scope_token)
                 self._scopes.discard(scope)
             CURRENT_TXN.reset(token)
-            self._depth -= 1
+            self.command_depth -= 1
             self._req_txn.pop(id(req), None)
             if versioned_write is not None:
                 self.sharding.done(versioned_write)
@@ -372,96 +359,37 @@ class ShardNode(Node):
         """The transaction a request runs in (``autocommit: false``), or None."""
         return self._req_txn.get(id(req))
 
+    # The write path lives in the op observer (shard/op_observer.py); these are its names on the
+    # node, for the command handlers, the transaction code and the config server.
     def make_entry(self, op: str, ns: str, ui: Binary | None, o: dict[str, Any],
                    o2: dict[str, Any] | None = None, *, ctx: WriteContext = NO_CONTEXT,
                    ts: Timestamp | None = None) -> dict[str, Any]:
-        """An oplog entry in mongod's field order (``oplog_entry.idl``); ticks the clock."""
-        entry: dict[str, Any] = {}
-        if ctx.lsid is not None:
-            entry["lsid"] = ctx.lsid
-            entry["txnNumber"] = Int64(ctx.txn_number)
-        entry["op"] = op
-        entry["ns"] = ns
-        if ui is not None:
-            entry["ui"] = ui
-        entry["o"] = o
-        if o2 is not None:
-            entry["o2"] = o2
-        if ctx.lsid is not None and ctx.stmt_id is not None:
-            entry["stmtId"] = ctx.stmt_id
-        if ts is None:
-            faults = self.cs_promise_faults
-            ts = self.clock.tick() if not faults.pin else faults.take_pin()
-        entry["ts"] = ts
-        entry["t"] = TERM
-        entry["v"] = OPLOG_VERSION
-        entry["wall"] = wall_now()
-        if ctx.from_migrate:
-            entry["fromMigrate"] = True
-        if ctx.lsid is not None:
-            entry["prevOpTime"] = {"ts": Timestamp(0, 0), "t": Int64(-1)}
-        return entry
+        """:meth:`OpObserver.make_entry`."""
+        return self.op_observer.make_entry(op, ns, ui, o, o2, ctx=ctx, ts=ts)
 
     def append_entry(self, entry: dict[str, Any], size: int | None = None) -> None:
-        """Append to the oplog (and the durable journal); the document changes made for it get
-        its ``ts`` in the snapshot history (:mod:`shard.snapshot`)."""
-        size = self.oplog.append(entry, size)
-        self.storage.history.stamp(entry["ts"], size)
-        if self.storage.journal is not None:
-            self.storage.journal.append(("oplog", entry, size))
-            if self._depth == 0:
-                try:
-                    self.flush()
-                except MongoError:
-                    pass  # kept and retried by the next commit (see flush)
+        """:meth:`OpObserver.append`."""
+        self.op_observer.append(entry, size)
 
     def log_op(self, op: str, coll: Collection, o: dict[str, Any], o2: dict[str, Any] | None = None,
                *, ctx: WriteContext = NO_CONTEXT, pre_image: dict[str, Any] | None = None,
                size: int | None = None) -> Timestamp | None:
-        """Log a CRUD operation on ``coll`` (``op`` i/u/d). In a transaction the operation is
-        buffered; otherwise returns the entry's ``ts``. ``pre_image`` is stored when the
-        collection has changeStreamPreAndPostImages enabled."""
-        if coll.db == "local":
-            return None  # the local database is not replicated: no oplog entries
-        if ctx.txn is not None:
-            ctx.txn.add_op(op, coll, o, o2, pre_image if coll.pre_post_images else None)
-            return None
-        if not ctx.from_migrate and self.sharding.trackers:
-            self.sharding.on_write(coll.ns, op, o, o2)  # a migration's transfer mods
-        entry = self.make_entry(op, coll.ns, coll.ui, o, o2, ctx=ctx)
-        self.append_entry(entry, None if size is None else size + 160)
-        if pre_image is not None and coll.pre_post_images:
-            self.put_pre_image(coll.uuid, entry["ts"], 0, pre_image)
-        return entry["ts"]
+        """:meth:`OpObserver.on_insert` / ``on_update`` / ``on_delete`` by ``op`` (i/u/d)."""
+        return self.op_observer.on_crud(op, coll, o, o2, ctx=ctx, pre_image=pre_image, size=size)
 
     def put_pre_image(self, uuid: bytes, ts: Timestamp, index: int, doc: dict[str, Any]) -> None:
-        """Store a pre-image (``config.system.preimages``) and journal it."""
-        self.pre_images.put(uuid, ts, index, doc)
-        if self.storage.journal is not None:
-            self.storage.journal.append(("preimage", uuid, ts, index, doc))
+        """:meth:`OpObserver.put_pre_image`."""
+        self.op_observer.put_pre_image(uuid, ts, index, doc)
 
     def log_command(self, db: str, o: dict[str, Any], ui: Binary | None = None,
                     o2: dict[str, Any] | None = None, *, ctx: WriteContext = NO_CONTEXT) -> Timestamp:
-        """Log a DDL entry ``{op: "c", ns: "<db>.$cmd", o}``; returns its ts (the cluster time
-        without an entry for the unreplicated ``local`` database)."""
-        if db == "local":
-            return self.clock.now()
-        entry = self.make_entry("c", f"{db}.$cmd", ui, o, o2,
-                                ctx=WriteContext(from_migrate=ctx.from_migrate))
-        self.append_entry(entry)
-        return entry["ts"]
+        """:meth:`OpObserver.on_command`."""
+        return self.op_observer.on_command(db, o, ui, o2, ctx=ctx)
 
     def write_noop(self, o: dict[str, Any], o2: dict[str, Any] | None = None, ns: str = "",
                    ui: Binary | None = None) -> Timestamp:
-        """Write an ``op: "n"`` entry (periodic no-op writer, _shardsimNoop); returns its ts."""
-        entry = self.make_entry("n", ns, ui, o, o2)
-        self.append_entry(entry, 120)
-        return entry["ts"]
-
-    def _on_oplog_truncated(self, key: int) -> None:
-        self.pre_images.truncate_before(key + 1)
-        if self.storage.journal is not None:
-            self.storage.journal.append(("truncate", key))
+        """:meth:`OpObserver.on_noop`."""
+        return self.op_observer.on_noop(o, o2, ns, ui)
 
     # -- catalog helpers ----------------------------------------------------------------------
     def create_collection(self, db: str, name: str, options: dict[str, Any] | None = None, *,

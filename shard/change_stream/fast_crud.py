@@ -19,7 +19,7 @@ run of entries at a time:
   (:func:`shardsim.core.resume_token.event_mid_hex`), and for a documentKey ``{_id: <positive
   int32 | ObjectId>}`` a template of the whole token document (per byte count of an int id);
 * per event: the ``_id`` token document, ``clusterTime`` packed from the scan key,
-  ``wallTime`` (cached per equal ``datetime``: the shard's ``wall_now`` hands out one object
+  ``wallTime`` (cached per equal ``datetime``: the op observer's ``wall_now`` hands out one object
   per millisecond), ``documentKey`` (written here for those ids), ``fullDocument`` /
   ``updateDescription`` (and other documentKeys) encoded by bson's C encoder — one encoder call
   for up to :data:`_RUN` events, which are then cut out of its output — and with

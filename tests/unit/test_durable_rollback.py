@@ -103,9 +103,9 @@ def test_a_waiting_command_whose_writes_were_taken_back_gets_the_error(node, mon
         scope_a = WriteScope()
         node._scopes.add(scope_a)
         token = WRITE_SCOPE.set(scope_a)
-        node._depth += 1  # inside a command: its end commits
+        node.command_depth += 1  # inside a command: its end commits
         await crud.insert(node, _req("insert", "a", {"insert": "x", "documents": [{"_id": 1}]}))
-        node._depth -= 1
+        node.command_depth -= 1
         WRITE_SCOPE.reset(token)
         assert scope_a.wrote
         # ... when command B's commit (which carries A's records too) fails.
