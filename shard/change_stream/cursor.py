@@ -574,6 +574,10 @@ class ChangeStreamCursor(Cursor):
                 self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
         extra = _sort_key_layout(taken) if out and self.spec.needs_merge else {}
         self.batches += 1
+        if self.pbrt_ts_key > self.node.clock.now_key():
+            # A new stream's first token is HWM(lastApplied + 1 tick): the reply's $clusterTime
+            # must cover it too (see _advance_hwm).
+            self.node.clock.try_advance(ts_from_key(self.pbrt_ts_key))
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra)
 
     def _set_pbrt(self, token: Any) -> None:
@@ -591,7 +595,14 @@ class ChangeStreamCursor(Cursor):
         if key > self.pbrt_ts_key and self._faults.on:
             key = self._faults.promise_key(key, self.pbrt_ts_key)  # stalled, or pinned
         if key > self.pbrt_ts_key:
-            self.pbrt = rt.make_high_water_mark(ts_from_key(key), self.spec.token_version)
+            promised = ts_from_key(key)
+            # Never promise past our own cluster time: a clock promise is now + 1 tick, so move
+            # the clock there (gossip-style, no oplog entry; later ticks stay above it). The
+            # reply's $clusterTime then covers its postBatchResumeToken, as on mongod, whose
+            # promise is an oplog time (<= its clock): a client (or the router, which gossips
+            # the reply in) may read with afterClusterTime at the promise's time (else 72).
+            self.node.clock.try_advance(promised)
+            self.pbrt = rt.make_high_water_mark(promised, self.spec.token_version)
             self.pbrt_ts_key = key
 
     async def _delayed_hwm(self, has_events: bool) -> None:
