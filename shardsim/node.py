@@ -29,6 +29,7 @@ from shardsim.cluster_time import parse_gossip
 from shardsim.commands import CommandTable, Request
 from shardsim.cursors import CursorManager
 from shardsim.local_sessions import LocalSessionCache
+from shardsim.server_stats import ServerStats
 from shardsim.errors import MongoError, change_stream_labels
 from shardsim.node_commands import SERVER_VERSION
 
@@ -71,6 +72,7 @@ class Node:
         self.cursors = CursorManager()
         self.commands = CommandTable()
         self.local_sessions = LocalSessionCache()  # $listLocalSessions (shardsim/local_sessions.py)
+        self.stats = ServerStats()  # serverStatus connections/network/opcounters/asserts
         self.started = time.time()
         self.started_mono = time.monotonic()
         self.commands.install(self, node_commands.commands, auth_commands.commands,
@@ -141,9 +143,12 @@ class Node:
 
     async def run_command(self, req: Request) -> dict[str, Any]:
         """Run one command and return the complete reply (never raises MongoError)."""
+        stats = self.stats
+        stats.active += 1
         try:
             self.gossip_in(req)
             handler = self.commands.lookup(req.name)
+            stats.command(self.commands.canonical(req.name), req.body)
             if self.security.enabled:
                 await self.security.authorize(req)
             if "lsid" in req.body:
@@ -161,11 +166,16 @@ class Node:
         except MongoError as exc:
             exc.labels = self.error_labels(req, exc)
             reply = exc.to_reply()
+            stats.failed()
         except RecursionError:  # input nested deeper than a handler can walk: mongod's Overflow
             reply = MongoError(15, "BSONObj exceeded maximum nested object depth: 200").to_reply()
+            stats.failed()
         except Exception as exc:  # a bug must not take the process down
             log.exception("command %s failed", req.name)
             reply = MongoError(1, f"{type(exc).__name__}: {exc}").to_reply()
+            stats.failed(internal=True)
+        finally:
+            stats.active -= 1
         self.cluster_time_fields(req, reply)
         return reply
 
@@ -199,6 +209,7 @@ class Node:
             "pid": Int64(os.getpid()), "uptime": float(int(time.time() - self.started)),
             "uptimeMillis": Int64(int((time.monotonic() - self.started_mono) * 1000)),
             "localTime": datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None),
+            **self.stats.sections(),
             "metrics": {"cursor": {"open": {"total": Int64(len(self.cursors))}}},
         }
 

@@ -139,6 +139,8 @@ class Server:
         peer = writer.get_extra_info("peername")
         conn = ConnectionInfo(id=next(_conn_ids), peer=f"{peer[0]}:{peer[1]}" if peer else "")
         self._conns.add(writer)
+        stats = self.node.stats
+        stats.connection_opened()
         try:
             while True:
                 try:
@@ -156,6 +158,7 @@ class Server:
                     return
                 msg = wire.parse_message(header, payload, raw_header)
                 out = await self._respond(msg, conn)
+                stats.message(header.length, _size(out))
                 if out is not None:
                     writer.write(out)
                     await writer.drain()
@@ -164,6 +167,7 @@ class Server:
         except (ConnectionError, asyncio.CancelledError):
             return
         finally:
+            stats.connection_closed()
             conn.closed = True
             self._conns.discard(writer)
             try:
@@ -198,6 +202,15 @@ class Server:
         else:
             reply = await node.run_command(req)
         return wire.encode_op_reply(encode_reply(reply), response_to=msg.request_id)
+
+
+def _size(out: Any) -> int:
+    """Bytes of an encoded reply: bytes, a list of parts (a spliced batch) or None."""
+    if out is None:
+        return 0
+    if isinstance(out, (bytes, bytearray, memoryview)):
+        return len(out)
+    return sum(len(p) for p in out)
 
 
 class _Prefixed:
