@@ -131,7 +131,7 @@ class Node:
     def gossip_in(self, req: Request) -> None:
         """Take in a request's ``$clusterTime`` as ``VectorClock::gossipIn`` does: shape-checked
         (:func:`shardsim.cluster_time.parse_gossip`: 14, 40414, 140), with authentication on its
-        signature checked (:meth:`shardsim.auth.security.Security.check_cluster_time`: 210/211,
+        signature checked (:meth:`shardsim.auth.security.Security.check_cluster_time`: 204/211,
         ``LogicalTimeValidator::validate``), then rate-limited
         (:meth:`shardsim.clock.HybridLogicalClock.check`: 205, 40484); a refused time moves
         nothing and fails the command."""

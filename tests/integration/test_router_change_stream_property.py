@@ -198,8 +198,9 @@ def _run_workload(client: Any, ops: list, tag: str) -> Timestamp:
 
 
 def _read(client: Any, pipeline: list, options: dict, start: Timestamp,
-          end: Timestamp) -> tuple[list[bytes], list[Any], int | None]:
-    """Events of ``start .. end`` on ``client``'s stream: (raw bytes, tokens, error code)."""
+          end: Timestamp) -> tuple[list[bytes], list[Any], Any]:
+    """Events of ``start .. end`` on ``client``'s stream: (raw bytes, tokens, the error or
+    None)."""
     events: list[bytes] = []
     tokens: list[Any] = []
     end_key = end.time << 32 | end.inc
@@ -219,7 +220,7 @@ def _read(client: Any, pipeline: list, options: dict, start: Timestamp,
                     return events, tokens, None
                 assert time.monotonic() < deadline, "the stream did not pass the window's end"
     except OperationFailure as exc:
-        return events, tokens, exc.code
+        return events, tokens, exc
 
 
 def _check(env: Any, ops: list, pipeline: list, options: dict) -> None:
@@ -228,17 +229,18 @@ def _check(env: Any, ops: list, pipeline: list, options: dict) -> None:
     start = client[DB].command("ping")["$clusterTime"]["clusterTime"]
     start = Timestamp(start.time, start.inc + 1)
     end = _run_workload(client, ops, tag)
-    got, _, code = _read(client, pipeline, options, start, end)
+    got, _, err = _read(client, pipeline, options, start, end)
     per_shard = [_read(c, pipeline, options, start, end) for c in direct]
     merged = sorted(((token_key(t), e) for evs, toks, _ in per_shard for e, t in zip(evs, toks)),
                     key=lambda kv: kv[0])
     want = [e for _, e in merged]
-    codes = {c for _, _, c in per_shard if c is not None}
+    codes = {e.code for _, _, e in per_shard if e is not None}
     if not codes:
-        assert code is None, f"the router failed ({code}) where no shard did"
+        assert err is None, f"the router failed where no shard did: {err and err.details}"
         assert got == want, "the router's events are not its shards' events in token order"
     else:
-        assert code in codes, f"the router answered {code}, the shards {codes}"
+        assert err is not None and err.code in codes, \
+            f"the router answered {err and err.details}, the shards {codes}"
         assert got == want[:len(got)]
 
 
