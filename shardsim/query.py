@@ -331,8 +331,12 @@ class _ProjectionSpec:
                 continue
             self.exprs[field] = value
         # $elemMatch projects like an inclusion; $slice alone keeps every other field.
+        # {_id: 1} (or true) with no other inclusion or exclusion is an inclusion projection,
+        # whatever $slice says (projection_parser.cpp parseAndAnalyze: idIncludedEntirely);
+        # {_id: 1, a: 0} stays an exclusion.
         inclusive = bool(self.include or self.exprs or
-                         any("$elemMatch" in op for op in self.ops.values()))
+                         any("$elemMatch" in op for op in self.ops.values()) or
+                         (self.id_mode is True and not self.exclude))
         if inclusive and self.exclude:
             raise MongoError(31254, f"Cannot do exclusion on field {'.'.join(self.exclude[0])} in "
                                     f"inclusion projection")
