@@ -162,6 +162,13 @@ class ListCursor(Cursor):
         self._peek: list[Any] = []
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        """The next batch: ``batch_size`` documents (a getMore's 0 or None: no count limit;
+        the first batch's None: 101) within 16 MiB. A first batch of ``batchSize: 0`` is empty
+        and leaves the cursor open, even when there is nothing to return (mongod and mongos
+        register the cursor without running the query: ``run_aggregate.cpp`` /
+        ``cluster_aggregation_planner.cpp``, ``find_cmd.cpp``); the documents come on getMore."""
+        if first and batch_size == 0:
+            return Batch([], exhausted=False)
         limit = batch_size if batch_size else (DEFAULT_BATCH_SIZE if first else 1 << 62)
         out: list[Any] = []
         size = 0

@@ -425,6 +425,24 @@ def _exclude(doc: Any, paths: list[tuple[str, ...]]) -> dict[str, Any]:
     return out
 
 
+def _group_id_first(handler: Any) -> Any:
+    """mongomock's ``$group`` with each output document's ``_id`` first, as mongod writes it
+    (``DocumentSourceGroup::makeDocument``: ``_id``, then the accumulators in spec order);
+    mongomock appends ``_id`` after the accumulators. A constant key that is false in Python
+    (``0``, ``false``, ``""``, ``{}``, ``[]``) stays itself, as on mongod (mongomock makes it
+    null)."""
+    def group(in_collection: Any, database: Any, options: Any) -> list[dict[str, Any]]:
+        out = handler(in_collection, database, options)
+        gid = options.get("_id") if isinstance(options, dict) else None
+        const = gid is not None and not gid
+        return [{"_id": gid if const else d["_id"], **{k: v for k, v in d.items() if k != "_id"}}
+                if type(d) is dict and "_id" in d else d for d in out]
+    return group
+
+
+mm_aggregate._PIPELINE_HANDLERS["$group"] = _group_id_first(mm_aggregate._PIPELINE_HANDLERS["$group"])
+
+
 def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]], database: Any) -> list[dict[str, Any]]:
     """Run an aggregation ``pipeline`` over ``docs`` (mongomock stages).
 

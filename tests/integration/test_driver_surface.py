@@ -58,3 +58,37 @@ def test_an_id_only_inclusion_returns_only_the_id(coll, spec):
     assert coll.find_one({"_id": 2}, {"_id": 1, "a": {"$slice": 1}}) == {"_id": 2, "a": [2]}
     assert coll.find_one({"_id": 2}, {"_id": 1, "t": 0}) == {"_id": 2, "k": -1, "a": [2, 3, 4]}
     assert list(coll.aggregate([{"$match": {"_id": 2}}, {"$project": {"_id": 1}}])) == [{"_id": 2}]
+
+
+def test_an_aggregate_with_batch_size_zero_returns_an_empty_first_batch(coll):
+    """``cursor: {batchSize: 0}``: no documents in ``firstBatch``, a live cursor, then the
+    documents on getMore (``run_aggregate.cpp``; mongos ``cluster_aggregation_planner.cpp``)."""
+    db = coll.database
+    reply = db.command({"aggregate": coll.name, "pipeline": [{"$sort": {"_id": 1}}],
+                        "cursor": {"batchSize": 0}})
+    assert reply["cursor"]["firstBatch"] == [] and reply["cursor"]["id"] != 0
+    more = db.command({"getMore": reply["cursor"]["id"], "collection": coll.name})
+    assert [d["_id"] for d in more["cursor"]["nextBatch"]] == list(range(7))
+    assert more["cursor"]["id"] == 0
+    # the same through a driver's helper
+    assert [d["_id"] for d in coll.aggregate([{"$sort": {"_id": 1}}], batchSize=0)] == list(range(7))
+    # an empty result too: an empty first batch and a cursor, exhausted on getMore
+    reply = db.command({"aggregate": coll.name, "pipeline": [{"$match": {"_id": -1}}],
+                        "cursor": {"batchSize": 0}})
+    assert reply["cursor"]["firstBatch"] == [] and reply["cursor"]["id"] != 0
+    more = db.command({"getMore": reply["cursor"]["id"], "collection": coll.name})
+    assert more["cursor"]["nextBatch"] == [] and more["cursor"]["id"] == 0
+
+
+@pytest.mark.parametrize("key", [0, 1, "", False, None, "$k", {"a": "$k"}])
+def test_group_puts_id_first_and_keeps_a_false_constant_key(coll, key):
+    """``$group`` output documents are ``{_id, <accumulators in spec order>}``
+    (``DocumentSourceGroup``); a constant key such as ``0`` stays ``0``."""
+    docs = list(coll.aggregate([{"$group": {"_id": key, "n": {"$sum": 1}, "t": {"$sum": "$t"}}},
+                                {"$sort": {"_id": 1}}]))
+    assert all(list(d) == ["_id", "n", "t"] for d in docs)
+    if key is None or not isinstance(key, (str, dict)) or key == "":
+        assert docs == [{"_id": key, "n": 7, "t": 721}]
+        assert type(docs[0]["_id"]) is type(key)
+    else:
+        assert len(docs) == 7 and sum(d["n"] for d in docs) == 7
