@@ -92,3 +92,81 @@ def test_group_puts_id_first_and_keeps_a_false_constant_key(coll, key):
         assert type(docs[0]["_id"]) is type(key)
     else:
         assert len(docs) == 7 and sum(d["n"] for d in docs) == 7
+
+
+class _Txn:
+    """Statements of one transaction sent as raw commands (the driver's own transaction API
+    would drop the write concern: we send what a driver must not) on one explicit session,
+    with transaction numbers above any the driver used on it (its sessions are pooled); the
+    session is discarded afterwards (marked dirty), not reused by the driver."""
+
+    _numbers = iter(range(1 << 20, 1 << 30))
+
+    def __init__(self, coll: Any) -> None:
+        self.coll = coll
+        self.session = coll.database.client.start_session()
+        self.number = next(self._numbers)
+
+    def run(self, cmd: dict[str, Any], db: Any = None, **extra: Any) -> Any:
+        """The reply of ``cmd`` as a statement, or the OperationFailure."""
+        from bson.int64 import Int64
+        body = {**cmd, "txnNumber": Int64(self.number), "autocommit": False, **extra}
+        try:
+            return (self.coll.database if db is None else db).command(body, session=self.session)
+        except OperationFailure as exc:
+            return exc
+
+    def commit(self, **extra: Any) -> Any:
+        return self.run({"commitTransaction": 1}, db=self.coll.database.client.admin, **extra)
+
+    def close(self) -> None:
+        self.session._server_session.mark_dirty()
+        self.session.end_session()
+
+
+def test_create_of_an_existing_collection_in_a_transaction_is_namespace_exists(coll):
+    """Outside a transaction an identical create is a no-op; inside one mongod (and mongos,
+    which surfaces the shard's error) answers NamespaceExists (48) and the transaction is
+    aborted (``create_command.cpp``; ``catalog::checkIfNamespaceExists``)."""
+    assert coll.database.command({"create": coll.name})["ok"] == 1.0
+    txn = _Txn(coll)
+    assert txn.run({"insert": coll.name, "documents": [{"_id": 100, "k": 100}]},
+                   startTransaction=True)["ok"] == 1.0
+    err = txn.run({"create": coll.name})
+    assert isinstance(err, OperationFailure) and err.code == 48
+    assert err.details["codeName"] == "NamespaceExists"
+    assert err.details["errmsg"] == f"Collection {coll.full_name} already exists."
+    assert "errorLabels" not in err.details
+    # the next statement on the aborted participant (k < 0: the primary shard)
+    after = txn.run({"insert": coll.name, "documents": [{"_id": 101, "k": -101}]})
+    assert isinstance(after, OperationFailure) and after.code == 251
+    commit = txn.commit()
+    assert isinstance(commit, OperationFailure) and commit.code == 251
+    txn.close()
+    assert coll.count_documents({"_id": {"$gte": 100}}) == 0
+
+
+@pytest.mark.parametrize("statement", ["first", "later"])
+def test_a_write_concern_on_a_transaction_statement_is_invalid_options(coll, statement):
+    """``validateWriteConcernForTransaction``: only commit/abort may carry a write concern in
+    a transaction: InvalidOptions (72), on the first statement as on later ones."""
+    txn = _Txn(coll)
+    wc = {"writeConcern": {"w": 1}}
+    insert = {"insert": coll.name, "documents": [{"_id": 200, "k": 200}]}
+    if statement == "first":
+        err = txn.run(insert, startTransaction=True, **wc)
+    else:
+        assert txn.run(insert, startTransaction=True)["ok"] == 1.0
+        err = txn.run({"update": coll.name, "updates": [
+            {"q": {"_id": 200, "k": 200}, "u": {"$set": {"x": 1}}}]}, **wc)
+    assert isinstance(err, OperationFailure) and err.code == 72
+    assert err.details["codeName"] == "InvalidOptions"
+    assert err.details["errmsg"] == "writeConcern is not allowed within a multi-statement transaction"
+    # an empty write concern is no write concern; commit may carry one
+    if statement == "later":
+        assert txn.run({"find": coll.name, "filter": {"_id": 200}})["ok"] == 1.0
+        assert txn.run({"delete": coll.name, "deletes": [{"q": {"_id": 5, "k": 2}, "limit": 1}],
+                        "writeConcern": {}})["ok"] == 1.0
+        assert txn.commit(writeConcern={"w": "majority"})["ok"] == 1.0
+        assert coll.find_one({"_id": 200}) is not None and coll.find_one({"_id": 5}) is None
+    txn.close()
