@@ -8,6 +8,7 @@ Mirrors mongod's ``CursorManager``/mongos' ``ClusterCursorManager`` semantics: r
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,24 @@ import bson
 from bson.int64 import Int64
 
 from shardsim.errors import MongoError
+
+# The running command's time limit: (start, maxTimeMS in seconds) on ``clock``, set by
+# ``Node.run_command`` for a command with a non-zero ``maxTimeMS``. A cursor it opens keeps
+# what is left of it for its getMores (see :meth:`CursorManager.run_first_batch`).
+COMMAND_TIME_LIMIT: contextvars.ContextVar[tuple[float, float] | None] = \
+    contextvars.ContextVar("shardsim_command_time_limit", default=None)
+
+
+def clock() -> float:
+    """Monotonic seconds of the maxTimeMS accounting (a module function, so tests replace it)."""
+    return time.monotonic()
+
+
+def time_limit_exceeded() -> MongoError:
+    """MaxTimeMSExpired (50) "operation exceeded time limit" (``ErrorCodes::MaxTimeMSExpired``,
+    raised by ``OperationContext::checkForInterrupt`` past the deadline)."""
+    return MongoError(50, "operation exceeded time limit")
+
 
 DEFAULT_BATCH_SIZE = 101
 BATCH_BYTES_LIMIT = 16 * 1024 * 1024  # a reply batch never exceeds 16 MiB (bytes)
@@ -140,6 +159,9 @@ class Cursor:
         self.n_batches_returned = 0
         self.op_id = 0
         self.originating_command: Any = None
+        # seconds left of the originating command's maxTimeMS (None: no limit); a non-tailable
+        # cursor's getMores run within it (getmore_cmd.cpp getLeftoverMaxTimeMicros)
+        self.max_time_left: float | None = None
 
     def current_op_extra(self) -> dict[str, Any]:
         """Fields this cursor adds to its ``$currentOp`` entry (none by default)."""
@@ -242,8 +264,20 @@ class CursorManager:
     async def run_first_batch(self, cursor: Cursor, batch_size: int | None,
                               max_time_ms: int | None = None) -> dict[str, Any]:
         """Fetch the first batch; register the cursor if it is not exhausted. Returns the
-        ``cursor`` reply subdocument ``{firstBatch, [postBatchResumeToken], id, ns}``."""
+        ``cursor`` reply subdocument ``{firstBatch, [postBatchResumeToken], id, ns}``.
+
+        Under the running command's ``maxTimeMS`` (:data:`COMMAND_TIME_LIMIT`) a non-tailable
+        cursor fails with MaxTimeMSExpired (50) when the command has used it up, and keeps the
+        rest for its getMores (``ClientCursor::setLeftoverMaxTimeMicros``, find_cmd.cpp /
+        run_aggregate.cpp; mongos ``ClusterCursorManager``)."""
         batch = await cursor.fetch(batch_size, max_time_ms, first=True)
+        limit = COMMAND_TIME_LIMIT.get()
+        if limit is not None and not cursor.tailable:
+            left = limit[0] + limit[1] - clock()
+            if left <= 0:
+                await cursor.close()
+                raise time_limit_exceeded()
+            cursor.max_time_left = left
         cursor.n_docs_returned += batch.count
         cursor.n_batches_returned += 1
         cid = 0
@@ -264,7 +298,10 @@ class CursorManager:
         """Run a getMore; returns ``{id, ns, nextBatch, [postBatchResumeToken]}``.
 
         Raises CursorNotFound (43), or Unauthorized-style 13 when ``collection`` names another
-        namespace (mongod: "Requested getMore on namespace 'x', but cursor belongs to 'y'").
+        namespace (mongod: "Requested getMore on namespace 'x', but cursor belongs to 'y'");
+        MaxTimeMSExpired (50) when a non-tailable cursor's time left (``max_time_left``) is used
+        up before or during this getMore (the cursor is then killed, as after any failed
+        getMore).
         """
         cursor = self.get(cursor_id)
         if cursor.ns.split(".", 1)[1] != collection and not cursor.ns.endswith("$cmd.aggregate"):
@@ -276,8 +313,20 @@ class CursorManager:
         self._op_seq += 1
         cursor.op_id = self._op_seq
         cursor.getmore_started_wall = time.time()
+        started = clock()
+        left = None if cursor.tailable else cursor.max_time_left
         try:
+            if left is not None and left <= 0:
+                raise time_limit_exceeded()
             batch = await cursor.fetch(batch_size, max_time_ms, first=False)
+            if left is not None:
+                # the getMore runs within what its cursor's command left (getmore_cmd.cpp:
+                # setDeadlineAfterNowBy(getLeftoverMaxTimeMicros(), MaxTimeMSExpired)); the
+                # time between getMores does not count
+                left -= clock() - started
+                if left <= 0:
+                    raise time_limit_exceeded()
+                cursor.max_time_left = left
         except BaseException:
             # A failed getMore kills the cursor, as on mongod.
             self._cursors.pop(cursor.id, None)

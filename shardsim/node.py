@@ -27,7 +27,8 @@ from shardsim.auth.security import Security
 from shardsim.clock import HybridLogicalClock
 from shardsim.cluster_time import parse_gossip
 from shardsim.commands import CommandTable, Request
-from shardsim.cursors import CursorManager
+from shardsim import cursors as cursors_mod
+from shardsim.cursors import COMMAND_TIME_LIMIT, CursorManager
 from shardsim.local_sessions import LocalSessionCache
 from shardsim.server_stats import ServerStats
 from shardsim.errors import MongoError, change_stream_labels
@@ -145,6 +146,12 @@ class Node:
         """Run one command and return the complete reply (never raises MongoError)."""
         stats = self.stats
         stats.active += 1
+        # the command's maxTimeMS, for the cursor it may open (shardsim/cursors.py)
+        max_time = req.body.get("maxTimeMS")
+        limited = isinstance(max_time, (int, float)) and not isinstance(max_time, bool) \
+            and max_time > 0 and req.name != "getMore"
+        limit_token = COMMAND_TIME_LIMIT.set((cursors_mod.clock(), max_time / 1000.0)
+                                             if limited else None)
         try:
             self.gossip_in(req)
             handler = self.commands.lookup(req.name)
@@ -176,6 +183,7 @@ class Node:
             stats.failed(internal=True)
         finally:
             stats.active -= 1
+            COMMAND_TIME_LIMIT.reset(limit_token)
         self.cluster_time_fields(req, reply)
         return reply
 

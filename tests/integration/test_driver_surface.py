@@ -170,3 +170,45 @@ def test_a_write_concern_on_a_transaction_statement_is_invalid_options(coll, sta
         assert txn.commit(writeConcern={"w": "majority"})["ok"] == 1.0
         assert coll.find_one({"_id": 200}) is not None and coll.find_one({"_id": 5}) is None
     txn.close()
+
+
+def test_max_time_ms_on_a_get_more_of_a_non_await_data_cursor_is_bad_value(coll, request):
+    """getMore's maxTimeMS is the awaitData wait: on any other cursor BadValue (2), with
+    mongod's message on a shard (getmore_cmd.cpp ``validateMaxTimeMS``) and mongos' through
+    the router (cluster_find.cpp ``setUpOperationContextStateForGetMore``)."""
+    db = coll.database
+    cid = db.command({"find": coll.name, "batchSize": 2})["cursor"]["id"]
+    with pytest.raises(OperationFailure) as exc:
+        db.command({"getMore": cid, "collection": coll.name, "maxTimeMS": 1000})
+    assert exc.value.code == 2
+    if request.node.callspec.params["coll"] == "shard":
+        assert exc.value.details["errmsg"] == \
+            "cannot set maxTimeMS on getMore command for a non-awaitData cursor"
+    else:
+        assert exc.value.details["errmsg"] == \
+            "maxTimeMS can only be used with getMore for tailable, awaitData cursors"
+
+
+def test_a_cursor_reads_within_its_commands_max_time_ms(coll, monkeypatch):
+    """The driver's timeoutMS becomes the find's maxTimeMS; mongod and mongos run the cursor's
+    getMores within what the find left of it (getmore_cmd.cpp / cluster_find.cpp
+    ``getLeftoverMaxTimeMicros``): a to_list() that uses it up ends with MaxTimeMSExpired (50),
+    a timeout error for the driver. The accounting clock (in this process: the cluster is)
+    moves 40 ms per reading, so a find with maxTimeMS 100 has time for about one getMore."""
+    from pymongo.errors import ExecutionTimeout
+
+    from shardsim import cursors
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.040
+        return now[0]
+
+    monkeypatch.setattr(cursors, "clock", clock)
+    cursor = coll.find({}, batch_size=1, max_time_ms=100)
+    with pytest.raises(ExecutionTimeout) as exc:
+        cursor.to_list()
+    assert exc.value.code == 50
+    assert exc.value.timeout
+    monkeypatch.undo()
+    assert len(coll.find({}, batch_size=1, max_time_ms=100).to_list()) == 7
