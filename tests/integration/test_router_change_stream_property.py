@@ -28,7 +28,6 @@ import os
 import time
 from typing import Any
 
-import bson
 import pymongo
 import pytest
 from bson.binary import Binary
