@@ -212,3 +212,19 @@ def test_a_cursor_reads_within_its_commands_max_time_ms(coll, monkeypatch):
     assert exc.value.timeout
     monkeypatch.undo()
     assert len(coll.find({}, batch_size=1, max_time_ms=100).to_list()) == 7
+
+
+def test_an_empty_let_on_write_helpers_is_accepted(coll):
+    """``let: {}`` binds no variable: every write helper runs as without it (issue 31 (9)
+    reported 40414 "BSON field 'Collation.locale' is missing"; kept as a guard)."""
+    from pymongo import UpdateOne
+    assert coll.update_one({"_id": 1, "k": -2}, {"$set": {"u": 1}}, let={}).matched_count == 1
+    assert coll.update_many({"_id": {"$lt": 3}}, {"$set": {"u": 2}}, let={}).matched_count == 3
+    assert coll.replace_one({"_id": 2, "k": -1}, {"k": -1, "r": 1}, let={}).matched_count == 1
+    assert coll.find_one_and_update({"_id": 3, "k": 0}, {"$set": {"f": 1}}, let={})["_id"] == 3
+    assert coll.bulk_write([UpdateOne({"_id": 4, "k": 1}, {"$set": {"b": 1}})],
+                           let={}).matched_count == 1
+    assert coll.delete_one({"_id": 6, "k": 3}, let={}).deleted_count == 1
+    assert coll.find_one_and_delete({"_id": 5, "k": 2}, let={})["_id"] == 5
+    assert coll.delete_many({"_id": {"$gt": 100}}, let={}).deleted_count == 0
+    assert coll.count_documents({}) == 5
