@@ -577,7 +577,7 @@ class ChangeStreamCursor(Cursor):
         if self.pbrt_ts_key > self.node.clock.now_key():
             # A new stream's first token is HWM(lastApplied + 1 tick): the reply's $clusterTime
             # must cover it too (see _advance_hwm).
-            self.node.clock.try_advance(ts_from_key(self.pbrt_ts_key))
+            self._cover_with_clock(ts_from_key(self.pbrt_ts_key))
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra)
 
     def _set_pbrt(self, token: Any) -> None:
@@ -586,6 +586,14 @@ class ChangeStreamCursor(Cursor):
         self.pbrt = token
         # Every token starts with the clusterTime: 0x82 + 8 bytes (secs << 32 | inc).
         self.pbrt_ts_key = int(token["_data"][2:18], 16)
+
+    def _cover_with_clock(self, ts: Timestamp) -> None:
+        """Move the node's clock up to ``ts`` (as gossip does: never back, no oplog entry); a
+        time the rate limiter refuses (205/40484) moves nothing."""
+        try:
+            self.node.clock.advance(ts)
+        except MongoError:
+            pass
 
     def _advance_hwm(self, at_end: bool) -> None:
         """End of a batch with nothing left: promise the scanned (or safe clock) time."""
@@ -601,7 +609,7 @@ class ChangeStreamCursor(Cursor):
             # reply's $clusterTime then covers its postBatchResumeToken, as on mongod, whose
             # promise is an oplog time (<= its clock): a client (or the router, which gossips
             # the reply in) may read with afterClusterTime at the promise's time (else 72).
-            self.node.clock.try_advance(promised)
+            self._cover_with_clock(promised)
             self.pbrt = rt.make_high_water_mark(promised, self.spec.token_version)
             self.pbrt_ts_key = key
 
