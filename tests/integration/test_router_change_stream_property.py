@@ -249,6 +249,7 @@ def _big_update_ops() -> list:
     return [("insert", {}, False), ("update", 0, {"big": big})]
 
 
+@pytest.mark.timeout(max(300, EXAMPLES))  # about 0.25 s an example; the long run needs more
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG_RUN, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
