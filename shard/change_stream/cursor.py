@@ -588,8 +588,15 @@ class ChangeStreamCursor(Cursor):
         self.pbrt_ts_key = int(token["_data"][2:18], 16)
 
     def _cover_with_clock(self, ts: Timestamp) -> None:
-        """Move the node's clock up to ``ts`` (as gossip does: never back, no oplog entry); a
-        time the rate limiter refuses (205/40484) moves nothing."""
+        """Move the node's clock up to ``ts`` (as gossip does: never back, no oplog entry) for
+        a client's own stream, so the reply's ``$clusterTime`` covers its token; a time the rate
+        limiter refuses (205/40484) moves nothing. Not for a router's cursor (``needsMerge``):
+        the router covers the token it hands out itself
+        (``router.change_stream.cursor._cover_with_cluster_time``), and moving the shards'
+        clocks with every promise would make idle shards and the router push each other's
+        clocks up one tick per reply."""
+        if self.spec.needs_merge:
+            return
         try:
             self.node.clock.advance(ts)
         except MongoError:
@@ -604,11 +611,11 @@ class ChangeStreamCursor(Cursor):
             key = self._faults.promise_key(key, self.pbrt_ts_key)  # stalled, or pinned
         if key > self.pbrt_ts_key:
             promised = ts_from_key(key)
-            # Never promise past our own cluster time: a clock promise is now + 1 tick, so move
-            # the clock there (gossip-style, no oplog entry; later ticks stay above it). The
-            # reply's $clusterTime then covers its postBatchResumeToken, as on mongod, whose
-            # promise is an oplog time (<= its clock): a client (or the router, which gossips
-            # the reply in) may read with afterClusterTime at the promise's time (else 72).
+            # Never promise a client past our own cluster time: a clock promise is now + 1 tick,
+            # so move the clock there (gossip-style, no oplog entry; later ticks stay above
+            # it). The reply's $clusterTime then covers its postBatchResumeToken, as on mongod,
+            # whose promise is an oplog time (<= its clock): the client may read with
+            # afterClusterTime at the promise's time (else 72).
             self._cover_with_clock(promised)
             self.pbrt = rt.make_high_water_mark(promised, self.spec.token_version)
             self.pbrt_ts_key = key
