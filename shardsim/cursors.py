@@ -37,6 +37,7 @@ def time_limit_exceeded() -> MongoError:
     return MongoError(50, "operation exceeded time limit")
 
 
+_CURSOR_IDS = random.SystemRandom()  # cursor ids: os.urandom, whatever the global random state
 DEFAULT_BATCH_SIZE = 101
 BATCH_BYTES_LIMIT = 16 * 1024 * 1024  # a reply batch never exceeds 16 MiB (bytes)
 DEFAULT_CURSOR_TIMEOUT_MS = 600_000
@@ -242,9 +243,16 @@ class CursorManager:
         return len(self._cursors)
 
     def register(self, cursor: Cursor) -> int:
-        """Give ``cursor`` a fresh id and keep it; returns the id."""
+        """Give ``cursor`` a fresh id and keep it; returns the id.
+
+        Ids come from the operating system's randomness (:data:`_CURSOR_IDS`), like mongod's
+        ``SecureRandom``-seeded cursor ids, never from the global ``random`` module: a process
+        that seeds it (a test using the in-process kit, hypothesis, which reseeds it for every
+        example) would otherwise give a shard's new cursor the id of one it just killed, and a
+        late reply about the old cursor (a router's promise reply names cursors by id) would be
+        taken for the new one's (a postBatchResumeToken "went backwards", InternalError 1)."""
         while True:
-            cid = random.getrandbits(62) + 1
+            cid = _CURSOR_IDS.getrandbits(62) + 1
             if cid not in self._cursors:
                 break
         cursor.id = cid

@@ -159,3 +159,20 @@ def test_a_command_past_its_max_time_ms_opens_no_cursor(monkeypatch):
         more = await mgr.get_more(first["id"], "c", None, None)
         assert len(more["nextBatch"]) == 8
     run(main())
+
+
+def test_cursor_ids_do_not_follow_the_global_random_state():
+    """A process that seeds ``random`` (hypothesis does for every example) must not get the
+    same cursor ids again: a router would take a late promise about a killed cursor for the
+    new cursor that reused its id (found by tests/integration/test_router_change_stream_property.py:
+    "postBatchResumeToken from shard0 went backwards", InternalError 1)."""
+    import random
+
+    async def main():
+        ids = []
+        for _ in range(2):
+            random.seed(1234)
+            mgr = CursorManager()
+            ids.append(mgr.register(ListCursor("db.c", [])))
+        assert ids[0] != ids[1]
+    run(main())
