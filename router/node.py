@@ -194,7 +194,12 @@ class RouterNode(Node):
     async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
         """The handler under the request's readConcern (:mod:`router.read_concern`); inside a
         transaction only the commands :func:`shardsim.core.txn_rules.check_transaction_command`
-        allows (263 otherwise)."""
+        allows (263 otherwise). Nothing runs on the ``local`` database: IllegalOperation (20)
+        "Can't use 'local' database through mongos", as ``ExecCommandClient::_prologue``
+        (``src/mongo/s/commands/strategy.cpp``) refuses every command whose ``$db`` is
+        ``local`` (reads, writes, DDL alike)."""
+        if req.db == "local":
+            raise MongoError(20, "Can't use 'local' database through mongos")
         if req.body.get("autocommit") is False:
             check_transaction_command(self.commands.canonical(req.name), req.db)
         return await run_with_read_concern(self, handler, req)

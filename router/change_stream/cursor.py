@@ -52,7 +52,7 @@ from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
 from shardsim.router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
                                              split_cursor)
 from shardsim.core.gossip import gossip_command, track_operation_time
-from shardsim.core.clock import ts_add_ticks, ts_key
+from shardsim.core.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.core.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
 from shardsim.core.errors import MongoError, change_stream_labels
 
@@ -349,6 +349,23 @@ def _cursor_batch(cur: Any, field: str, is_config: bool) -> tuple[Any, list[Item
     return cur, [item_from_raw_event(e, is_config=is_config) for e in cur.get(field, [])]
 
 
+def _cover_with_cluster_time(clock: Any, pbrt: Any) -> None:
+    """Move the router's clock up to ``pbrt``'s cluster time when it is behind.
+
+    mongos never hands out a postBatchResumeToken past its own ``$clusterTime``: the ARM's
+    high-water mark is the lowest of the shards' tokens (``AsyncResultsMerger::
+    _updateRemoteMetadata``), each at or below the cluster time its shard gossiped with it,
+    which the router's vector clock took in (``VectorClock::gossipIn``); the start of a new
+    stream is its clock + 1 tick, gossiped to the shards with their ``aggregate``. So a client
+    may read with ``afterClusterTime`` at the token's time (else InvalidOptions 72). The clock
+    is moved as gossip would move it (never backwards; a time failing the rate limiter is
+    ignored)."""
+    data = pbrt.get("_data") if hasattr(pbrt, "get") else None
+    key = token_ts_key(data) if isinstance(data, str) else None
+    if key is not None and key > clock.now_key():
+        clock.try_advance(ts_from_key(key))
+
+
 def _plain(token: Any) -> Any:
     """A token from a raw reply as a plain dict (it is stored and re-sent)."""
     if token is None:
@@ -479,6 +496,7 @@ class RouterChangeStreamCursor(Cursor):
             pbrt = st.merger.high_water_mark()
             if n_out and pbrt is None:
                 pbrt = _plain(last_token)
+        _cover_with_cluster_time(st.router.clock, pbrt)
         return Batch([], exhausted, pbrt, raw_docs=parts, n_raw=n_out)
 
     async def close(self) -> None:

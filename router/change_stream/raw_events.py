@@ -127,9 +127,22 @@ _TAILS: dict[int, bytes] = {}
 
 def _fast_item(buf: bytes, s: int = 0, n: int | None = None) -> Item | None:
     """Parse the common layout without inflating the event: ``_id: {_data[, _typeBits]}`` first,
-    ``operationType`` second, ``$sortKey: [<_id>]`` last. The event is ``buf[s:s + n]`` (the
-    whole of ``buf`` by default), so a shard reply's batch is parsed in place. The payload is
-    the event without ``$sortKey`` (bytes). None when the layout differs."""
+    ``operationType`` second when present, ``$sortKey: [<_id>]`` last (an event projected to
+    ``{_id}`` alone is ``_id`` then ``$sortKey``). The event is ``buf[s:s + n]`` (the whole of
+    ``buf`` by default; bytes, or a memoryview of the wire message, copied once), so a shard
+    reply's batch is parsed in place. The payload is the event without ``$sortKey`` (bytes).
+    None when the layout differs or the bytes are not what this layout reads (never raises:
+    the caller then takes the general path, :func:`item_from_raw_event`)."""
+    if type(buf) is not bytes:
+        buf = bytes(buf)
+    try:
+        return _fast_item_unchecked(buf, s, n)
+    except (struct.error, IndexError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+
+
+def _fast_item_unchecked(buf: bytes, s: int, n: int | None) -> Item | None:
+    """:func:`_fast_item` without its guard (out-of-range offsets raise)."""
     global _BINARY
     unpack = _i32.unpack_from
     if n is None:
@@ -160,7 +173,7 @@ def _fast_item(buf: bytes, s: int = 0, n: int | None = None) -> Item | None:
     # _id == $sortKey[0] byte for byte (see strip_sort_key).
     e = s + n
     t = e - id_len - 19
-    if (t <= id_end or buf[e - 1] != 0 or buf[e - 2] != 0
+    if (t < id_end or buf[e - 1] != 0 or buf[e - 2] != 0
             or not buf.startswith(_tail_head(id_len), t)
             or not buf.startswith(buf[ids:id_end], t + 17)):
         return None
@@ -328,8 +341,13 @@ class Block:
 
     def item_at(self, i: int) -> Item:
         """Event ``i`` as an :class:`Item` (for the per-event path)."""
-        it = _fast_item(self.raw, self.starts[i])
-        assert it is not None  # parse_block checked the layout, or the shard vouched for it
+        raw = self.raw
+        d = self.starts[i]
+        it = _fast_item(raw, d)
+        if it is None:  # not expected (the layout was checked); never an assertion to the client
+            from bson.raw_bson import RawBSONDocument
+            n = _i32.unpack_from(raw, d)[0]
+            it = item_from_raw_event(RawBSONDocument(bytes(raw[d:d + n])))
         it.src = self.src
         return it
 
@@ -521,7 +539,7 @@ def parse_block(raw: bytes, a: int, stop: int) -> Block | None:
         if not all(raw.startswith(_ID_HEAD, d + 4) and raw.startswith(_DATA_HEAD, d + 13)
                    and raw[d + 24:(z := d + 23 + unpack(raw, d + 20)[0])].isascii()
                    and raw[z] == 0 and (il == z - d + 17 - 24 or _typebits_ok(raw, z + 1, d + 9 + il))
-                   and t > d + 9 + il
+                   and t >= d + 9 + il
                    and raw[t:e] == th(il) + raw[d + 9:d + 9 + il] + b"\x00\x00"
                    and not raw.startswith(general, d + 9 + il)
                    for d, e, il, t in zip(starts, ends, ids, cuts)):
@@ -540,6 +558,13 @@ def item_from_raw_event(event: Any, *, is_config: bool = False) -> Item:
     Config-server events are decoded (they are few) to learn the added shard's name and time.
     """
     raw: bytes = event.raw
+    if type(raw) is not bytes:
+        # A RawBSONDocument over a memoryview of the wire message (large replies): bytes once,
+        # so every step below (endswith, slicing into the payload) works on bytes.
+        from bson.raw_bson import RawBSONDocument
+        from shardsim.core.client import RAW_CODEC
+        raw = bytes(raw)
+        event = RawBSONDocument(raw, RAW_CODEC)
     if not is_config:
         fast = _fast_item(raw)
         if fast is not None:

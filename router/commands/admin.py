@@ -2,6 +2,7 @@
 databases to the config server.
 
 * ``isdbgrid``: answers only on a router (``cluster_is_db_grid_cmd.cpp``).
+* ``replSetGetStatus``: a router is no replica set (``cluster_repl_set_get_status_cmd.cpp``).
 * ``validate``: answered by the database's primary shard (``dbStats``/``collStats``/``dataSize``
   are aggregated across the shards: :mod:`router.commands.stats`).
 * :func:`config_read` / :func:`config_write`: reads and writes of the ``config`` and ``admin``
@@ -24,6 +25,19 @@ commands = CommandFamily("admin")
 
 # Databases whose reads and writes the config server answers.
 CONFIG_DATABASES = ("config", "admin")
+
+
+@commands.handler("replSetGetStatus")
+async def repl_set_get_status(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``replSetGetStatus`` on mongos (``src/mongo/s/commands/cluster_repl_set_get_status_cmd.cpp``
+    ``CmdReplSetGetStatus``): admin only (Unauthorized 13 elsewhere, as every ``adminOnly``
+    command), no authentication needed, and always the reply ``{info: "mongos", ok: 0, errmsg:
+    "replSetGetStatus is not supported through mongos"}``, with no ``code`` (the command sets
+    ``errmsg`` and returns false; it does not throw)."""
+    from shardsim.router.commands.sharding import admin_only
+    admin_only(req)
+    return {"info": "mongos", "ok": 0.0,
+            "errmsg": "replSetGetStatus is not supported through mongos"}
 
 
 async def config_read(node: "RouterNode", req: Request, cursor_field: str | None) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.codec_options import DEFAULT_CODEC_OPTIONS
 from bson.raw_bson import DEFAULT_RAW_BSON_OPTIONS, RawBSONDocument
+from bson.timestamp import Timestamp
 
 from shardsim.core import resume_token as rt
 from shardsim.core.clock import ts_from_key, ts_key
@@ -569,6 +570,10 @@ class ChangeStreamCursor(Cursor):
                 self._advance_hwm(at_end=self.oplog.latest_key < self.scan_key)
         extra = _sort_key_layout(taken) if out and self.spec.needs_merge else {}
         self.batches += 1
+        if self.pbrt_ts_key > self.node.clock.now_key():
+            # A new stream's first token is HWM(lastApplied + 1 tick): the reply's $clusterTime
+            # must cover it too (see _advance_hwm).
+            self._cover_with_clock(ts_from_key(self.pbrt_ts_key))
         return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra)
 
     def _set_pbrt(self, token: Any) -> None:
@@ -578,6 +583,21 @@ class ChangeStreamCursor(Cursor):
         # Every token starts with the clusterTime: 0x82 + 8 bytes (secs << 32 | inc).
         self.pbrt_ts_key = int(token["_data"][2:18], 16)
 
+    def _cover_with_clock(self, ts: Timestamp) -> None:
+        """Move the node's clock up to ``ts`` (as gossip does: never back, no oplog entry) for
+        a client's own stream, so the reply's ``$clusterTime`` covers its token; a time the rate
+        limiter refuses (205/40484) moves nothing. Not for a router's cursor (``needsMerge``):
+        the router covers the token it hands out itself
+        (``router.change_stream.cursor._cover_with_cluster_time``), and moving the shards'
+        clocks with every promise would make idle shards and the router push each other's
+        clocks up one tick per reply."""
+        if self.spec.needs_merge:
+            return
+        try:
+            self.node.clock.advance(ts)
+        except MongoError:
+            pass
+
     def _advance_hwm(self, at_end: bool) -> None:
         """End of a batch with nothing left: promise the scanned (or safe clock) time."""
         key = self.latest_scanned
@@ -586,7 +606,14 @@ class ChangeStreamCursor(Cursor):
         if key > self.pbrt_ts_key and self._faults.on:
             key = self._faults.promise_key(key, self.pbrt_ts_key)  # stalled, or pinned
         if key > self.pbrt_ts_key:
-            self.pbrt = rt.make_high_water_mark(ts_from_key(key), self.spec.token_version)
+            promised = ts_from_key(key)
+            # Never promise a client past our own cluster time: a clock promise is now + 1 tick,
+            # so move the clock there (gossip-style, no oplog entry; later ticks stay above
+            # it). The reply's $clusterTime then covers its postBatchResumeToken, as on mongod,
+            # whose promise is an oplog time (<= its clock): the client may read with
+            # afterClusterTime at the promise's time (else 72).
+            self._cover_with_clock(promised)
+            self.pbrt = rt.make_high_water_mark(promised, self.spec.token_version)
             self.pbrt_ts_key = key
 
     async def _delayed_hwm(self, has_events: bool) -> None:

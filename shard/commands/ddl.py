@@ -100,8 +100,11 @@ async def _create(node: ShardNode, req: Request, txn: Any) -> dict[str, Any]:
     options = normalize_create_options(options)
     existing = storage.get(req.db, name)
     if existing is not None:
-        if existing.options == options:
-            return {}  # 7.0+: an identical create is a no-op
+        if existing.options == options and txn is None:
+            return {}  # 7.0+: an identical create is a no-op, outside a transaction only
+        # In a transaction NamespaceExists is surfaced whatever the options, and aborts it
+        # (create_command.cpp CmdCreate: "NamespaceExists will cause multi-document
+        # transactions to implicitly abort"; catalog::checkIfNamespaceExists's message).
         raise MongoError(48, f"Collection {req.db}.{name} already exists.")
     if txn is not None:
         uncommitted_catalog.create(node, txn, req.db, name, options)

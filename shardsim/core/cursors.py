@@ -8,6 +8,7 @@ Mirrors mongod's ``CursorManager``/mongos' ``ClusterCursorManager`` semantics: r
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,25 @@ from bson.int64 import Int64
 
 from shardsim.core.errors import MongoError
 
+# The running command's time limit: (start, maxTimeMS in seconds) on ``clock``, set by
+# ``Node.run_command`` for a command with a non-zero ``maxTimeMS``. A cursor it opens keeps
+# what is left of it for its getMores (see :meth:`CursorManager.run_first_batch`).
+COMMAND_TIME_LIMIT: contextvars.ContextVar[tuple[float, float] | None] = \
+    contextvars.ContextVar("shardsim_command_time_limit", default=None)
+
+
+def clock() -> float:
+    """Monotonic seconds of the maxTimeMS accounting (a module function, so tests replace it)."""
+    return time.monotonic()
+
+
+def time_limit_exceeded() -> MongoError:
+    """MaxTimeMSExpired (50) "operation exceeded time limit" (``ErrorCodes::MaxTimeMSExpired``,
+    raised by ``OperationContext::checkForInterrupt`` past the deadline)."""
+    return MongoError(50, "operation exceeded time limit")
+
+
+_CURSOR_IDS = random.SystemRandom()  # cursor ids: os.urandom, whatever the global random state
 DEFAULT_BATCH_SIZE = 101
 BATCH_BYTES_LIMIT = 16 * 1024 * 1024  # a reply batch never exceeds 16 MiB (bytes)
 DEFAULT_CURSOR_TIMEOUT_MS = 600_000
@@ -140,6 +160,9 @@ class Cursor:
         self.n_batches_returned = 0
         self.op_id = 0
         self.originating_command: Any = None
+        # seconds left of the originating command's maxTimeMS (None: no limit); a non-tailable
+        # cursor's getMores run within it (getmore_cmd.cpp getLeftoverMaxTimeMicros)
+        self.max_time_left: float | None = None
 
     def current_op_extra(self) -> dict[str, Any]:
         """Fields this cursor adds to its ``$currentOp`` entry (none by default)."""
@@ -162,6 +185,13 @@ class ListCursor(Cursor):
         self._peek: list[Any] = []
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
+        """The next batch: ``batch_size`` documents (a getMore's 0 or None: no count limit;
+        the first batch's None: 101) within 16 MiB. A first batch of ``batchSize: 0`` is empty
+        and leaves the cursor open, even when there is nothing to return (mongod and mongos
+        register the cursor without running the query: ``run_aggregate.cpp`` /
+        ``cluster_aggregation_planner.cpp``, ``find_cmd.cpp``); the documents come on getMore."""
+        if first and batch_size == 0:
+            return Batch([], exhausted=False)
         limit = batch_size if batch_size else (DEFAULT_BATCH_SIZE if first else 1 << 62)
         out: list[Any] = []
         size = 0
@@ -216,9 +246,16 @@ class CursorManager:
         return len(self._cursors)
 
     def register(self, cursor: Cursor) -> int:
-        """Give ``cursor`` a fresh id and keep it; returns the id."""
+        """Give ``cursor`` a fresh id and keep it; returns the id.
+
+        Ids come from the operating system's randomness (:data:`_CURSOR_IDS`), like mongod's
+        ``SecureRandom``-seeded cursor ids, never from the global ``random`` module: a process
+        that seeds it (a test using the in-process kit, hypothesis, which reseeds it for every
+        example) would otherwise give a shard's new cursor the id of one it just killed, and a
+        late reply about the old cursor (a router's promise reply names cursors by id) would be
+        taken for the new one's (a postBatchResumeToken "went backwards", InternalError 1)."""
         while True:
-            cid = random.getrandbits(62) + 1
+            cid = _CURSOR_IDS.getrandbits(62) + 1
             if cid not in self._cursors:
                 break
         cursor.id = cid
@@ -238,8 +275,20 @@ class CursorManager:
     async def run_first_batch(self, cursor: Cursor, batch_size: int | None,
                               max_time_ms: int | None = None) -> dict[str, Any]:
         """Fetch the first batch; register the cursor if it is not exhausted. Returns the
-        ``cursor`` reply subdocument ``{firstBatch, [postBatchResumeToken], id, ns}``."""
+        ``cursor`` reply subdocument ``{firstBatch, [postBatchResumeToken], id, ns}``.
+
+        Under the running command's ``maxTimeMS`` (:data:`COMMAND_TIME_LIMIT`) a non-tailable
+        cursor fails with MaxTimeMSExpired (50) when the command has used it up, and keeps the
+        rest for its getMores (``ClientCursor::setLeftoverMaxTimeMicros``, find_cmd.cpp /
+        run_aggregate.cpp; mongos ``ClusterCursorManager``)."""
         batch = await cursor.fetch(batch_size, max_time_ms, first=True)
+        limit = COMMAND_TIME_LIMIT.get()
+        if limit is not None and not cursor.tailable:
+            left = limit[0] + limit[1] - clock()
+            if left <= 0:
+                await cursor.close()
+                raise time_limit_exceeded()
+            cursor.max_time_left = left
         cursor.n_docs_returned += batch.count
         cursor.n_batches_returned += 1
         cid = 0
@@ -260,7 +309,10 @@ class CursorManager:
         """Run a getMore; returns ``{id, ns, nextBatch, [postBatchResumeToken]}``.
 
         Raises CursorNotFound (43), or Unauthorized-style 13 when ``collection`` names another
-        namespace (mongod: "Requested getMore on namespace 'x', but cursor belongs to 'y'").
+        namespace (mongod: "Requested getMore on namespace 'x', but cursor belongs to 'y'");
+        MaxTimeMSExpired (50) when a non-tailable cursor's time left (``max_time_left``) is used
+        up before or during this getMore (the cursor is then killed, as after any failed
+        getMore).
         """
         cursor = self.get(cursor_id)
         if cursor.ns.split(".", 1)[1] != collection and not cursor.ns.endswith("$cmd.aggregate"):
@@ -278,8 +330,20 @@ class CursorManager:
         self._op_seq += 1
         cursor.op_id = self._op_seq
         cursor.getmore_started_wall = time.time()
+        started = clock()
+        left = None if cursor.tailable else cursor.max_time_left
         try:
+            if left is not None and left <= 0:
+                raise time_limit_exceeded()
             batch = await cursor.fetch(batch_size, max_time_ms, first=False)
+            if left is not None:
+                # the getMore runs within what its cursor's command left (getmore_cmd.cpp:
+                # setDeadlineAfterNowBy(getLeftoverMaxTimeMicros(), MaxTimeMSExpired)); the
+                # time between getMores does not count
+                left -= clock() - started
+                if left <= 0:
+                    raise time_limit_exceeded()
+                cursor.max_time_left = left
         except BaseException:
             # A failed getMore kills the cursor, as on mongod.
             self._cursors.pop(cursor.id, None)

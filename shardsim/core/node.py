@@ -27,8 +27,10 @@ from shardsim.core.auth.security import Security
 from shardsim.core.clock import HybridLogicalClock
 from shardsim.core.cluster_time import parse_gossip
 from shardsim.core.commands import CURRENT_REQUEST, CommandTable, Request
-from shardsim.core.cursors import CursorManager
+from shardsim.core import cursors as cursors_mod
+from shardsim.core.cursors import COMMAND_TIME_LIMIT, CursorManager
 from shardsim.core.local_sessions import LocalSessionCache
+from shardsim.core.server_stats import ServerStats
 from shardsim.core.errors import MongoError, change_stream_labels
 from shardsim.core.node_commands import SERVER_VERSION
 
@@ -84,6 +86,7 @@ class Node:
         self.commands = CommandTable()
         self.command_hooks: list[CommandHook] = []  # see run_command
         self.local_sessions = LocalSessionCache()  # $listLocalSessions (shardsim/local_sessions.py)
+        self.stats = ServerStats()  # serverStatus connections/network/opcounters/asserts
         self.started = time.time()
         self.started_mono = time.monotonic()
         self.commands.install(self, node_commands.commands, auth_commands.commands,
@@ -142,7 +145,7 @@ class Node:
     def gossip_in(self, req: Request) -> None:
         """Take in a request's ``$clusterTime`` as ``VectorClock::gossipIn`` does: shape-checked
         (:func:`shardsim.core.cluster_time.parse_gossip`: 14, 40414, 140), with authentication on its
-        signature checked (:meth:`shardsim.core.auth.security.Security.check_cluster_time`: 210/211,
+        signature checked (:meth:`shardsim.core.auth.security.Security.check_cluster_time`: 204/211,
         ``LogicalTimeValidator::validate``), then rate-limited
         (:meth:`shardsim.core.clock.HybridLogicalClock.check`: 205, 40484); a refused time moves
         nothing and fails the command."""
@@ -160,6 +163,13 @@ class Node:
         its reply after; :data:`shardsim.core.commands.CURRENT_REQUEST` names the request
         meanwhile. Roles extend :meth:`execute`, never this."""
         token = CURRENT_REQUEST.set(req)
+        self.stats.active += 1
+        # the command's maxTimeMS, for the cursor it may open (shardsim/core/cursors.py)
+        max_ms = req.body.get("maxTimeMS")
+        limited = isinstance(max_ms, (int, float)) and not isinstance(max_ms, bool) \
+            and max_ms > 0 and req.name != "getMore"
+        limit_token = COMMAND_TIME_LIMIT.set((cursors_mod.clock(), max_ms / 1000.0)
+                                             if limited else None)
         try:
             for hook in self.command_hooks:
                 early = await hook.before_command(req)
@@ -170,15 +180,19 @@ class Node:
                 hook.after_command(req, reply)
             return reply
         finally:
+            self.stats.active -= 1
+            COMMAND_TIME_LIMIT.reset(limit_token)
             CURRENT_REQUEST.reset(token)
 
     async def execute(self, req: Request) -> dict[str, Any]:
         """The command itself: gossip, look-up, authorization, request checks, the handler,
         errors to replies (roles extend: sessions on the shard, StaleConfig retries on the
         router)."""
+        stats = self.stats
         try:
             self.gossip_in(req)
             handler = self.commands.lookup(req.name)
+            stats.command(self.commands.canonical(req.name), req.body)
             if self.security.enabled:
                 await self.security.authorize(req)
                 await self.security.qualify_sessions(req, self.commands.canonical(req.name))
@@ -201,11 +215,14 @@ class Node:
         except MongoError as exc:
             exc.labels = self.error_labels(req, exc)
             reply = exc.to_reply()
+            stats.failed()
         except RecursionError:  # input nested deeper than a handler can walk: mongod's Overflow
             reply = MongoError(15, "BSONObj exceeded maximum nested object depth: 200").to_reply()
+            stats.failed()
         except Exception as exc:  # a bug must not take the process down
             log.exception("command %s failed", req.name)
             reply = MongoError(1, f"{type(exc).__name__}: {exc}").to_reply()
+            stats.failed(internal=True)
         self.cluster_time_fields(req, reply)
         return reply
 
@@ -239,6 +256,7 @@ class Node:
             "pid": Int64(os.getpid()), "uptime": float(int(time.time() - self.started)),
             "uptimeMillis": Int64(int((time.monotonic() - self.started_mono) * 1000)),
             "localTime": datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None),
+            **self.stats.sections(),
             "metrics": {"cursor": {"open": {"total": Int64(len(self.cursors))}}},
         }
 

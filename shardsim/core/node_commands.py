@@ -200,6 +200,12 @@ async def get_more(node: Node, req: Request) -> dict[str, Any]:
     max_time = req.body.get("maxTimeMS")
     cursor = node.cursors.get(cid)
     if max_time is not None and not cursor.await_data:
+        # maxTimeMS of a getMore is the awaitData wait; elsewhere the cursor runs within what
+        # its command's maxTimeMS left (shardsim/cursors.py). mongod: getmore_cmd.cpp
+        # validateMaxTimeMS; mongos: cluster_find.cpp setUpOperationContextStateForGetMore.
+        if node.process_name() == "mongos":
+            raise MongoError(2, "maxTimeMS can only be used with getMore for tailable, "
+                                "awaitData cursors")
         raise MongoError(2, "cannot set maxTimeMS on getMore command for a non-awaitData cursor")
     reply = await node.cursors.get_more(cid, coll, int(batch_size) if batch_size else None,
                                         int(max_time) if max_time is not None else None)

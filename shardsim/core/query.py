@@ -431,8 +431,12 @@ class _ProjectionSpec:
                 continue
             self.exprs[field] = value
         # $elemMatch projects like an inclusion; $slice alone keeps every other field.
+        # {_id: 1} (or true) with no other inclusion or exclusion is an inclusion projection,
+        # whatever $slice says (projection_parser.cpp parseAndAnalyze: idIncludedEntirely);
+        # {_id: 1, a: 0} stays an exclusion.
         inclusive = bool(self.include or self.exprs or
-                         any("$elemMatch" in op for op in self.ops.values()))
+                         any("$elemMatch" in op for op in self.ops.values()) or
+                         (self.id_mode is True and not self.exclude))
         if inclusive and self.exclude:
             raise MongoError(31254, f"Cannot do exclusion on field {'.'.join(self.exclude[0])} in "
                                     f"inclusion projection")
@@ -519,6 +523,24 @@ def _exclude(doc: Any, paths: list[tuple[str, ...]]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
+
+
+def _group_id_first(handler: Any) -> Any:
+    """mongomock's ``$group`` with each output document's ``_id`` first, as mongod writes it
+    (``DocumentSourceGroup::makeDocument``: ``_id``, then the accumulators in spec order);
+    mongomock appends ``_id`` after the accumulators. A constant key that is false in Python
+    (``0``, ``false``, ``""``, ``{}``, ``[]``) stays itself, as on mongod (mongomock makes it
+    null)."""
+    def group(in_collection: Any, database: Any, options: Any) -> list[dict[str, Any]]:
+        out = handler(in_collection, database, options)
+        gid = options.get("_id") if isinstance(options, dict) else None
+        const = gid is not None and not gid
+        return [{"_id": gid if const else d["_id"], **{k: v for k, v in d.items() if k != "_id"}}
+                if type(d) is dict and "_id" in d else d for d in out]
+    return group
+
+
+mm_aggregate._PIPELINE_HANDLERS["$group"] = _group_id_first(mm_aggregate._PIPELINE_HANDLERS["$group"])
 
 
 def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]], database: Any) -> list[dict[str, Any]]:

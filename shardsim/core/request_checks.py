@@ -20,6 +20,7 @@ from typing import Any
 
 from shardsim.core.commands import bson_type_name
 from shardsim.core.errors import MongoError
+from shardsim.core.txn_rules import check_transaction_write_concern
 
 MAX_TIME_MS = 2**31 - 1
 MAX_WRITE_BATCH = 100_000
@@ -95,5 +96,6 @@ def check_request(name: str, body: dict[str, Any]) -> None:
     """Every check of this module that applies to command ``name`` (canonical name)."""
     check_max_time_ms(body.get("maxTimeMS"))
     check_write_concern(body.get("writeConcern"))
+    check_transaction_write_concern(name, body)
     if name in _STATEMENTS:
         check_write_batch(name, body)

@@ -188,6 +188,8 @@ class Server:
         peer = writer.get_extra_info("peername")
         conn = ConnectionInfo(id=next(_conn_ids), peer=f"{peer[0]}:{peer[1]}" if peer else "")
         self._conns.add(writer)
+        stats = self.node.stats
+        stats.connection_opened()
         try:
             while True:
                 try:
@@ -222,6 +224,7 @@ class Server:
                     if isinstance(decoded, Request):
                         holder, decoded = [decoded.body], None
                         large_messages.release(holder)
+                stats.message(header.length, _size(out))
                 if out is not None:
                     writer.write(out)
                     await writer.drain()
@@ -230,6 +233,7 @@ class Server:
         except (ConnectionError, asyncio.CancelledError):
             return
         finally:
+            stats.connection_closed()
             conn.closed = True
             self._conns.discard(writer)
             try:
@@ -278,6 +282,15 @@ def _decode_request(msg: wire.Message, conn: ConnectionInfo) -> Request:
     if isinstance(msg, wire.OpMsg):
         return request_from_op_msg(msg, conn, sliced=True)
     return request_from_op_query(msg, conn, sliced=True)  # type: ignore[arg-type]
+
+
+def _size(out: Any) -> int:
+    """Bytes of an encoded reply: bytes, a list of parts (a spliced batch) or None."""
+    if out is None:
+        return 0
+    if isinstance(out, (bytes, bytearray, memoryview)):
+        return len(out)
+    return sum(len(p) for p in out)
 
 
 class _Prefixed:

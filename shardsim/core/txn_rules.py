@@ -1,6 +1,8 @@
 """Which commands may run inside a multi-document transaction (``CommandHelpers::
 canUseTransactions`` with ``txnCmdAllowlist``/``txnAdminCommands``, ``src/mongo/db/commands.cpp``;
-mongos checks the same in ``strategy.cpp`` before running a command with ``autocommit``).
+mongos checks the same in ``strategy.cpp`` before running a command with ``autocommit``), and
+which of them may carry a write concern there (``validateWriteConcernForTransaction``,
+``src/mongo/db/transaction/transaction_validation.cpp``).
 """
 
 from __future__ import annotations
@@ -31,3 +33,25 @@ def check_transaction_command(name: str, db: str) -> None:
     if db == "admin" and name not in TXN_ADMIN_COMMANDS:
         raise MongoError(263, f"Cannot run command against the '{db}' database in a "
                               f"transaction.")
+
+
+#: transaction statements that take a write concern outside a transaction (their
+#: ``supportsWriteConcern``): inside one they may not carry it
+TXN_WRITE_CONCERN_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify",
+                                        "findandmodify", "create", "createIndexes", "bulkWrite"})
+
+
+def check_transaction_write_concern(name: str, body: dict) -> None:
+    """InvalidOptions (72) "writeConcern is not allowed within a multi-statement transaction"
+    for a statement of a transaction (``autocommit: false``), the first included, that sets
+    ``writeConcern``; only ``commitTransaction``/``abortTransaction`` (and the internal
+    ``prepareTransaction``/``coordinateCommitTransaction``) may. mongod checks it in
+    ``RunCommandAndWaitForWriteConcern::_setup`` (``service_entry_point_common.cpp``), mongos in
+    ``ParseAndRunCommand::_parseCommand`` (``strategy.cpp``), both with
+    ``validateWriteConcernForTransaction``; an empty ``writeConcern: {}`` is no write concern
+    (the default is used)."""
+    if body.get("autocommit") is not False or name not in TXN_WRITE_CONCERN_COMMANDS:
+        return
+    wc = body.get("writeConcern")
+    if wc is not None and wc != {}:
+        raise MongoError(72, "writeConcern is not allowed within a multi-statement transaction")

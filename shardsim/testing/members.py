@@ -87,10 +87,10 @@ class GatedServer(Server):
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def _respond(self, msg: wire.Message, conn: Any) -> bytes | None:
+    async def _respond(self, msg: wire.Message, conn: Any, decoded: Any = None) -> bytes | None:
         if not self.gate.is_set():
             await self.gate.wait()
-        out = await super()._respond(msg, conn)
+        out = await super()._respond(msg, conn, decoded)
         if not self.gate.is_set():  # a reply computed while paused waits too (an awaitData getMore)
             await self.gate.wait()
         return out

@@ -41,11 +41,14 @@ def test_batches_and_pbrt_clock_mode():
         b1 = await cur.fetch(2, 100, first=False)
         assert [d["documentKey"]["_id"] for d in b1.docs] == [1, 2]
         assert b1.post_batch_resume_token == dict(b1.docs[-1]["_id"])  # not promised past unread entries
+        before = ts_key(node.clock.now())
         b2 = await cur.fetch(None, 100, first=False)
         assert [d["documentKey"]["_id"] for d in b2.docs] == [3, 4, 5]
-        # scanned to the end: promise the cluster time + 1 tick (> the unrelated write)
+        # scanned to the end: promise the cluster time + 1 tick (> the unrelated write), and
+        # the clock moved there (the reply's $clusterTime covers its token: issue 26 item 3)
         p = rt.decode(b2.post_batch_resume_token)
-        assert rt.is_high_water_mark(p) and ts_key(p.clusterTime) == ts_key(node.clock.now()) + 1
+        assert rt.is_high_water_mark(p) and ts_key(p.clusterTime) == before + 1
+        assert ts_key(node.clock.now()) == before + 1
         node.clock.advance(Timestamp(2000, 5))
         b3 = await cur.fetch(None, 10, first=False)
         assert b3.docs == [] and rt.decode(b3.post_batch_resume_token).clusterTime == Timestamp(2000, 6)

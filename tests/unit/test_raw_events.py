@@ -283,3 +283,65 @@ def test_a_batch_with_the_shards_sizes_is_located_without_a_walk_and_checked_aga
     # consistent sizes, but the last element of one event is not $sortKey
     renamed = raw.replace(b"\x04$sortKey\x00", b"\x04$sortKez\x00", 1)
     assert block_from_sizes(renamed, a, stop, sizes) is None
+
+
+def _vouched_reply(evs: list[dict]) -> bytes:
+    """A reply as a shard sends it: layout mark and the events' and ``_id``'s sizes."""
+    import struct
+
+    from shardsim.core.cursors import SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD
+    docs = [bson.encode(e) for e in evs]
+    sizes = struct.pack(f"<{2 * len(docs)}i", *map(len, docs),
+                        *(len(bson.encode(e["_id"])) for e in evs))
+    return bson.encode({"nextBatch": evs, "id": Int64(7), "ns": "d.c", SORT_KEY_LAYOUT_FIELD: True,
+                        SORT_KEY_SIZES_FIELD: bson.Binary(sizes, 0)})
+
+
+@pytest.mark.parametrize("vouched", [True, False])
+def test_events_projected_to_their_id_alone_are_items_and_blocks(vouched):
+    """Issue 26 (2): ``$project: {_id: 1}`` leaves ``{_id, $sortKey}``; the Block's per-event
+    view (``item_at``, used when an event waits for idle shards) used to fail an assertion.
+    mongos forwards ``{_id: <token>}`` (``RouterStagePipeline::_validateAndConvertToBSON``)."""
+    evs = []
+    for i in range(5):
+        tok = event(100 + i, i)["_id"]
+        evs.append({"_id": tok, "$sortKey": [tok]})
+    raw = _vouched_reply(evs) if vouched else reply_cursor(evs)
+    meta, (blk,) = split_cursor(raw, "nextBatch")
+    assert isinstance(blk, Block) and blk.n == 5
+    for i in range(5):
+        it = blk.item_at(i)
+        assert bson.decode(it.payload) == {"_id": evs[i]["_id"]}
+        assert it.key == token_key(evs[i]["_id"]) and it.op is None
+    parts: list = []
+    blk.write(parts, 0)
+    body = b"".join(bytes(p) for p in parts)
+    array = (len(body) + 5).to_bytes(4, "little") + body + b"\x00"
+    outer = b"\x04a\x00" + array
+    doc = bson.decode((len(outer) + 5).to_bytes(4, "little") + outer + b"\x00")
+    assert doc == {"a": [{"_id": e["_id"]} for e in evs]}
+    assert _fast_item(bson.encode(evs[0])).payload == bson.encode({"_id": evs[0]["_id"]})
+
+
+def test_a_raw_event_over_a_memoryview_takes_the_general_path():
+    """Issue 26 (1): a transaction's event puts ``txnNumber``/``lsid`` before ``_id`` (not the
+    fast layout); in a large reply the driver's RawBSONDocument holds a memoryview of the wire
+    message, and the general path called ``bytes`` methods on it (AttributeError, code 1)."""
+    from bson.raw_bson import RawBSONDocument
+
+    from shardsim.router.change_stream.raw_events import item_from_raw_event
+    from shardsim.core.client import RAW_CODEC
+    ev = event(100, 1, pad=5000)
+    tok = ev["_id"]
+    ev = {"txnNumber": Int64(1), "lsid": {"id": bson.Binary(U, 4)}, **ev}
+    reply = bson.encode({"nextBatch": [ev]})
+    cur = RawBSONDocument(memoryview(reply), RAW_CODEC)
+    (raw_ev,) = cur["nextBatch"]
+    assert type(raw_ev.raw) is memoryview
+    it = item_from_raw_event(raw_ev)
+    want = dict(ev)
+    del want["$sortKey"]
+    son = bson.CodecOptions(document_class=bson.SON)
+    assert list(bson.decode(it.payload, son).items()) == list(want.items())  # order kept
+    assert it.key == token_key(tok) and it.op == "insert"
+    assert _fast_item(raw_ev.raw) is None  # a memoryview, not the fast layout: no exception

@@ -12,7 +12,9 @@ A ``$clusterTime`` coming in from a client that lacks ``advanceClusterTime`` (ev
 ``__system``) is checked when it is ahead of the newest time this process has signed or
 validated (``LogicalTimeValidator::validate``): an unknown key gives KeyNotFound (211) "Cache
 Reader No keys found for HMAC that is valid for time: { ts: Timestamp(s, i) } with id: <id>", a
-wrong hash TimeProofMismatch (210). The command fails and no clock moves.
+wrong hash TimeProofMismatch (204) "Proof does not match the logical time"
+(``TimeProofService::checkProof``, ``time_proof_service.cpp``). The command fails and no clock
+moves.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class KeyRing:
 
     def validate(self, ct: dict[str, Any]) -> None:
         """Check a client's ``$clusterTime`` document; raises KeyNotFound (211) or
-        TimeProofMismatch (210). Times not ahead of :attr:`last_valid` pass unchecked."""
+        TimeProofMismatch (204). Times not ahead of :attr:`last_valid` pass unchecked."""
         ts = ct["clusterTime"]
         t = _ts_int(ts)
         if t <= self.last_valid:
@@ -106,5 +108,5 @@ class KeyRing:
                                   f"{int(kid) if isinstance(kid, int) else 0}")
         given = sig.get("hash")
         if not isinstance(given, bytes) or not hmac.compare_digest(bytes(given), proof(key, ts)):
-            raise MongoError(210, "Proof does not match the logical time")
+            raise MongoError(204, "Proof does not match the logical time")
         self.last_valid = t

@@ -210,6 +210,9 @@ TABLE: dict[str, Any] = {
     # no authentication needed (requiresAuth() == false)
     **{n: NO_AUTH for n in ("hello", "isMaster", "buildInfo", "ping", "saslStart",
                             "saslContinue", "authenticate", "logout", "connectionStatus")},
+    # mongos' replSetGetStatus only says it is not supported, to anyone
+    # (cluster_repl_set_get_status_cmd.cpp checkAuthForCommand: OK); no shardsim mongod has it
+    "replSetGetStatus": NO_AUTH,
     # any authenticated user
     **{n: AUTH_ONLY for n in ("getMore", "killCursors", "startSession", "endSessions",
                               "refreshSessions", "killSessions", "commitTransaction",

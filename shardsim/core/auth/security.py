@@ -201,7 +201,7 @@ class Security:
 
     def check_cluster_time(self, req: Request, ct: dict[str, Any]) -> None:
         """Validate an incoming ``$clusterTime`` unless the sender may advance the clock
-        (``advanceClusterTime``: ``__system``). Raises 210/211 (module
+        (``advanceClusterTime``: ``__system``). Raises 204/211 (module
         :mod:`shardsim.core.auth.cluster_time`)."""
         sess = req.conn.auth
         if sess is not None and sess.is_system:

@@ -1,0 +1,230 @@
+"""What drivers met through the router and on shards (issue 31), on one in-process cluster
+(``shardsim.testing.ShardedCluster``): each behaviour through the router on a sharded and an
+unsharded collection, and directly on a shard, as mongod/mongos 8.0 answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pymongo
+import pytest
+from pymongo.errors import OperationFailure
+
+DB = "drv"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    """Two shards; ``drv.sharded`` split on ``k`` at 0 over both, ``drv.plain`` unsharded."""
+    from shardsim.testing import ShardedCluster
+    with ShardedCluster(shards=2, seed=31) as c:
+        client = c.client()
+        client.admin.command("enableSharding", DB)
+        primary = client.config.databases.find_one({"_id": DB})["primary"]
+        other = next(s for s in c.shard_names if s != primary)
+        client.admin.command("shardCollection", f"{DB}.sharded", key={"k": 1})
+        client.admin.command("split", f"{DB}.sharded", middle={"k": 0})
+        client.admin.command("moveChunk", f"{DB}.sharded", find={"k": 0}, to=other)
+        c.primary_shard = primary
+        yield c
+
+
+@pytest.fixture(params=["sharded", "plain", "shard"])
+def coll(request: Any, cluster: Any) -> Any:
+    """A fresh collection of 7 documents ``{_id: i, k: i - 3, t: 100 + i, a: [..]}``: through
+    the router (sharded or unsharded), or directly on the database's primary shard."""
+    if request.param == "shard":
+        client = pymongo.MongoClient(cluster.shard_address(cluster.primary_shard),
+                                     directConnection=True)
+        c = client[DB]["direct"]
+    else:
+        client = None
+        c = cluster.client()[DB][request.param]
+    c.delete_many({})
+    c.insert_many([{"_id": i, "k": i - 3, "t": 100 + i, "a": [i, i + 1, i + 2]} for i in range(7)])
+    yield c
+    if client is not None:
+        client.close()
+
+
+@pytest.mark.parametrize("spec", [{"_id": 1}, {"_id": True}, {"_id": 1.0}])
+def test_an_id_only_inclusion_returns_only_the_id(coll, spec):
+    """``{_id: 1}`` is an inclusion projection (``projection_parser.cpp`` ``parseAndAnalyze``:
+    ``idIncludedEntirely``), not an empty exclusion."""
+    assert sorted(d["_id"] for d in coll.find({}, spec)) == list(range(7))
+    assert all(set(d) == {"_id"} for d in coll.find({}, spec))
+    assert coll.find_one({"_id": 2}, spec) == {"_id": 2}
+    # _id with a $slice is still an inclusion; {_id: 1, t: 0} an exclusion
+    assert coll.find_one({"_id": 2}, {"_id": 1, "a": {"$slice": 1}}) == {"_id": 2, "a": [2]}
+    assert coll.find_one({"_id": 2}, {"_id": 1, "t": 0}) == {"_id": 2, "k": -1, "a": [2, 3, 4]}
+    assert list(coll.aggregate([{"$match": {"_id": 2}}, {"$project": {"_id": 1}}])) == [{"_id": 2}]
+
+
+def test_an_aggregate_with_batch_size_zero_returns_an_empty_first_batch(coll):
+    """``cursor: {batchSize: 0}``: no documents in ``firstBatch``, a live cursor, then the
+    documents on getMore (``run_aggregate.cpp``; mongos ``cluster_aggregation_planner.cpp``)."""
+    db = coll.database
+    reply = db.command({"aggregate": coll.name, "pipeline": [{"$sort": {"_id": 1}}],
+                        "cursor": {"batchSize": 0}})
+    assert reply["cursor"]["firstBatch"] == [] and reply["cursor"]["id"] != 0
+    more = db.command({"getMore": reply["cursor"]["id"], "collection": coll.name})
+    assert [d["_id"] for d in more["cursor"]["nextBatch"]] == list(range(7))
+    assert more["cursor"]["id"] == 0
+    # the same through a driver's helper
+    assert [d["_id"] for d in coll.aggregate([{"$sort": {"_id": 1}}], batchSize=0)] == list(range(7))
+    # an empty result too: an empty first batch and a cursor, exhausted on getMore
+    reply = db.command({"aggregate": coll.name, "pipeline": [{"$match": {"_id": -1}}],
+                        "cursor": {"batchSize": 0}})
+    assert reply["cursor"]["firstBatch"] == [] and reply["cursor"]["id"] != 0
+    more = db.command({"getMore": reply["cursor"]["id"], "collection": coll.name})
+    assert more["cursor"]["nextBatch"] == [] and more["cursor"]["id"] == 0
+
+
+@pytest.mark.parametrize("key", [0, 1, "", False, None, "$k", {"a": "$k"}])
+def test_group_puts_id_first_and_keeps_a_false_constant_key(coll, key):
+    """``$group`` output documents are ``{_id, <accumulators in spec order>}``
+    (``DocumentSourceGroup``); a constant key such as ``0`` stays ``0``."""
+    docs = list(coll.aggregate([{"$group": {"_id": key, "n": {"$sum": 1}, "t": {"$sum": "$t"}}},
+                                {"$sort": {"_id": 1}}]))
+    assert all(list(d) == ["_id", "n", "t"] for d in docs)
+    if key is None or not isinstance(key, (str, dict)) or key == "":
+        assert docs == [{"_id": key, "n": 7, "t": 721}]
+        assert type(docs[0]["_id"]) is type(key)
+    else:
+        assert len(docs) == 7 and sum(d["n"] for d in docs) == 7
+
+
+class _Txn:
+    """Statements of one transaction sent as raw commands (the driver's own transaction API
+    would drop the write concern: we send what a driver must not) on one explicit session,
+    with transaction numbers above any the driver used on it (its sessions are pooled); the
+    session is discarded afterwards (marked dirty), not reused by the driver."""
+
+    _numbers = iter(range(1 << 20, 1 << 30))
+
+    def __init__(self, coll: Any) -> None:
+        self.coll = coll
+        self.session = coll.database.client.start_session()
+        self.number = next(self._numbers)
+
+    def run(self, cmd: dict[str, Any], db: Any = None, **extra: Any) -> Any:
+        """The reply of ``cmd`` as a statement, or the OperationFailure."""
+        from bson.int64 import Int64
+        body = {**cmd, "txnNumber": Int64(self.number), "autocommit": False, **extra}
+        try:
+            return (self.coll.database if db is None else db).command(body, session=self.session)
+        except OperationFailure as exc:
+            return exc
+
+    def commit(self, **extra: Any) -> Any:
+        return self.run({"commitTransaction": 1}, db=self.coll.database.client.admin, **extra)
+
+    def close(self) -> None:
+        self.session._server_session.mark_dirty()
+        self.session.end_session()
+
+
+def test_create_of_an_existing_collection_in_a_transaction_is_namespace_exists(coll):
+    """Outside a transaction an identical create is a no-op; inside one mongod (and mongos,
+    which surfaces the shard's error) answers NamespaceExists (48) and the transaction is
+    aborted (``create_command.cpp``; ``catalog::checkIfNamespaceExists``)."""
+    assert coll.database.command({"create": coll.name})["ok"] == 1.0
+    txn = _Txn(coll)
+    assert txn.run({"insert": coll.name, "documents": [{"_id": 100, "k": 100}]},
+                   startTransaction=True)["ok"] == 1.0
+    err = txn.run({"create": coll.name})
+    assert isinstance(err, OperationFailure) and err.code == 48
+    assert err.details["codeName"] == "NamespaceExists"
+    assert err.details["errmsg"] == f"Collection {coll.full_name} already exists."
+    assert "errorLabels" not in err.details
+    # the next statement on the aborted participant (k < 0: the primary shard)
+    after = txn.run({"insert": coll.name, "documents": [{"_id": 101, "k": -101}]})
+    assert isinstance(after, OperationFailure) and after.code == 251
+    commit = txn.commit()
+    assert isinstance(commit, OperationFailure) and commit.code == 251
+    txn.close()
+    assert coll.count_documents({"_id": {"$gte": 100}}) == 0
+
+
+@pytest.mark.parametrize("statement", ["first", "later"])
+def test_a_write_concern_on_a_transaction_statement_is_invalid_options(coll, statement):
+    """``validateWriteConcernForTransaction``: only commit/abort may carry a write concern in
+    a transaction: InvalidOptions (72), on the first statement as on later ones."""
+    txn = _Txn(coll)
+    wc = {"writeConcern": {"w": 1}}
+    insert = {"insert": coll.name, "documents": [{"_id": 200, "k": 200}]}
+    if statement == "first":
+        err = txn.run(insert, startTransaction=True, **wc)
+    else:
+        assert txn.run(insert, startTransaction=True)["ok"] == 1.0
+        err = txn.run({"update": coll.name, "updates": [
+            {"q": {"_id": 200, "k": 200}, "u": {"$set": {"x": 1}}}]}, **wc)
+    assert isinstance(err, OperationFailure) and err.code == 72
+    assert err.details["codeName"] == "InvalidOptions"
+    assert err.details["errmsg"] == "writeConcern is not allowed within a multi-statement transaction"
+    # an empty write concern is no write concern; commit may carry one
+    if statement == "later":
+        assert txn.run({"find": coll.name, "filter": {"_id": 200}})["ok"] == 1.0
+        assert txn.run({"delete": coll.name, "deletes": [{"q": {"_id": 5, "k": 2}, "limit": 1}],
+                        "writeConcern": {}})["ok"] == 1.0
+        assert txn.commit(writeConcern={"w": "majority"})["ok"] == 1.0
+        assert coll.find_one({"_id": 200}) is not None and coll.find_one({"_id": 5}) is None
+    txn.close()
+
+
+def test_max_time_ms_on_a_get_more_of_a_non_await_data_cursor_is_bad_value(coll, request):
+    """getMore's maxTimeMS is the awaitData wait: on any other cursor BadValue (2), with
+    mongod's message on a shard (getmore_cmd.cpp ``validateMaxTimeMS``) and mongos' through
+    the router (cluster_find.cpp ``setUpOperationContextStateForGetMore``)."""
+    db = coll.database
+    cid = db.command({"find": coll.name, "batchSize": 2})["cursor"]["id"]
+    with pytest.raises(OperationFailure) as exc:
+        db.command({"getMore": cid, "collection": coll.name, "maxTimeMS": 1000})
+    assert exc.value.code == 2
+    if request.node.callspec.params["coll"] == "shard":
+        assert exc.value.details["errmsg"] == \
+            "cannot set maxTimeMS on getMore command for a non-awaitData cursor"
+    else:
+        assert exc.value.details["errmsg"] == \
+            "maxTimeMS can only be used with getMore for tailable, awaitData cursors"
+
+
+def test_a_cursor_reads_within_its_commands_max_time_ms(coll, monkeypatch):
+    """The driver's timeoutMS becomes the find's maxTimeMS; mongod and mongos run the cursor's
+    getMores within what the find left of it (getmore_cmd.cpp / cluster_find.cpp
+    ``getLeftoverMaxTimeMicros``): a to_list() that uses it up ends with MaxTimeMSExpired (50),
+    a timeout error for the driver. The accounting clock (in this process: the cluster is)
+    moves 40 ms per reading, so a find with maxTimeMS 100 has time for about one getMore."""
+    from pymongo.errors import ExecutionTimeout
+
+    from shardsim.core import cursors
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.040
+        return now[0]
+
+    monkeypatch.setattr(cursors, "clock", clock)
+    cursor = coll.find({}, batch_size=1, max_time_ms=100)
+    with pytest.raises(ExecutionTimeout) as exc:
+        cursor.to_list()
+    assert exc.value.code == 50
+    assert exc.value.timeout
+    monkeypatch.undo()
+    assert len(coll.find({}, batch_size=1, max_time_ms=100).to_list()) == 7
+
+
+def test_an_empty_let_on_write_helpers_is_accepted(coll):
+    """``let: {}`` binds no variable: every write helper runs as without it (issue 31 (9)
+    reported 40414 "BSON field 'Collation.locale' is missing"; kept as a guard)."""
+    from pymongo import UpdateOne
+    assert coll.update_one({"_id": 1, "k": -2}, {"$set": {"u": 1}}, let={}).matched_count == 1
+    assert coll.update_many({"_id": {"$lt": 3}}, {"$set": {"u": 2}}, let={}).matched_count == 3
+    assert coll.replace_one({"_id": 2, "k": -1}, {"k": -1, "r": 1}, let={}).matched_count == 1
+    assert coll.find_one_and_update({"_id": 3, "k": 0}, {"$set": {"f": 1}}, let={})["_id"] == 3
+    assert coll.bulk_write([UpdateOne({"_id": 4, "k": 1}, {"$set": {"b": 1}})],
+                           let={}).matched_count == 1
+    assert coll.delete_one({"_id": 6, "k": 3}, let={}).deleted_count == 1
+    assert coll.find_one_and_delete({"_id": 5, "k": 2}, let={})["_id"] == 5
+    assert coll.delete_many({"_id": {"$gt": 100}}, let={}).deleted_count == 0
+    assert coll.count_documents({}) == 5
