@@ -21,7 +21,7 @@ from bson import Binary
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 
-from shardsim.core import collation, expressions, max_time, node_commands, request_checks, search_indexes
+from shardsim.core import collation, expressions, server_version, max_time, node_commands, request_checks, search_indexes
 from shardsim.core.auth import commands as auth_commands
 from shardsim.core.auth.security import Security
 from shardsim.core.clock import HybridLogicalClock
@@ -30,7 +30,6 @@ from shardsim.core.commands import CommandTable, Request
 from shardsim.core.cursors import CursorManager
 from shardsim.core.local_sessions import LocalSessionCache
 from shardsim.core.errors import MongoError, change_stream_labels
-from shardsim.core.node_commands import SERVER_VERSION
 
 log = logging.getLogger("shardsim")
 
@@ -67,6 +66,8 @@ class Node:
         self.port = port
         self.test_commands = test_commands
         self.options = dict(options or {})
+        # --server-version (shardsim/core/server_version.py); 8.0 when not given
+        self.profile = server_version.get(self.options.get("server_version"))
         self.clock = HybridLogicalClock()
         self.cursors = CursorManager()
         self.commands = CommandTable()
@@ -183,7 +184,7 @@ class Node:
         """getParameter's values; roles extend."""
         return {
             "enableTestCommands": self.test_commands,
-            "featureCompatibilityVersion": {"version": "8.0"},
+            "featureCompatibilityVersion": {"version": self.profile.fcv},
             "cursorTimeoutMillis": Int64(self.cursors.timeout_ms),
             "maxBSONDepth": 200,
         }
@@ -200,7 +201,7 @@ class Node:
     def server_status(self) -> dict[str, Any]:
         """serverStatus: the common sections; roles extend."""
         return {
-            "host": self.address, "version": SERVER_VERSION, "process": self.process_name(),
+            "host": self.address, "version": self.profile.version, "process": self.process_name(),
             "pid": Int64(os.getpid()), "uptime": float(int(time.time() - self.started)),
             "uptimeMillis": Int64(int((time.monotonic() - self.started_mono) * 1000)),
             "localTime": datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None),

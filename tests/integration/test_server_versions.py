@@ -1,0 +1,57 @@
+"""Server-version profiles (issue 27, shardsim/core/server_version.py): what a client sees of
+the release it talks to: buildInfo, hello's maxWireVersion, the FCV, the 8.0-only commands."""
+
+from __future__ import annotations
+
+import pymongo
+import pytest
+
+from shardsim.core import server_version
+from shardsim.testing import ShardedCluster
+
+EXPECTED = {  # name: (buildInfo.version, maxWireVersion, FCV, has moveCollection)
+    "6.0": ("6.0.20", 17, "6.0", False),
+    "7.0": ("7.0.16", 21, "7.0", False),
+    "8.0": ("8.0.4", 25, "8.0", True),
+    "8.2.0": ("8.2.0", 27, "8.2", True),
+    "8.2": ("8.2.1", 27, "8.2", True),
+    "9.0": ("9.0.1", 29, "9.0", True),
+}
+
+
+def test_profiles_listed_and_default_is_80() -> None:
+    assert server_version.names() == list(EXPECTED)
+    assert server_version.get(None).name == "8.0" and server_version.DEFAULT.is_default
+    with pytest.raises(ValueError):
+        server_version.get("5.0")
+    with pytest.raises(ValueError):
+        ShardedCluster(1, server_version="5.0")
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_router_and_shard_follow_profile(name: str) -> None:
+    version, wire, fcv, has_80 = EXPECTED[name]
+    with ShardedCluster(1, server_version=name) as cluster:
+        targets = [cluster.uri, "mongodb://" + cluster.cluster.shard_address("shard0") + "/"]
+        for uri in targets:
+            with pymongo.MongoClient(uri, directConnection=True) as client:
+                info = client.admin.command("buildInfo")
+                assert info["version"] == version
+                assert info["versionArray"] == [int(x) for x in version.split(".")] + [0]
+                assert client.config.command("buildinfo")["version"] == version
+                assert client.admin.command("hello")["maxWireVersion"] == wire
+                fcv_doc = client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
+                assert fcv_doc["featureCompatibilityVersion"] == {"version": fcv}
+        with pymongo.MongoClient(cluster.uri) as client:
+            client.db.c.insert_one({"_id": 1})
+            for cmd in ("moveCollection", "unshardCollection"):
+                if has_80:
+                    continue
+                with pytest.raises(pymongo.errors.OperationFailure) as exc:
+                    client.admin.command(cmd, "db.c", toShard="shard0")
+                assert exc.value.code == 59
+                assert exc.value.details["codeName"] == "CommandNotFound"
+                assert exc.value.details["errmsg"] == f"no such command: '{cmd}'"
+            if has_80:
+                client.admin.command("enableSharding", "db")
+                client.admin.command("moveCollection", "db.c", toShard="shard0")
