@@ -39,8 +39,9 @@ class ServerProfile:
     unshardCollection exist: 8.0+); ``expanded_fields_always`` (8.2.0 only: ``collectionUUID``,
     ``updateDescription.disambiguatedPaths`` and ``commitTimestamp`` without
     showExpandedEvents); ``ns_type`` (``nsType`` on ``create`` events, 8.1+);
-    ``change_stream_version_option`` (``$changeStream.version`` and ``ignoreRemovedShards``
-    are parsed, 9.0).
+    ``change_stream_version_field`` (``$changeStream.version: "v1"|"v2"`` is parsed, 8.2+:
+    jstests ``change_streams_version_field`` is tagged ``requires_fcv_82``);
+    ``ignore_removed_shards`` (``$changeStream.ignoreRemovedShards``, 9.0).
     """
 
     name: str
@@ -56,7 +57,8 @@ class ServerProfile:
     commands_80: bool = True
     expanded_fields_always: bool = False
     ns_type: bool = False
-    change_stream_version_option: bool = False
+    change_stream_version_field: bool = False
+    ignore_removed_shards: bool = False
 
     @property
     def is_default(self) -> bool:
@@ -72,11 +74,12 @@ PROFILES: dict[str, ServerProfile] = {p.name: p for p in (
                   commands_80=False),
     ServerProfile("8.0", "8.0.4", (8, 0, 4, 0), 25, "8.0"),
     ServerProfile("8.2.0", "8.2.0", (8, 2, 0, 0), 27, "8.2", expanded_fields_always=True,
-                  ns_type=True),
-    ServerProfile("8.2", "8.2.1", (8, 2, 1, 0), 27, "8.2", ns_type=True),
+                  ns_type=True, change_stream_version_field=True),
+    ServerProfile("8.2", "8.2.1", (8, 2, 1, 0), 27, "8.2", ns_type=True,
+                  change_stream_version_field=True),
     # 9.0's wire version: 8.3 = 28 and 9.0 follows it (inferred, see docs/versions.md).
     ServerProfile("9.0", "9.0.1", (9, 0, 1, 0), 29, "9.0", ns_type=True,
-                  change_stream_version_option=True),
+                  change_stream_version_field=True, ignore_removed_shards=True),
 )}
 
 DEFAULT = PROFILES["8.0"]

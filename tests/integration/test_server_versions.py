@@ -55,3 +55,44 @@ def test_router_and_shard_follow_profile(name: str) -> None:
             if has_80:
                 client.admin.command("enableSharding", "db")
                 client.admin.command("moveCollection", "db.c", toShard="shard0")
+
+
+def _watch_two_inserts(name: str) -> tuple[list[dict], dict, dict]:
+    """Events of two inserts on a sharded collection watched through the router of a cluster of
+    profile ``name``, the stream's last postBatchResumeToken, and a resumed stream's event."""
+    with ShardedCluster(2, server_version=name) as cluster:
+        with pymongo.MongoClient(cluster.uri) as client:
+            client.admin.command("enableSharding", "db")
+            client.admin.command("shardCollection", "db.c", key={"_id": "hashed"})
+            coll = client.db.c
+            with coll.watch(max_await_time_ms=200) as stream:
+                coll.insert_many([{"_id": 1}, {"_id": 2}])
+                events = [stream.next(), stream.next()]
+                assert stream.try_next() is None  # an empty batch: its PBRT is a high-water mark
+                pbrt = stream.resume_token
+            with coll.watch(resume_after=events[0]["_id"], max_await_time_ms=200) as again:
+                resumed = again.next()
+    return events, pbrt, resumed
+
+
+def test_60_streams_make_v1_tokens() -> None:
+    from shardsim.core import resume_token as rt
+    events, pbrt, resumed = _watch_two_inserts("6.0")
+    for ev in events:
+        data = rt.decode(ev["_id"])
+        assert data.version == 1 and data.eventIdentifier == ev["documentKey"]
+        assert rt.event_token(ev["clusterTime"], data.uuid, "insert", ev["documentKey"],
+                              version=1) == ev["_id"]
+    assert rt.decode(pbrt).version == 1 and rt.is_high_water_mark(rt.decode(pbrt))
+    assert resumed["_id"] == events[1]["_id"]
+
+
+def test_80_streams_keep_v2_tokens() -> None:
+    from shardsim.core import resume_token as rt
+    events, pbrt, resumed = _watch_two_inserts("8.0")
+    for ev in events:
+        data = rt.decode(ev["_id"])
+        assert data.version == 2
+        assert data.eventIdentifier == {"operationType": "insert", "documentKey": ev["documentKey"]}
+    assert rt.decode(pbrt).version == 2
+    assert resumed["_id"] == events[1]["_id"]
