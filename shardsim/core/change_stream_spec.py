@@ -91,6 +91,10 @@ class StreamSpec:
     user_stages: list[tuple[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
     profile: versions.ServerProfile = versions.DEFAULT
+    # What the release emits, derived from the options and the profile by parse():
+    emit_collection_uuid: bool = False  # collectionUUID (showExpandedEvents; always on 8.2.0)
+    emit_disambiguated: bool = False  # updateDescription.disambiguatedPaths (same, 7.0+)
+    emit_commit_ts: bool = False  # commitTimestamp (showCommitTimestamp; always on 8.2.0)
 
     @property
     def ns(self) -> str:
@@ -173,6 +177,10 @@ def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = Fals
     spec.show_migration = bool(raw.get("showMigrationEvents", False))
     spec.show_raw_update = bool(raw.get("showRawUpdateDescription", False))
     spec.show_commit_ts = bool(raw.get("showCommitTimestamp", False))
+    always = profile.expanded_fields_always  # 8.2.0 (SERVER-86688, reverted by SERVER-109626)
+    spec.emit_collection_uuid = spec.show_expanded or always
+    spec.emit_disambiguated = (spec.show_expanded and profile.disambiguated_paths) or always
+    spec.emit_commit_ts = (spec.show_commit_ts and profile.show_commit_timestamp) or always
     # $_generateV2ResumeTokens: false asks for v1 tokens (eventIdentifier = documentKey); true
     # for v2; without it the release's default (v1 on 6.0, v2 after).
     gen_v2 = raw.get("$_generateV2ResumeTokens")

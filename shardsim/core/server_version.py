@@ -38,10 +38,13 @@ class ServerProfile:
     ``provenance`` (``operationDescription.provenance``, 8.0+); ``commands_80`` (moveCollection,
     unshardCollection exist: 8.0+); ``expanded_fields_always`` (8.2.0 only: ``collectionUUID``,
     ``updateDescription.disambiguatedPaths`` and ``commitTimestamp`` without
-    showExpandedEvents); ``ns_type`` (``nsType`` on ``create`` events, 8.1+);
+    showExpandedEvents); ``ns_type`` (``nsType`` on ``create`` events: 8.1+ per the spec;
+    shardsim's 8.0 has always emitted it, so the 8.0 profile keeps it, see docs/versions.md);
     ``change_stream_version_field`` (``$changeStream.version: "v1"|"v2"`` is parsed, 8.2+:
     jstests ``change_streams_version_field`` is tagged ``requires_fcv_82``);
-    ``ignore_removed_shards`` (``$changeStream.ignoreRemovedShards``, 9.0).
+    ``ignore_removed_shards`` (``$changeStream.ignoreRemovedShards``, 9.0);
+    ``show_commit_timestamp`` (the internal ``showCommitTimestamp`` shows ``commitTimestamp``
+    on events of prepared transactions: 8.2.1+, SERVER-109626; accepted and ignored before).
     """
 
     name: str
@@ -56,9 +59,10 @@ class ServerProfile:
     provenance: bool = True
     commands_80: bool = True
     expanded_fields_always: bool = False
-    ns_type: bool = False
+    ns_type: bool = True
     change_stream_version_field: bool = False
     ignore_removed_shards: bool = False
+    show_commit_timestamp: bool = False
 
     @property
     def is_default(self) -> bool:
@@ -69,17 +73,18 @@ class ServerProfile:
 PROFILES: dict[str, ServerProfile] = {p.name: p for p in (
     ServerProfile("6.0", "6.0.20", (6, 0, 20, 0), 17, "6.0", resume_token_version=1,
                   new_shard_op="kNewShardDetected", refine_reshard_events=False,
-                  disambiguated_paths=False, provenance=False, commands_80=False),
+                  disambiguated_paths=False, provenance=False, commands_80=False, ns_type=False),
     ServerProfile("7.0", "7.0.16", (7, 0, 16, 0), 21, "7.0", provenance=False,
-                  commands_80=False),
+                  commands_80=False, ns_type=False),
     ServerProfile("8.0", "8.0.4", (8, 0, 4, 0), 25, "8.0"),
     ServerProfile("8.2.0", "8.2.0", (8, 2, 0, 0), 27, "8.2", expanded_fields_always=True,
-                  ns_type=True, change_stream_version_field=True),
-    ServerProfile("8.2", "8.2.1", (8, 2, 1, 0), 27, "8.2", ns_type=True,
                   change_stream_version_field=True),
+    ServerProfile("8.2", "8.2.1", (8, 2, 1, 0), 27, "8.2", change_stream_version_field=True,
+                  show_commit_timestamp=True),
     # 9.0's wire version: 8.3 = 28 and 9.0 follows it (inferred, see docs/versions.md).
-    ServerProfile("9.0", "9.0.1", (9, 0, 1, 0), 29, "9.0", ns_type=True,
-                  change_stream_version_field=True, ignore_removed_shards=True),
+    ServerProfile("9.0", "9.0.1", (9, 0, 1, 0), 29, "9.0",
+                  change_stream_version_field=True, ignore_removed_shards=True,
+                  show_commit_timestamp=True),
 )}
 
 DEFAULT = PROFILES["8.0"]
