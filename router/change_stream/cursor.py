@@ -81,10 +81,12 @@ def _fresh_error(exc: MongoError) -> MongoError:
     return MongoError(exc.code, exc.errmsg, code_name_override=exc.code_name)
 
 
-def _labelled(exc: MongoError, command: str) -> MongoError:
-    """``exc`` with the labels the router adds for a change stream's ``command``."""
+def _labelled(exc: MongoError, command: str, profile: Any = None) -> MongoError:
+    """``exc`` with the labels the router adds for a change stream's ``command`` (``profile``:
+    the router's server-version profile)."""
     err = _fresh_error(exc)
-    err.labels = change_stream_labels(err.code, is_change_stream=True, command=command)
+    err.labels = change_stream_labels(err.code, is_change_stream=True, command=command,
+                                      profile=profile)
     return err
 
 
@@ -232,7 +234,7 @@ class RouterChangeStream:
         try:
             await self._open(action.shard, self.db, self._shard_command(spec))
         except MongoError as exc:
-            raise _labelled(exc, "getMore") from None
+            raise _labelled(exc, "getMore", router.profile) from None
 
     # -- remote getMores ----------------------------------------------------------------------
     def schedule_getmores(self, nudge: bool = False) -> None:
@@ -440,7 +442,7 @@ class RouterChangeStreamCursor(Cursor):
                 x = merge.next()
             except MongoError as exc:
                 st.close()
-                raise _labelled(exc, command) from None
+                raise _labelled(exc, command, st.router.profile) from None
             if isinstance(x, NewShard):
                 await st.open_new_shard(x)
                 continue

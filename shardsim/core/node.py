@@ -109,7 +109,8 @@ class Node:
         if req is None:
             return []
         return change_stream_labels(exc.code, is_change_stream=self.is_change_stream_request(req),
-                                    command=self.commands.canonical(req.name))
+                                    command=self.commands.canonical(req.name),
+                                    profile=self.profile)
 
     def is_change_stream_request(self, req: Request) -> bool:
         """True for an aggregate whose pipeline starts with $changeStream, or a getMore on one."""
@@ -166,6 +167,9 @@ class Node:
                 reply["ok"] = 1.0
         except MongoError as exc:
             exc.labels = self.error_labels(req, exc)
+            renamed = self.profile.code_names.get(exc.code)
+            if renamed is not None:  # a code the release names differently (6.0: 63)
+                exc.code_name = renamed
             reply = exc.to_reply()
         except RecursionError:  # input nested deeper than a handler can walk: mongod's Overflow
             reply = MongoError(15, "BSONObj exceeded maximum nested object depth: 200").to_reply()

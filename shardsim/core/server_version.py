@@ -17,13 +17,13 @@ fields (SERVER-86688, reverted by SERVER-109626 in 8.2.1); ``nsType`` on ``creat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 __all__ = ["ServerProfile", "PROFILES", "DEFAULT", "get", "names", "profile_of", "click_option"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # profiles are singletons: identity equality
 class ServerProfile:
     """One release's observable behaviour.
 
@@ -63,6 +63,10 @@ class ServerProfile:
     change_stream_version_field: bool = False
     ignore_removed_shards: bool = False
     show_commit_timestamp: bool = False
+    # error codes the release labels ResumableChangeStreamError beyond 8.0's, and codeNames it
+    # spells differently (6.0: 63 StaleShardVersion, a NeedRetargettingError; OBSOLETE in 7.0)
+    extra_resumable_codes: frozenset[int] = frozenset()
+    code_names: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def is_default(self) -> bool:
@@ -73,7 +77,8 @@ class ServerProfile:
 PROFILES: dict[str, ServerProfile] = {p.name: p for p in (
     ServerProfile("6.0", "6.0.20", (6, 0, 20, 0), 17, "6.0", resume_token_version=1,
                   new_shard_op="kNewShardDetected", refine_reshard_events=False,
-                  disambiguated_paths=False, provenance=False, commands_80=False, ns_type=False),
+                  disambiguated_paths=False, provenance=False, commands_80=False, ns_type=False,
+                  extra_resumable_codes=frozenset({63}), code_names={63: "StaleShardVersion"}),
     ServerProfile("7.0", "7.0.16", (7, 0, 16, 0), 21, "7.0", provenance=False,
                   commands_80=False, ns_type=False),
     ServerProfile("8.0", "8.0.4", (8, 0, 4, 0), 25, "8.0"),

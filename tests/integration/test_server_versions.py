@@ -96,3 +96,15 @@ def test_80_streams_keep_v2_tokens() -> None:
         assert data.eventIdentifier == {"operationType": "insert", "documentKey": ev["documentKey"]}
     assert rt.decode(pbrt).version == 2
     assert resumed["_id"] == events[1]["_id"]
+
+
+def test_spec_cli_server_version_option() -> None:
+    from click.testing import CliRunner
+
+    from shardsim.tools.unified.cli import spec
+    result = CliRunner().invoke(spec, ["--help"])
+    assert "--server-version [6.0|7.0|8.0|8.2.0|8.2|9.0]" in result.output
+    result = CliRunner().invoke(spec, ["--uri", "mongodb://127.0.0.1:1/", "--server-version", "6.0"])
+    assert result.exit_code == 1 and "--server-version chooses what shardsim starts" in result.output
+    result = CliRunner().invoke(spec, ["--server-version", "5.0"])
+    assert result.exit_code == 2
