@@ -108,3 +108,39 @@ def test_spec_cli_server_version_option() -> None:
     assert result.exit_code == 1 and "--server-version chooses what shardsim starts" in result.output
     result = CliRunner().invoke(spec, ["--server-version", "5.0"])
     assert result.exit_code == 2
+
+
+def test_60_new_shard_cursor_keeps_v1_tokens() -> None:
+    """A shard added while a 6.0 stream is open is opened from a v1 high-water mark, so its
+    events carry v1 tokens too (a v2 start token would switch that shard to v2)."""
+    from shardsim.core import resume_token as rt
+    with ShardedCluster(1, server_version="6.0") as cluster:
+        with pymongo.MongoClient(cluster.uri) as client:
+            client.a.c.insert_one({"_id": 0})
+            with client.watch(max_await_time_ms=200) as stream:
+                new = cluster.add_shard()
+                client.admin.command("enableSharding", "b", primaryShard=new)
+                client.b.c.insert_one({"_id": 1})
+                client.a.c.insert_one({"_id": 2})
+                events = [stream.next(), stream.next()]
+                assert stream.try_next() is None
+                pbrt = stream.resume_token
+    assert sorted(e["documentKey"]["_id"] for e in events) == [1, 2]
+    for ev in events:
+        assert rt.decode(ev["_id"]).version == 1
+    assert rt.decode(pbrt).version == 1
+
+
+def test_60_router_asks_remotes_for_v1_tokens() -> None:
+    """What the 6.0 router sends: ``$_generateV2ResumeTokens: false`` to every remote."""
+    from shardsim.router.change_stream.cursor import RouterChangeStream
+
+    class _Router:
+        def __init__(self, name: str) -> None:
+            self.profile = server_version.get(name)
+            self.promise_requests = None
+    for name, expected in (("6.0", {"$_generateV2ResumeTokens": False}), ("8.0", {})):
+        stream = RouterChangeStream(_Router(name), "db", "c", "db.c", {}, [],
+                                    {"aggregate": "c", "pipeline": [{"$changeStream": {}}]})
+        cmd = stream._shard_command({"startAtOperationTime": 1})
+        assert cmd["pipeline"][0]["$changeStream"] == {"startAtOperationTime": 1, **expected}
