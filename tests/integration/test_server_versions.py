@@ -42,6 +42,8 @@ def test_router_and_shard_follow_profile(name: str) -> None:
                 assert client.admin.command("hello")["maxWireVersion"] == wire
                 fcv_doc = client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
                 assert fcv_doc["featureCompatibilityVersion"] == {"version": fcv}
+                explained = client.db.command("explain", {"find": "c"})
+                assert explained["serverInfo"]["version"] == version
         with pymongo.MongoClient(cluster.uri) as client:
             client.db.c.insert_one({"_id": 1})
             for cmd in ("moveCollection", "unshardCollection"):
