@@ -127,3 +127,27 @@ def test_change_stream_version_and_ignore_removed_shards_fields() -> None:
                         with pytest.raises(pymongo.errors.OperationFailure) as exc:
                             _open(client, {"version": bad})
                         assert exc.value.code == 2 and exc.value.details["codeName"] == "BadValue"
+
+
+@pytest.mark.parametrize("name,event,provenance", [
+    ("6.0", False, False), ("7.0", True, False), ("8.0", True, True)])
+def test_reshard_collection_event_per_release(name: str, event: bool, provenance: bool) -> None:
+    """6.0 emits no reshardCollection event (flag-gated then); 7.0 emits it without
+    ``operationDescription.provenance`` (8.0's moveCollection/unshardCollection added it)."""
+    with ShardedCluster(2, server_version=name) as cluster:
+        with pymongo.MongoClient(cluster.uri) as client:
+            admin = client.admin
+            admin.command("enableSharding", "rs")
+            admin.command("shardCollection", "rs.c", key={"a": 1})
+            client.rs.c.insert_one({"_id": 1, "a": 1, "b": 1})
+            with client.rs.c.watch(show_expanded_events=True, max_await_time_ms=200) as stream:
+                admin.command("reshardCollection", "rs.c", key={"b": 1})
+                client.rs.c.insert_one({"_id": 2, "a": 2, "b": 2})
+                got = []
+                while not got or got[-1]["operationType"] != "insert":
+                    got.append(stream.next())
+    kinds = [e["operationType"] for e in got]
+    assert ("reshardCollection" in kinds) is event
+    if event:
+        desc = got[kinds.index("reshardCollection")]["operationDescription"]
+        assert ("provenance" in desc) is provenance
