@@ -15,6 +15,7 @@ import click
 from shardsim.core.server import ready_line
 from shardsim.core.auth.cli import apply as apply_security, security_options, test_commands_options
 from shardsim.core.server import run_node
+from shardsim.core import server_version as server_version_mod
 
 
 @click.command(context_settings={"show_default": True})
@@ -36,9 +37,10 @@ from shardsim.core.server import run_node
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
 @test_commands_options
+@server_version_mod.click_option
 def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_size_mb: float,
          oplog_cache_mb: float, snapshot_history_mb: float,
-         oplog_min_retention_hours: float, test_commands: bool, log_level: str,
+         oplog_min_retention_hours: float, test_commands: bool, log_level: str, server_version: str,
          **security: Any) -> None:
     """Run the shardsim config server (a mongod --configsvr look-alike holding the catalog)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
@@ -53,7 +55,7 @@ def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_
                                          "oplog_cache_mb": oplog_cache_mb,
                                          "snapshot_history_mb": snapshot_history_mb,
                                          "oplog_min_retention_hours": oplog_min_retention_hours,
-                                         **sec_options})
+                                         "server_version": server_version, **sec_options})
     except StorageCorruption as exc:  # one line, like mongod's fatal start-up messages
         click.echo(f"shardsim configsvr: {exc}", err=True)
         sys.exit(EXIT_CORRUPTION)

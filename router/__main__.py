@@ -14,6 +14,7 @@ import click
 from shardsim.core.server import ready_line
 from shardsim.core.auth.cli import apply as apply_security, security_options, test_commands_options
 from shardsim.core.server import run_node
+from shardsim.core import server_version as server_version_mod
 
 
 @click.command(context_settings={"show_default": True})
@@ -23,7 +24,8 @@ from shardsim.core.server import run_node
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
 @test_commands_options
-def main(port: int, host: str, configdb: str, test_commands: bool, log_level: str,
+@server_version_mod.click_option
+def main(port: int, host: str, configdb: str, test_commands: bool, log_level: str, server_version: str,
          **security: Any) -> None:
     """Run a shardsim router (a mongos look-alike)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
@@ -31,7 +33,8 @@ def main(port: int, host: str, configdb: str, test_commands: bool, log_level: st
     from shardsim.router.node import RouterNode
     sec_options, tls = apply_security("router", **security)
     node = RouterNode(configdb=configdb, host=host, port=port, test_commands=test_commands,
-                      options={"configdb": configdb, **sec_options})
+                      options={"configdb": configdb, "server_version": server_version,
+                               **sec_options})
     run_node(node, host, port, ready_message=ready_line("router"), tls=tls)
 
 

@@ -79,6 +79,8 @@ class RouterNode(Node):
         self.promise_requests = PromiseRequests(self.clock)
         self.write_gates: dict[str, NamespaceGate] = {}
         self.commands.install(self, *FAMILIES)
+        if not self.profile.commands_80:  # 8.0 commands: CommandNotFound on 6.0/7.0
+            self.commands.remove("moveCollection", "unshardCollection")
         router_security.install(self)  # users, roles and HMAC keys from the config server
         failpoints.install(self)
 

@@ -15,6 +15,7 @@ import click
 from shardsim.core.server import ready_line
 from shardsim.core.auth.cli import apply as apply_security, security_options, test_commands_options
 from shardsim.core.server import run_node
+from shardsim.core import server_version as server_version_mod
 
 
 @click.command(context_settings={"show_default": True})
@@ -42,10 +43,11 @@ from shardsim.core.server import run_node
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
 @test_commands_options
+@server_version_mod.click_option
 def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interval_ms: int,
          promise_mode: str, oplog_size_mb: float, oplog_cache_mb: float, snapshot_history_mb: float,
          oplog_min_retention_hours: float,
-         oplog_max_age_s: float | None, sync: str, test_commands: bool, log_level: str,
+         oplog_max_age_s: float | None, sync: str, test_commands: bool, log_level: str, server_version: str,
          **security: Any) -> None:
     """Run a shardsim shard (a mongod --shardsvr look-alike)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
@@ -56,7 +58,7 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
         "oplog_size_mb": oplog_size_mb, "oplog_cache_mb": oplog_cache_mb,
         "snapshot_history_mb": snapshot_history_mb,
         "oplog_min_retention_hours": oplog_min_retention_hours,
-        "oplog_max_age_s": oplog_max_age_s, "sync": sync,
+        "oplog_max_age_s": oplog_max_age_s, "sync": sync, "server_version": server_version,
     }
     sec_options, tls = apply_security("shard", **security)
     options.update(sec_options)

@@ -66,7 +66,7 @@ async def aggregate_change_stream(router: Any, req: Any) -> dict[str, Any]:
     target = body.get("aggregate")
     db = req.db
     spec_doc = pipeline[0].get("$changeStream") if isinstance(pipeline[0], dict) else None
-    shard_spec.parse(db, target, pipeline)
+    shard_spec.parse(db, target, pipeline, profile=router.profile)
     if isinstance(spec_doc, dict) and spec_doc.get("showMigrationEvents"):
         # assertIsLegalSpecification (document_source_change_stream.cpp)
         raise MongoError(31123, "Change streams from mongos may not show migration events")

@@ -46,7 +46,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from shardsim.router.change_stream.async_results_merger import CONFIG_SHARDS_NS, Merger, Remote
-from shardsim.core.resume_token import token_ts_key
+from shardsim.core.resume_token import make_high_water_mark, token_ts_key
 from shardsim.router.change_stream.handle_topology_change import NewShard
 from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
 from shardsim.router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
@@ -81,10 +81,12 @@ def _fresh_error(exc: MongoError) -> MongoError:
     return MongoError(exc.code, exc.errmsg, code_name_override=exc.code_name)
 
 
-def _labelled(exc: MongoError, command: str) -> MongoError:
-    """``exc`` with the labels the router adds for a change stream's ``command``."""
+def _labelled(exc: MongoError, command: str, profile: Any = None) -> MongoError:
+    """``exc`` with the labels the router adds for a change stream's ``command`` (``profile``:
+    the router's server-version profile)."""
     err = _fresh_error(exc)
-    err.labels = change_stream_labels(err.code, is_change_stream=True, command=command)
+    err.labels = change_stream_labels(err.code, is_change_stream=True, command=command,
+                                      profile=profile)
     return err
 
 
@@ -132,7 +134,16 @@ class RouterChangeStream:
         self.cursor = RouterChangeStreamCursor(self)
 
     # -- opening -------------------------------------------------------------------------------
+    def _v1_tokens(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """A 6.0 mongos asks every remote for v1 resume tokens (``$_generateV2ResumeTokens:
+        false``, ``sharded_agg_helpers.cpp`` of 6.0): ``spec`` with that field when the
+        router's profile makes v1 tokens, else ``spec`` itself."""
+        if self.router.profile.resume_token_version == 1 and "$_generateV2ResumeTokens" not in spec:
+            return {**spec, "$_generateV2ResumeTokens": False}
+        return spec
+
     def _shard_command(self, spec: dict[str, Any]) -> dict[str, Any]:
+        spec = self._v1_tokens(spec)
         cmd: dict[str, Any] = {"aggregate": self.target,
                                "pipeline": [{"$changeStream": spec}] + self.user_stages}
         cmd.update(self.passthrough)
@@ -170,8 +181,9 @@ class RouterChangeStream:
         config_cmd = None
         if self.db != "config":
             config_cmd = {"aggregate": "shards",
-                          "pipeline": [{"$changeStream": {"startAtOperationTime": registry_time,
-                                                          "allowToRunOnConfigDB": True}}],
+                          "pipeline": [{"$changeStream": self._v1_tokens(
+                              {"startAtOperationTime": registry_time,
+                               "allowToRunOnConfigDB": True})}],
                           "needsMerge": True, "fromRouter": True, "cursor": {"batchSize": 0}}
             opens.append(self._open(None, "config", config_cmd))
         results = await asyncio.gather(*opens, return_exceptions=True)
@@ -215,11 +227,14 @@ class RouterChangeStream:
             await router.catalog.refresh()
         spec = {k: v for k, v in self.spec.items()
                 if k not in ("resumeAfter", "startAfter", "startAtOperationTime")}
-        spec["resumeAfter"] = action.start_token
+        start = action.start_token
+        if router.profile.resume_token_version == 1:  # 6.0: the HWM in the stream's version
+            start = make_high_water_mark(ts_from_key(token_ts_key(start["_data"]) or 0), 1)
+        spec["resumeAfter"] = start
         try:
             await self._open(action.shard, self.db, self._shard_command(spec))
         except MongoError as exc:
-            raise _labelled(exc, "getMore") from None
+            raise _labelled(exc, "getMore", router.profile) from None
 
     # -- remote getMores ----------------------------------------------------------------------
     def schedule_getmores(self, nudge: bool = False) -> None:
@@ -444,7 +459,7 @@ class RouterChangeStreamCursor(Cursor):
                 x = merge.next()
             except MongoError as exc:
                 st.close()
-                raise _labelled(exc, command) from None
+                raise _labelled(exc, command, st.router.profile) from None
             if isinstance(x, NewShard):
                 await st.open_new_shard(x)
                 continue

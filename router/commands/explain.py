@@ -187,7 +187,7 @@ async def explain_command(node: "RouterNode", db: str, name: str, inner: dict[st
                              list(replies), millis)
     command = {k: v for k, v in inner.items() if k not in ("lsid", "$clusterTime", "txnNumber")}
     command["$db"] = db
-    out.update({"serverInfo": server_info(node.port), "serverParameters": server_parameters(),
+    out.update({"serverInfo": server_info(node.port, node.profile.version), "serverParameters": server_parameters(),
                 "command": command})
     return out
 

@@ -89,9 +89,11 @@ def eligible(spec: StreamSpec) -> bool:
     """True when no event of ``spec`` needs per-event extras the fast path does not write: no
     user stages (nor ``$changeStreamSplitLargeEvent``), ``fullDocument: "default"``,
     ``fullDocumentBeforeChange: "off"``, no ``showExpandedEvents`` (collectionUUID),
-    ``showRawUpdateDescription`` or ``showCommitTimestamp``, version 2 tokens."""
+    ``showRawUpdateDescription`` or ``showCommitTimestamp``, version 2 tokens, and no field the
+    server-version profile always adds (8.2.0's collectionUUID/commitTimestamp)."""
     return (ENABLED and not spec.user_stages and spec.full_document == "default"
             and spec.full_document_before_change == "off" and not spec.show_expanded
+            and not spec.emit_collection_uuid and not spec.emit_commit_ts
             and not spec.show_raw_update and not spec.show_commit_ts and spec.token_version == 2)
 
 

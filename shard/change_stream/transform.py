@@ -26,6 +26,7 @@ from bson.timestamp import Timestamp
 from shardsim.core import resume_token as rt
 from shardsim.core.clock import ts_key
 from shardsim.core.change_stream_spec import StreamSpec
+from shardsim.core.server_version import ServerProfile
 
 CLASSIC_OPS = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase",
                          "invalidate"})
@@ -34,6 +35,7 @@ _NOOP_EVENTS = ("shardCollection", "migrateLastChunkFromShard", "refineCollectio
                 "reshardCollection", "reshardBegin", "reshardBlockingWrites", "reshardDoneCatchUp",
                 "endOfTransaction")
 _RESHARD_UUID_OPS = ("reshardBegin", "reshardBlockingWrites", "reshardDoneCatchUp")
+_FLAGGED_BEFORE_70 = ("refineCollectionShardKey", "reshardCollection")
 
 
 class Event:
@@ -220,18 +222,26 @@ def _command_event(entry: dict[str, Any], o: dict[str, Any], db: str) -> tuple[A
     return op_type, db, coll, op_desc, pre, ns_type, state_before, invalidating
 
 
-def _noop_event(o2: dict[str, Any]) -> tuple[str, Any, dict[str, Any], bool] | None:
+def _noop_event(o2: dict[str, Any], profile: ServerProfile) -> tuple[str, Any, dict[str, Any], bool] | None:
     """The event fields of a sharding no-op (``op: "n"``, ``o2`` its payload):
     ``(operationType, operationDescription, fields before _id, topology change?)``, or None
-    for a no-op that makes no event (the periodic no-op)."""
+    for a no-op that makes no event (the periodic no-op). Per server-version ``profile``: 6.0
+    emits no ``refineCollectionShardKey``/``reshardCollection`` events (feature-flagged then,
+    mongodb/specifications PR #1220); before 8.0 ``operationDescription`` has no
+    ``provenance`` (moveCollection/unshardCollection are 8.0 commands)."""
     pre: dict[str, Any] = {}
     if "migrateChunkToNewShard" in o2:
         return "kNewShardDetected", _except(o2, "migrateChunkToNewShard"), pre, True
     for name in _NOOP_EVENTS:
         if name in o2:
+            if name in _FLAGGED_BEFORE_70 and not profile.refine_reshard_events:
+                return None
             if name in _RESHARD_UUID_OPS:
                 pre["reshardingUUID"] = o2.get("reshardingUUID")
-            return name, _except(o2, name), pre, False
+            desc = _except(o2, name)
+            if not profile.provenance:
+                desc.pop("provenance", None)
+            return name, desc, pre, False
     return None
 
 
@@ -304,7 +314,7 @@ class Transform:
                 if spec.show_raw_update:
                     update_desc = o
                 else:
-                    update_desc = update_description(o["diff"], spec.show_expanded)
+                    update_desc = update_description(o["diff"], spec.emit_disambiguated)
                 raw_update = o
                 if spec.full_document != "default":
                     full_document = None  # placeholder filled by add_post_image
@@ -317,8 +327,10 @@ class Transform:
             if cmd is None:
                 return None
             op_type, db, coll, op_desc, pre, ns_type, state_before, invalidating = cmd
+            if not spec.profile.ns_type:
+                ns_type = None
         elif op == "n":
-            noop = _noop_event(entry.get("o2") or {})
+            noop = _noop_event(entry.get("o2") or {}, spec.profile)
             if noop is None:
                 return None
             op_type, op_desc, pre, topology = noop
@@ -348,9 +360,9 @@ class Transform:
         doc["_id"] = token
         doc["operationType"] = op_type
         doc["clusterTime"] = ts
-        if spec.show_commit_ts and "commitTimestamp" in entry:
+        if spec.emit_commit_ts and "commitTimestamp" in entry:
             doc["commitTimestamp"] = entry["commitTimestamp"]
-        if spec.show_expanded and uuid is not None:
+        if spec.emit_collection_uuid and uuid is not None:
             doc["collectionUUID"] = ui
         doc["wallTime"] = entry.get("wall")
         if full_document is not _MISSING:
@@ -426,7 +438,7 @@ class Transform:
                 if spec.show_raw_update:
                     update_desc = o
                 else:
-                    update_desc = update_description(diff, spec.show_expanded)
+                    update_desc = update_description(diff, spec.emit_disambiguated)
                 raw_update = o
                 if spec.full_document != "default":
                     full_document = None  # placeholder filled by add_post_image
@@ -442,9 +454,9 @@ class Transform:
                                                   txn_op_index=0, version=version))
         wall = entry.get("wall")
         doc: dict[str, Any] = {"_id": token, "operationType": op_type, "clusterTime": ts}
-        if spec.show_commit_ts and "commitTimestamp" in entry:
+        if spec.emit_commit_ts and "commitTimestamp" in entry:
             doc["commitTimestamp"] = entry["commitTimestamp"]
-        if spec.show_expanded and uuid is not None:
+        if spec.emit_collection_uuid and uuid is not None:
             doc["collectionUUID"] = ui
         doc["wallTime"] = wall
         if full_document is not _MISSING:
@@ -477,7 +489,7 @@ class Transform:
         if op == "i":
             op_type = "create"
             op_desc = _except(o, "_id")
-            ns_type = _collection_type(o)
+            ns_type = _collection_type(o) if self.spec.profile.ns_type else None
         elif op == "u":
             op_type = "modify"
             op_desc = _except(o, "_id")

@@ -13,7 +13,9 @@ prepare entry) at commit: the stage unwinds the prepare entry's operations when 
 commit entry, and they take the commit entry's ``ts`` (``TransactionOpIterator``, which
 collects the transaction's applyOps entries through ``prevOpTime``); ``applyOpsTs`` stays the
 prepare entry's ts (where the pre-images are). A prepared transaction that is aborted
-produces nothing (``abortTransaction`` entries are not matched).
+produces nothing (``abortTransaction`` entries are not matched). The operations of a
+prepared transaction carry the commit entry's ``commitTimestamp`` (the transform shows it under
+``showCommitTimestamp``, or always on the 8.2.0 profile).
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ class UnwindTransaction:
             yield entry
             return
         ops_ts = entry["ts"]
+        commit_ts = None
         if "commitTransaction" in o:
+            commit_ts = o.get("commitTimestamp")
             prev = (entry.get("prevOpTime") or {}).get("ts")
             prepare = self._lookup(prev) if self._lookup is not None and prev else None
             if prepare is None:
@@ -73,6 +77,8 @@ class UnwindTransaction:
             out["txnOpIndex"] = index
             out["applyOpsIndex"] = index
             out["applyOpsTs"] = ops_ts
+            if commit_ts is not None:  # prepared: the event may show it (showCommitTimestamp)
+                out["commitTimestamp"] = commit_ts
             yield out
 
 

@@ -203,4 +203,4 @@ async def explain(node: "ShardNode", req: Request) -> dict[str, Any]:
     command = {k: v for k, v in inner.items() if k not in ("lsid", "$clusterTime", "txnNumber")}
     command["$db"] = req.db
     return {"explainVersion": "1", **body, "command": command,
-            "serverInfo": server_info(node.port), "serverParameters": server_parameters()}
+            "serverInfo": server_info(node.port, node.profile.version), "serverParameters": server_parameters()}

@@ -17,6 +17,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 
 from shardsim.core import resume_token as rt
+from shardsim.core import server_version as versions
 from shardsim.core.commands import bson_type_name
 from shardsim.core.errors import MongoError
 
@@ -89,6 +90,11 @@ class StreamSpec:
     token_version: int = rt.DEFAULT_VERSION
     user_stages: list[tuple[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
+    profile: versions.ServerProfile = versions.DEFAULT
+    # What the release emits, derived from the options and the profile by parse():
+    emit_collection_uuid: bool = False  # collectionUUID (showExpandedEvents; always on 8.2.0)
+    emit_disambiguated: bool = False  # updateDescription.disambiguatedPaths (same, 7.0+)
+    emit_commit_ts: bool = False  # commitTimestamp (showCommitTimestamp; always on 8.2.0)
 
     @property
     def ns(self) -> str:
@@ -106,9 +112,15 @@ def _type_error(name: str, value: Any, expected: str) -> MongoError:
                           f"'{bson_type_name(value)}', expected type '{expected}'")
 
 
-def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = False) -> StreamSpec:
+def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = False,
+          profile: versions.ServerProfile | None = None) -> StreamSpec:
     """Validate the aggregate's ``pipeline`` (``pipeline[0]`` is ``$changeStream``) run against
-    ``db`` and ``target`` (collection name, or 1 for a collection-less aggregate)."""
+    ``db`` and ``target`` (collection name, or 1 for a collection-less aggregate), as the
+    server-version ``profile`` does (default 8.0): ``version`` is a field from 8.2 on
+    (``"v1"``/``"v2"``, other strings BadValue), ``ignoreRemovedShards`` from 9.0; before them
+    they are unknown fields (40415). 6.0 makes v1 resume tokens unless
+    ``$_generateV2ResumeTokens: true``."""
+    profile = profile or versions.DEFAULT
     stage = pipeline[0]
     if len(stage) != 1:
         raise MongoError(40323, "A pipeline stage specification object must contain exactly one field.")
@@ -117,6 +129,9 @@ def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = Fals
         raise MongoError(50808, "$changeStream stage expects a document as argument")
     for name, value in raw.items():
         opt = _OPTIONS.get(name)
+        if (name == "version" and not profile.change_stream_version_field) or (
+                name == "ignoreRemovedShards" and not profile.ignore_removed_shards):
+            opt = None  # added by 8.2 / 9.0 (document_source_change_stream.idl)
         if opt is None:
             raise MongoError(40415, f"BSON field '$changeStream.{name}' is an unknown field.")
         types, tname = opt
@@ -144,7 +159,12 @@ def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = Fals
                              + (" through mongos" if raw.get("allowToRunOnSystemNS") else ""))
     kind = "cluster" if all_for_cluster else ("collection" if coll is not None else "database")
 
-    spec = StreamSpec(db=db, coll=coll, kind=kind, needs_merge=needs_merge, raw=raw)
+    spec = StreamSpec(db=db, coll=coll, kind=kind, needs_merge=needs_merge, raw=raw,
+                      profile=profile)
+    reader = raw.get("version")
+    if reader is not None and reader not in ("v1", "v2"):
+        raise MongoError(2, f"Enumeration value '{reader}' for field '$changeStream.version' is not a "
+                            "valid value.")
     fd = raw.get("fullDocument", "default")
     if fd not in FULL_DOCUMENT_MODES:
         raise MongoError(2, f"Enumeration value '{fd}' for field '$changeStream.fullDocument' is not a valid value.")
@@ -157,8 +177,15 @@ def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = Fals
     spec.show_migration = bool(raw.get("showMigrationEvents", False))
     spec.show_raw_update = bool(raw.get("showRawUpdateDescription", False))
     spec.show_commit_ts = bool(raw.get("showCommitTimestamp", False))
-    # $_generateV2ResumeTokens: false asks for v1 tokens (eventIdentifier = documentKey).
-    spec.token_version = 1 if raw.get("$_generateV2ResumeTokens") is False else rt.DEFAULT_VERSION
+    always = profile.expanded_fields_always  # 8.2.0 (SERVER-86688, reverted by SERVER-109626)
+    spec.emit_collection_uuid = spec.show_expanded or always
+    spec.emit_disambiguated = (spec.show_expanded and profile.disambiguated_paths) or always
+    spec.emit_commit_ts = (spec.show_commit_ts and profile.show_commit_timestamp) or always
+    # $_generateV2ResumeTokens: false asks for v1 tokens (eventIdentifier = documentKey); true
+    # for v2; without it the release's default (v1 on 6.0, v2 after).
+    gen_v2 = raw.get("$_generateV2ResumeTokens")
+    spec.token_version = (profile.resume_token_version if gen_v2 is None
+                          else (2 if gen_v2 else 1))
 
     if "resumeAfter" in raw and "startAfter" in raw:
         raise MongoError(50865, "Do not specify both 'resumeAfter' and 'startAfter' in a $changeStream stage")

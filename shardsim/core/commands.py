@@ -160,6 +160,16 @@ class CommandTable:
             for name, fn, aliases, spec in family.entries:
                 self.register(name, _bind(fn, node), *aliases, spec=spec)
 
+    def remove(self, *names: str) -> None:
+        """Drop commands (canonical names) and their aliases: a server-version profile without
+        them answers CommandNotFound (59) like that release (shardsim/core/server_version.py)."""
+        for name in names:
+            for alias in [a for a, c in self._canonical.items() if c == name]:
+                self._handlers.pop(alias, None)
+                self._lower.pop(alias.lower(), None)
+                self._canonical.pop(alias, None)
+            self._specs.pop(name, None)
+
     def command(self, name: str, *aliases: str) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`register`."""
         def deco(fn: Handler) -> Handler:

@@ -74,13 +74,19 @@ def error(code: int, errmsg: str, **extra: Any) -> MongoError:
     return MongoError(code, errmsg, **extra)
 
 
-def change_stream_labels(code: int, *, is_change_stream: bool, command: str) -> list[str]:
+def change_stream_labels(code: int, *, is_change_stream: bool, command: str,
+                         profile: Any = None) -> list[str]:
     """The errorLabels a server adds to a failed command (error_labels.cpp ErrorLabelBuilder).
 
     ``ResumableChangeStreamError`` when an aggregate/getMore of a change stream fails with a
     resumable code; else ``NonResumableChangeStreamError`` for codes 280/286 on any command.
+    ``profile`` (a :class:`shardsim.core.server_version.ServerProfile`, None = 8.0): on 6.0
+    code 63 is StaleShardVersion, a NeedRetargettingError and so resumable (error_codes.yml of
+    6.0; OBSOLETE from 7.0).
     """
-    if command in ("aggregate", "getMore") and is_change_stream and code in RESUMABLE_CHANGE_STREAM_CODES:
+    resumable = code in RESUMABLE_CHANGE_STREAM_CODES or (
+        profile is not None and code in profile.extra_resumable_codes)
+    if command in ("aggregate", "getMore") and is_change_stream and resumable:
         return ["ResumableChangeStreamError"]
     if code in NON_RESUMABLE_CHANGE_STREAM_CODES:
         return ["NonResumableChangeStreamError"]

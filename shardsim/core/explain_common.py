@@ -34,9 +34,10 @@ def parse_request(body: dict[str, Any]) -> tuple[str, dict[str, Any], str]:
     return next(iter(inner)), inner, verbosity
 
 
-def server_info(port: int) -> dict[str, Any]:
-    """``serverInfo``: ``{host, port, version, gitVersion}`` (host: the machine's name)."""
-    return {"host": socket.gethostname(), "port": port, "version": SERVER_VERSION,
+def server_info(port: int, version: str = SERVER_VERSION) -> dict[str, Any]:
+    """``serverInfo``: ``{host, port, version, gitVersion}`` (host: the machine's name;
+    ``version``: the node's server-version profile, ``buildInfo.version``)."""
+    return {"host": socket.gethostname(), "port": port, "version": version,
             "gitVersion": "shardsim"}
 
 

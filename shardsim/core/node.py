@@ -21,7 +21,7 @@ from bson import Binary
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 
-from shardsim.core import collation, expressions, max_time, node_commands, request_checks, search_indexes
+from shardsim.core import collation, expressions, server_version, max_time, node_commands, request_checks, search_indexes
 from shardsim.core.auth import commands as auth_commands
 from shardsim.core.auth.security import Security
 from shardsim.core.clock import HybridLogicalClock
@@ -32,7 +32,6 @@ from shardsim.core.cursors import COMMAND_TIME_LIMIT, CursorManager
 from shardsim.core.local_sessions import LocalSessionCache
 from shardsim.core.server_stats import ServerStats
 from shardsim.core.errors import MongoError, change_stream_labels
-from shardsim.core.node_commands import SERVER_VERSION
 
 log = logging.getLogger("shardsim")
 
@@ -81,6 +80,8 @@ class Node:
         self.port = port
         self.test_commands = test_commands
         self.options = dict(options or {})
+        # --server-version (shardsim/core/server_version.py); 8.0 when not given
+        self.profile = server_version.get(self.options.get("server_version"))
         self.clock = HybridLogicalClock()
         self.cursors = CursorManager()
         self.commands = CommandTable()
@@ -124,7 +125,8 @@ class Node:
         if req is None:
             return []
         return change_stream_labels(exc.code, is_change_stream=self.is_change_stream_request(req),
-                                    command=self.commands.canonical(req.name))
+                                    command=self.commands.canonical(req.name),
+                                    profile=self.profile)
 
     def is_change_stream_request(self, req: Request) -> bool:
         """True for an aggregate whose pipeline starts with $changeStream, or a getMore on one."""
@@ -214,6 +216,9 @@ class Node:
                 reply["ok"] = 1.0
         except MongoError as exc:
             exc.labels = self.error_labels(req, exc)
+            renamed = self.profile.code_names.get(exc.code)
+            if renamed is not None:  # a code the release names differently (6.0: 63)
+                exc.code_name = renamed
             reply = exc.to_reply()
             stats.failed()
         except RecursionError:  # input nested deeper than a handler can walk: mongod's Overflow
@@ -235,7 +240,7 @@ class Node:
         """getParameter's values; roles extend."""
         return {
             "enableTestCommands": self.test_commands,
-            "featureCompatibilityVersion": {"version": "8.0"},
+            "featureCompatibilityVersion": {"version": self.profile.fcv},
             "cursorTimeoutMillis": Int64(self.cursors.timeout_ms),
             "maxBSONDepth": 200,
         }
@@ -252,7 +257,7 @@ class Node:
     def server_status(self) -> dict[str, Any]:
         """serverStatus: the common sections; roles extend."""
         return {
-            "host": self.address, "version": SERVER_VERSION, "process": self.process_name(),
+            "host": self.address, "version": self.profile.version, "process": self.process_name(),
             "pid": Int64(os.getpid()), "uptime": float(int(time.time() - self.started)),
             "uptimeMillis": Int64(int((time.monotonic() - self.started_mono) * 1000)),
             "localTime": datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None),

@@ -40,7 +40,7 @@ commands = CommandFamily("common")
 @commands.handler("hello", "isMaster", "ismaster")
 async def hello(node: Node, req: Request) -> dict[str, Any]:
     """``hello``/``isMaster``: the role's fields (:meth:`Node.hello`) plus the limits and wire
-    versions of an 8.0 server. Remembers the client's ``application.name`` on the connection
+    versions of the node's server-version profile (8.0 by default). Remembers the client's ``application.name`` on the connection
     (failCommand's ``appName``). The legacy name answers ``ismaster`` instead of
     ``isWritablePrimary``."""
     client = req.body.get("client")
@@ -63,7 +63,7 @@ async def hello(node: Node, req: Request) -> dict[str, Any]:
         "logicalSessionTimeoutMinutes": 30,
         "connectionId": req.conn.id,
         "minWireVersion": 0,
-        "maxWireVersion": MAX_WIRE_VERSION,
+        "maxWireVersion": node.profile.max_wire_version,
         "readOnly": False,
     })
     if req.body.get("helloOk"):
@@ -82,10 +82,11 @@ async def ping(node: Node, req: Request) -> dict[str, Any]:
 
 @commands.handler("buildInfo", "buildinfo")
 async def build_info(node: Node, req: Request) -> dict[str, Any]:
-    """``buildInfo``: version ``8.0.4`` and the fields drivers and the spec runner read."""
+    """``buildInfo``: the profile's ``version``/``versionArray`` (``8.0.4`` by default,
+    :mod:`shardsim.core.server_version`) and the fields drivers and the spec runner read."""
     return {
-        "version": SERVER_VERSION, "gitVersion": "shardsim", "allocator": "system",
-        "javascriptEngine": "none", "sysInfo": "deprecated", "versionArray": VERSION_ARRAY,
+        "version": node.profile.version, "gitVersion": "shardsim", "allocator": "system",
+        "javascriptEngine": "none", "sysInfo": "deprecated", "versionArray": list(node.profile.version_array),
         "openssl": {"running": "disabled", "compiled": "disabled"},
         "buildEnvironment": {"distmod": "shardsim", "target_os": sys.platform},
         "bits": 64, "debug": False, "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,

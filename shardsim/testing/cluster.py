@@ -57,7 +57,9 @@ class AsyncShardedCluster:
     of shards and config server, mongod's ``periodicNoopIntervalSecs``); ``host``; ``port``
     (the router's port, 0 = a free one); ``shard_options`` (extra :class:`ShardNode` options,
     e.g. ``{"oplog_size_mb": 1}``); ``routers`` (int: routers on the same config server, the
-    first named ``"router"``, the others ``"router1"``, ...; ``uris`` lists them all).
+    first named ``"router"``, the others ``"router1"``, ...; ``uris`` lists them all);
+    ``server_version`` (``"6.0"``, ``"7.0"``, ``"8.0"`` (default), ``"8.2.0"``, ``"8.2"``,
+    ``"9.0"``: the release every member behaves as, :mod:`shardsim.core.server_version`).
 
     ``uri`` is the router's ``mongodb://host:port/`` once started. Use ``async with`` or
     :meth:`start` / :meth:`stop` (stop always leaves no socket or task of the cluster behind).
@@ -66,7 +68,10 @@ class AsyncShardedCluster:
     def __init__(self, shards: int = 3, *, promise_mode: str = "clock", durable: bool = False,
                  dbpath: str | None = None, seed: int | None = None, noop_interval_ms: int = 1000,
                  host: str = "127.0.0.1", port: int = 0,
-                 shard_options: dict[str, Any] | None = None, routers: int = 1) -> None:
+                 shard_options: dict[str, Any] | None = None, routers: int = 1,
+                 server_version: str = "8.0") -> None:
+        from shardsim.core import server_version as versions
+        self.server_version = versions.get(server_version).name  # ValueError when unknown
         if promise_mode not in PROMISE_MODES:
             raise ValueError(f"promise_mode must be one of {PROMISE_MODES}, not {promise_mode!r}")
         if shards < 1:
@@ -184,14 +189,15 @@ class AsyncShardedCluster:
         from shardsim.configsvr.node import ConfigServerNode
         assert self.config is not None
         return ConfigServerNode(host=self.host, port=port, test_commands=True, options={
-            "dbpath": self.config.dbpath, "noop_interval_ms": self.noop_interval_ms})
+            "dbpath": self.config.dbpath, "noop_interval_ms": self.noop_interval_ms,
+            "server_version": self.server_version})
 
     def _make_router(self, port: int) -> Node:
         from shardsim.router.node import RouterNode
         assert self.config is not None
         configdb = self.config.address
         return RouterNode(configdb=configdb, host=self.host, port=port, test_commands=True,
-                          options={"configdb": configdb})
+                          options={"configdb": configdb, "server_version": self.server_version})
 
     def _new_shard_member(self) -> Member:
         from shardsim.shard.node import ShardNode
@@ -201,7 +207,8 @@ class AsyncShardedCluster:
 
         def make(port: int) -> Node:
             options = {"dbpath": dbpath, "noop_interval_ms": self.noop_interval_ms,
-                       "promise_mode": self.promise_mode, **self.shard_options}
+                       "promise_mode": self.promise_mode, "server_version": self.server_version,
+                       **self.shard_options}
             return ShardNode(shard_name=name, host=self.host, port=port, test_commands=True,
                              options=options)
 

@@ -10,7 +10,8 @@ Fixtures:
 * ``clean_sharded_cluster`` (function scope): the same cluster after every user database
   (all but ``admin``, ``config``, ``local``) was dropped, and any paused shard resumed.
 
-Options: ``--shardsim-shards N``, ``--shardsim-uri URI``.
+Options: ``--shardsim-shards N``, ``--shardsim-uri URI``, ``--shardsim-server-version V``
+(the release the in-process cluster behaves as, shardsim/core/server_version.py; 8.0).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--shardsim-uri", default=None, metavar="URI",
                     help="use the cluster at URI (e.g. a running `shardsim up`) instead of "
                          "starting one in process")
+    group.addoption("--shardsim-server-version", default="8.0", metavar="V",
+                    help="release the in-process cluster behaves as: 6.0, 7.0, 8.0, 8.2.0, "
+                         "8.2 or 9.0 (docs/versions.md)")
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +69,8 @@ def sharded_cluster(request: Any) -> Iterator[Any]:
             ext.stop()
         return
     from shardsim.testing import ShardedCluster
-    cluster = ShardedCluster(shards=request.config.getoption("--shardsim-shards"))
+    cluster = ShardedCluster(shards=request.config.getoption("--shardsim-shards"),
+                              server_version=request.config.getoption("--shardsim-server-version"))
     cluster.start()
     try:
         yield cluster

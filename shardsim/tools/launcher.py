@@ -104,7 +104,8 @@ class Cluster:
     ``routers`` — how many routers (mongos) to start on the same config server (default 1);
     ``test_commands`` — start every process with ``--enable-test-commands`` (mongod's
     ``enableTestCommands=1``: ``configureFailPoint`` and the ``_shardsim*`` testing commands);
-    off by default, as ``shardsim up`` and mongod/mongos are.
+    off by default, as ``shardsim up`` and mongod/mongos are; ``server_version`` — the release
+    every process behaves as (``--server-version``, :mod:`shardsim.core.server_version`; 8.0).
 
     Attributes after :meth:`start`: ``router_uri`` (``mongodb://127.0.0.1:P/``, the first
     router), ``router``, ``config``, ``shards`` (RoleProcess list; ``.name`` is the shard name);
@@ -120,7 +121,9 @@ class Cluster:
                  detach: bool = False, start_timeout: float = 30.0,
                  auth: tuple[str, str] | None = None, tls: dict[str, str] | None = None,
                  tls_mode: str = "requireTLS", routers: int = 1,
-                 test_commands: bool = False) -> None:
+                 test_commands: bool = False, server_version: str = "8.0") -> None:
+        from shardsim.core import server_version as versions
+        self.server_version = versions.get(server_version).name  # ValueError when unknown
         self.num_shards = shards
         self.num_routers = max(1, int(routers))
         self.extra_routers: list[RoleProcess] = []
@@ -154,8 +157,11 @@ class Cluster:
         return path
 
     def _security_args(self) -> list[str]:
-        """Every process's security arguments (key file, TLS) and ``--enable-test-commands``."""
+        """Every process's security arguments (key file, TLS), ``--enable-test-commands`` and
+        ``--server-version``."""
         args: list[str] = ["--enable-test-commands"] if self.test_commands else []
+        if self.server_version != "8.0":
+            args += ["--server-version", self.server_version]
         if self.auth is not None:
             args += ["--keyFile", self.key_file]
         if self.tls is not None:

@@ -17,6 +17,8 @@ from typing import Any
 
 import click
 
+from shardsim.core import server_version as server_version_mod
+
 from shardsim.tools.launcher import (Cluster, ClusterError, check_owner, default_run_dir, pid_is,
                                read_state, state_path, stop_pid, write_state)
 
@@ -174,10 +176,12 @@ def resolve_run_dir(run_dir: str | None, port: int | None = None) -> str:
                    "commands; needed by 'shardsim fault'); off by default, as in mongod.")
 @click.option("--setParameter", "set_parameter", multiple=True, metavar="enableTestCommands=1",
               help="mongod's spelling of --enable-test-commands.")
+@server_version_mod.click_option
 @run_dir_option
 def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | None,
        auth: bool = False, tls_cert: str | None = None, tls_ca: str | None = None,
-       routers: int = 1, test_commands: bool = False, set_parameter: tuple[str, ...] = ()) -> None:
+       routers: int = 1, test_commands: bool = False, set_parameter: tuple[str, ...] = (),
+       server_version: str = "8.0") -> None:
     """Start a local cluster: config server, SHARDS shards and a router on 127.0.0.1:PORT."""
     global _stopping
     for item in set_parameter:
@@ -211,7 +215,7 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
         tls = {"cert": tls_cert, "ca": tls_ca or tls_cert} if tls_cert else None
         cluster = Cluster(shards=shards, base_dir=base_dir, durable=dbpath is not None,
                           port=port, detach=detach, auth=creds, tls=tls, routers=routers,
-                          test_commands=test_commands)
+                          test_commands=test_commands, server_version=server_version)
         try:
             cluster.start()
         except ClusterError as exc:

@@ -116,3 +116,17 @@ def test_shardsim_uri_uses_an_existing_cluster(installed: Path, tmp_path: Path) 
         finally:
             del os.environ["WANT_URI"]
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_shardsim_server_version_option(installed: Path, tmp_path: Path) -> None:
+    """``--shardsim-server-version`` chooses the release the fixture's cluster behaves as."""
+    body = '''
+    def test_the_release(sharded_cluster):
+        admin = sharded_cluster.client().admin
+        assert admin.command("buildInfo")["version"] == "6.0.20"
+        assert admin.command("hello")["maxWireVersion"] == 17
+    '''
+    run = _pytest(installed, tmp_path, body, "--shardsim-shards", "1",
+                  "--shardsim-server-version", "6.0")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout

@@ -22,6 +22,8 @@ from urllib.parse import quote_plus
 import click
 from pymongo.errors import PyMongoError
 
+from shardsim.core import server_version as server_version_mod
+
 from .runner import DEFAULT_ITERATE_TIMEOUT, Runner, TestResult
 from .uris import redact_uri
 
@@ -110,25 +112,31 @@ def with_credentials(uri: str, user: str, password: str, auth_source: str = "adm
 
 @contextlib.contextmanager
 def deployment(topology: str, uri: str | None, shards: int,
-               mongoses: int = 1, auth: tuple[str, str] | None = None) -> Iterator[str]:
+               mongoses: int = 1, auth: tuple[str, str] | None = None,
+               server_version: str = "8.0") -> Iterator[str]:
     """Yield a connection string for ``topology``; start (and always stop) processes if
     needed. A started sharded cluster has ``mongoses`` routers, all listed in the URI (tests
     whose clients set ``useMultipleMongoses: true`` need at least two). ``auth``: ``(user,
     password)``: the started processes get a key file (authentication on) and that user with
     ``root`` on ``admin``; the URI carries the credentials. With ``uri`` it is ignored (put
-    the credentials in the URI)."""
+    the credentials in the URI). ``server_version``: the release the started processes behave
+    as (``--server-version``, shardsim/core/server_version.py), so that ``runOnRequirements``
+    selects the tests a real server of that release runs."""
     if uri:
         yield uri
         return
     if topology == "sharded":
         from shardsim.tools.launcher import Cluster
-        with Cluster(shards=shards, routers=mongoses, auth=auth, test_commands=True) as cluster:
+        with Cluster(shards=shards, routers=mongoses, auth=auth, test_commands=True,
+                     server_version=server_version) as cluster:
             target = cluster.routers_uri
             yield with_credentials(target, *auth) if auth else target
         return
     from shardsim.tools.procs import RoleProcess
     with contextlib.ExitStack() as stack:
         args = ["--port", "0", "--shard-name", "rs0", "--enable-test-commands"]  # fail points
+        if server_version != "8.0":
+            args += ["--server-version", server_version]
         if auth:
             key_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="shardsim-spec-"))
             args += ["--keyFile", _write_key_file(key_dir)]
@@ -246,9 +254,10 @@ def render_table(results: list[TestResult], console: object) -> None:
 @click.option("--iterate-timeout", default=DEFAULT_ITERATE_TIMEOUT, show_default=True,
               help="Seconds iterateUntilDocumentOrError waits for a change event.")
 @click.option("--verbose", "-v", is_flag=True, help="Print each failure's full diff/traceback.")
+@server_version_mod.click_option
 def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], suites: tuple[str, ...],
          name_filter: str | None, shards: int, mongoses: int, auth: bool,
-         iterate_timeout: float, verbose: bool) -> None:
+         iterate_timeout: float, verbose: bool, server_version: str = "8.0") -> None:
     """Run unified spec tests (default: change streams) with pymongo and print
     passed/failed/skipped; with --suite, a table per suite."""
     from rich.console import Console
@@ -273,7 +282,11 @@ def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], suites: tu
                                            "--uri put the credentials in the URI "
                                            "(mongodb://user:password@host/?authSource=admin)")
             creds = credentials_from_env() if auth else None
-            target = stack.enter_context(deployment(topology, uri, shards, mongoses, creds))
+            if uri and server_version != "8.0":
+                raise click.ClickException("--server-version chooses what shardsim starts; the "
+                                           "deployment at --uri reports its own version")
+            target = stack.enter_context(deployment(topology, uri, shards, mongoses, creds,
+                                                    server_version))
             runner = stack.enter_context(Runner(target, iterate_timeout=iterate_timeout))
         except (RuntimeError, PyMongoError) as exc:
             raise click.ClickException(f"cannot start or reach the deployment: {exc}") from None

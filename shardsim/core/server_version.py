@@ -1,0 +1,125 @@
+"""Server-version profiles: which MongoDB release a shardsim process pretends to be.
+
+A :class:`ServerProfile` carries what a client can observe of the release (``buildInfo``
+``version``/``versionArray``, ``hello`` ``maxWireVersion``, the ``featureCompatibilityVersion``
+parameter) and flags named by the change-stream behaviour they switch. Every role reads its
+profile from ``options["server_version"]`` (``--server-version`` on ``python -m shardsim.<role>``
+and ``shardsim up``; ``ShardedCluster(server_version=...)`` in the test kit); the default is
+``8.0``, the behaviour shardsim had before profiles existed.
+
+Sources (see docs/versions.md for the table): wire versions from the drivers' wire tables
+(6.0 = 17, 7.0 = 21, 8.0 = 25, 8.2 = 27); resume-token version 1 on 6.0 (mongos sends
+``$_generateV2ResumeTokens: false``, ``src/mongo/db/pipeline/resume_token.cpp``); the 8.2.0-only
+fields (SERVER-86688, reverted by SERVER-109626 in 8.2.1); ``nsType`` on ``create`` since 8.1
+(change-streams spec ``@since 8.1.0``); the 9.0 ``$changeStream`` fields ``version`` and
+``ignoreRemovedShards`` (``document_source_change_stream.cpp``, SERVER-121161/-121162).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+__all__ = ["ServerProfile", "PROFILES", "DEFAULT", "get", "names", "profile_of", "click_option"]
+
+
+@dataclass(frozen=True, eq=False)  # profiles are singletons: identity equality
+class ServerProfile:
+    """One release's observable behaviour.
+
+    ``name``: the ``--server-version`` value (``"6.0"``, ``"8.2.0"``...). ``version`` /
+    ``version_array``: ``buildInfo`` (``versionArray`` has four ints). ``max_wire_version``:
+    ``hello``. ``fcv``: ``getParameter featureCompatibilityVersion.version``.
+    Flags: ``resume_token_version`` (1 on 6.0: ``eventIdentifier`` = documentKey for classic
+    events; 2 after); ``new_shard_op`` (the internal op a shard emits when a chunk moves to a
+    shard with no data: ``kNewShardDetected`` on 6.0, ``migrateChunkToNewShard`` after);
+    ``refine_reshard_events`` (refineCollectionShardKey/reshardCollection expanded events
+    without their feature flag, 7.0+); ``disambiguated_paths`` (7.0+, ``showExpandedEvents``);
+    ``provenance`` (``operationDescription.provenance``, 8.0+); ``commands_80`` (moveCollection,
+    unshardCollection exist: 8.0+); ``expanded_fields_always`` (8.2.0 only: ``collectionUUID``,
+    ``updateDescription.disambiguatedPaths`` and ``commitTimestamp`` without
+    showExpandedEvents); ``ns_type`` (``nsType`` on ``create`` events: 8.1+ per the spec;
+    shardsim's 8.0 has always emitted it, so the 8.0 profile keeps it, see docs/versions.md);
+    ``change_stream_version_field`` (``$changeStream.version: "v1"|"v2"`` is parsed, 8.2+:
+    jstests ``change_streams_version_field`` is tagged ``requires_fcv_82``);
+    ``ignore_removed_shards`` (``$changeStream.ignoreRemovedShards``, 9.0);
+    ``show_commit_timestamp`` (the internal ``showCommitTimestamp`` shows ``commitTimestamp``
+    on events of prepared transactions: 8.2.1+, SERVER-109626; accepted and ignored before).
+    """
+
+    name: str
+    version: str
+    version_array: tuple[int, int, int, int]
+    max_wire_version: int
+    fcv: str
+    resume_token_version: int = 2
+    new_shard_op: str = "migrateChunkToNewShard"
+    refine_reshard_events: bool = True
+    disambiguated_paths: bool = True
+    provenance: bool = True
+    commands_80: bool = True
+    expanded_fields_always: bool = False
+    ns_type: bool = True
+    change_stream_version_field: bool = False
+    ignore_removed_shards: bool = False
+    show_commit_timestamp: bool = False
+    # error codes the release labels ResumableChangeStreamError beyond 8.0's, and codeNames it
+    # spells differently (6.0: 63 StaleShardVersion, a NeedRetargettingError; OBSOLETE in 7.0)
+    extra_resumable_codes: frozenset[int] = frozenset()
+    code_names: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def is_default(self) -> bool:
+        """True for the 8.0 profile (shardsim's behaviour without a profile)."""
+        return self.name == "8.0"
+
+
+PROFILES: dict[str, ServerProfile] = {p.name: p for p in (
+    ServerProfile("6.0", "6.0.20", (6, 0, 20, 0), 17, "6.0", resume_token_version=1,
+                  new_shard_op="kNewShardDetected", refine_reshard_events=False,
+                  disambiguated_paths=False, provenance=False, commands_80=False, ns_type=False,
+                  extra_resumable_codes=frozenset({63}), code_names={63: "StaleShardVersion"}),
+    ServerProfile("7.0", "7.0.16", (7, 0, 16, 0), 21, "7.0", provenance=False,
+                  commands_80=False, ns_type=False),
+    ServerProfile("8.0", "8.0.4", (8, 0, 4, 0), 25, "8.0"),
+    ServerProfile("8.2.0", "8.2.0", (8, 2, 0, 0), 27, "8.2", expanded_fields_always=True,
+                  change_stream_version_field=True),
+    ServerProfile("8.2", "8.2.1", (8, 2, 1, 0), 27, "8.2", change_stream_version_field=True,
+                  show_commit_timestamp=True),
+    # 9.0's wire version: 8.3 = 28 and 9.0 follows it (inferred, see docs/versions.md).
+    ServerProfile("9.0", "9.0.1", (9, 0, 1, 0), 29, "9.0",
+                  change_stream_version_field=True, ignore_removed_shards=True,
+                  show_commit_timestamp=True),
+)}
+
+DEFAULT = PROFILES["8.0"]
+
+
+def names() -> list[str]:
+    """The accepted ``--server-version`` values, oldest first."""
+    return list(PROFILES)
+
+
+def get(name: str | ServerProfile | None) -> ServerProfile:
+    """The profile called ``name`` (None: the 8.0 default). ValueError for an unknown name."""
+    if name is None:
+        return DEFAULT
+    if isinstance(name, ServerProfile):
+        return name
+    try:
+        return PROFILES[str(name)]
+    except KeyError:
+        raise ValueError(f"unknown server version {name!r}; one of {', '.join(PROFILES)}") from None
+
+
+def profile_of(node: Any) -> ServerProfile:
+    """The profile of a role's node (``node.profile``), the default when it has none."""
+    return getattr(node, "profile", None) or DEFAULT
+
+
+def click_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``--server-version`` click option (a ``server_version`` str argument)."""
+    import click
+    return click.option("--server-version", "server_version", type=click.Choice(names()),
+                        default=DEFAULT.name, show_default=True,
+                        help="MongoDB release to behave as (docs/versions.md).")(func)
