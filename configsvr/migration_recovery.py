@@ -74,7 +74,7 @@ class MigrationRecovery:
 
     def install_fail_points(self) -> None:
         """Make the fail points configurable (``configureFailPoint``; test commands only)."""
-        fps = getattr(self.node, "failpoints", None)
+        fps = self.node.failpoints
         if fps is not None:
             for fp in self.hang.values():
                 fps.add(fp)

@@ -40,7 +40,7 @@ def _enabled(node: Any) -> bool:
 def _pinned(node: Any) -> bool:
     """A test pinned the time of the shard's next oplog entry (``_shardsimSetClusterTime``):
     a no-op now would take it."""
-    faults = getattr(node, "cs_promise_faults", None)
+    faults = node.cs_promise_faults
     return faults is not None and faults.pin != 0
 
 

@@ -49,7 +49,7 @@ def open_cursor(node: Any, db: str, target: Any, pipeline: list[Any], *,
                 needs_merge: bool = False) -> ChangeStreamCursor:
     """Validate and open a change-stream cursor (not yet registered)."""
     spec = spec_mod.parse(db, target, pipeline, needs_merge=needs_merge,
-                          profile=getattr(node, "profile", None))
+                          profile=node.profile)
     oplog = node.oplog
     if spec.resume_data is not None:
         data = spec.resume_data

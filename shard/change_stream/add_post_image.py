@@ -102,7 +102,7 @@ class AddPostImage:
         mode = self.mode
         if mode == "updateLookup":
             key = ev.doc.get("documentKey") or {}
-            sharding = getattr(self.node, "sharding", None)
+            sharding = self.node.sharding
             owner = sharding.owner_of(ev.ns, key) if sharding is not None else None
             if owner is not None and owner != self.node.shard_name:
                 raise RemoteLookup(ev, owner)  # the chunk lives elsewhere now

@@ -223,7 +223,7 @@ class ChangeStreamCursor(Cursor):
         self._scope_kw = self._scan_scope()
         self._waiters: PromiseWaiters = node.cs_promise_waiters
         # Test faults on promises (promise_faults.py); none for nodes that declare none.
-        self._faults = getattr(node, "cs_promise_faults", None) or promise_faults.NO_FAULTS
+        self._faults = node.cs_promise_faults or promise_faults.NO_FAULTS
         # The pipeline's fused variant for plain CRUD entries (fast_crud), used once the stream
         # is past its resume point: entries at or before the resume token's time may need its
         # version.

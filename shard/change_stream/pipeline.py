@@ -65,7 +65,7 @@ def build_pipeline(node: Any, spec: StreamSpec) -> list[Any]:
     user stages' parse errors (:class:`.user_stages.UserStages`) and the resume token's decode
     errors, as opening the stream does.
     """
-    oplog = getattr(node, "oplog", None)
+    oplog = node.oplog
     lookup = (lambda ts: oplog.get(ts_key(ts))) if oplog is not None else None
     stages: list[Any] = [OplogMatch(spec), UnwindTransaction(crud_predicate(spec), lookup),
                          Transform(spec)]

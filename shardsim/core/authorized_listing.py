@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 async def privileges(node: "RouterNode", req: "Request") -> dict[Any, set[str]] | None:
     """The connection's privileges (``{pattern: actions}``), or None when nothing is filtered."""
-    security = getattr(node, "security", None)
+    security = node.security
     sess = getattr(req.conn, "auth", None) if req.conn is not None else None
     if security is None or not security.enabled or sess is None or not sess.users \
             or sess.is_system:

@@ -244,7 +244,7 @@ class FailPoints:
         code = int(code) if _is_number(code) else 1
         labels = change_stream_labels(code, command="getMore",
                                       is_change_stream=bool(getattr(cursor, "is_change_stream", False)),
-                                      profile=getattr(self.node, "profile", None))
+                                      profile=self.node.profile)
         raise MongoError(code, FAIL_GET_MORE_ERRMSG, labels=labels)
 
 

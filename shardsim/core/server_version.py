@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["ServerProfile", "PROFILES", "DEFAULT", "get", "names", "profile_of", "click_option"]
+__all__ = ["ServerProfile", "PROFILES", "DEFAULT", "get", "names", "click_option"]
 
 
 @dataclass(frozen=True, eq=False)  # profiles are singletons: identity equality
@@ -110,11 +110,6 @@ def get(name: str | ServerProfile | None) -> ServerProfile:
         return PROFILES[str(name)]
     except KeyError:
         raise ValueError(f"unknown server version {name!r}; one of {', '.join(PROFILES)}") from None
-
-
-def profile_of(node: Any) -> ServerProfile:
-    """The profile of a role's node (``node.profile``), the default when it has none."""
-    return getattr(node, "profile", None) or DEFAULT
 
 
 def click_option(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -53,6 +53,7 @@ from shardsim.router.change_stream.raw_events import item_from_raw_event
 from shardsim.shard.change_stream import aggregate_change_stream
 from shardsim.shard.change_stream.check_resumability import INITIATING_SET_MSG
 from shardsim.shard.change_stream.cursor import ChangeStreamCursor, PromiseWaiters
+from shardsim.shard.change_stream.promise_faults import NO_FAULTS
 from shardsim.shard.oplog import Oplog
 from shardsim.core import resume_token as rt
 from shardsim.core.clock import ts_from_key, ts_key
@@ -128,6 +129,11 @@ class FakeNode:
         self.options = {"promise_mode": "mongod" if shard.mode == "mongod" else "clock"}
         self.cs_promise_waiters = PromiseWaiters()
         self.cursors = CursorManager()
+        self.pre_images = None
+        self.cs_promise_faults = NO_FAULTS
+        self.sharding = None
+        self.profile = None
+        self.noop_writer_task = None
 
 
 @dataclass(eq=False)

@@ -9,6 +9,7 @@ from bson import Binary
 
 from shardsim.core.clock import HybridLogicalClock
 from shardsim.shard.change_stream.cursor import PromiseWaiters
+from shardsim.shard.change_stream.promise_faults import NO_FAULTS
 from shardsim.shard.oplog import Oplog, PreImages
 
 #: The collection UUID every :meth:`FakeShardNode.write` entry carries by default.
@@ -16,7 +17,8 @@ U1 = Binary(bytes(range(16)), 4)
 
 
 class FakeShardNode:
-    """The little of a ``ShardNode`` the shard's change-stream cursor and the no-op writer read:
+    """A :class:`shardsim.shard.change_stream.host.ChangeStreamHost`, the little of a
+    ``ShardNode`` the shard's change-stream cursor and the no-op writer read:
     ``clock`` (a hybrid logical clock on a frozen wall clock, 1000 s), ``oplog`` (options as
     :class:`Oplog`'s, e.g. ``max_bytes``), ``pre_images``, ``options`` (``promise_mode``,
     ``noop_interval_ms`` 40), ``cs_promise_waiters`` and ``noop_writer_task`` (as ShardNode
@@ -29,6 +31,9 @@ class FakeShardNode:
         self.options = {"promise_mode": promise_mode, "noop_interval_ms": 40}
         self.docs: dict[Any, Any] = {}
         self.cs_promise_waiters = PromiseWaiters()
+        self.cs_promise_faults = NO_FAULTS
+        self.sharding: Any = None  # no sharding runtime: a plain member
+        self.profile: Any = None  # the default server version
         self.noop_writer_task: Any = None
 
     def write(self, op: str, ns: str, o: dict[str, Any], o2: dict[str, Any] | None = None,

@@ -111,3 +111,19 @@ def test_functions_and_modules_are_small(folder):
                     long_funcs.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
     assert not long_mods, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(long_mods)
     assert not long_funcs, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long_funcs)
+
+
+def test_production_code_reads_node_attributes_directly():
+    """No ``getattr(node, "x", None)`` in production code: a node declares every attribute it
+    has (role code, and the protocols naming what a part uses of a node, e.g.
+    ``shard/change_stream/host.py``), so a missing one is a bug, not a default."""
+    bad = []
+    for folder in FLOORS:
+        if folder == "shardsim/testing":
+            continue
+        for path in _sources(folder):
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if "getattr(node," in line or "getattr(self.node," in line or \
+                        "hasattr(node," in line or "hasattr(self.node," in line:
+                    bad.append(f"{_rel(path)}:{i}: {line.strip()}")
+    assert not bad, "\n".join(bad)

@@ -8,6 +8,7 @@ from bson import Timestamp
 
 from shardsim.core import resume_token as rt
 from shardsim.core import change_stream_spec as spec_mod
+from support.fakes import FakeShardNode
 from shardsim.shard.change_stream.pipeline import ShardPipeline, build_pipeline, fused_crud
 
 OPLOG_MATCH = "$_internalChangeStreamOplogMatch"
@@ -27,7 +28,7 @@ HWM = rt.make_high_water_mark(Timestamp(5, 1), 2)
 
 def names(target, cs=None, rest=(), needs_merge=False, db="d"):
     spec = spec_mod.parse(db, target, [{"$changeStream": cs or {}}, *rest], needs_merge=needs_merge)
-    return ShardPipeline(build_pipeline(object(), spec)).names()
+    return ShardPipeline(build_pipeline(FakeShardNode(), spec)).names()
 
 
 @pytest.mark.parametrize("target,cs,rest,needs_merge,expected", [
@@ -55,15 +56,15 @@ def test_cluster_streams_have_no_invalidate_check():
 
 def test_per_event_steps_are_resolved_once():
     spec = spec_mod.parse("d", "c", [{"$changeStream": {"resumeAfter": TOKEN}}], needs_merge=True)
-    pipe = ShardPipeline(build_pipeline(object(), spec))
+    pipe = ShardPipeline(build_pipeline(FakeShardNode(), spec))
     # The topology check guards only user stages: without them it is not a step.
     assert pipe.steps == (pipe.resume_step,) and pipe.resume_step == pipe.resume.process
     spec = spec_mod.parse("d", "c", [{"$changeStream": {}}, {"$match": {"x": 1}}],
                           needs_merge=True)
-    pipe = ShardPipeline(build_pipeline(object(), spec))
+    pipe = ShardPipeline(build_pipeline(FakeShardNode(), spec))
     assert len(pipe.steps) == 2 and pipe.resume is None and pipe.resume_step is None
     with pytest.raises(ValueError):
-        ShardPipeline(build_pipeline(object(), spec)[1:])
+        ShardPipeline(build_pipeline(FakeShardNode(), spec)[1:])
 
 
 def test_fused_variant_only_for_eligible_streams():
