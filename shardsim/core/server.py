@@ -20,7 +20,7 @@ from typing import Any
 
 from bson.raw_bson import RawBSONDocument
 
-from shardsim.core import large_messages, wire
+from shardsim.core import compression, large_messages, wire
 from shardsim.core.commands import ConnectionInfo, Request
 from shardsim.core.cursors import RawBSONParts
 from shardsim.core.errors import MongoError
@@ -203,6 +203,15 @@ class Server:
                     payload = await reader.readexactly(header.length - wire.HEADER_SIZE)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
+                compressor_id = None
+                if header.op_code == wire.OP_COMPRESSED:  # session_workflow.cpp _processMessage
+                    try:
+                        raw_header, payload, compressor_id = compression.decompress(
+                            payload, header.request_id, header.response_to)
+                    except compression.CompressionError as exc:
+                        log.warning("closing connection %s: %s", conn.peer, exc)
+                        return
+                    header = wire.parse_header(raw_header)
                 decoded = None
                 if len(payload) < large_messages.OFF_LOOP_BYTES:
                     msg = wire.parse_message(header, payload, raw_header)
@@ -223,6 +232,8 @@ class Server:
                         holder, decoded = [decoded.body], None
                         large_messages.release(holder)
                 if out is not None:
+                    if compressor_id is not None:  # the reply uses the request's compressor
+                        out = compression.compress(out, compressor_id)
                     writer.write(out)
                     await writer.drain()
                 if isinstance(msg, wire.BadMessage) and msg.fatal:
