@@ -111,3 +111,152 @@ def test_validate_through_the_router(router_client):
         db.command("validate", "missing")
     assert exc.value.code == 26
     router_client.drop_database(name)
+
+
+# -- capped collections and tailable cursors ---------------------------------------------------
+def _ids(coll) -> list:
+    return [d["_id"] for d in coll.find({}, {"_id": 1})]
+
+
+def test_capped_evicts_by_count_oldest_first(target):
+    client = pymongo.MongoClient(target, serverSelectionTimeoutMS=10000)
+    try:
+        db = client[_name("cap")]
+        db.create_collection("c", capped=True, size=100_000, max=3)
+        for i in range(6):
+            db.c.insert_one({"_id": i})
+        assert _ids(db.c) == [3, 4, 5]
+        db.c.insert_many([{"_id": i} for i in (6, 7)])
+        assert _ids(db.c) == [5, 6, 7]
+        client.drop_database(db.name)
+    finally:
+        client.close()
+
+
+def test_capped_evicts_by_size(target):
+    client = pymongo.MongoClient(target, serverSelectionTimeoutMS=10000)
+    try:
+        db = client[_name("caps")]
+        db.create_collection("c", capped=True, size=1000)  # rounded up to 1024 bytes
+        pad = "x" * 180  # each document: 204 bytes of BSON
+        for i in range(10):
+            db.c.insert_one({"_id": i, "pad": pad})
+        assert _ids(db.c) == [5, 6, 7, 8, 9]  # 5 * 204 <= 1024 < 6 * 204
+        big = "y" * 5000  # larger than the cap: everything older goes, the new one stays
+        db.c.insert_one({"_id": 10, "pad": big})
+        assert _ids(db.c) == [10]
+        client.drop_database(db.name)
+    finally:
+        client.close()
+
+
+def test_evictions_are_replicated_deletes_seen_by_change_streams(router_client, cluster):
+    name = _name("capcs")
+    db = router_client[name]
+    db.create_collection("c", capped=True, size=100_000, max=2)
+    with db.c.watch(max_await_time_ms=200) as stream:
+        for i in range(4):
+            db.c.insert_one({"_id": i})
+        events = []
+        while len(events) < 6:
+            change = stream.try_next()
+            if change is not None:
+                events.append((change["operationType"], change["documentKey"]["_id"]))
+    assert events == [("insert", 0), ("insert", 1), ("insert", 2), ("delete", 0),
+                      ("insert", 3), ("delete", 1)]
+    router_client.drop_database(name)
+
+
+def test_tailable_cursor_on_a_non_capped_collection(target):
+    client = pymongo.MongoClient(target, serverSelectionTimeoutMS=10000)
+    try:
+        db = client[_name("tnc")]
+        db.c.insert_one({"_id": 1})
+        with pytest.raises(pymongo.errors.OperationFailure) as exc:
+            next(db.c.find(cursor_type=pymongo.CursorType.TAILABLE))
+        assert exc.value.code == 2
+        assert exc.value.details["errmsg"] == (f"error processing query: ns={db.name}.c "
+                                               "tailable cursor requested on non capped collection")
+        client.drop_database(db.name)
+    finally:
+        client.close()
+
+
+def _wait_for_getmore(client, ns: str) -> None:
+    """Until the shard or router reports a getMore on ``ns`` in progress ($currentOp)."""
+    import time
+    deadline = time.monotonic() + 60  # a bound against a hang, not a synchronisation
+    while time.monotonic() < deadline:
+        ops = list(client.admin.aggregate([{"$currentOp": {"idleCursors": False, "localOps": True}}]))
+        if any(op.get("op") == "getmore" and op.get("ns") == ns for op in ops):
+            return
+    raise AssertionError(f"no getMore on {ns} in $currentOp: {ops}")
+
+
+def test_tailable_await_data_waits_for_the_next_insert(target):
+    import threading
+    client = pymongo.MongoClient(target, serverSelectionTimeoutMS=10000)
+    try:
+        db = client[_name("tail")]
+        db.create_collection("c", capped=True, size=100_000)
+        db.c.insert_many([{"_id": 1}, {"_id": 2}])
+        cursor = db.c.find(cursor_type=pymongo.CursorType.TAILABLE_AWAIT).max_await_time_ms(60_000)
+        assert [next(cursor)["_id"], next(cursor)["_id"]] == [1, 2]
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(next(cursor)["_id"]))
+        t.start()  # a getMore that waits: nothing newer yet
+        _wait_for_getmore(client, f"{db.name}.c")
+        assert got == []
+        db.c.insert_one({"_id": 3})
+        t.join(60)
+        assert got == [3] and cursor.alive
+        cursor.close()
+        client.drop_database(db.name)
+    finally:
+        client.close()
+
+
+def test_tailable_without_await_data_returns_an_empty_batch_and_stays_open(first_shard_client):
+    db = first_shard_client[_name("tailn")]
+    db.create_collection("c", capped=True, size=100_000)
+    db.c.insert_one({"_id": 1})
+    first = db.command("find", "c", tailable=True)
+    cid = first["cursor"]["id"]
+    assert [d["_id"] for d in first["cursor"]["firstBatch"]] == [1] and cid
+    more = db.command("getMore", cid, collection="c")
+    assert more["cursor"]["nextBatch"] == [] and more["cursor"]["id"] == cid
+    db.c.insert_one({"_id": 2})
+    more = db.command("getMore", cid, collection="c")
+    assert [d["_id"] for d in more["cursor"]["nextBatch"]] == [2]
+    # The record the cursor is positioned on is evicted: CappedPositionLost.
+    db.command("collMod", "c", cappedMax=1)
+    db.c.insert_many([{"_id": 3}, {"_id": 4}])
+    with pytest.raises(pymongo.errors.OperationFailure) as exc:
+        db.command("getMore", cid, collection="c")
+    assert exc.value.code == 136
+    first_shard_client.drop_database(db.name)
+
+
+def test_tailable_await_data_on_the_oplog(first_shard_client):
+    import threading
+    oplog = first_shard_client.local["oplog.rs"]
+    last = oplog.find().sort("$natural", -1).limit(1).next()["ts"]
+    cursor = oplog.find({"ts": {"$gt": last}},
+                        cursor_type=pymongo.CursorType.TAILABLE_AWAIT).max_await_time_ms(60_000)
+    name = _name("tailop")
+    got: list = []
+
+    def read() -> None:
+        while cursor.alive:  # an empty first batch: pymongo's next() stops, the cursor lives
+            for entry in cursor:
+                if entry.get("ns") == f"{name}.c" and entry["op"] == "i":
+                    got.append(entry["o"]["_id"])
+                    return
+    t = threading.Thread(target=read)
+    t.start()
+    _wait_for_getmore(first_shard_client, "local.oplog.rs")
+    first_shard_client[name].c.insert_one({"_id": "x"})
+    t.join(60)
+    assert got == ["x"]
+    cursor.close()
+    first_shard_client.drop_database(name)
