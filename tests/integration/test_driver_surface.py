@@ -260,3 +260,83 @@ def test_tailable_await_data_on_the_oplog(first_shard_client):
     assert got == ["x"]
     cursor.close()
     first_shard_client.drop_database(name)
+
+
+# -- exhaust cursors -----------------------------------------------------------------------------
+def _host_port(target: str) -> tuple[str, int]:
+    hostport = target.split("//", 1)[-1].split("/", 1)[0].split(",")[0]
+    host, port = hostport.rsplit(":", 1)
+    return host, int(port)
+
+
+def _recv(sock) -> tuple[int, int, int, dict]:
+    """One OP_MSG reply: (requestID, responseTo, flags, body)."""
+    import struct
+
+    import bson
+
+    def exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            assert chunk, "connection closed"
+            buf += chunk
+        return buf
+    header = exactly(16)
+    length, rid, response_to, op = struct.unpack("<iiii", header)
+    payload = exactly(length - 16)
+    assert op == 2013
+    flags = struct.unpack_from("<I", payload)[0]
+    return rid, response_to, flags, bson.decode(payload[5:])
+
+
+def test_exhaust_getmore_streams_every_batch(target, cluster):
+    import socket
+
+    import bson
+
+    from shardsim.core import wire
+    client = pymongo.MongoClient(target, serverSelectionTimeoutMS=10000)
+    name = _name("exh")
+    client[name].c.insert_many([{"_id": i} for i in range(7)])
+    try:
+        with socket.create_connection(_host_port(target), timeout=30) as sock:
+            sock.sendall(wire.encode_op_msg(bson.encode(
+                {"find": "c", "batchSize": 2, "sort": {"_id": 1}, "$db": name}), request_id=1))
+            _rid, _to, flags, reply = _recv(sock)
+            cid = reply["cursor"]["id"]
+            got = [d["_id"] for d in reply["cursor"]["firstBatch"]]
+            sock.sendall(wire.encode_op_msg(bson.encode(
+                {"getMore": cid, "collection": "c", "batchSize": 2, "$db": name}),
+                request_id=2, flags=wire.FLAG_EXHAUST_ALLOWED))
+            previous, chain = 2, []
+            while True:  # no further request is sent: the server streams
+                rid, response_to, flags, reply = _recv(sock)
+                chain.append((response_to == previous, bool(flags & wire.FLAG_MORE_TO_COME)))
+                got += [d["_id"] for d in reply["cursor"]["nextBatch"]]
+                previous = rid
+                if not flags & wire.FLAG_MORE_TO_COME:
+                    break
+        assert got == list(range(7))
+        assert chain == [(True, True), (True, True), (True, False)]
+        assert reply["cursor"]["id"] == 0
+    finally:
+        client.drop_database(name)
+        client.close()
+
+
+@pytest.mark.parametrize("compressor", [None, "zstd"])
+def test_pymongo_exhaust_cursor_receives_every_document(target, compressor):
+    kwargs = {"compressors": compressor} if compressor else {}
+    client = pymongo.MongoClient(target, serverSelectionTimeoutMS=10000, **kwargs)
+    name = _name("exhp")
+    try:
+        client[name].c.insert_many([{"_id": i, "v": "x" * 100} for i in range(250)])
+        docs = list(client[name].c.find(cursor_type=pymongo.CursorType.EXHAUST,
+                                        batch_size=7).sort("_id", 1))
+        assert [d["_id"] for d in docs] == list(range(250))
+        # The connection is back in the pool and usable.
+        assert client[name].c.count_documents({}) == 250
+    finally:
+        client.drop_database(name)
+        client.close()
