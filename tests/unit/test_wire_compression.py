@@ -181,3 +181,20 @@ def test_pymongo_negotiates_and_uses_each_compressor(name, cid, monkeypatch):
     assert ping["ok"] == 1.0
     assert hello["compression"] == [name, "zlib"]  # duplicates kept, as mongod
     assert used and set(used) == {cid}
+
+
+def test_a_compressed_hello_is_answered_compressed():
+    """mongod has no list of replies it leaves uncompressed: it only logs warning 6697500 for
+    SASL over OP_COMPRESSED; drivers are the ones that never compress hello and SASL."""
+    async def scenario() -> tuple[int, dict]:
+        server = Server(Node(), "127.0.0.1", 0)
+        await server.start()
+        try:
+            out = await _one_reply(server.port, compressed(
+                {"hello": 1, "compression": ["zstd", "zlib"], "$db": "admin"}, 2))
+        finally:
+            await server.close()
+        _h, payload, cid = compression.decompress(out[16:], 0, 0)
+        return cid, bson.decode(wire.parse_op_msg(0, payload).body)
+    cid, reply = asyncio.run(scenario())
+    assert cid == 2 and reply["compression"] == ["zstd", "zlib"]
