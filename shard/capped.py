@@ -3,9 +3,10 @@
 ``collection_write_path.cpp``).
 
 * After an insert, while the collection's data size (the BSON size of its documents) is above
-  ``size`` (rounded up to a multiple of 256, as ``CollectionOptions::parse`` stores it) or its
-  count above ``max`` (when set and not 0), the oldest documents in insertion (RecordId) order
-  are deleted, never the one just inserted.
+  ``size`` or its count above ``max`` (when set and above 0), the oldest documents in insertion
+  (RecordId) order are deleted, never the one just inserted. ``size`` is used as given: the
+  rounding up to a multiple of 256 of older servers (``adjustCappedSize`` in
+  ``collection_options.cpp``) is off from FCV 7.0 (``featureFlagCappedCollectionsRelaxedSize``).
 * Each eviction on a primary is replicated: ``OpObserver::onDelete`` writes an ordinary delete
   oplog entry (with the pre-image when ``changeStreamPreAndPostImages`` is on), after the insert's
   entry, so change streams see ``delete`` events for evicted documents (mongod does this since
@@ -47,10 +48,10 @@ def sync(coll: "Collection") -> None:
 
 
 def limits(coll: "Collection") -> tuple[int, int]:
-    """``(size in bytes rounded up to 256, max documents or 0)``."""
+    """``(size in bytes, max documents or 0 for none)``."""
     size = int(coll.options.get("size") or 0)
-    size = (size + 0xFF) & ~0xFF
-    return size, int(coll.options.get("max") or 0)
+    max_docs = int(coll.options.get("max") or 0)
+    return size, max_docs if max_docs > 0 else 0
 
 
 def evict(node: "ShardNode", coll: "Collection", just_inserted: Any) -> int:

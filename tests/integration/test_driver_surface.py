@@ -137,11 +137,11 @@ def test_capped_evicts_by_size(target):
     client = pymongo.MongoClient(target, serverSelectionTimeoutMS=10000)
     try:
         db = client[_name("caps")]
-        db.create_collection("c", capped=True, size=1000)  # rounded up to 1024 bytes
+        db.create_collection("c", capped=True, size=1000)  # not rounded to 256 since 7.0
         pad = "x" * 180  # each document: 204 bytes of BSON
         for i in range(10):
             db.c.insert_one({"_id": i, "pad": pad})
-        assert _ids(db.c) == [5, 6, 7, 8, 9]  # 5 * 204 <= 1024 < 6 * 204
+        assert _ids(db.c) == [6, 7, 8, 9]  # 4 * 204 <= 1000 < 5 * 204
         big = "y" * 5000  # larger than the cap: everything older goes, the new one stays
         db.c.insert_one({"_id": 10, "pad": big})
         assert _ids(db.c) == [10]
