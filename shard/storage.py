@@ -23,6 +23,7 @@ import re
 import uuid as uuid_mod
 from typing import Any, Iterator
 
+import bson
 from bson import Binary
 
 from shardsim.shard.snapshot import History
@@ -167,6 +168,13 @@ class Collection:
         self.history: deque[tuple[Any, Any, dict[str, Any] | None]] = deque()
         self.history_floor: Any = None
         self.indexes: dict[str, Index] = {}
+        # capped collections (shard.capped): each document's RecordId (insertion sequence) and
+        # BSON size, and their total, kept by insert/replace/delete
+        self.capped = bool(self.options.get("capped"))
+        self.record_ids: dict[Any, int] = {}
+        self.record_sizes: dict[Any, int] = {}
+        self.capped_bytes = 0
+        self.next_record_id = 1
         id_spec = id_index_spec(self.options)
         if id_spec is not None:
             idx = Index(id_spec)
@@ -257,6 +265,12 @@ class Collection:
         self.docs[k] = doc
         for idx, hk in regs:
             idx.entries[hk] = k
+        if self.capped:
+            self.record_ids[k] = self.next_record_id
+            self.next_record_id += 1
+            size = len(bson.encode(doc))
+            self.record_sizes[k] = size
+            self.capped_bytes += size
         return k
 
     def replace(self, key: Any, new: dict[str, Any]) -> dict[str, Any]:
@@ -271,6 +285,10 @@ class Collection:
         self.docs[key] = new
         for idx, hk in regs:
             idx.entries[hk] = key
+        if self.capped and key in self.record_sizes:
+            size = len(bson.encode(new))
+            self.capped_bytes += size - self.record_sizes[key]
+            self.record_sizes[key] = size
         return old
 
     def delete(self, key: Any) -> dict[str, Any]:
@@ -281,6 +299,9 @@ class Collection:
         if self.recorder is not None:
             self.recorder.record(self, key, old)
         self._unindex(key, old)
+        if self.capped:
+            self.record_ids.pop(key, None)
+            self.capped_bytes -= self.record_sizes.pop(key, 0)
         return old
 
     def add_index(self, spec: dict[str, Any]) -> None:

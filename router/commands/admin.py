@@ -3,8 +3,9 @@ databases to the config server.
 
 * ``isdbgrid``: answers only on a router (``cluster_is_db_grid_cmd.cpp``).
 * ``replSetGetStatus``: a router is no replica set (``cluster_repl_set_get_status_cmd.cpp``).
-* ``validate``: answered by the database's primary shard (``dbStats``/``collStats``/``dataSize``
-  are aggregated across the shards: :mod:`router.commands.stats`).
+* ``validate``: sent to the shards owning the collection, their replies under ``raw``
+  (``dbStats``/``collStats``/``dataSize`` are aggregated across the shards:
+  :mod:`router.commands.stats`).
 * :func:`config_read` / :func:`config_write`: reads and writes of the ``config`` and ``admin``
   databases are the config server's (as on mongos); the read, write and listing families
   call them for those databases.
@@ -12,6 +13,7 @@ databases to the config server.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from shardsim.router.forwarding import BIG_BATCH, forwardable, reply_body
@@ -81,12 +83,59 @@ async def isdbgrid(node: "RouterNode", req: Request) -> dict[str, Any]:
     return {"isdbgrid": 1, "hostname": node.address}
 
 
+_GOSSIP = ("$clusterTime", "operationTime", "$configTime", "$topologyTime", "lastCommittedOpTime")
+
+
 @commands.handler("validate")
-async def to_primary(node: "RouterNode", req: Request) -> dict[str, Any]:
-    """Forward ``req`` to the database's primary shard (the first shard when the database does
-    not exist) and return its reply body; ShardNotFound (70) without shards. Statistics cover
-    that shard only."""
-    shard = node.read_primary(req.db)
-    if shard is None:
-        raise MongoError(70, "No shards found")
-    return reply_body(await node.shard_command(shard, req.db, forwardable(req.body)))
+async def validate(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``validate`` through the router, as ``ValidateCmd`` in
+    ``src/mongo/s/commands/cluster_validate_cmd.cpp``: sent to every shard owning chunks of a
+    sharded collection (the primary shard of an unsharded one); ``raw`` holds each shard's reply
+    under its shard id (``{error: "<Code>: <errmsg>"}`` for one that failed). An unsharded
+    collection's reply is its shard's reply, passthrough fields, with ``raw`` after; a sharded
+    one's is ``valid`` (false if any shard says so) and ``raw``. The first shard error is then
+    the command's error (26 for a missing collection). ShardNotFound (70) without shards."""
+    coll = req.arg
+    if not isinstance(coll, str) or not coll:
+        raise MongoError(73, f"Invalid namespace specified '{req.db}.{coll}'")
+    ns = f"{req.db}.{coll}"
+    info = node.catalog.collection(ns)
+    if info is None:
+        await node.refresh_on_database_miss(req.db)
+        info = node.catalog.collection(ns)
+    if info is None:
+        primary = node.read_primary(req.db)
+        if primary is None:
+            raise MongoError(70, "No shards found")
+        targets = [primary]
+    else:
+        targets = list(info.chunks.shards())
+    body = forwardable(req.body)
+    replies = await asyncio.gather(*(node.shard_command(s, req.db, body, check=False)
+                                     for s in targets), return_exceptions=True)
+    raw: dict[str, Any] = {}
+    first_error: MongoError | None = None
+    valid = True
+    for shard, reply in zip(targets, replies):
+        if isinstance(reply, BaseException):
+            err = reply if isinstance(reply, MongoError) else MongoError(6, str(reply))
+            raw[shard] = {"error": f"{err.code_name}: {err.errmsg}"}
+            first_error = first_error or err
+            continue
+        data = {k: v for k, v in reply.items() if k not in _GOSSIP}
+        if not data.get("ok"):
+            err = MongoError(int(data.get("code", 8)), str(data.get("errmsg", "")))
+            raw[shard] = {"error": f"{err.code_name}: {err.errmsg}"}
+            first_error = first_error or err
+            continue
+        raw[shard] = data
+        if not data.get("valid"):
+            valid = False
+    if first_error is not None:
+        raise first_error
+    if info is None:
+        out = {k: v for k, v in raw[targets[0]].items() if k != "ok"}
+    else:
+        out = {"valid": valid}
+    out["raw"] = raw
+    return out

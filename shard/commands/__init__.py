@@ -15,6 +15,7 @@ of module-level handlers ``async def insert(node, req) -> dict`` (``node``: the
 ``balancing``             _shardsvrGetStatsForBalancing, autoSplitVector (for the balancer)
 ``split_vector``          splitVector, dataSize (range statistics for snapshot splitters)
 ``explain``               explain (plans of :mod:`shard.explain`)
+``validate``              validate (documents, index keys, unique-index maps)
 ``testing``               _shardsimTruncateOplog (shardsim's own; with test commands only,
                           installed by ``ShardNode.__init__``, not in :data:`FAMILIES`)
 ``migration``             the shard's half of chunk migrations and shard versioning
@@ -31,11 +32,11 @@ from __future__ import annotations
 
 from shardsim.shard.commands import (balancing, catalog, crud, ddl, explain, internal, migration,
                                      oplog, reads, split_vector, testing,
-                                     transactions)
+                                     transactions, validate)
 
 FAMILIES = (crud.commands, reads.commands, ddl.commands, catalog.commands, oplog.commands,
             transactions.commands, internal.commands, balancing.commands, explain.commands,
-            migration.commands, split_vector.commands)
+            migration.commands, split_vector.commands, validate.commands)
 
 # ``testing`` is installed only with test commands on (ShardNode.__init__).
 __all__ = ["FAMILIES", "testing"]

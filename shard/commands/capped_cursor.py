@@ -1,10 +1,15 @@
 """Tailable cursors on capped collections (``find`` with ``tailable[, awaitData]``), as mongod
-gives them (``find_cmd.cpp``, ``CollectionScan`` with ``tailable``): the cursor reads the
-collection in insertion (natural) order and stays open at its end; each ``getMore`` returns the
-documents inserted since, an empty batch when there are none (``awaitData``: after waiting up to
-the getMore's ``maxTimeMS``, default 1 s). If the collection goes away the cursor ends.
-shardsim does not evict the oldest documents of a capped collection (no ``size``/``max``
-enforcement), so a tailable cursor never loses its position.
+gives them (``find_cmd.cpp``, ``getmore_cmd.cpp``, ``CollectionScan`` with ``tailable`` in
+``src/mongo/db/exec/collection_scan.cpp``): the cursor reads the collection in insertion
+(RecordId) order and stays open at its end, positioned on the last record it read; each
+``getMore`` returns the documents inserted since. Without ``awaitData`` a getMore with nothing new
+returns an empty batch at once; with it, it waits up to the getMore's ``maxTimeMS`` (the driver's
+``maxAwaitTimeMS``; 1000 ms when absent) for an insert and returns what came (an empty batch if
+nothing did). The first ``find`` never waits. If the record the cursor is positioned on was
+deleted (evicted by newer inserts, :mod:`shard.capped`) the getMore fails with
+CappedPositionLost (136) "CollectionScan died due to position in capped collection being
+deleted. Last seen record id: RecordId(<n>)" and the cursor is gone; a dropped collection ends
+the cursor.
 """
 
 from __future__ import annotations
@@ -14,16 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from shardsim.core import query as q
 from shardsim.core.cursors import Batch, Cursor
+from shardsim.core.errors import MongoError
+from shardsim.shard import capped
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
 
 AWAIT_POLL_S = 0.02
+_NO_KEY = object()
 
 
 class TailableCollectionCursor(Cursor):
     """A tailable cursor over capped collection ``db.name`` with ``filt``/``projection``;
-    ``position`` counts the documents (in insertion order) already scanned."""
+    ``last_rid``/``last_key``: the RecordId and storage key of the last document scanned."""
 
     tailable = True
 
@@ -36,18 +44,30 @@ class TailableCollectionCursor(Cursor):
         self.filt = filt
         self.projection = projection
         self.await_data = await_data
-        self.position = 0
+        self.last_rid = 0
+        self.last_key: Any = _NO_KEY
 
     def _scan(self, limit: int) -> list[Any] | None:
+        """Matching documents after the position (at most ``limit``); None when the collection
+        is gone. Raises CappedPositionLost (136)."""
         coll = self.node.storage.get(self.db, self.name)
         if coll is None or coll is not self.coll:
             return None  # dropped (or re-created): the cursor is dead
-        docs = list(coll.docs.values())[self.position:]
+        capped.sync(coll)
+        if self.last_key is not _NO_KEY and coll.record_ids.get(self.last_key) != self.last_rid:
+            raise MongoError(136, "CollectionScan died due to position in capped collection being "
+                                  f"deleted. Last seen record id: RecordId({self.last_rid})")
+        newer: list[tuple[Any, Any]] = []
+        rids = coll.record_ids
+        for k in reversed(coll.docs):  # newest first, down to the position
+            if rids[k] <= self.last_rid:
+                break
+            newer.append((k, coll.docs[k]))
         out = []
-        for doc in docs:
+        for k, doc in reversed(newer):
             if len(out) >= limit:
                 break
-            self.position += 1
+            self.last_rid, self.last_key = rids[k], k
             if q.matches(self.filt, doc):
                 out.append(doc)
         return out
@@ -58,9 +78,17 @@ class TailableCollectionCursor(Cursor):
         if found is None:
             return Batch([], exhausted=True)
         if not found and self.await_data and not first:
-            deadline = asyncio.get_running_loop().time() + (max_time_ms or 1000) / 1000
-            while not found and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(AWAIT_POLL_S)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + (max_time_ms if max_time_ms else 1000) / 1000
+            oplog = self.node.oplog
+            while not found:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                if self.db == "local":  # not replicated: no oplog entry to wait for
+                    await asyncio.sleep(min(left, AWAIT_POLL_S))
+                else:
+                    await oplog.wait_for_newer(oplog.latest_key, left)
                 found = self._scan(limit)
                 if found is None:
                     return Batch([], exhausted=True)

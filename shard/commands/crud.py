@@ -27,7 +27,7 @@ from shardsim.shard.commands.helpers import (begin_write, check_fields, coll_nam
                                     refuse_view_write, stmt_id_of, txn_view)
 from shardsim.core.errors import view_error
 from shardsim.shard.storage import Collection, id_key
-from shardsim.shard import hints, shard_key_update, validation
+from shardsim.shard import capped, hints, shard_key_update, validation
 from shardsim.shard.write_conflicts import WriteConflictWait, check_statement, write_conflict_retry
 from shardsim.shard.write_context import WriteContext
 
@@ -161,6 +161,8 @@ async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
             if note:
                 storage.note_doc(coll, k, doc)
             node.log_op("i", coll, doc, coll.document_key(doc), ctx=ctx, size=raw_size)
+            if txn is None and getattr(coll, "capped", False):
+                capped.evict(node, coll, k)
             if retry is not None:
                 retry.record_result(ctx.stmt_id, 1)
             n += 1
@@ -287,6 +289,8 @@ def _do_update(node: ShardNode, coll: Collection | None, db: str, name: str,
         if ctx.txn is None:
             storage.note_doc(coll, k, new)
         node.log_op("i", coll, new, coll.document_key(new), ctx=ctx)
+        if ctx.txn is None and getattr(coll, "capped", False):
+            capped.evict(node, coll, k)
         return 0, 0, new["_id"]
     return matched, modified, _NONE
 

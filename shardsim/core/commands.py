@@ -53,6 +53,7 @@ class ConnectionInfo:
     app_name: str | None = None
     closed: bool = False
     auth: Any = None
+    compressors: list[str] = field(default_factory=list)  # negotiated in hello (OP_COMPRESSED)
 
 
 @dataclass(slots=True)

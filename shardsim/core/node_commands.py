@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from bson import Binary
 
+from shardsim.core import compression
 from shardsim.core.commands import CommandFamily, Request, check_type
 from shardsim.core.errors import MongoError
 
@@ -68,6 +69,12 @@ async def hello(node: Node, req: Request) -> dict[str, Any]:
     })
     if req.body.get("helloOk"):
         reply["helloOk"] = True
+    # MessageCompressorManager::serverNegotiate (shardsim/core/compression.py)
+    negotiated = compression.negotiate(req.body.get("compression"), req.conn.compressors)
+    if "compression" in req.body:
+        req.conn.compressors = negotiated or []
+    if negotiated:
+        reply["compression"] = negotiated
     if "speculativeAuthenticate" in req.body or "saslSupportedMechs" in req.body:
         from shardsim.core.auth.commands import hello_fields
         reply.update(await hello_fields(node, req))

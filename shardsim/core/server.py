@@ -20,7 +20,7 @@ from typing import Any
 
 from bson.raw_bson import RawBSONDocument
 
-from shardsim.core import large_messages, wire
+from shardsim.core import compression, large_messages, wire
 from shardsim.core.commands import ConnectionInfo, Request
 from shardsim.core.cursors import RawBSONParts
 from shardsim.core.errors import MongoError
@@ -205,6 +205,15 @@ class Server:
                     payload = await reader.readexactly(header.length - wire.HEADER_SIZE)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
+                compressor_id = None
+                if header.op_code == wire.OP_COMPRESSED:  # session_workflow.cpp _processMessage
+                    try:
+                        raw_header, payload, compressor_id = compression.decompress(
+                            payload, header.request_id, header.response_to)
+                    except compression.CompressionError as exc:
+                        log.warning("closing connection %s: %s", conn.peer, exc)
+                        return
+                    header = wire.parse_header(raw_header)
                 decoded = None
                 if len(payload) < large_messages.OFF_LOOP_BYTES:
                     msg = wire.parse_message(header, payload, raw_header)
@@ -225,9 +234,17 @@ class Server:
                         holder, decoded = [decoded.body], None
                         large_messages.release(holder)
                 stats.message(header.length, _size(out))
-                if out is not None:
+                while out is not None:
+                    nxt = exhaust_next(msg, out)
+                    if compressor_id is not None:  # the reply uses the request's compressor
+                        out = compression.compress(out, compressor_id)
                     writer.write(out)
                     await writer.drain()
+                    if nxt is None or conn.closed:
+                        break
+                    msg = nxt  # exhaust: run it again without waiting for a request
+                    out = await self._respond(msg, conn)
+                    stats.message(0, _size(out))
                 if isinstance(msg, wire.BadMessage) and msg.fatal:
                     return
         except (ConnectionError, asyncio.CancelledError):
@@ -260,11 +277,14 @@ class Server:
             except MongoError as exc:
                 reply = exc.to_reply()
                 node.cluster_time_fields(None, reply)
+                req = None
             else:
                 reply = await node.run_command(req)
             if msg.more_to_come:
                 return None
-            return wire.encode_op_msg(encode_reply_parts(reply), response_to=msg.request_id)
+            flags = wire.FLAG_MORE_TO_COME if exhaust_continues(msg, req, reply) else 0
+            return wire.encode_op_msg(encode_reply_parts(reply), response_to=msg.request_id,
+                                      flags=flags)
         try:
             if isinstance(decoded, MongoError):
                 raise decoded
@@ -275,6 +295,35 @@ class Server:
         else:
             reply = await node.run_command(req)
         return wire.encode_op_reply(encode_reply(reply), response_to=msg.request_id)
+
+
+def exhaust_continues(msg: wire.OpMsg, req: Request | None, reply: dict[str, Any]) -> bool:
+    """True when the reply to ``msg`` goes out with ``moreToCome`` and the server runs the same
+    request again on its own (exhaust cursors: ``makeExhaustMessage`` in
+    ``src/mongo/transport/session_workflow.cpp``, ``getmore_cmd.cpp`` asking for the next
+    invocation): an OP_MSG ``getMore`` with ``exhaustAllowed``, answered ok with a live cursor and
+    a non-empty batch (an empty batch, what a tailable cursor gives when it has nothing, ends the
+    stream instead of spinning; the client then sends its next getMore itself)."""
+    if not msg.flags & wire.FLAG_EXHAUST_ALLOWED or req is None or req.name != "getMore":
+        return False
+    cur = reply.get("cursor") if type(reply) is dict and reply.get("ok", 1) else None
+    if type(cur) is not dict:
+        return False
+    return bool(cur.get("id")) and bool(cur.get("nextBatch"))
+
+
+def exhaust_next(msg: wire.Message, out: bytes) -> wire.OpMsg | None:
+    """The request an exhaust reply ``out`` (uncompressed) stands for next: ``msg`` again, its
+    checksum flag dropped, with the reply's requestID as its own (so the following reply's
+    responseTo names the previous reply, as mongod's); None when ``out`` has no moreToCome."""
+    if not isinstance(msg, wire.OpMsg) or len(out) < wire.HEADER_SIZE + 4:
+        return None
+    _length, reply_id, _to, op_code = wire.HEADER.unpack_from(out, 0)
+    flags = int.from_bytes(out[16:20], "little")
+    if op_code != wire.OP_MSG or not flags & wire.FLAG_MORE_TO_COME:
+        return None
+    return wire.OpMsg(reply_id, (msg.flags & ~wire.FLAG_CHECKSUM_PRESENT) | wire.FLAG_EXHAUST_ALLOWED,
+                      msg.body, msg.sequences, msg.compressor_id)
 
 
 def _decode_request(msg: wire.Message, conn: ConnectionInfo) -> Request:

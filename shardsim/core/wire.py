@@ -23,6 +23,7 @@ from itertools import count
 
 import crc32c as _crc32c
 
+from shardsim.core import compression
 from shardsim.core.errors import MongoError
 from shardsim.core.bson_limits import check_wire_depth
 
@@ -72,6 +73,7 @@ class OpMsg:
     flags: int
     body: bytes
     sequences: dict[str, list[bytes]] = field(default_factory=dict)
+    compressor_id: int | None = None  # set when it came in OP_COMPRESSED
 
     @property
     def more_to_come(self) -> bool:
@@ -89,17 +91,21 @@ class OpQuery:
     limit: int
     query: bytes
     fields: bytes | None = None
+    compressor_id: int | None = None  # set when it came in OP_COMPRESSED
 
 
 @dataclass(slots=True)
 class BadMessage:
     """A framed message whose contents are invalid: answered with ``error`` (a MongoError),
-    after which the connection stays open (unless ``fatal``)."""
+    after which the connection stays open (unless ``fatal``). ``answered`` False: closed without
+    a reply (an OP_COMPRESSED that cannot be decompressed, :mod:`shardsim.core.compression`)."""
 
     request_id: int
     op_code: int
     error: MongoError
     fatal: bool = False
+    answered: bool = True
+    compressor_id: int | None = None
 
 
 Message = OpMsg | OpQuery | BadMessage
@@ -230,14 +236,31 @@ def parse_message(header: Header, payload: bytes | memoryview, raw_header: bytes
         if header.op_code == OP_QUERY:
             return parse_op_query(header.request_id, payload)
         if header.op_code == OP_COMPRESSED:
-            return BadMessage(header.request_id, header.op_code,
-                              MongoError(17, "OP_COMPRESSED is not supported: no compressor was negotiated"),
-                              fatal=True)
+            return _parse_compressed(header, payload, check_depth)
         return BadMessage(header.request_id, header.op_code,
                           MongoError(17, f"Unsupported opCode {header.op_code}"), fatal=True)
     except MongoError as exc:
         fatal = exc.code in (223, 233, 288)  # category ConnectionFatalMessageParseError
         return BadMessage(header.request_id, header.op_code, exc, fatal=fatal)
+
+
+def _parse_compressed(header: Header, payload: bytes | memoryview, check_depth: bool) -> Message:
+    """OP_COMPRESSED: decompress (:func:`shardsim.core.compression.decompress`), then parse the
+    original message and remember its compressor (the reply is compressed with it). A message
+    that cannot be decompressed closes the connection unanswered, as mongod's session workflow."""
+    try:
+        raw_header, inner, ident = compression.decompress(payload, header.request_id,
+                                                          header.response_to)
+    except compression.CompressionError as exc:
+        return BadMessage(header.request_id, header.op_code, exc, fatal=True, answered=False)
+    inner_header = parse_header(raw_header)
+    if inner_header.op_code == OP_COMPRESSED:
+        return BadMessage(header.request_id, header.op_code, MongoError(
+            17, f"Unsupported opCode {OP_COMPRESSED} inside OP_COMPRESSED"), fatal=True,
+            compressor_id=ident)
+    msg = parse_message(inner_header, inner, raw_header, check_depth=check_depth)
+    msg.compressor_id = ident
+    return msg
 
 
 class MessageReader:
