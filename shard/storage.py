@@ -8,7 +8,9 @@ replaces the dict, so cursors and oplog entries may hold references without copy
 Unique indexes (``_id_`` always, plus any ``unique: true`` index) are kept as hash maps from the
 index key to the document's ``id_key``, so a duplicate is found in O(1) and reported like mongod
 (DuplicateKey 11000, ``keyPattern``/``keyValue``; ``index_access_method.cpp`` builds the message).
-Non-unique indexes are catalog entries only (listIndexes); queries scan.
+Every ascending/descending index (unique or not, compound, multikey, sparse, partial) also has
+its sorted KeyString keys (:mod:`shard.index_keys`), kept in step by the ``docs`` mapping itself
+(:class:`shard.index_keys.IndexedDocs`); the planner (:mod:`shard.planner`) reads them.
 
 Durable shards pass a ``journal`` list: every mutation appends a record that
 :class:`shard.durable.DurableStore` writes in the command's SQLite transaction.
@@ -25,6 +27,7 @@ from typing import Any, Iterator
 
 from bson import Binary
 
+from shardsim.shard.index_keys import IndexedDocs, SortedKeys, plain_pattern
 from shardsim.shard.snapshot import History
 from shardsim.shard.collection_kinds import check_measurement, id_index_spec, storage_key
 from shardsim.core.errors import MongoError
@@ -96,7 +99,7 @@ def validate_db_name(db: str) -> None:
 class Index:
     """One index's catalog entry (``spec`` as listIndexes shows it) and, if unique, its map."""
 
-    __slots__ = ("spec", "name", "fields", "unique", "sparse", "partial", "entries")
+    __slots__ = ("spec", "name", "fields", "unique", "sparse", "partial", "entries", "sorted")
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
@@ -108,6 +111,11 @@ class Index:
         self.sparse: bool = bool(spec.get("sparse"))
         self.partial: dict[str, Any] | None = spec.get("partialFilterExpression")
         self.entries: dict[Any, Any] = {}
+        # the sorted keys (shard.index_keys) of a plain index other than _id_ (the docs map
+        # is the _id index); None for hashed/text/geo/wildcard ones
+        pattern = plain_pattern(spec["key"]) if spec.get("name") != "_id_" else None
+        self.sorted: SortedKeys | None = SortedKeys(pattern, self.sparse, self.partial) \
+            if pattern is not None else None
 
     def keys_of(self, doc: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
         """``[(hash key, keyValue doc)]`` for ``doc``: one per array element for a multikey
@@ -159,19 +167,20 @@ class Collection:
         self._ui = Binary(self.uuid, 4)
         self.options: dict[str, Any] = dict(options or {})
         self.shard_key = shard_key
-        self.docs: dict[Any, dict[str, Any]] = {}
+        self.indexes: dict[str, Index] = {}
+        self.docs: dict[Any, dict[str, Any]] = IndexedDocs(self.indexes)
         self.ts_seq = 0  # time series: storage keys of measurements (collection_kinds)
         # snapshot reads (shard.snapshot): the Storage's History, and this collection's
         # stamped undo log [(ts, key, document before)] with the ts of the oldest dropped entry
         self.recorder: Any = None
         self.history: deque[tuple[Any, Any, dict[str, Any] | None]] = deque()
         self.history_floor: Any = None
-        self.indexes: dict[str, Index] = {}
         id_spec = id_index_spec(self.options)
         if id_spec is not None:
             idx = Index(id_spec)
             idx.name = "_id_"  # a clustered index named otherwise still is the _id index
             idx.unique = True
+            idx.sorted = None
             self.indexes["_id_"] = idx
         # id_key -> the prepared, undecided transaction holding the document
         # (shard.sessions.Transaction.lock): other writers wait for it (shard.write_conflicts),
@@ -292,6 +301,8 @@ class Collection:
                     if idx.entries.get(hk, k) != k:
                         raise self._dup_error(idx, kv)
                     idx.entries[hk] = k
+        if idx.sorted is not None and isinstance(self.docs, IndexedDocs):
+            self.docs.build(idx.sorted)
         self.indexes[idx.name] = idx
 
     def catalog_doc(self) -> dict[str, Any]:
