@@ -144,24 +144,24 @@ class SortedKeys:
         for kb in self.keys_of(doc):
             self.entries.discard((kb, rid, key))
 
-    def scan(self, lo: bytes, lo_incl: bool, hi: bytes | None,
-             hi_incl: bool, reverse: bool = False) -> Iterable[tuple[bytes, int, Any]]:
-        """Entries with ``lo <(=) key <(=) hi`` (``hi`` None: no upper bound), in key order
-        (``reverse``: descending)."""
+    def scan(self, start: bytes, stop: bytes | None,
+             reverse: bool = False) -> Iterable[tuple[bytes, int, Any]]:
+        """Entries with ``start <= key bytes < stop`` (``stop`` None: no upper bound) in key
+        order, ties by record id (``reverse``: descending)."""
         entries = self.entries
-        if lo_incl:
-            start = entries.bisect_left((lo,))
-        else:
-            start = entries.bisect_right((lo, float("inf")))
-        if hi is None:
-            stop = len(entries)
-        elif hi_incl:
-            stop = entries.bisect_right((hi, float("inf")))
-        else:
-            stop = entries.bisect_left((hi,))
-        if stop <= start:
+        lo = entries.bisect_left((start,))
+        hi = len(entries) if stop is None else entries.bisect_left((stop,))
+        if hi <= lo:
             return ()
-        return entries.islice(start, stop, reverse=reverse)
+        return entries.islice(lo, hi, reverse=reverse)
+
+
+def successor(prefix: bytes) -> bytes | None:
+    """The smallest byte string above every string starting with ``prefix`` (None: none)."""
+    p = prefix.rstrip(b"\xff")
+    if not p:
+        return None
+    return p[:-1] + bytes([p[-1] + 1])
 
 
 class IndexedDocs(dict):

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 from bson import Binary
 
 from shardsim.shard.index_keys import IndexedDocs, SortedKeys, plain_pattern
+from shardsim.shard import planner as _planner  # noqa: F401  (installs the index planner)
 from shardsim.shard.snapshot import History
 from shardsim.shard.collection_kinds import check_measurement, id_index_spec, storage_key
 from shardsim.core.errors import MongoError

@@ -178,6 +178,11 @@ def pinned_id_keys(filt: dict[str, Any] | None) -> list[Any] | None:
 
 PAUSE = (None, None)  # what select(..., pauses=True) yields every SLICE_S of scanning
 
+#: the shard's index planner (``shard.planner.planned_select``, installed by it): given
+#: ``(coll, filt)`` an iterator of the matching ``(id_key, doc)`` in ``$natural`` order read
+#: through an index, or None when a collection scan it is
+INDEX_PLANNER: Any = None
+
 
 def select(coll: Any, filt: dict[str, Any] | None, *,
            pauses: bool = False) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -225,8 +230,16 @@ def select(coll: Any, filt: dict[str, Any] | None, *,
         for k, doc in list(coll.docs.items()):
             yield k, doc
         return
-    docs = coll.docs
     since = perf_counter()
+    planned = INDEX_PLANNER(coll, filt) if INDEX_PLANNER is not None else None
+    if planned is not None:
+        for item in planned:
+            if pauses and perf_counter() - since >= max_time.SLICE_S:
+                yield PAUSE
+                since = perf_counter()
+            yield item
+        return
+    docs = coll.docs
     for k in list(docs):
         if pauses and perf_counter() - since >= max_time.SLICE_S:
             yield PAUSE
