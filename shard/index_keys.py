@@ -65,6 +65,17 @@ def path_values(doc: Any, parts: list[str]) -> tuple[list[Any], bool]:
     return cur, arr
 
 
+def has_nan(v: Any) -> bool:
+    """True when ``v`` is or holds a float NaN (the in-memory sort orders NaN unlike BSON)."""
+    if type(v) is float:
+        return v != v
+    if isinstance(v, dict):
+        return any(has_nan(x) for x in v.values())
+    if isinstance(v, list):
+        return any(has_nan(x) for x in v)
+    return False
+
+
 def field_keys(doc: Any, parts: list[str]) -> tuple[list[bytes], bool, bool]:
     """``(keys, found, multikey)`` of one index field: distinct KeyString bytes of the values
     at the path (array elements unwound one level, ``[]`` as undefined, missing as null)."""
@@ -104,9 +115,9 @@ def plain_pattern(key: dict[str, Any]) -> list[tuple[list[str], bool]] | None:
 class SortedKeys:
     """One index's sorted entries ``(key bytes, record id, storage key)`` and whether any
     document gave it more than one key (``multikey``, as mongod's multikey flag: set once,
-    never cleared)."""
+    never cleared) or a NaN (``nan``)."""
 
-    __slots__ = ("fields", "sparse", "partial", "entries", "multikey")
+    __slots__ = ("fields", "sparse", "partial", "entries", "multikey", "nan")
 
     def __init__(self, pattern: list[tuple[list[str], bool]], sparse: bool,
                  partial: dict[str, Any] | None) -> None:
@@ -115,6 +126,7 @@ class SortedKeys:
         self.partial = partial
         self.entries: SortedList = SortedList()
         self.multikey = False
+        self.nan = False  # a key held NaN: the index never gives a sort (set once)
 
     def keys_of(self, doc: dict[str, Any]) -> list[bytes]:
         """The key bytes ``doc`` has in this index (``[]``: the index skips it)."""
@@ -125,6 +137,9 @@ class SortedKeys:
             found_any |= found
             if multi:
                 self.multikey = True
+            if not self.nan and any(b"\x1e" in k for k in keys):
+                found_v, _ = path_values(doc, parts)
+                self.nan = any(has_nan(v) for v in found_v)
             per.append([k.translate(_INVERT) for k in keys] if desc else keys)
         if self.sparse and not found_any:
             return []

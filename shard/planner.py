@@ -17,7 +17,7 @@ with a collation, partial indexes, hidden ones and the non-ascending/descending 
 never chosen (a hinted one falls back to a collection scan), and no index is used while a
 collation is active. Without a sort the documents come back in ``$natural`` order (the record
 ids of the candidates), exactly as a collection scan returns them; with a sort an index whose
-key pattern starts with the sort (all directions equal or all reversed, not multikey) gives the
+key pattern is the sort (all directions equal or all reversed, not multikey) gives the
 order, ties in ``$natural`` order as the stable in-memory sort leaves them, and a limit stops
 the scan early (no blocking SORT).
 
@@ -59,6 +59,17 @@ def _bracket(enc: bytes) -> tuple[bytes, bytes]:
     return bytes([c]), bytes([c + 1])
 
 
+def _points(values: list[Any]) -> list[bytes]:
+    """The sorted distinct keys of equality operands, each with its twin the matcher also
+    finds equal (mongomock compares ``0 == False`` and ``1 == True`` as Python does)."""
+    out = set()
+    for v in values:
+        out.add(encode_value(v))
+        if type(v) is not str and v in (0, 1):
+            out.add(encode_value(bool(v) if type(v) is not bool else int(v)))
+    return sorted(out)
+
+
 class FieldBounds:
     """What a filter says about one field: ``points`` (sorted encoded values) or a range
     ``lo``/``hi`` (encoded bounds, each inclusive or not)."""
@@ -78,16 +89,16 @@ def field_bounds(value: Any, multikey: bool) -> FieldBounds | None:
     if not isinstance(value, dict):
         if not _plain(value):
             return None
-        fb.points = [encode_value(value)]
+        fb.points = _points([value])
         return fb
     if not value or any(not (isinstance(k, str) and k.startswith("$")) for k in value):
         return None
     if "$eq" in value and _plain(value["$eq"]):
-        fb.points = [encode_value(value["$eq"])]
+        fb.points = _points([value["$eq"]])
         return fb
     vals = value.get("$in")
     if isinstance(vals, list) and vals and len(vals) <= _MAX_POINTS and all(map(_plain, vals)):
-        fb.points = sorted({encode_value(v) for v in vals})
+        fb.points = _points(vals)
         return fb
     ranges = []
     for op in ("$gt", "$gte", "$lt", "$lte"):
@@ -210,11 +221,11 @@ def _usable(idx: Any, hinted: bool) -> bool:
 
 def _sort_match(idx: Any, sort: dict[str, Any] | None) -> bool | None:
     """None if the index cannot give ``sort``; else whether it is scanned backwards."""
-    if not sort or idx.sorted.multikey:
+    if not sort or idx.sorted.multikey or idx.sorted.nan:
         return None
     key = list(idx.spec["key"].items())
     items = list(sort.items())
-    if len(items) > len(key):
+    if len(items) != len(key):  # ties of a shorter sort stay in $natural order, not key order
         return None
     flips = set()
     for (sf, sd), (kf, kd) in zip(items, key):
