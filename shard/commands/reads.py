@@ -22,7 +22,7 @@ from shardsim.core.cursors import Batch, Cursor, ListCursor
 from shardsim.core.errors import MongoError
 from shardsim.core import query as q
 from shardsim.shard.change_stream import aggregate_change_stream
-from shardsim.core import current_op, local_sessions, max_time
+from shardsim.core import current_op, fast_group, local_sessions, max_time
 from shardsim.shard.commands.helpers import Database, check_fields, coll_name, txn_view, view_docs
 from shardsim.shard.commands.oplog_cursor import oplog_cursor
 from shardsim.core.errors import view_error
@@ -269,7 +269,11 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
             raw = storage.get(req.db, name)
             hints.check_hint(raw, req.body.get("hint"), ns)
             coll = node.sharding.owned_view(req, txn_view(node, raw, req))
-            if pipeline and isinstance(pipeline[0], dict) and list(pipeline[0]) == ["$match"] \
+            if pipeline and pipeline[0] == {"$match": {}} and coll is not None and \
+                    fast_group.is_count(pipeline[1:]):
+                docs = coll.docs.values()  # a count needs only its size (O(1))
+                pipeline = pipeline[1:]
+            elif pipeline and isinstance(pipeline[0], dict) and list(pipeline[0]) == ["$match"] \
                     and isinstance(pipeline[0]["$match"], dict):
                 # the leading $match as the query layer runs it: paced, honouring maxTimeMS
                 docs = [d for _, d in await q.select_paced(coll, pipeline[0]["$match"])]
@@ -279,6 +283,9 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
     for st in pipeline:
         if isinstance(st, dict) and ("$out" in st or "$merge" in st):
             raise MongoError(238, "$out and $merge are not supported by shardsim")
+    grouped = fast_group.group(docs, pipeline)  # counts and simple tallies, one pass
+    if grouped is not None:
+        docs, pipeline = grouped
     docs = q.run_pipeline([q.deep_copy(d) for d in docs], pipeline, Database(node, req.db))
     bs = cursor_opt.get("batchSize")
     if bs is not None and (isinstance(bs, bool) or not isinstance(bs, (int, float)) or bs < 0):
