@@ -322,7 +322,7 @@ def planned_select(coll: Any, filt: dict[str, Any]) -> Iterator[tuple[Any, dict[
     if plan is None:
         return None
     plan.sorted_by_index = False
-    return iter(list(execute(plan, coll, filt, q.matches)))
+    return iter(list(execute(plan, coll, filt, q.query_matcher(filt))))
 
 
 q.INDEX_PLANNER = planned_select

@@ -47,7 +47,7 @@ async def run_plan(plan: planner.Plan, coll: Any, filt: dict[str, Any] | None,
     """The documents an index plan returns, paced like a scan (maxTimeMS 50)."""
     pacer = max_time.Pacer()
     out = []
-    for _k, doc in planner.execute(plan, coll, filt, q.matches, limit):
+    for _k, doc in planner.execute(plan, coll, filt, q.query_matcher(filt), limit):
         out.append(doc)
         if len(out) % 256 == 0:
             await pacer.tick()

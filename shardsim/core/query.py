@@ -25,7 +25,7 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
-from shardsim.core import bucket_auto, collation, expressions, max_time, regex_limits
+from shardsim.core import bucket_auto, collation, expressions, fast_match, max_time, regex_limits
 from shardsim.core.errors import MongoError
 from shardsim.core.search_indexes import check_search_stages
 from shardsim.core.values import id_key
@@ -130,6 +130,16 @@ def matches(filt: dict[str, Any] | None, doc: dict[str, Any]) -> bool:
         return False
     except Exception as exc:  # mongomock raises OperationFailure/NotImplementedError/TypeError
         raise translate_error(exc) from None
+
+
+def query_matcher(filt: dict[str, Any] | None) -> Any:
+    """``(filt, doc) -> bool`` for the documents of one query: :func:`matches`, with the simple
+    forms compiled once into closures (:mod:`shardsim.core.fast_match`) when no collation is
+    active. The compiled closures check the operation's deadline (maxTimeMS 50) every 512
+    documents, as mongomock's matcher does at each."""
+    if collation.active():
+        return matches
+    return fast_match.matcher(filt, matches, max_time.check)
 
 
 def _exact_id(filt: dict[str, Any]) -> tuple[bool, Any]:
@@ -240,12 +250,13 @@ def select(coll: Any, filt: dict[str, Any] | None, *,
             yield item
         return
     docs = coll.docs
+    match = query_matcher(filt)
     for k in list(docs):
         if pauses and perf_counter() - since >= max_time.SLICE_S:
             yield PAUSE
             since = perf_counter()
         doc = docs.get(k)
-        if doc is not None and matches(filt, doc):
+        if doc is not None and match(filt, doc):
             yield k, doc
 
 
