@@ -28,7 +28,7 @@ from typing import Any, Iterator
 from bson import Binary
 
 from shardsim.shard.index_keys import IndexedDocs, SortedKeys, plain_pattern
-from shardsim.shard import planner as _planner  # noqa: F401  (installs the index planner)
+from shardsim.shard import planner as _planner
 from shardsim.shard.snapshot import History
 from shardsim.shard.collection_kinds import check_measurement, id_index_spec, storage_key
 from shardsim.core.errors import MongoError
@@ -36,6 +36,9 @@ from shardsim.shard.write_conflicts import check_held
 from shardsim.core.values import format_value, get_path, id_key
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+
+#: what :func:`shardsim.core.query.select` reads through (importing the planner installs it)
+INDEX_PLANNER = _planner.planned_select
 
 #: the transaction whose statement is running (set by ``ShardNode._run_command``): its
 #: uncommitted collections (:mod:`shard.uncommitted_catalog`) are visible to it alone, as
