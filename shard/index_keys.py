@@ -38,8 +38,23 @@ _NULL_KEY = b"\x14"  # CType::kNullish: the key of a missing field
 _MISSING = object()
 
 
+_CACHE: dict[tuple[type, Any], bytes] = {}
+_CACHE_MAX = 1 << 16
+_CACHED_TYPES = (int, str, float, bool)
+
+
 def encode_value(value: Any) -> bytes:
-    """The KeyString V1 bytes of one value (no end byte), ascending."""
+    """The KeyString V1 bytes of one value (no end byte), ascending; ints, strings, floats and
+    booleans come from a bounded cache (index keys repeat)."""
+    t = type(value)
+    if t in _CACHED_TYPES:
+        ck = (t, value)
+        kb = _CACHE.get(ck)
+        if kb is None:
+            if len(_CACHE) >= _CACHE_MAX:
+                _CACHE.clear()
+            kb = _CACHE[ck] = encode_keystring([value])[0][:-1]
+        return kb
     return encode_keystring([value])[0][:-1]
 
 
@@ -137,7 +152,7 @@ class SortedKeys:
             found_any |= found
             if multi:
                 self.multikey = True
-            if not self.nan and any(b"\x1e" in k for k in keys):
+            if not self.nan and b"\x1e" in b"".join(keys):
                 found_v, _ = path_values(doc, parts)
                 self.nan = any(has_nan(v) for v in found_v)
             per.append([k.translate(_INVERT) for k in keys] if desc else keys)
@@ -198,6 +213,7 @@ class IndexedDocs(dict):
     def __setitem__(self, key: Any, doc: dict[str, Any]) -> None:
         old = dict.get(self, key, _MISSING)
         indexes = self._sorted()
+        new_keys = [sk.keys_of(doc) for sk in indexes]  # errors before anything changes
         if old is _MISSING:
             rid = self._next = self._next + 1
             self.rids[key] = rid
@@ -206,8 +222,10 @@ class IndexedDocs(dict):
             for sk in indexes:
                 sk.remove(old, rid, key)
         dict.__setitem__(self, key, doc)
-        for sk in indexes:
-            sk.add(doc, rid, key)
+        for sk, keys in zip(indexes, new_keys):
+            add = sk.entries.add
+            for kb in keys:
+                add((kb, rid, key))
 
     def __delitem__(self, key: Any) -> None:
         old = dict.__getitem__(self, key)
