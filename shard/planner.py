@@ -17,7 +17,7 @@ with a collation, partial indexes, hidden ones and the non-ascending/descending 
 never chosen (a hinted one falls back to a collection scan), and no index is used while a
 collation is active. Without a sort the documents come back in ``$natural`` order (the record
 ids of the candidates), exactly as a collection scan returns them; with a sort an index whose
-key pattern is the sort (all directions equal or all reversed, not multikey) gives the
+key pattern is the sort, or its fields after an equality prefix (all directions equal or all reversed, not multikey) gives the
 order, ties in ``$natural`` order as the stable in-memory sort leaves them, and a limit stops
 the scan early (no blocking SORT).
 
@@ -122,13 +122,14 @@ def field_bounds(value: Any, multikey: bool) -> FieldBounds | None:
     return fb
 
 
-def intervals_for(idx: Any, filt: dict[str, Any]) -> tuple[list[tuple[bytes, Any]], int]:
-    """``([(start, stop)], fields used)``: the key intervals of ``idx`` (an Index with sorted
-    keys) the filter's top-level fields give, in index order; ``stop`` None is unbounded. An
+def intervals_for(idx: Any, filt: dict[str, Any]) -> tuple[list[tuple[bytes, Any]], int, int]:
+    """``([(start, stop)], fields used, equality fields)``: the key intervals of ``idx`` (an
+    Index with sorted keys) the filter's top-level fields give, in index order (``stop`` None
+    is unbounded), how many leading key fields they bound and how many of those by points. An
     equality prefix then at most one range (``planner_access.cpp``)."""
     sk = idx.sorted
     prefixes = [b""]
-    used = 0
+    used = eq = 0
     tail: list[tuple[bytes, Any]] | None = None
     for parts, desc in sk.fields:
         path = ".".join(parts)
@@ -141,6 +142,7 @@ def intervals_for(idx: Any, filt: dict[str, Any]) -> tuple[list[tuple[bytes, Any
                 break
             prefixes = [p + e for p in prefixes for e in pts]
             used += 1
+            eq += 1
             continue
         lo, lo_incl, hi, hi_incl = fb.lo, fb.lo_incl, fb.hi, fb.hi_incl
         if desc:
@@ -157,7 +159,7 @@ def intervals_for(idx: Any, filt: dict[str, Any]) -> tuple[list[tuple[bytes, Any
     if tail is None:
         tail = [(p, successor(p)) for p in prefixes]
     tail.sort(key=lambda iv: iv[0])
-    return tail, used
+    return tail, used, eq
 
 
 def _count(sk: Any, intervals: list[tuple[bytes, Any]]) -> int:
@@ -219,20 +221,28 @@ def _usable(idx: Any, hinted: bool) -> bool:
         (hinted or not spec.get("hidden"))
 
 
-def _sort_match(idx: Any, sort: dict[str, Any] | None) -> bool | None:
-    """None if the index cannot give ``sort``; else whether it is scanned backwards."""
+def _sort_match(idx: Any, sort: dict[str, Any] | None, eq: int = 0) -> bool | None:
+    """None if the index cannot give ``sort``; else whether it is scanned backwards. The sort
+    must be the key pattern (or reversed), or its fields after the first ``eq`` ones (bound by
+    one point each: ``planner_analysis.cpp``'s equality-prefix rule), in full: ties of a
+    shorter sort stay in ``$natural`` order, not key order."""
     if not sort or idx.sorted.multikey or idx.sorted.nan:
         return None
     key = list(idx.spec["key"].items())
     items = list(sort.items())
-    if len(items) != len(key):  # ties of a shorter sort stay in $natural order, not key order
-        return None
-    flips = set()
-    for (sf, sd), (kf, kd) in zip(items, key):
-        if sf != kf or isinstance(sd, (dict, bool)) or sd not in (1, -1):
-            return None
-        flips.add((sd < 0) != (kd < 0))
-    return flips.pop() if len(flips) == 1 else None
+    for skip in range(eq + 1):
+        rest = key[skip:]
+        if len(items) != len(rest):
+            continue
+        flips = set()
+        for (sf, sd), (kf, kd) in zip(items, rest):
+            if sf != kf or isinstance(sd, (dict, bool)) or sd not in (1, -1):
+                flips.add(None)
+                break
+            flips.add((sd < 0) != (kd < 0))
+        if len(flips) == 1 and None not in flips:
+            return flips.pop()
+    return None
 
 
 def choose(coll: Any, filt: dict[str, Any] | None, sort: dict[str, Any] | None = None,
@@ -249,8 +259,8 @@ def choose(coll: Any, filt: dict[str, Any] | None, sort: dict[str, Any] | None =
         cands = [i for i in coll.indexes.values() if _usable(i, False)]
     best: Plan | None = None
     for idx in cands:
-        intervals, used = intervals_for(idx, filt)
-        rev = _sort_match(idx, sort)
+        intervals, used, eq = intervals_for(idx, filt)
+        rev = _sort_match(idx, sort, eq)
         if not used and rev is None and hint_index is None:
             continue
         if not used and idx.sparse and hint_index is None:

@@ -165,3 +165,16 @@ def test_multikey_bounds_are_not_intersected() -> None:
     c = _coll([{"a": [1, 10]}, {"a": 4}], {"a": 1})
     assert _find(c, {"a": {"$gt": 5, "$lt": 3}}, None, 0, 0) == [0]
     assert _find(c, {"a": {"$gt": 0}}, {"a": 1}, 0, 0) == [0, 1]
+
+
+def test_sort_on_the_fields_after_an_equality_prefix() -> None:
+    docs = [{"a": i % 3, "b": (i * 7) % 5} for i in range(30)]
+    c = _coll(docs, {"a": 1, "b": -1})
+    for filt, sort in (({"a": 2}, {"b": -1}), ({"a": 2}, {"b": 1}),
+                       ({"a": 2, "b": {"$lt": 4}}, {"b": 1})):
+        plan = planner.choose(c, filt, sort)
+        assert plan is not None and plan.sorted_by_index, (filt, sort)
+        for skip, limit in ((0, 0), (1, 3)):
+            assert _find(c, filt, sort, skip, limit) == _scan(c, filt, sort, skip, limit)
+    assert not planner.choose(c, {"a": {"$in": [1, 2]}}, {"b": 1}).sorted_by_index
+    assert not planner.choose(c, {"a": 1}, {"b": 1}).sorted_by_index  # 1 and true: two points
