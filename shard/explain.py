@@ -1,13 +1,17 @@
 """The shard's query plans for ``explain`` (mongod 8.0's classic engine output:
 ``plan_explainer_impl.cpp``, ``query_planner.cpp``).
 
-shardsim has no planner: the plan is what mongod's would be for simple cases, and the stats
-are counted from the data.
+The plan reported is the plan that runs: :func:`shard.planner.choose` (the index a find,
+count, distinct, update or delete reads through, or a collection scan), and the
+``executionStats`` counters are those of running it (``keysExamined``/``docsExamined`` of the
+index scan and its FETCH; a collection scan examines every document).
 
-* Index choice: the hinted index; else the first index (``_id_`` first) whose leading field
-  the filter constrains with an equality or range; else a collection scan. ``{$natural}``
-  hints scan the collection. A filter that is exactly ``{_id: <value>}`` is mongod 8.0's
-  express path (``EXPRESS_IXSCAN``).
+* Index choice: :mod:`shard.planner` (a hint forces its index when the planner can use it,
+  else a collection scan); ``{$natural}`` hints scan the collection. A filter that is
+  exactly ``{_id: <value>}`` is mongod 8.0's express path (``EXPRESS_IXSCAN``); other
+  ``_id`` equalities and ``$in`` read the ``_id`` index (``IXSCAN`` on ``_id_``).
+* An index that gives the sort has no ``SORT`` stage (a ``LIMIT`` over the FETCH instead),
+  scanned ``backward`` when the sort is the key pattern reversed.
 * Stages: ``COLLSCAN`` (``filter``, ``direction``) or ``FETCH`` over ``IXSCAN``
   (``keyPattern``, ``indexName``, ``isMultiKey``, ``multiKeyPaths``, ``isUnique``,
   ``isSparse``, ``isPartial``, ``indexVersion``, ``direction``, ``indexBounds``), with
@@ -31,6 +35,7 @@ from bson.min_key import MinKey
 
 from shardsim.core import query as q
 from shardsim.core.explain_common import parsed_query
+from shardsim.shard import planner
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.storage import Collection, Index
@@ -42,10 +47,13 @@ class Plan:
     """A winning plan: ``tree`` (the ``winningPlan`` document) and how it reads the data
     (``index`` or None for a collection scan, ``express`` for the _id fast path)."""
 
-    def __init__(self, tree: dict[str, Any], index: "Index | None", express: bool) -> None:
+    def __init__(self, tree: dict[str, Any], index: "Index | None", express: bool,
+                 run: "planner.Plan | None" = None) -> None:
         self.tree = tree
         self.index = index
         self.express = express
+        self.run = run  # the planner's plan (None: collection scan or the _id path)
+        self.run_limit = 0  # documents the index plan stops after (sort from the index)
 
 
 def _constrains(filt: dict[str, Any], field: str) -> bool:
@@ -58,20 +66,20 @@ def _constrains(filt: dict[str, Any], field: str) -> bool:
     return True
 
 
-def choose_index(coll: "Collection | None", filt: dict[str, Any], hint: Any) -> "Index | None":
-    """The index the plan uses (None: collection scan)."""
+def choose_index(coll: "Collection | None", filt: dict[str, Any], hint: Any,
+                 sort: Any = None) -> "tuple[Index | None, planner.Plan | None]":
+    """``(index, planner plan)`` the query reads through (``(None, None)``: a collection
+    scan; ``(_id_, None)``: the ``_id`` map, for an ``_id`` equality or ``$in``)."""
     if coll is None:
-        return None
-    if hint is not None and hint != {} and hint != "":
-        from shardsim.shard.hints import resolve_hint
-        return resolve_hint(coll, hint)
-    ordered = sorted(coll.indexes.values(), key=lambda i: i.name != "_id_")
-    for idx in ordered:
-        if idx.spec.get("hidden") or idx.partial is not None:
-            continue
-        if _constrains(filt, idx.fields[0]):
-            return idx
-    return None
+        return None, None
+    from shardsim.shard.hints import resolve_hint
+    hinted = hint is not None and hint != {} and hint != ""
+    hint_index = resolve_hint(coll, hint) if hinted else None
+    if (hint_index is None or hint_index.name == "_id_") and "_id_" in coll.indexes and \
+            q.pinned_id_keys(filt) is not None:
+        return coll.indexes["_id_"], None
+    run = planner.choose(coll, filt, sort, hint_index)
+    return (run.index, run) if run is not None else (None, None)
 
 
 def _bounds(idx: "Index", filt: dict[str, Any]) -> dict[str, list[str]]:
@@ -118,25 +126,30 @@ def _interval(v: Any, direction: Any) -> str:
     return text
 
 
-def ixscan_stage(idx: "Index", filt: dict[str, Any]) -> dict[str, Any]:
+def ixscan_stage(idx: "Index", filt: dict[str, Any],
+                 run: "planner.Plan | None" = None) -> dict[str, Any]:
     key = dict(idx.spec["key"])
-    return {"stage": "IXSCAN", "keyPattern": key, "indexName": idx.name, "isMultiKey": False,
-            "multiKeyPaths": {f: [] for f in key}, "isUnique": bool(idx.spec.get("unique"))
+    multi = bool(idx.sorted is not None and idx.sorted.multikey)
+    return {"stage": "IXSCAN", "keyPattern": key, "indexName": idx.name, "isMultiKey": multi,
+            "multiKeyPaths": {f: [f] if multi else [] for f in key},
+            "isUnique": bool(idx.spec.get("unique"))
             or idx.name == "_id_", "isSparse": idx.sparse, "isPartial": idx.partial is not None,
-            "indexVersion": 2, "direction": "forward", "indexBounds": _bounds(idx, filt)}
+            "indexVersion": 2, "direction": "backward" if run is not None and run.reverse
+            else "forward", "indexBounds": _bounds(idx, filt if run is None or run.used
+                                                   else {})}
 
 
 def scan_plan(coll: "Collection | None", filt: dict[str, Any], hint: Any,
-              natural_dir: int = 1) -> Plan:
+              natural_dir: int = 1, sort: Any = None) -> Plan:
     """The access part of a plan: ``COLLSCAN``, ``FETCH``+``IXSCAN`` or ``EXPRESS_IXSCAN``,
     under ``SHARDING_FILTER`` for a sharded collection."""
     pq = parsed_query(filt)
     if isinstance(hint, dict) and "$natural" in hint:
         natural_dir = -1 if hint["$natural"] in (-1, -1.0) else 1
         hint = None
-        idx = None
+        idx, run = None, None
     else:
-        idx = choose_index(coll, filt, hint)
+        idx, run = choose_index(coll, filt, hint, sort)
     if coll is not None and hint is None and list(filt) == ["_id"] and \
             not isinstance(filt["_id"], dict) and "_id_" in coll.indexes:
         return Plan({"stage": "EXPRESS_IXSCAN", "keyPattern": "{ _id: 1 }",
@@ -147,24 +160,31 @@ def scan_plan(coll: "Collection | None", filt: dict[str, Any], hint: Any,
             tree["filter"] = pq
         tree["direction"] = "forward" if natural_dir >= 0 else "backward"
     else:
-        rest = {k: v for k, v in filt.items() if k not in idx.fields[:1]}
+        rest = dict(filt) if run is not None else \
+            {k: v for k, v in filt.items() if k not in idx.fields[:1]}
         tree = {"stage": "FETCH"}
         if rest:
             tree["filter"] = parsed_query(rest)
-        tree["inputStage"] = ixscan_stage(idx, filt)
+        tree["inputStage"] = ixscan_stage(idx, filt, run)
     if coll is not None and coll.shard_key:
         tree = {"stage": "SHARDING_FILTER", "inputStage": tree}
-    return Plan(tree, idx, False)
+    return Plan(tree, idx, False, run)
 
 
 def find_plan(coll: "Collection | None", filt: dict[str, Any], sort: Any, skip: int,
               limit: int, projection: Any, hint: Any) -> Plan:
     """The plan of a find (also an aggregate's pushed-down part)."""
-    plan = scan_plan(coll, filt, hint)
+    plan = scan_plan(coll, filt, hint, sort=sort)
     if plan.express:
         return plan
     tree = plan.tree
-    if sort:
+    by_index = plan.run is not None and plan.run.sorted_by_index
+    if by_index and limit:
+        plan.run_limit = skip + limit
+    if sort and by_index:
+        if limit:
+            tree = {"stage": "LIMIT", "limitAmount": limit + skip, "inputStage": tree}
+    elif sort:
         tree = {"stage": "SORT", "sortPattern": dict(sort), "memLimit": 104857600,
                 **({"limitAmount": limit + skip} if limit else {}), "type": "simple",
                 "inputStage": tree}
@@ -187,6 +207,15 @@ def _examined(coll: "Collection | None", plan: Plan, filt: dict[str, Any]) -> tu
         return 0, 0
     if plan.index is None:
         return 0, len(coll.docs)
+    if plan.run is not None:  # run the plan: its own counters
+        run = plan.run
+        run.keys_examined = run.docs_examined = run.n_returned = 0
+        for _ in planner.execute(run, coll, filt, q.matches, plan.run_limit):
+            pass
+        return run.keys_examined, run.docs_examined
+    if plan.index.name == "_id_":
+        n = sum(1 for _ in q.select(coll, filt))
+        return n, n
     first = plan.index.fields[0]
     if plan.express or first in filt:
         n = sum(1 for _ in q.select(coll, {first: filt[first]}))

@@ -8,7 +8,9 @@ replaces the dict, so cursors and oplog entries may hold references without copy
 Unique indexes (``_id_`` always, plus any ``unique: true`` index) are kept as hash maps from the
 index key to the document's ``id_key``, so a duplicate is found in O(1) and reported like mongod
 (DuplicateKey 11000, ``keyPattern``/``keyValue``; ``index_access_method.cpp`` builds the message).
-Non-unique indexes are catalog entries only (listIndexes); queries scan.
+Every ascending/descending index (unique or not, compound, multikey, sparse, partial) also has
+its sorted KeyString keys (:mod:`shard.index_keys`), kept in step by the ``docs`` mapping itself
+(:class:`shard.index_keys.IndexedDocs`); the planner (:mod:`shard.planner`) reads them.
 
 Durable shards pass a ``journal`` list: every mutation appends a record that
 :class:`shard.durable.DurableStore` writes in the command's SQLite transaction.
@@ -26,6 +28,8 @@ from typing import Any, Iterator
 import bson
 from bson import Binary
 
+from shardsim.shard.index_keys import IndexedDocs, SortedKeys, plain_pattern
+from shardsim.shard import planner as _planner
 from shardsim.shard.snapshot import History
 from shardsim.shard.collection_kinds import check_measurement, id_index_spec, storage_key
 from shardsim.core.errors import MongoError
@@ -33,6 +37,9 @@ from shardsim.shard.write_conflicts import check_held
 from shardsim.core.values import format_value, get_path, id_key
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+
+#: what :func:`shardsim.core.query.select` reads through (importing the planner installs it)
+INDEX_PLANNER = _planner.planned_select
 
 #: the transaction whose statement is running (set by ``ShardNode._run_command``): its
 #: uncommitted collections (:mod:`shard.uncommitted_catalog`) are visible to it alone, as
@@ -97,7 +104,7 @@ def validate_db_name(db: str) -> None:
 class Index:
     """One index's catalog entry (``spec`` as listIndexes shows it) and, if unique, its map."""
 
-    __slots__ = ("spec", "name", "fields", "unique", "sparse", "partial", "entries")
+    __slots__ = ("spec", "name", "fields", "unique", "sparse", "partial", "entries", "sorted")
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
@@ -109,6 +116,11 @@ class Index:
         self.sparse: bool = bool(spec.get("sparse"))
         self.partial: dict[str, Any] | None = spec.get("partialFilterExpression")
         self.entries: dict[Any, Any] = {}
+        # the sorted keys (shard.index_keys) of a plain index other than _id_ (the docs map
+        # is the _id index); None for hashed/text/geo/wildcard ones
+        pattern = plain_pattern(spec["key"]) if spec.get("name") != "_id_" else None
+        self.sorted: SortedKeys | None = SortedKeys(pattern, self.sparse, self.partial) \
+            if pattern is not None else None
 
     def keys_of(self, doc: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
         """``[(hash key, keyValue doc)]`` for ``doc``: one per array element for a multikey
@@ -160,14 +172,14 @@ class Collection:
         self._ui = Binary(self.uuid, 4)
         self.options: dict[str, Any] = dict(options or {})
         self.shard_key = shard_key
-        self.docs: dict[Any, dict[str, Any]] = {}
+        self.indexes: dict[str, Index] = {}
+        self.docs: dict[Any, dict[str, Any]] = IndexedDocs(self.indexes)
         self.ts_seq = 0  # time series: storage keys of measurements (collection_kinds)
         # snapshot reads (shard.snapshot): the Storage's History, and this collection's
         # stamped undo log [(ts, key, document before)] with the ts of the oldest dropped entry
         self.recorder: Any = None
         self.history: deque[tuple[Any, Any, dict[str, Any] | None]] = deque()
         self.history_floor: Any = None
-        self.indexes: dict[str, Index] = {}
         # capped collections (shard.capped): each document's RecordId (insertion sequence) and
         # BSON size, and their total, kept by insert/replace/delete
         self.capped = bool(self.options.get("capped"))
@@ -180,6 +192,7 @@ class Collection:
             idx = Index(id_spec)
             idx.name = "_id_"  # a clustered index named otherwise still is the _id index
             idx.unique = True
+            idx.sorted = None
             self.indexes["_id_"] = idx
         # id_key -> the prepared, undecided transaction holding the document
         # (shard.sessions.Transaction.lock): other writers wait for it (shard.write_conflicts),
@@ -313,6 +326,8 @@ class Collection:
                     if idx.entries.get(hk, k) != k:
                         raise self._dup_error(idx, kv)
                     idx.entries[hk] = k
+        if idx.sorted is not None and isinstance(self.docs, IndexedDocs):
+            self.docs.build(idx.sorted)
         self.indexes[idx.name] = idx
 
     def catalog_doc(self) -> dict[str, Any]:

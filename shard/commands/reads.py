@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 from bson.int64 import Int64
 
 from shardsim.core.commands import CommandFamily, Request, check_type
-from shardsim.shard import coll_stats, hints
+from shardsim.shard import coll_stats, hints, planner
 from shardsim.shard.commands.capped_cursor import TailableCollectionCursor
 from shardsim.core.cursors import Batch, Cursor, ListCursor
 from shardsim.core.errors import MongoError
 from shardsim.core import query as q
 from shardsim.shard.change_stream import aggregate_change_stream
-from shardsim.core import current_op, local_sessions
+from shardsim.core import current_op, fast_group, local_sessions, max_time
 from shardsim.shard.commands.helpers import Database, check_fields, coll_name, txn_view, view_docs
 from shardsim.shard.commands.oplog_cursor import oplog_cursor
 from shardsim.core.errors import view_error
@@ -34,11 +34,44 @@ if TYPE_CHECKING:
 commands = CommandFamily("reads")
 
 
+def find_plan(coll: Any, filt: dict[str, Any] | None, sort: dict[str, Any] | None,
+              hint: Any) -> planner.Plan | None:
+    """The index plan of a find (:func:`shard.planner.choose`; a ``$natural`` hint: None)."""
+    if coll is None or hints.is_natural(hint):
+        return None
+    return planner.choose(coll, filt, sort, hints.resolve_hint(coll, hint))
+
+
+async def run_plan(plan: planner.Plan, coll: Any, filt: dict[str, Any] | None,
+                   limit: int) -> list[dict[str, Any]]:
+    """The documents an index plan returns, paced like a scan (maxTimeMS 50)."""
+    pacer = max_time.Pacer()
+    out = []
+    for _k, doc in planner.execute(plan, coll, filt, q.query_matcher(filt), limit):
+        out.append(doc)
+        if len(out) % 256 == 0:
+            await pacer.tick()
+    return out
+
+
 async def _read_docs(coll: Collection | None, filt: dict[str, Any] | None,
                      sort: dict[str, Any] | None, skip: int, limit: int,
-                     projection: dict[str, Any] | None) -> list[dict[str, Any]]:
+                     projection: dict[str, Any] | None, hint: Any = None) -> list[dict[str, Any]]:
     """The documents of ``coll`` a find returns (an unsorted limit stops the scan early). The
-    scan yields to the event loop and honours maxTimeMS (:func:`shardsim.core.query.select_paced`)."""
+    scan yields to the event loop and honours maxTimeMS (:func:`shardsim.core.query.select_paced`).
+    An index plan (:mod:`shard.planner`) reads only the keys of its intervals and, when the
+    index gives the sort, stops after ``skip + limit`` documents (no blocking sort)."""
+    if filt:
+        q.matches(filt, {})  # the filter's parse errors first, as a scan reports them
+    plan = find_plan(coll, filt, sort, hint)
+    if plan is not None:
+        q.sort_docs([], sort)  # the sort specification's errors
+        early = plan.sorted_by_index or not sort
+        docs = await run_plan(plan, coll, filt, skip + limit if limit and early else 0)
+        if sort and not plan.sorted_by_index:
+            docs = await q.sort_docs_paced(docs, sort)
+        docs = docs[skip:]
+        return q.project(docs[:limit] if limit else docs, projection)
     if not sort and limit and not skip:
         docs = [d for _, d in await q.select_paced(coll, filt, limit)]
     else:
@@ -120,7 +153,7 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
                 cursor = ListCursor(ns, q.project(docs[:limit] if limit else docs, projection))
             else:
                 cursor = ListCursor(ns, await _read_docs(coll, filt, sort, skip, limit,
-                                                         projection))
+                                                         projection, hint))
     if req.body.get("noCursorTimeout"):
         cursor.no_timeout = True
     bs = int(batch_size) if batch_size is not None else None
@@ -236,7 +269,11 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
             raw = storage.get(req.db, name)
             hints.check_hint(raw, req.body.get("hint"), ns)
             coll = node.sharding.owned_view(req, txn_view(node, raw, req))
-            if pipeline and isinstance(pipeline[0], dict) and list(pipeline[0]) == ["$match"] \
+            if pipeline and pipeline[0] == {"$match": {}} and coll is not None and \
+                    fast_group.is_count(pipeline[1:]):
+                docs = coll.docs.values()  # a count needs only its size (O(1))
+                pipeline = pipeline[1:]
+            elif pipeline and isinstance(pipeline[0], dict) and list(pipeline[0]) == ["$match"] \
                     and isinstance(pipeline[0]["$match"], dict):
                 # the leading $match as the query layer runs it: paced, honouring maxTimeMS
                 docs = [d for _, d in await q.select_paced(coll, pipeline[0]["$match"])]
@@ -246,6 +283,9 @@ async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
     for st in pipeline:
         if isinstance(st, dict) and ("$out" in st or "$merge" in st):
             raise MongoError(238, "$out and $merge are not supported by shardsim")
+    grouped = fast_group.group(docs, pipeline)  # counts and simple tallies, one pass
+    if grouped is not None:
+        docs, pipeline = grouped
     docs = q.run_pipeline([q.deep_copy(d) for d in docs], pipeline, Database(node, req.db))
     bs = cursor_opt.get("batchSize")
     if bs is not None and (isinstance(bs, bool) or not isinstance(bs, (int, float)) or bs < 0):

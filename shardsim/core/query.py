@@ -25,7 +25,7 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
-from shardsim.core import bucket_auto, collation, expressions, max_time, regex_limits
+from shardsim.core import bucket_auto, collation, expressions, fast_match, max_time, regex_limits
 from shardsim.core.errors import MongoError
 from shardsim.core.search_indexes import check_search_stages
 from shardsim.core.values import id_key
@@ -132,6 +132,16 @@ def matches(filt: dict[str, Any] | None, doc: dict[str, Any]) -> bool:
         raise translate_error(exc) from None
 
 
+def query_matcher(filt: dict[str, Any] | None) -> Any:
+    """``(filt, doc) -> bool`` for the documents of one query: :func:`matches`, with the simple
+    forms compiled once into closures (:mod:`shardsim.core.fast_match`) when no collation is
+    active. The compiled closures check the operation's deadline (maxTimeMS 50) every 512
+    documents, as mongomock's matcher does at each."""
+    if collation.active():
+        return matches
+    return fast_match.matcher(filt, matches, max_time.check)
+
+
 def _exact_id(filt: dict[str, Any]) -> tuple[bool, Any]:
     if "_id" not in filt:
         return False, None
@@ -177,6 +187,11 @@ def pinned_id_keys(filt: dict[str, Any] | None) -> list[Any] | None:
 
 
 PAUSE = (None, None)  # what select(..., pauses=True) yields every SLICE_S of scanning
+
+#: the shard's index planner (``shard.planner.planned_select``, installed by it): given
+#: ``(coll, filt)`` an iterator of the matching ``(id_key, doc)`` in ``$natural`` order read
+#: through an index, or None when a collection scan it is
+INDEX_PLANNER: Any = None
 
 
 def select(coll: Any, filt: dict[str, Any] | None, *,
@@ -225,14 +240,23 @@ def select(coll: Any, filt: dict[str, Any] | None, *,
         for k, doc in list(coll.docs.items()):
             yield k, doc
         return
-    docs = coll.docs
     since = perf_counter()
+    planned = INDEX_PLANNER(coll, filt) if INDEX_PLANNER is not None else None
+    if planned is not None:
+        for item in planned:
+            if pauses and perf_counter() - since >= max_time.SLICE_S:
+                yield PAUSE
+                since = perf_counter()
+            yield item
+        return
+    docs = coll.docs
+    match = query_matcher(filt)
     for k in list(docs):
         if pauses and perf_counter() - since >= max_time.SLICE_S:
             yield PAUSE
             since = perf_counter()
         doc = docs.get(k)
-        if doc is not None and matches(filt, doc):
+        if doc is not None and match(filt, doc):
             yield k, doc
 
 

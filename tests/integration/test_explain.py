@@ -133,3 +133,35 @@ def test_explain_errors(db: Any) -> None:
         with pytest.raises(OperationFailure) as info:
             db.command("explain", cmd, **kw)
         assert info.value.code == code, cmd
+
+
+def test_the_plan_reported_is_the_plan_run(db: Any) -> None:
+    """Issue 29: the index a find reads through, its direction and the counters of running it;
+    an index that gives the sort leaves no SORT stage; a hinted sparse index holds only the
+    documents with the field."""
+    c = db.ix
+    c.insert_many([{"_id": i, "x": i % 10, "y": i, **({"z": i} if i < 4 else {})}
+                   for i in range(30)])
+    c.create_index("x")
+    c.create_index([("y", -1)])
+    c.create_index("z", sparse=True)
+
+    def shard(out: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        return (out["queryPlanner"]["winningPlan"]["shards"][0]["winningPlan"],
+                out["executionStats"]["executionStages"]["shards"][0]["executionStages"])
+
+    plan, stats = shard(c.find({"x": 3}).explain())
+    leaf = _leaf(stats)
+    assert (plan["stage"], _leaf(plan)["indexName"]) == ("FETCH", "x_1")
+    assert (leaf["stage"], leaf["keysExamined"]) == ("IXSCAN", 3)
+    assert (stats["docsExamined"], stats["nReturned"]) == (3, 3)
+    out = c.find({"y": {"$gte": 10}}).sort("y", 1).limit(2).explain()
+    plan, stats = shard(out)
+    assert plan["stage"] == "LIMIT" and "SORT" not in str(plan)
+    assert (_leaf(plan)["indexName"], _leaf(plan)["direction"]) == ("y_-1", "backward")
+    assert _leaf(stats)["keysExamined"] == 2 and out["executionStats"]["nReturned"] == 2
+    assert [d["y"] for d in c.find({"y": {"$gte": 10}}).sort("y", 1).limit(2)] == [10, 11]
+    plan, stats = shard(c.find({"w": 1}).explain())
+    assert plan["stage"] == "COLLSCAN" and stats["docsExamined"] == 30
+    assert [d["_id"] for d in c.find({}).hint("z_1")] == [0, 1, 2, 3]
+    assert c.count_documents({}) == 30 and len(list(c.find({}))) == 30

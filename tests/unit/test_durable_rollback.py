@@ -189,3 +189,49 @@ def test_a_store_of_the_previous_layout_opens_and_is_checked_from_then_on(tmp_pa
         assert rows[0][0] is None and rows[1][0] is not None
     finally:
         node.durable.close()
+
+
+def _index_keys_match_the_documents(coll: Any) -> None:
+    """Every sorted index of ``coll`` (issue 29) holds exactly the keys of its documents."""
+    for idx in coll.indexes.values():
+        if idx.sorted is None:
+            continue
+        want = sorted((kb, coll.docs.rids[k], k) for k, d in coll.docs.items()
+                      for kb in idx.sorted.keys_of(d))
+        assert list(idx.sorted.entries) == want, idx.name
+
+
+def test_index_keys_follow_the_undo_of_a_failed_commit_and_a_reload(tmp_path, monkeypatch):
+    path = str(tmp_path / "db")
+
+    async def main() -> None:
+        n = ShardNode(shard_name="s", options={"dbpath": path, "noop_interval_ms": 600000})
+        run = n.run_command
+        await run(_req("insert", "a", {"insert": "x", "documents": [
+            {"_id": i, "k": i % 3, "m": [i, -i]} for i in range(9)]}))
+        await run(_req("createIndexes", "a", {"createIndexes": "x", "indexes": [
+            {"key": {"k": 1}, "name": "k_1"}, {"key": {"m": -1, "k": 1}, "name": "mk"}]}))
+        with monkeypatch.context() as m:
+            _fail_commits(m)
+            for name, body in [
+                    ("delete", {"delete": "x", "deletes": [{"q": {"k": 1}, "limit": 0}]}),
+                    ("update", {"update": "x", "updates": [{"q": {"k": 2}, "multi": True,
+                                                            "u": {"$set": {"k": 7}}}]}),
+                    ("insert", {"insert": "x", "documents": [{"_id": 50, "k": 1}]})]:
+                reply = await run(_req(name, "a", body))
+                assert reply["code"] == 14031, reply
+                _index_keys_match_the_documents(n.storage.get("a", "x"))
+        reply = await run(_req("find", "a", {"find": "x", "filter": {"k": 1}}))
+        assert [d["_id"] for d in reply["cursor"]["firstBatch"]] == [1, 4, 7]
+        await run(_req("update", "a", {"update": "x", "updates": [
+            {"q": {"k": 2}, "u": {"$set": {"k": 5}}, "multi": True}]}))
+        n.durable.close()
+        again = ShardNode(shard_name="s", options={"dbpath": path, "noop_interval_ms": 600000})
+        coll = again.storage.get("a", "x")
+        _index_keys_match_the_documents(coll)
+        assert sum(1 for _ in coll.indexes["k_1"].sorted.scan(b"", None)) == 9
+        reply = await again.run_command(_req("find", "a", {"find": "x", "filter": {"k": 5}}))
+        assert [d["_id"] for d in reply["cursor"]["firstBatch"]] == [2, 5, 8]
+        again.durable.close()
+
+    asyncio.run(main())
