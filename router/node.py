@@ -48,6 +48,10 @@ log = logging.getLogger("shardsim.router")
 REFRESH_INTERVAL_S = 1.0
 
 
+# Authentication of the internal user (__system@local) through the router.
+_LOCAL_AUTH_COMMANDS = frozenset({"saslStart", "saslContinue", "authenticate", "logout"})
+
+
 class RouterNode(Node):
     """``python -m router --configdb HOST:PORT``.
 
@@ -199,8 +203,10 @@ class RouterNode(Node):
         allows (263 otherwise). Nothing runs on the ``local`` database: IllegalOperation (20)
         "Can't use 'local' database through mongos", as ``ExecCommandClient::_prologue``
         (``src/mongo/s/commands/strategy.cpp``) refuses every command whose ``$db`` is
-        ``local`` (reads, writes, DDL alike)."""
-        if req.db == "local":
+        ``local`` (reads, writes, DDL alike). Authentication is not such a command: a member's
+        ``__system`` user authenticates against ``local`` (the key file), so ``saslStart``,
+        ``saslContinue``, ``authenticate`` and ``logout`` pass."""
+        if req.db == "local" and self.commands.canonical(req.name) not in _LOCAL_AUTH_COMMANDS:
             raise MongoError(20, "Can't use 'local' database through mongos")
         if req.body.get("autocommit") is False:
             check_transaction_command(self.commands.canonical(req.name), req.db)

@@ -11,8 +11,10 @@ service entry points).
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
+import socket
 import time
 from typing import Any, Protocol
 
@@ -57,6 +59,11 @@ def encode(doc: Any) -> bytes:
     return bson.encode(doc, codec_options=CODEC)
 
 
+@functools.lru_cache(maxsize=1)
+def _hostname() -> str:
+    return socket.gethostname()
+
+
 class CommandHook(Protocol):
     """A hook point around every command a node runs (:meth:`Node.run_command`); the fail
     points' ``failCommand`` is one (``shardsim/core/failpoints.py``)."""
@@ -99,8 +106,14 @@ class Node:
     # -- identity -------------------------------------------------------------------------
     @property
     def address(self) -> str:
-        """``host:port`` as hello and serverStatus report it."""
-        return f"{self.host}:{self.port}"
+        """``host:port`` as hello and serverStatus report it, and as other roles reach this
+        one. Bound to every interface (``0.0.0.0``, ``::``), the host is the machine's name,
+        as mongod's ``getHostNameCached()`` (in a container: its hostname, which the compose
+        network resolves); ``0.0.0.0`` would name the reader's own machine."""
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = _hostname()
+        return f"{host}:{self.port}"
 
     def hello(self, req: Request) -> dict[str, Any]:
         """The role-specific part of ``hello``; the common fields are added by the handler."""

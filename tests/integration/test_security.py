@@ -338,3 +338,17 @@ def test_audit_root_checks_metadata_consistency(auth_cluster: Cluster) -> None:
         assert info.value.code == 13
         assert info.value.details["errmsg"] == ("Not authorized to check metadata consistency "
                                                 "for database sec")
+
+
+def test_internal_user_authenticates_through_the_router_but_local_stays_refused(
+        auth_cluster: Cluster) -> None:
+    """A member's ``__system`` user authenticates against ``local`` (the key file's content as
+    password, as the compose cluster's init does); every other command on ``local`` through the
+    router is still IllegalOperation (20)."""
+    with open(auth_cluster.key_file) as f:
+        key = "".join(f.read().split())
+    with _client(auth_cluster, "__system", key, "local") as cl:
+        assert cl.admin.command("ping")["ok"] == 1
+        with pytest.raises(pymongo.errors.OperationFailure) as err:
+            cl.local.startup_log.find_one()
+        assert err.value.code == 20
