@@ -45,23 +45,28 @@ def _txn_summary(rs: list[TrialResult]) -> str:
 
 
 def _summary(results: list[TrialResult]) -> str:
-    checkers = [*CHECKERS, *SHARD_CHECKERS, *DDL_CHECKERS]
-    cols = ["role", "trials", "failed", "acked writes", "ambiguous", "events", *checkers,
-            "s/trial"]
+    """One row per role/scenario (its first seed, trials, failures, writes, events, each
+    checker's violations: ``-`` where the role does not run that checker), then the ``txn``
+    trials per moment."""
+    checkers = [*CHECKERS, *SHARD_CHECKERS, *DDL_CHECKERS, *TXN_CHECKERS]
+    cols = ["role", "first seed", "trials", "failed", "acked writes", "ambiguous", "events",
+            *checkers, "s/trial"]
     rows = []
     for role in ALL:
         rs = [r for r in results if r.role == role]
-        if not rs or role == "txn":
+        if not rs:
             continue
-        rows.append([role, len(rs), sum(not r.ok for r in rs), sum(r.acked for r in rs),
-                     sum(r.ambiguous for r in rs), sum(r.events for r in rs),
-                     *(sum(len(r.violations.get(c, ())) for r in rs) for c in checkers),
+        cells = [sum(len(r.violations[c]) for r in rs if c in r.violations)
+                 if any(c in r.violations for r in rs) else "-" for c in checkers]
+        rows.append([role, min(r.seed for r in rs), len(rs), sum(not r.ok for r in rs),
+                     sum(r.acked for r in rs), sum(r.ambiguous for r in rs),
+                     sum(r.events for r in rs), *cells,
                      f"{sum(r.seconds for r in rs) / len(rs):.1f}"])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] if rows else []
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
     txn = [r for r in results if r.role == "txn"]
     if txn:
-        lines += ["", _txn_summary(txn)] if rows else [_txn_summary(txn)]
+        lines += ["", _txn_summary(txn)]
     return "\n".join(lines)
 
 
