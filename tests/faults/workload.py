@@ -22,7 +22,7 @@ import threading
 from typing import Any
 
 import pymongo
-from pymongo import InsertOne, UpdateOne
+from pymongo import InsertOne, UpdateOne, monitoring
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from .checkers import WRITER_SPAN, Observed
@@ -140,6 +140,24 @@ def transactions(client: pymongo.MongoClient, coll: Any, ops: int, o: Observed) 
             o.ambiguous_inserts.update(pair)
 
 
+class FailedAttempts(monitoring.CommandListener):
+    """Counts writer 0's write commands that failed on the wire (each one the driver then
+    retried, or reported): the evidence that a kill landed in the middle of a batch."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def started(self, event: Any) -> None:
+        pass
+
+    def succeeded(self, event: Any) -> None:
+        pass
+
+    def failed(self, event: Any) -> None:  # type: ignore[override]
+        if event.command_name in ("insert", "update", "bulkWrite"):
+            self.count += 1
+
+
 class Workload:
     """The writers of one trial on ``faults.<name>`` through ``uri``: :meth:`start` them,
     :meth:`join` them (bounded). ``bulk_api`` (``"bulkWrite"``/``"insert_many"``) turns writer
@@ -147,9 +165,13 @@ class Workload:
 
     def __init__(self, uri: str, db: str, name: str, ops: int, o: Observed,
                  bulk_api: str | None = None, notes: list[str] | None = None) -> None:
+        self.attempts = FailedAttempts()
+        self.notes = notes if notes is not None else []
+        self.bulk_api = bulk_api
         self.clients = [pymongo.MongoClient(uri, retryWrites=True, serverSelectionTimeoutMS=20000,
-                                            socketTimeoutMS=10000, heartbeatFrequencyMS=500)
-                        for _ in range(3)]
+                                            socketTimeoutMS=10000, heartbeatFrequencyMS=500,
+                                            event_listeners=[self.attempts] if k == 0 else [])
+                        for k in range(3)]
         colls = [c[db][name] for c in self.clients]
         first: tuple[Any, ...] = (inserts_and_incs, colls[0], ops, o)
         if bulk_api:
@@ -176,6 +198,8 @@ class Workload:
             t.join(max(0.0, end - time.time()))
         for c in self.clients:
             c.close()
+        if self.bulk_api:
+            self.notes.append(f"failed batch commands {self.attempts.count}")
         return [f"writer {k} did not finish in {timeout_s:.0f} s"
                 for k, t in enumerate(self.threads) if t.is_alive()]
 
