@@ -42,8 +42,8 @@ spec: $(STAMP)
 load: $(STAMP)
 	$(VENV)/bin/shardsim load --ops 1000000 --shards 3
 
-# Fault trials: 100 kill -9 trials per role (shard, router, config server) on a durable cluster,
-# with a summary table; FAULT_ARGS="--seed N --trials 1 --role shard" replays one.
+# Fault trials: 100 kill -9 trials per role and scenario (docs/testing.md, Fault trials) on a
+# durable cluster, with one summary table; FAULT_ARGS="--seed N --trials 1 --role shard" replays one.
 FAULT_ARGS ?= --trials 100
 faults: $(STAMP)
 	$(PY) -m tests.faults $(FAULT_ARGS)

@@ -169,8 +169,15 @@ class Connection:
         header, payload)."""
         assert self._reader is not None and self._writer is not None
         if msg is not None:
-            self._writer.write(msg)
-            await self._writer.drain()
+            try:
+                self._writer.write(msg)
+                await self._writer.drain()
+            except RuntimeError as exc:
+                # uvloop's transport refuses a write once the peer is gone ("unable to
+                # perform operation on <TCPTransport closed=True ...>; the handler is
+                # closed"): a network error like any other (issue 28: a coordinator killed
+                # under a commit answered InternalError with that text)
+                raise ConnectionResetError(str(exc)) from None
         raw_header = await self._reader.readexactly(wire.HEADER_SIZE)
         header = wire.parse_header(raw_header)
         payload = await self._reader.readexactly(header.length - wire.HEADER_SIZE)

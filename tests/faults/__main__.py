@@ -1,6 +1,8 @@
-"""``python -m tests.faults [--role shard|router|config|txn|migration-config|migration-donor|
-migration-recipient|reshard-config|all] [--trials N] [--seed S] [--ops N]``: fault trials on
-one durable 2-shard cluster per role (or scenario: :mod:`.migration`), then a summary table.
+"""``python -m tests.faults [--role shard|router|config|txn|router-bulkwrite|shard-createindexes|
+shard-dropdatabase|migration-config|migration-donor|migration-recipient|reshard-config|all]
+[--trials N] [--seed S] [--ops N]``: fault trials on one durable 2-shard cluster per role (or
+scenario: :mod:`.migration`, :mod:`.ddl_trial`), then one summary table (and the ``txn``
+role's own table per moment).
 Trial ``k`` of a run has seed ``S + k`` (printed per trial); ``--seed X --trials 1 --role R``
 replays one. ``txn``: the coordinator shard killed before/after its commit decision and the
 client's commit retried later (:mod:`.txn_trial`), with its own table per moment."""
@@ -14,8 +16,8 @@ import tempfile
 
 from shardsim.tools.launcher import Cluster
 
-from .checkers import CHECKERS, SHARD_CHECKERS, TXN_CHECKERS
-from .harness import ROLES, TrialResult, run_trial
+from .checkers import CHECKERS, DDL_CHECKERS, SHARD_CHECKERS, TXN_CHECKERS
+from .harness import ROLES, TrialResult, needs_test_commands, run_trial
 from .migration import SCENARIOS, run_scenario
 from .txn_trial import MOMENTS
 
@@ -43,23 +45,28 @@ def _txn_summary(rs: list[TrialResult]) -> str:
 
 
 def _summary(results: list[TrialResult]) -> str:
-    checkers = [*CHECKERS, *SHARD_CHECKERS]
-    cols = ["role", "trials", "failed", "acked writes", "ambiguous", "events", *checkers,
-            "s/trial"]
+    """One row per role/scenario (its first seed, trials, failures, writes, events, each
+    checker's violations: ``-`` where the role does not run that checker), then the ``txn``
+    trials per moment."""
+    checkers = [*CHECKERS, *SHARD_CHECKERS, *DDL_CHECKERS, *TXN_CHECKERS]
+    cols = ["role", "first seed", "trials", "failed", "acked writes", "ambiguous", "events",
+            *checkers, "s/trial"]
     rows = []
     for role in ALL:
         rs = [r for r in results if r.role == role]
-        if not rs or role == "txn":
+        if not rs:
             continue
-        rows.append([role, len(rs), sum(not r.ok for r in rs), sum(r.acked for r in rs),
-                     sum(r.ambiguous for r in rs), sum(r.events for r in rs),
-                     *(sum(len(r.violations.get(c, ())) for r in rs) for c in checkers),
+        cells = [sum(len(r.violations[c]) for r in rs if c in r.violations)
+                 if any(c in r.violations for r in rs) else "-" for c in checkers]
+        rows.append([role, min(r.seed for r in rs), len(rs), sum(not r.ok for r in rs),
+                     sum(r.acked for r in rs), sum(r.ambiguous for r in rs),
+                     sum(r.events for r in rs), *cells,
                      f"{sum(r.seconds for r in rs) / len(rs):.1f}"])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] if rows else []
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
     txn = [r for r in results if r.role == "txn"]
     if txn:
-        lines += ["", _txn_summary(txn)] if rows else [_txn_summary(txn)]
+        lines += ["", _txn_summary(txn)]
     return "\n".join(lines)
 
 
@@ -76,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[TrialResult] = []
     for role in roles:
         with tempfile.TemporaryDirectory(prefix="shardsim-faults-") as tmp:
-            # the txn role and the migration scenarios hold a process at its fail points
+            # the txn role, the DDL and the migration scenarios use fail points
             cluster = Cluster(shards=2, durable=True, base_dir=tmp,
-                              test_commands=role == "txn" or role in SCENARIOS)
+                              test_commands=needs_test_commands(role))
             cluster.start()
             try:
                 for k in range(args.trials):

@@ -1,11 +1,14 @@
 """One checker per invariant of a fault trial. Each takes the :class:`Observed` outcome of a
 trial and returns a list of violations (strings; empty when the invariant holds).
 
-A trial's writer runs, one after the other, for each op ``i``: ``insert {_id: i, seq: i}``
-then ``update {_id: i} {$inc: {n: 1}}``. Each write is *acknowledged* (the driver returned a
-result; an ``$inc`` that matched no document, because its insert was not applied, is noted
-apart), or *ambiguous* (the driver raised: it may or may not have been applied; a retryable
-write is never applied twice either way).
+A trial's first writer runs, one after the other, for each op ``i``: ``insert {_id: i, seq:
+i}`` then ``update {_id: i} {$inc: {n: 1}}`` (or the same in ``bulkWrite`` batches). The other
+writers of the mixed workload (:mod:`.workload`) run at the same time on their own ``_id``
+ranges: one inserts documents and deletes every other one, one commits small transactions that
+insert two documents (on two shards as the hashed ``_id`` falls). Each write is *acknowledged*
+(the driver returned a result; an ``$inc`` or a delete that matched no document, because its
+insert was not applied, is noted apart), or *ambiguous* (the driver raised: it may or may not
+have been applied; a retryable write is never applied twice either way).
 """
 
 from __future__ import annotations
@@ -26,29 +29,54 @@ class Observed:
     acked_incs: set[int] = field(default_factory=set)  # acknowledged, matched its document
     acked_noop_incs: set[int] = field(default_factory=set)  # acknowledged, matched nothing
     ambiguous_incs: set[int] = field(default_factory=set)
+    acked_deletes: set[int] = field(default_factory=set)  # acknowledged, deleted one document
+    acked_noop_deletes: set[int] = field(default_factory=set)  # acknowledged, matched nothing
+    ambiguous_deletes: set[int] = field(default_factory=set)
+    # the transactions' inserted pairs: committed (acknowledged) or ambiguous
+    acked_txns: list[tuple[int, int]] = field(default_factory=list)
+    ambiguous_txns: list[tuple[int, int]] = field(default_factory=list)
     docs: dict[int, dict[str, Any]] = field(default_factory=dict)  # _id -> final document
     events: list[dict[str, Any]] = field(default_factory=list)  # in stream order
+    batch: int = 0  # writer 0's batch (router-bulkwrite: its inserts, then its $incs); 0: none
+
+
+def _deleted(o: Observed) -> set[int]:
+    """The documents a delete removed: gone, their delete acknowledged as deleting one, or
+    ambiguous after an acknowledged insert (nothing else removes a document)."""
+    gone = (o.acked_deletes | (o.ambiguous_deletes & o.acked_inserts)) - set(o.docs)
+    return gone
 
 
 def _applied(o: Observed) -> dict[tuple[str, int], int]:
     """How many times each write took effect, read off the final documents: the insert of
-    ``i`` once if its document is there, its ``$inc`` ``n`` times."""
+    ``i`` once if its document is there (or it was deleted since), its ``$inc`` ``n`` times,
+    its delete once if the document is gone after a delete that took effect."""
     out = {("insert", i): 1 for i in o.docs}
     out.update({("update", i): d.get("n", 0) for i, d in o.docs.items()})
+    for i in _deleted(o):
+        out[("insert", i)] = out[("delete", i)] = 1
     return out
 
 
-def _writes(inserts: set[int], incs: set[int]) -> list[tuple[str, int]]:
-    return [("insert", i) for i in sorted(inserts)] + [("update", i) for i in sorted(incs)]
+def _writes(inserts: set[int], incs: set[int], deletes: set[int] = frozenset()  # type: ignore
+            ) -> list[tuple[str, int]]:
+    return [("insert", i) for i in sorted(inserts)] + [("update", i) for i in sorted(incs)] + \
+        [("delete", i) for i in sorted(deletes)]
 
 
 def no_lost_acknowledged_write(o: Observed) -> list[str]:
-    """Every acknowledged insert is there; every acknowledged $inc is reflected
-    (:func:`invariants.lost_writes`)."""
+    """Every acknowledged insert is there (unless a delete of it took effect); every
+    acknowledged $inc is reflected; every acknowledged delete is (the document is gone, no
+    stale copy came back) (:func:`invariants.lost_writes`)."""
     out = []
-    for op, i in invariants.lost_writes(_writes(o.acked_inserts, o.acked_incs), _applied(o)):
+    maybe_deleted = o.acked_deletes | o.ambiguous_deletes
+    applied = _applied(o)
+    inserts = o.acked_inserts - (maybe_deleted - set(o.docs))
+    for op, i in invariants.lost_writes(_writes(inserts, o.acked_incs), applied):
         out.append(f"acknowledged insert {i} lost" if op == "insert" else
                    f"acknowledged $inc of {i} lost (n={o.docs.get(i, {}).get('n', 0)})")
+    out += [f"acknowledged delete of {i} lost: the document is back" for i in
+            sorted(o.acked_deletes & set(o.docs))]
     return out
 
 
@@ -56,15 +84,28 @@ def no_doubled_write(o: Observed) -> list[str]:
     """No $inc applied twice, none applied that was acknowledged as matching nothing; no
     document that nobody inserted (:func:`invariants.doubled_writes`)."""
     possible = set(_writes(o.acked_inserts | o.ambiguous_inserts,
-                           o.acked_incs | o.ambiguous_incs))
+                           o.acked_incs | o.ambiguous_incs,
+                           o.acked_deletes | o.ambiguous_deletes))
     out = []
     for (op, i), n in sorted(invariants.doubled_writes(_applied(o), possible)):
         if op == "insert":
             out.append(f"document {i} was never written")
+        elif op == "delete":
+            out.append(f"document {i} deleted by nobody")
         elif n > 1:
             out.append(f"$inc of {i} applied {n} times")
         else:
             out.append(f"$inc of {i} acknowledged as matching nothing but applied")
+    return out
+
+
+def no_torn_transaction(o: Observed) -> list[str]:
+    """A transaction's two inserts both there or neither (a committed one: both; none of its
+    documents is ever deleted)."""
+    out = [f"committed transaction {a},{b} missing {[i for i in (a, b) if i not in o.docs]}"
+           for a, b in o.acked_txns if a not in o.docs or b not in o.docs]
+    out += [f"transaction {a},{b} half applied" for a, b in o.ambiguous_txns
+            if (a in o.docs) != (b in o.docs)]
     return out
 
 
@@ -91,22 +132,34 @@ def no_duplicated_event(o: Observed) -> list[str]:
     return out
 
 
+_KIND = {"insert": 0, "update": 1, "delete": 2}
+WRITER_SPAN = 1_000_000  # writer k of the mixed workload writes _id k * WRITER_SPAN + i
+
+
 def no_reordered_event(o: Observed) -> list[str]:
-    """Events in resume-token order, and the writer's acknowledged writes in write order: op
-    ``i``'s insert before its update, and ``i`` before ``i + 1``
-    (:func:`invariants.unordered_events`). An ambiguous write has no
+    """Events in resume-token order, and each writer's acknowledged writes in its write order:
+    op ``i``'s insert before its update or delete, and ``i`` before ``i + 1``
+    (:func:`invariants.unordered_events`; writers run concurrently, so there is no order
+    between two writers' writes). An ambiguous write has no
     place in that order: when its shard died after applying it but before replying, the
     router never learned its cluster time, so a later write on another shard may get an
     earlier one (no causal order without an acknowledgement; mongod behaves the same)."""
     tokens = [e["_id"]["_data"] for e in o.events]
     out = [f"event {tokens[i]} after {tokens[i - 1]}"
            for i in invariants.unordered_events(tokens, strict=False)]
-    acked = {(i, 0) for i in o.acked_inserts} | {(i, 1) for i in o.acked_incs}
-    order = [(e["documentKey"]["_id"], 0 if e["operationType"] == "insert" else 1)
-             for e in o.events if e["operationType"] in ("insert", "update")]
+    acked = {(i, 0) for i in o.acked_inserts} | {(i, 1) for i in o.acked_incs} | \
+        {(i, 2) for i in o.acked_deletes}
+    order = [(e["documentKey"]["_id"], _KIND[e["operationType"]])
+             for e in o.events if e["operationType"] in _KIND]
     order = [k for k in order if k in acked]
-    out += [f"write {order[i]} streamed after {order[i - 1]}"
-            for i in invariants.unordered_events(order, strict=False)]
+    for w in sorted({k[0] // WRITER_SPAN for k in order}):
+        mine = [k for k in order if k[0] // WRITER_SPAN == w]
+        if w == 0 and o.batch:  # a batch's inserts, then its $incs, then the next batch
+            mine = [(i // o.batch, kind, i) for i, kind in mine]
+        if w == 2:  # one transaction's writes commit at one time: no order between them
+            mine = [(i // 2, 0, 0) for i, _ in mine]
+        out += [f"write {mine[i]} streamed after {mine[i - 1]}"
+                for i in invariants.unordered_events(mine, strict=False)]
     return out
 
 
@@ -116,6 +169,7 @@ CHECKERS: dict[str, Callable[[Observed], list[str]]] = {
     "lost_event": no_lost_event,
     "duplicated_event": no_duplicated_event,
     "reordered_event": no_reordered_event,
+    "torn_txn": no_torn_transaction,
 }
 
 
@@ -264,6 +318,7 @@ class ShardState:
     events: list[dict[str, Any]] = field(default_factory=list)
     pattern: Any = None
     chunks: list[Any] = field(default_factory=list)
+    router_docs: dict[Any, dict[str, Any]] | None = None  # the router's view, when read
 
 
 def no_orphan(st: ShardState) -> list[str]:
@@ -308,6 +363,20 @@ def no_doubled_inc(st: ShardState) -> list[str]:
             if v > st.acked.get(i, 0) + st.ambiguous.get(i, 0)]
 
 
+def no_stale_copy(st: ShardState) -> list[str]:
+    """The router shows exactly the owners' copies (when the trial read the router's view):
+    no owner's document missing or different there, none there that no owner has."""
+    if st.router_docs is None:
+        return []
+    owned = {d["_id"]: d for shard, docs in st.docs.items() for d in docs
+             if st.owner(d) == shard}
+    out = [f"{i}: the router shows {st.router_docs.get(i)}, its owner has {d}"
+           for i, d in sorted(owned.items(), key=repr) if st.router_docs.get(i) != d]
+    out += [f"{i}: the router shows a document no owner has"
+            for i in sorted(set(st.router_docs) - set(owned), key=repr)]
+    return out
+
+
 def nothing_left(st: ShardState) -> list[str]:
     """No coordinator document, range-deletion task, temporary collection or resharding
     state left after the recovery."""
@@ -333,9 +402,66 @@ SHARD_CHECKERS: dict[str, Callable[[ShardState], list[str]]] = {
     "doubled_inc": no_doubled_inc,
     "leftover": nothing_left,
     "cleanup_event": no_cleanup_event,
+    "stale_copy": no_stale_copy,
 }
+# the shard checkers of the kill trials (tests/faults/harness.py): their writers insert and
+# delete, so the $inc accounting of the migration scenarios is judged by CHECKERS instead
+KILL_SHARD_CHECKERS = ("orphan", "duplicate_copy", "leftover", "stale_copy")
 
 
 def check_shards(st: ShardState) -> dict[str, list[str]]:
     """``{invariant: violations}`` for every shard checker."""
     return {name: fn(st) for name, fn in SHARD_CHECKERS.items()}
+
+
+# -- DDL interrupted by a shard kill (tests/faults/ddl_trial.py) -------------------------------
+@dataclass
+class DdlObserved:
+    """What a DDL scenario saw after the restart and the client's retries: the retried
+    command's last error (None: it succeeded), ``checkMetadataConsistency``'s inconsistencies
+    (through the router), per shard the index keys (``((field, direction), ...)``) it lists
+    for the trial collection (read directly), the shards owning chunks by ``config.chunks``,
+    the keys the client created, and where the dropped database was still found (the config
+    server's catalog, a shard's ``listDatabases``, the router's)."""
+
+    error: str | None = None
+    inconsistencies: list[dict[str, Any]] = field(default_factory=list)
+    indexes: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
+    owners: set[str] = field(default_factory=set)
+    wanted: list[tuple[Any, ...]] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+
+
+def ddl_retry_succeeds(o: DdlObserved) -> list[str]:
+    """The client's retry of the interrupted command succeeds (within its deadline)."""
+    return [f"the retried command failed: {o.error}"] if o.error else []
+
+
+def metadata_consistent(o: DdlObserved) -> list[str]:
+    """``checkMetadataConsistency`` finds nothing."""
+    return [f"{i.get('type')}: {i.get('details')}" for i in o.inconsistencies]
+
+
+def index_on_every_owner(o: DdlObserved) -> list[str]:
+    """Every shard owning chunks of the collection has every index the client created."""
+    return [f"{shard} owns chunks but lacks index {dict(key)}"
+            for shard in sorted(o.owners) for key in o.wanted
+            if key not in o.indexes.get(shard, [])]
+
+
+def database_gone(o: DdlObserved) -> list[str]:
+    """The dropped database is in no catalog and on no shard."""
+    return list(o.left)
+
+
+DDL_CHECKERS: dict[str, Callable[[DdlObserved], list[str]]] = {
+    "ddl_retry": ddl_retry_succeeds,
+    "metadata": metadata_consistent,
+    "index_missing": index_on_every_owner,
+    "db_left": database_gone,
+}
+
+
+def check_ddl(o: DdlObserved) -> dict[str, list[str]]:
+    """``{invariant: violations}`` for every DDL checker."""
+    return {name: fn(o) for name, fn in DDL_CHECKERS.items()}

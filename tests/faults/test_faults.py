@@ -1,7 +1,9 @@
 """A few fault trials in ``make test`` (one per role and one per interrupted-migration
 scenario, bounded; role ``txn`` kills a transaction's coordinator shard,
-tests/faults/txn_trial.py); ``make faults`` runs 100 per role. Each trial kills one process of a durable cluster with ``kill -9`` during writes and a
-change stream and checks every invariant of :mod:`.checkers`."""
+tests/faults/txn_trial.py; ``router-bulkwrite`` the router under bulk writes;
+``shard-createindexes``/``shard-dropdatabase`` a shard under DDL, tests/faults/ddl_trial.py);
+``make faults`` runs 100 per role. Each trial kills one process of a durable cluster with
+``kill -9`` during writes and a change stream and checks every invariant of :mod:`.checkers`."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import random
 
 import pytest
 
-from .checkers import Observed, ShardState, TxnObserved, check, check_shards, check_txn
-from .harness import ROLES, run_trial
+from .checkers import (DdlObserved, Observed, ShardState, TxnObserved, check, check_ddl,
+                       check_shards, check_txn)
+from .harness import ROLES, needs_test_commands, run_trial
 from .migration import SCENARIOS, run_scenario
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,10 +39,64 @@ def test_checkers_catch_each_violation() -> None:
     assert check(Observed(**{**good.__dict__, "events": swapped}))["reordered_event"]
 
 
+def test_mixed_workload_checkers_catch_each_violation() -> None:
+    """Deletes, transactions and batches (the mixed workload, :mod:`.workload`): each checker
+    fails on the outcome it guards against, and a clean outcome passes."""
+    ev = lambda op, i, tok: {"operationType": op, "documentKey": {"_id": i},  # noqa: E731
+                             "_id": {"_data": tok}}
+    d, t = 1_000_000, 2_000_000
+    good = Observed(acked_inserts={d, d + 1, t, t + 1}, acked_deletes={d},
+                    acked_txns=[(t, t + 1)], docs={d + 1: {"_id": d + 1}, t: {"_id": t},
+                                                   t + 1: {"_id": t + 1}},
+                    events=[ev("insert", d, "a"), ev("delete", d, "b"), ev("insert", d + 1, "c"),
+                            ev("insert", t + 1, "d"), ev("insert", t, "e")])
+    assert not any(check(good).values()), check(good)  # a transaction's inserts: no order
+    back = Observed(**{**good.__dict__, "docs": {**good.docs, d: {"_id": d}}})
+    assert check(back)["lost_write"]  # an acknowledged delete undone (a stale copy)
+    assert check(Observed(**{**good.__dict__, "events": good.events[:1] + good.events[2:]})
+                 )["lost_event"]  # the delete's event missing
+    torn = Observed(**{**good.__dict__, "docs": {d + 1: {"_id": d + 1}, t: {"_id": t}}})
+    assert check(torn)["torn_txn"]
+    half = Observed(**{**good.__dict__, "acked_txns": [], "ambiguous_txns": [(t, t + 1)],
+                       "acked_inserts": {d, d + 1}, "ambiguous_inserts": {t, t + 1},
+                       "docs": torn.docs})
+    assert check(half)["torn_txn"]
+    swapped = [good.events[1], good.events[0], *good.events[2:]]
+    assert check(Observed(**{**good.__dict__, "events": swapped}))["reordered_event"]
+    # router-bulkwrite: a batch's inserts, then its $incs
+    batch = Observed(acked_inserts={0, 1}, acked_incs={0, 1}, batch=2,
+                     docs={0: {"_id": 0, "n": 1}, 1: {"_id": 1, "n": 1}},
+                     events=[ev("insert", 0, "a"), ev("insert", 1, "b"), ev("update", 0, "c"),
+                             ev("update", 1, "d")])
+    assert not any(check(batch).values())
+    assert check(Observed(**{**batch.__dict__, "batch": 0}))["reordered_event"]
+
+
+def test_stale_copy_and_ddl_checkers_catch_each_violation() -> None:
+    """The router's view against the owners' copies, and each DDL checker."""
+    base = dict(docs={"s0": [{"_id": 1, "n": 1}], "s1": [{"_id": 2}]},
+                owner=lambda d: "s0" if d["_id"] == 1 else "s1", ids={1, 2})
+    view = {1: {"_id": 1, "n": 1}, 2: {"_id": 2}}
+    assert not check_shards(ShardState(**base, router_docs=view))["stale_copy"]  # type: ignore
+    assert check_shards(ShardState(**base, router_docs={**view, 1: {"_id": 1, "n": 0}})  # type: ignore
+                        )["stale_copy"]
+    assert check_shards(ShardState(**base, router_docs={**view, 3: {"_id": 3}})  # type: ignore
+                        )["stale_copy"]
+    key = (("seq", 1),)
+    good = DdlObserved(indexes={"s0": [(("_id", 1),), key], "s1": [key]}, owners={"s0", "s1"},
+                       wanted=[key])
+    assert not any(check_ddl(good).values())
+    assert check_ddl(DdlObserved(error="NetworkTimeout"))["ddl_retry"]
+    assert check_ddl(DdlObserved(inconsistencies=[{"type": "MisplacedCollection"}]))["metadata"]
+    assert check_ddl(DdlObserved(indexes={"s0": [key], "s1": []}, owners={"s0", "s1"},
+                                 wanted=[key]))["index_missing"]
+    assert check_ddl(DdlObserved(left=["shard1: fdrop1 with ['u']"]))["db_left"]
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_one_fault_trial_per_role(cluster_factory, role: str) -> None:
     seed = random.SystemRandom().randrange(1, 10**6)
-    cluster = cluster_factory(shards=2, durable=True, test_commands=role == "txn")
+    cluster = cluster_factory(shards=2, durable=True, test_commands=needs_test_commands(role))
     result = run_trial(cluster, role, seed, ops=60)
     assert result.ok, (f"replay: python -m tests.faults --role {role} --seed {seed} "
                        f"--trials 1 --ops 60", result.violations)

@@ -51,3 +51,42 @@ def test_cancelled_command_does_not_leave_its_reply_for_the_next_one() -> None:
         return got
 
     assert asyncio.run(run()) == [2, 3]
+
+
+class _ClosedTransportWriter:
+    """A stream writer whose transport is gone, as uvloop reports it: ``write`` raises
+    RuntimeError (not OSError)."""
+
+    def write(self, data: bytes) -> None:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True "
+                           "reading=False 0x0>; the handler is closed")
+
+    async def drain(self) -> None:  # pragma: no cover
+        return None
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        return None
+
+
+def test_write_to_a_closed_transport_is_a_network_error() -> None:
+    """uvloop's RuntimeError on a write to a dead peer is SocketException (9001), so the router
+    answers a network error (retryable, UnknownTransactionCommitResult for a commit), never
+    InternalError with Python text (issue 28: fault trial txn seed 28096)."""
+    from shardsim.core.client import Connection
+    from shardsim.core.errors import MongoError
+
+    async def run() -> MongoError:
+        conn = Connection("127.0.0.1", 1)
+        conn._reader, conn._writer = asyncio.StreamReader(), _ClosedTransportWriter()  # type: ignore
+        try:
+            await conn.command("admin", {"ping": 1})
+        except MongoError as exc:
+            assert conn.broken
+            return exc
+        raise AssertionError("no error")
+
+    exc = asyncio.run(run())
+    assert exc.code == 9001 and "network error" in str(exc)
