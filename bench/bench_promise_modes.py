@@ -1,7 +1,7 @@
 """Insert-to-event latency through the router with idle shards: ``clock`` vs ``mongod`` promise
 modes.
 
-A 3-shard cluster per mode (``python -m shard --promise-mode MODE --noop-interval-ms 1000``);
+A 3-shard cluster per mode (``python -m shardsim.shard --promise-mode MODE --noop-interval-ms 1000``);
 one watcher on a collection whose writes all land on one shard, so the two other shards (and the
 config server) stay idle. Each sample inserts one document at a random moment and measures the
 time from just before ``insert_one`` until the watcher's ``try_next()`` returns its event.

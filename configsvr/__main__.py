@@ -1,4 +1,4 @@
-"""``python -m configsvr --port P [--host H] [--dbpath DIR] [--oplog-size-mb MB]``: run the config server.
+"""``python -m shardsim.configsvr --port P [--host H] [--dbpath DIR] [--oplog-size-mb MB]``: run the config server.
 
 Prints ``shardsim configsvr ready on HOST:PORT`` once listening (see :func:`shardsim.core.server.ready_line`).
 """

@@ -51,7 +51,7 @@ _INTERNAL_CONN = ConnectionInfo(id=0, peer="internal", auth=AuthSession(users=[S
 
 
 class ConfigServerNode(ShardNode):
-    """``python -m configsvr``: a ShardNode named ``config`` with the catalog commands
+    """``python -m shardsim.configsvr``: a ShardNode named ``config`` with the catalog commands
     (:mod:`configsvr.commands`). ``ddl_lock`` serialises the catalog commands (the server's
     DDL coordinators); ``shard_pools`` holds a connection pool per shard name; ``balancer``
     is the :class:`configsvr.balancer.Balancer` (started with the node)."""

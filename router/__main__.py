@@ -1,4 +1,4 @@
-"""``python -m router --port P --configdb HOST:PORT [--enable-test-commands]``: run a router.
+"""``python -m shardsim.router --port P --configdb HOST:PORT [--enable-test-commands]``: run a router.
 
 Prints ``shardsim router ready on HOST:PORT`` once listening (see :func:`shardsim.core.server.ready_line`).
 """

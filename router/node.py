@@ -53,7 +53,7 @@ _LOCAL_AUTH_COMMANDS = frozenset({"saslStart", "saslContinue", "authenticate", "
 
 
 class RouterNode(Node):
-    """``python -m router --configdb HOST:PORT``.
+    """``python -m shardsim.router --configdb HOST:PORT``.
 
     Attributes other router modules use: ``catalog`` (:class:`router.catalog.CatalogCache`),
     ``config_pool`` (:class:`shardsim.core.client.Pool` to the config server),

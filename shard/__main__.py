@@ -1,4 +1,4 @@
-"""``python -m shard --port P [--host H] --shard-name NAME [--dbpath DIR] ...``: run one shard.
+"""``python -m shardsim.shard --port P [--host H] --shard-name NAME [--dbpath DIR] ...``: run one shard.
 
 Prints ``shardsim shard ready on HOST:PORT`` once listening (see :func:`shardsim.core.server.ready_line`).
 """

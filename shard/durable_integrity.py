@@ -24,7 +24,7 @@ inside a row's BLOB in the main file is served as it is. shardsim adds three che
   the two leaves the store one commit ahead, which is fine.
 
 On any of these the shard refuses to start: :class:`StorageCorruption`, printed as one line
-on stderr by ``python -m shard`` / ``python -m configsvr``, exit code 14 (mongod's
+on stderr by ``python -m shardsim.shard`` / ``python -m shardsim.configsvr``, exit code 14 (mongod's
 ``ExitCode::abrupt``, what its fatal assertions exit with).
 """
 

@@ -51,7 +51,7 @@ class AsyncShardedCluster:
 
     Parameters: ``shards`` (int, shards named ``shard0``...); ``promise_mode`` (``"clock"`` or
     ``"mongod"``: how a shard's empty change-stream batch advances its postBatchResumeToken,
-    ``python -m shard --promise-mode``); ``durable`` (bool: every member gets a dbpath under
+    ``python -m shardsim.shard --promise-mode``); ``durable`` (bool: every member gets a dbpath under
     ``dbpath`` or a temporary directory removed by :meth:`stop`); ``seed`` (int or None: seeds
     every random choice of the kit); ``noop_interval_ms`` (int, ms: the periodic no-op writer
     of shards and config server, mongod's ``periodicNoopIntervalSecs``); ``host``; ``port``

@@ -6,7 +6,7 @@
         client = pymongo.MongoClient(cluster.router_uri)
         ...
 
-:class:`Cluster` starts ``python -m configsvr``, ``python -m shard`` (×N) and ``python -m
+:class:`Cluster` starts ``python -m shardsim.configsvr``, ``python -m shardsim.shard`` (×N) and ``python -m
 router`` on free loopback ports (or the router on ``port``), runs ``addShard`` for every shard
 and waits until the router answers. :meth:`Cluster.stop` always leaves nothing running: it is
 called on any start-up failure, on leaving the ``with`` block (also by an exception or Ctrl-C).
@@ -95,7 +95,7 @@ class Cluster:
     ``shards`` — number of shards (named ``shard0``, ``shard1``, ...); ``base_dir`` — directory
     for logs and data (a temporary one, removed on stop, when None); ``durable`` — give every
     process ``--dbpath``; ``port`` — the router's port (0 = a free one); ``shard_args`` — extra
-    arguments for every ``python -m shard``; ``detach`` — processes write to log files in
+    arguments for every ``python -m shardsim.shard``; ``detach`` — processes write to log files in
     ``base_dir`` and survive the launcher (see ``shardsim up --detach``); ``auth`` — ``(user,
     password)``: every process gets ``--keyFile`` (a key generated into ``base_dir``) and the
     first user, ``user`` with ``root`` on ``admin``, is created through the localhost exception;

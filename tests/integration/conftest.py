@@ -1,6 +1,6 @@
 """Reusable fixtures for tests that start real role processes on free loopback ports.
 
-``shard_process(name="shard0", dbpath=None, *extra_args)`` starts ``python -m shard
+``shard_process(name="shard0", dbpath=None, *extra_args)`` starts ``python -m shardsim.shard
 --enable-test-commands`` (fail points; ``--no-test-commands`` in ``extra_args`` wins) and
 returns its :class:`shardsim.tools.procs.RoleProcess` (``.address``, ``.port``); every process started
 through the factory is stopped when the test ends, pass or fail. ``shard`` is one ready

@@ -1,4 +1,4 @@
-"""Change streams served directly by a real ``python -m shard`` process, through pymongo.
+"""Change streams served directly by a real ``python -m shardsim.shard`` process, through pymongo.
 
 Covers event types and their fields, the ``$changeStream`` options, mongod's errors and labels,
 invalidation, transactions, pre/post-images, and cursor behaviour (empty first batch,

@@ -1,4 +1,4 @@
-"""``configureFailPoint`` on a real ``python -m shard`` process through pymongo: failCommand
+"""``configureFailPoint`` on a real ``python -m shardsim.shard`` process through pymongo: failCommand
 errors/labels, pymongo resuming a change stream after failGetMoreAfterCursorCheckout and after
 a closed connection, and CommandNotFound with ``--no-test-commands``."""
 

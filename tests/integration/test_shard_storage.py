@@ -1,4 +1,4 @@
-"""A real ``python -m shard`` process driven through pymongo (directConnection): CRUD, DDL,
+"""A real ``python -m shardsim.shard`` process driven through pymongo (directConnection): CRUD, DDL,
 the oplog as ``local.oplog.rs``, pre-images, transactions, retryable writes and bad input."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from shardsim.tools.procs import RoleProcess
 
 @pytest.fixture(scope="module")
 def single_shard() -> Iterator[str]:
-    """URI of one ``python -m shard --enable-test-commands`` process (directConnection; the
+    """URI of one ``python -m shardsim.shard --enable-test-commands`` process (directConnection; the
     spec tests set fail points); always stopped."""
     shard = RoleProcess("shard", ["--port", "0", "--shard-name", "rs0", "--enable-test-commands"],
                         name="shard rs0")

@@ -1,7 +1,7 @@
 """The official change-stream unified spec tests against shardsim, run by our own runner.
 
 Two deployments: a launcher-started sharded cluster (router reporting 8.0.x → the 44 tests the
-spec allows on sharded at 8.0 must pass) and one ``python -m shard`` process as a replica set
+spec allows on sharded at 8.0 must pass) and one ``python -m shardsim.shard`` process as a replica set
 (the 66 tests allowed on replicaset at 8.0). Every other test must be skipped for the spec's own
 ``runOnRequirements`` (server version or topology), never for anything else.
 The expected counts come from /work/shared/reference/spec-tests-table.md (sharded) and the same

@@ -1,7 +1,7 @@
 """``shardsim spec``: run the unified change-stream spec tests against shardsim (or any URI).
 
 Without ``--uri`` it starts what it tests: a mini sharded cluster
-(:class:`shardsim.tools.launcher.Cluster`) for ``--topology sharded``, or one ``python -m shard``
+(:class:`shardsim.tools.launcher.Cluster`) for ``--topology sharded``, or one ``python -m shardsim.shard``
 process (a one-member replica set, connected with ``directConnection=true``) for
 ``--topology replicaset``; both are stopped on exit. It prints a table of every test with its
 result and, for skips, the reason (from ``runOnRequirements``), then the summary line
