@@ -13,6 +13,7 @@ from shardsim.configsvr.catalog import split_ns
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import configsvr as csrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -20,14 +21,14 @@ if TYPE_CHECKING:
 commands = CommandFamily("balancer")
 
 
-@commands.handler(csrq.BalancerStart.NAME)
+@commands.handler(csrq.BalancerStart.NAME, privileges=priv.INTERNAL)
 async def balancer_start(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{}``: balancer mode ``full`` in ``config.settings``; the next round starts now."""
     await node.balancer.set_mode("full")
     return {}
 
 
-@commands.handler(csrq.BalancerStop.NAME)
+@commands.handler(csrq.BalancerStop.NAME, privileges=priv.INTERNAL)
 async def balancer_stop(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{}``: balancer mode ``off``; waits for a round in progress to end, as the server
     does (``Balancer::joinCurrentRound``)."""
@@ -37,14 +38,14 @@ async def balancer_stop(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler(csrq.BalancerStatus.NAME)
+@commands.handler(csrq.BalancerStatus.NAME, privileges=priv.INTERNAL)
 async def balancer_status(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{mode: "full" | "off", inBalancerRound, numBalancerRounds: Long, term: Long}``."""
     settings = await node.balancer.settings()
     return node.balancer.status(settings["mode"])
 
 
-@commands.handler(csrq.BalancerCollectionStatus.NAME)
+@commands.handler(csrq.BalancerCollectionStatus.NAME, privileges=priv.INTERNAL)
 async def balancer_collection_status(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{balancerCompliant: bool, firstComplianceViolation?: "draining" |
     "chunksImbalance"}`` for one sharded collection (``Balancer::getBalancerStatusForNs``).

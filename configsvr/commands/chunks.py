@@ -19,6 +19,7 @@ from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import shard as shrq
 from shardsim.core.protocol import configsvr as csrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -28,7 +29,7 @@ log = logging.getLogger("shardsim.configsvr")
 commands = CommandFamily("chunks")
 
 
-@commands.handler(csrq.SplitChunk.NAME)
+@commands.handler(csrq.SplitChunk.NAME, privileges=priv.INTERNAL)
 async def split_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """split: at ``middle``, or at the median key of the chunk named by ``find``/``bounds``
     (the midpoint of the hash range for a hashed key). ``{_configsvrSplitChunk: ns, middle |
@@ -91,7 +92,7 @@ async def _median(node: ConfigServerNode, entry: dict[str, Any], pattern: KeyPat
     return keys[len(keys) // 2]
 
 
-@commands.handler(csrq.MoveChunk.NAME)
+@commands.handler(csrq.MoveChunk.NAME, privileges=priv.INTERNAL)
 async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """moveChunk as a migration (``migration_source_manager.cpp``): write
     ``migrateChunkToNewShard`` on the donor when the recipient had no chunk of the collection,

@@ -21,6 +21,7 @@ from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import shard as shrq
 from shardsim.core.protocol import configsvr as csrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -31,7 +32,7 @@ _UNSHARDABLE_DBS = ("admin", "local", "config")
 commands = CommandFamily("collections")
 
 
-@commands.handler(csrq.ShardCollection.NAME)
+@commands.handler(csrq.ShardCollection.NAME, privileges=priv.INTERNAL)
 async def shard_collection(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """shardCollection (``create_collection_coordinator.cpp``): catalog entries, the
     collection with one UUID on every shard that gets chunks, and the ``shardCollection``
@@ -117,7 +118,7 @@ async def shard_collection(node: ConfigServerNode, req: Request) -> dict[str, An
         return {"collectionsharded": ns}
 
 
-@commands.handler(csrq.DropCollection.NAME)
+@commands.handler(csrq.DropCollection.NAME, privileges=priv.INTERNAL)
 async def drop_collection_meta(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrDropCollection: ns}`` -> ``{}``: remove the collection and its chunks from
     the catalog (the router drops the data on the shards)."""
@@ -130,7 +131,7 @@ async def drop_collection_meta(node: ConfigServerNode, req: Request) -> dict[str
     return {}
 
 
-@commands.handler(csrq.RenameCollection.NAME)
+@commands.handler(csrq.RenameCollection.NAME, privileges=priv.INTERNAL)
 async def rename_collection_meta(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrRenameCollection: ns, to}`` -> ``{}``: the catalog entry of ``ns`` under
     ``to`` (a sharded target's entry and chunks are dropped first)."""

@@ -13,6 +13,7 @@ from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import shard as shrq
 from shardsim.core.protocol import configsvr as csrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -22,7 +23,7 @@ log = logging.getLogger("shardsim.configsvr")
 commands = CommandFamily("databases")
 
 
-@commands.handler(csrq.CreateDatabase.NAME)
+@commands.handler(csrq.CreateDatabase.NAME, privileges=priv.INTERNAL)
 async def create_database(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrCreateDatabase: db, primaryShard?}`` -> ``{databaseVersion, primary}``: the
     database's catalog entry, created if missing (:meth:`ConfigServerNode.ensure_database`).
@@ -37,7 +38,7 @@ async def create_database(node: ConfigServerNode, req: Request) -> dict[str, Any
     return {"databaseVersion": entry["version"], "primary": entry["primary"]}
 
 
-@commands.handler(csrq.MovePrimary.NAME)
+@commands.handler(csrq.MovePrimary.NAME, privileges=priv.INTERNAL)
 async def move_primary(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """movePrimary (``move_primary_coordinator.cpp``): clone every unsharded collection of
     the database (same UUID, options, indexes, documents, all ``fromMigrate``) and its views
@@ -114,7 +115,7 @@ async def _move_views(node: ConfigServerNode, db: str, views: list[dict[str, Any
         await node.on_shard(old, db, {"drop": info["name"], "fromMigrate": True})
 
 
-@commands.handler(csrq.DropDatabase.NAME)
+@commands.handler(csrq.DropDatabase.NAME, privileges=priv.INTERNAL)
 async def drop_database_meta(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrDropDatabase: db}`` -> ``{}``: remove the database, its sharded
     collections and their chunks from the catalog (the router drops the data on the shards)."""

@@ -19,6 +19,7 @@ from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern, SortKey, compare_keys
 from shardsim.core.protocol import shard as shrq
 from shardsim.core.protocol import configsvr as csrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -43,7 +44,7 @@ def _has_index_prefix(indexes: list[dict[str, Any]], key: dict[str, Any]) -> boo
     return False
 
 
-@commands.handler(csrq.RefineCollectionShardKey.NAME)
+@commands.handler(csrq.RefineCollectionShardKey.NAME, privileges=priv.INTERNAL)
 async def refine_shard_key(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrRefineCollectionShardKey: ns, key}`` -> ``{}``: the key gets suffix fields;
     chunk bounds get MinKey (MaxKey for the global max) for them; the epoch and timestamp
@@ -93,7 +94,7 @@ async def refine_shard_key(node: ConfigServerNode, req: Request) -> dict[str, An
     return {}
 
 
-@commands.handler(csrq.CommitChunksMerge.NAME)
+@commands.handler(csrq.CommitChunksMerge.NAME, privileges=priv.INTERNAL)
 async def merge_chunks(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """mergeChunks: ``{_configsvrCommitChunksMerge: ns, bounds: [min, max]}`` -> ``{}``. The
     chunks in ``[min, max)`` must be contiguous, at least one, start and end at chunk
@@ -137,7 +138,7 @@ async def merge_chunks(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler(csrq.SetAllowMigrations.NAME)
+@commands.handler(csrq.SetAllowMigrations.NAME, privileges=priv.INTERNAL)
 async def set_allow_migrations(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrSetAllowMigrations: ns, allowMigrations: bool}`` -> ``{}``: sets (or, for
     true, removes) ``permitMigrations: false`` on the collection; the balancer and
@@ -219,7 +220,7 @@ async def _collection_issues(node: ConfigServerNode, entry: dict[str, Any]
     return out
 
 
-@commands.handler(csrq.CheckMetadataConsistency.NAME)
+@commands.handler(csrq.CheckMetadataConsistency.NAME, privileges=priv.INTERNAL)
 async def check_metadata_consistency(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """``{_configsvrCheckMetadataConsistency: 1 | <coll>, db}`` -> ``{inconsistencies: [...]}``
     for the cluster (db ``admin``), a database or one collection: routing-table gaps and

@@ -28,6 +28,7 @@ from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import Chunk, KeyPattern
 from shardsim.core.protocol import configsvr as csrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -115,7 +116,7 @@ async def _build(node: ConfigServerNode, req: Request) -> resharding.ReshardOp |
         to_shard=to, options=infos[0].get("options", {}), indexes=indexes)
 
 
-@commands.handler(csrq.ReshardCollection.NAME)
+@commands.handler(csrq.ReshardCollection.NAME, privileges=priv.INTERNAL)
 async def reshard_collection(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """One phase of a resharding (module docstring). ``clone`` -> ``{noop}``; ``commit`` and
     ``abort`` -> ``{}``."""

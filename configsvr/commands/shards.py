@@ -16,6 +16,7 @@ from shardsim.core.client import Pool, parse_address
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import configsvr as csrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.configsvr.node import ConfigServerNode
@@ -25,7 +26,7 @@ log = logging.getLogger("shardsim.configsvr")
 commands = CommandFamily("shards")
 
 
-@commands.handler(csrq.AddShard.NAME)
+@commands.handler(csrq.AddShard.NAME, privileges=priv.INTERNAL)
 async def add_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """addShard (``configsvr_add_shard_command.cpp``/``ShardingCatalogManager::addShard``):
     ``{_configsvrAddShard: "<name>/host:port" | "host:port", name?}`` -> ``{shardAdded: name}``
@@ -74,7 +75,7 @@ async def add_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         return {"shardAdded": name}
 
 
-@commands.handler(csrq.RemoveShard.NAME)
+@commands.handler(csrq.RemoveShard.NAME, privileges=priv.INTERNAL)
 async def remove_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """removeShard (``ShardingCatalogManager::removeShard``): ``started``/``ongoing`` while
     the shard still owns chunks or is a database primary; the balancer moves its chunks off

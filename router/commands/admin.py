@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from shardsim.router.forwarding import BIG_BATCH, forwardable, reply_body
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -29,7 +30,7 @@ commands = CommandFamily("admin")
 CONFIG_DATABASES = ("config", "admin")
 
 
-@commands.handler("replSetGetStatus")
+@commands.handler("replSetGetStatus", privileges=priv.NO_AUTH)
 async def repl_set_get_status(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``replSetGetStatus`` on mongos (``src/mongo/s/commands/cluster_repl_set_get_status_cmd.cpp``
     ``CmdReplSetGetStatus``): admin only (Unauthorized 13 elsewhere, as every ``adminOnly``
@@ -77,7 +78,7 @@ async def config_write(node: "RouterNode", req: Request) -> dict[str, Any]:
     return reply_body(await node.config_command(forwardable(req.body), db=req.db))
 
 
-@commands.handler("isdbgrid")
+@commands.handler("isdbgrid", privileges=priv.AUTH_ONLY)
 async def isdbgrid(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{isdbgrid: 1, hostname: "host:port"}``: how a client tells a mongos."""
     return {"isdbgrid": 1, "hostname": node.address}
@@ -86,7 +87,7 @@ async def isdbgrid(node: "RouterNode", req: Request) -> dict[str, Any]:
 _GOSSIP = ("$clusterTime", "operationTime", "$configTime", "$topologyTime", "lastCommittedOpTime")
 
 
-@commands.handler("validate")
+@commands.handler("validate", privileges=priv.on_coll("validate"))
 async def validate(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``validate`` through the router, as ``ValidateCmd`` in
     ``src/mongo/s/commands/cluster_validate_cmd.cpp``: sent to every shard owning chunks of a

@@ -40,6 +40,7 @@ from shardsim.router import writes
 from shardsim.core.commands import CommandFamily, Request, bson_type_name
 from shardsim.core.errors import MongoError, code_name
 from shardsim.core.protocol.versions import NETWORK_ERRORS
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -284,7 +285,7 @@ def summarize(items: list[dict[str, Any]], parsed: list[tuple[str, str, Any]]
     return out
 
 
-@commands.handler("bulkWrite")
+@commands.handler("bulkWrite", privileges=priv.bulk_write_privileges)
 async def bulk_write(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{bulkWrite: 1, ops, nsInfo, ...}`` on ``admin`` -> ``{cursor, nErrors, nInserted,
     nUpserted, nMatched, nModified, nDeleted[, writeConcernError]}`` (see the module text).

@@ -16,6 +16,7 @@ from shardsim.router import writes
 from shardsim.router.commands.admin import CONFIG_DATABASES, config_write
 from shardsim.router.forwarding import namespace
 from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 commands = CommandFamily("crud")
 
 
-@commands.handler("insert", versioned=True, retryable_write=True)
+@commands.handler("insert", versioned=True, retryable_write=True, privileges=priv.insert_privileges)
 async def insert(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{insert, documents}`` -> ``{n, [writeErrors]}``; see :func:`router.writes.run_write`."""
     if req.db in CONFIG_DATABASES:
@@ -31,7 +32,7 @@ async def insert(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await writes.run_write(node, req, "insert")
 
 
-@commands.handler("update", versioned=True, retryable_write=True)
+@commands.handler("update", versioned=True, retryable_write=True, privileges=priv.update_privileges)
 async def update(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{update, updates}`` -> ``{n, nModified, [upserted], [writeErrors]}``; see
     :func:`router.writes.run_write`."""
@@ -40,7 +41,7 @@ async def update(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await writes.run_write(node, req, "update")
 
 
-@commands.handler("delete", versioned=True, retryable_write=True)
+@commands.handler("delete", versioned=True, retryable_write=True, privileges=priv.on_coll("remove"))
 async def delete(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{delete, deletes}`` -> ``{n, [writeErrors]}``; see :func:`router.writes.run_write`."""
     if req.db in CONFIG_DATABASES:
@@ -48,7 +49,7 @@ async def delete(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await writes.run_write(node, req, "delete")
 
 
-@commands.handler("findAndModify", "findandmodify", versioned=True, retryable_write=True)
+@commands.handler("findAndModify", "findandmodify", versioned=True, retryable_write=True, privileges=priv.find_and_modify_privileges)
 async def find_and_modify(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{findAndModify, query, update|remove, ...}`` -> ``{lastErrorObject, value}``;
     InvalidNamespace (73) for a bad collection name; see :func:`router.writes.find_and_modify`."""

@@ -22,6 +22,7 @@ from shardsim.core.client import remote_error
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import configsvr as csrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -50,7 +51,7 @@ async def broadcast_ddl(node: "RouterNode", db: str, body: dict[str, Any],
 
 
 # -- DDL ----------------------------------------------------------------------------------------
-@commands.handler("create")
+@commands.handler("create", privileges=priv.on_coll("createCollection"))
 async def create(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{create, ...options}`` on the database's primary shard (creating the database entry
     first if needed; InvalidNamespace 73 for admin/config/local or a bad name)."""
@@ -59,9 +60,9 @@ async def create(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await broadcast_ddl(node, db, forwardable(req.body), [primary])
 
 
-@commands.handler("createIndexes")
-@commands.handler("dropIndexes", "deleteIndexes")
-@commands.handler("collMod")
+@commands.handler("createIndexes", privileges=priv.on_coll("createIndex"))
+@commands.handler("dropIndexes", "deleteIndexes", privileges=priv.on_coll("dropIndex"))
+@commands.handler("collMod", privileges=priv.on_coll("collMod"))
 async def on_owners(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``createIndexes``/``dropIndexes``/``collMod`` on every shard owning the collection (the
     primary shard for an unsharded one); NamespaceNotFound (26) when there is no shard."""
@@ -75,7 +76,7 @@ async def on_owners(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await broadcast_ddl(node, db, forwardable(req.body), shards)
 
 
-@commands.handler("drop")
+@commands.handler("drop", privileges=priv.on_coll("dropCollection"))
 async def drop(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{drop}`` on every owner; a sharded collection is also dropped from the catalog
     (``_configsvrDropCollection``) even when a shard fails. NamespaceNotFound (26) without
@@ -94,7 +95,7 @@ async def drop(node: "RouterNode", req: Request) -> dict[str, Any]:
             await node.catalog.refresh()
 
 
-@commands.handler("renameCollection")
+@commands.handler("renameCollection", privileges=priv.rename_privileges)
 async def rename_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{renameCollection: "db.a", to: "db.b", dropTarget}`` (on ``admin``) on every shard
     owning either namespace; the catalog follows for sharded ones. InvalidNamespace (73) for
@@ -124,7 +125,7 @@ async def rename_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
             await catalog.refresh()
 
 
-@commands.handler("dropDatabase")
+@commands.handler("dropDatabase", privileges=priv.on_db("dropDatabase"))
 async def drop_database(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{dropDatabase: 1}`` on every shard (primary first) and in the catalog; ``{}`` when
     there is no shard. IllegalOperation (20) for admin/config/local."""
@@ -146,7 +147,7 @@ async def drop_database(node: "RouterNode", req: Request) -> dict[str, Any]:
 
 
 # -- catalog listing ----------------------------------------------------------------------------
-@commands.handler("listDatabases")
+@commands.handler("listDatabases", privileges=priv.AUTH_ONLY)
 async def list_databases(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{databases: [{name, sizeOnDisk, empty}], totalSize, totalSizeMb}`` summed over every
     shard, with ``config`` and ``admin`` always listed; ``nameOnly`` -> ``[{name}]``. Only the
@@ -172,7 +173,7 @@ async def list_databases(node: "RouterNode", req: Request) -> dict[str, Any]:
             "totalSize": total, "totalSizeMb": total // (1024 * 1024)}
 
 
-@commands.handler("listCollections")
+@commands.handler("listCollections", privileges=priv.list_collections_privileges)
 async def list_collections(node: "RouterNode", req: Request) -> dict[str, Any]:
     """A cursor over the primary shard's ``listCollections`` (the config server's for
     ``config``/``admin``; empty without shards); ``authorizedCollections`` + ``nameOnly``
@@ -192,7 +193,7 @@ async def list_collections(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await node.cursor_reply(ns, docs, req, batch_size)
 
 
-@commands.handler("listIndexes")
+@commands.handler("listIndexes", privileges=priv.on_coll("listIndexes"))
 async def list_indexes(node: "RouterNode", req: Request) -> dict[str, Any]:
     """A cursor over the ``listIndexes`` of the first shard owning the collection;
     InvalidNamespace (73), NamespaceNotFound (26) without shards."""

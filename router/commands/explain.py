@@ -42,6 +42,7 @@ from shardsim.router.forwarding import forwardable, namespace, reply_body
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.explain_common import parse_request, server_info, server_parameters
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -192,7 +193,7 @@ async def explain_command(node: "RouterNode", db: str, name: str, inner: dict[st
     return out
 
 
-@commands.handler("explain")
+@commands.handler("explain", privileges=priv.EXPLAIN)
 async def explain(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{explain: <command>, verbosity}``: see the module docstring."""
     name, inner, verbosity = parse_request(req.body)

@@ -35,6 +35,7 @@ from shardsim.core.shard_key import compare
 from shardsim.core.commands import CommandFamily, Request, check_type
 from shardsim.core.errors import MongoError
 from shardsim.core.search_indexes import check_search_stages
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -71,7 +72,7 @@ async def read_targets(node: "RouterNode", req: Request, ns: str, filt: Any) -> 
 
 
 # -- find ---------------------------------------------------------------------------------------
-@commands.handler("find", versioned=True, snapshot=True, reads=True)
+@commands.handler("find", versioned=True, snapshot=True, reads=True, privileges=priv.on_coll("find"))
 async def find(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{find, filter, sort, skip, limit, projection, batchSize, singleBatch}`` ->
     ``{cursor: {id, ns, firstBatch}}`` (a router cursor). InvalidNamespace (73); a view over a
@@ -163,7 +164,7 @@ async def on_shards_or_view(node: "RouterNode", req: Request, name: str,
 
 
 # -- count and distinct -------------------------------------------------------------------------
-@commands.handler("count", versioned=True, reads=True)
+@commands.handler("count", versioned=True, reads=True, privileges=priv.on_coll("find"))
 async def count(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{count, query, skip, limit}`` -> ``{n}``: the shards' counts summed, then skip and
     limit applied. InvalidNamespace (73); views over sharded collections re-run."""
@@ -197,7 +198,7 @@ async def count_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
     return {"n": n}
 
 
-@commands.handler("distinct", versioned=True, snapshot=True, reads=True)
+@commands.handler("distinct", versioned=True, snapshot=True, reads=True, privileges=priv.on_coll("find"))
 async def distinct(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{distinct, key, query}`` -> ``{values}``: the union of the shards' values, without
     duplicates, in BSON order. InvalidNamespace (73); views over sharded collections re-run."""
@@ -226,7 +227,7 @@ async def distinct_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]
 
 
 # -- aggregate ----------------------------------------------------------------------------------
-@commands.handler("aggregate", versioned=True, snapshot=True, reads=True)
+@commands.handler("aggregate", versioned=True, snapshot=True, reads=True, privileges=priv.aggregate_privileges)
 async def aggregate(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{aggregate, pipeline, cursor}`` -> ``{cursor: {id, ns, firstBatch}}``. A
     ``$changeStream`` pipeline opens a change stream (:mod:`router.change_stream`). Raises

@@ -18,6 +18,7 @@ from shardsim.router.forwarding import reply_body
 from shardsim.core.commands import CommandFamily, Request, check_type
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import configsvr as csrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -50,14 +51,14 @@ async def run_on_config(node: "RouterNode", cmd: dict[str, Any],
     return reply_body(reply)
 
 
-@commands.handler("addShard", "addshard")
+@commands.handler("addShard", "addshard", privileges=priv.on_cluster("addShard"))
 async def add_shard(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{addShard: "host:port", name}`` -> ``{shardAdded}``."""
     admin_only(req)
     return await run_on_config(node, csrq.AddShard.forward(req.arg, req.body).to_command())
 
 
-@commands.handler("listShards", "listshards")
+@commands.handler("listShards", "listshards", privileges=priv.on_cluster("listShards"))
 async def list_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{shards: [config.shards documents]}``, after refreshing the catalog cache."""
     admin_only(req)
@@ -65,14 +66,14 @@ async def list_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
     return {"shards": node.catalog.shard_docs()}
 
 
-@commands.handler("removeShard", "removeshard")
+@commands.handler("removeShard", "removeshard", privileges=priv.on_cluster("removeShard"))
 async def remove_shard(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{removeShard: name}`` -> ``{state: "started"|"ongoing"|"completed", ...}``."""
     admin_only(req)
     return await run_on_config(node, csrq.RemoveShard(req.arg).to_command())
 
 
-@commands.handler("enableSharding", "enablesharding")
+@commands.handler("enableSharding", "enablesharding", privileges=priv.on_full_ns("enableSharding"))
 async def enable_sharding(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{enableSharding: db, primaryShard}``: create the database entry; ``{}``."""
     admin_only(req)
@@ -81,7 +82,7 @@ async def enable_sharding(node: "RouterNode", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("shardCollection", "shardcollection")
+@commands.handler("shardCollection", "shardcollection", privileges=priv.on_full_ns("enableSharding"))
 async def shard_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{shardCollection: ns, key, unique, numInitialChunks, ...}`` -> ``{collectionsharded}``;
     TypeMismatch (14) / IDLFailedToParse (40414) for a bad or missing ``key``."""
@@ -90,14 +91,14 @@ async def shard_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await run_on_config(node, csrq.ShardCollection.forward(req.arg, req.body).to_command())
 
 
-@commands.handler("split")
+@commands.handler("split", privileges=priv.on_full_ns("splitChunk"))
 async def split(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{split: ns, middle|find|bounds}``: split one chunk."""
     admin_only(req)
     return await run_on_config(node, csrq.SplitChunk.forward(req.arg, req.body).to_command())
 
 
-@commands.handler("moveChunk", "movechunk")
+@commands.handler("moveChunk", "movechunk", privileges=priv.on_full_ns("moveChunk"))
 async def move_chunk(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{moveChunk: ns, find|bounds, to}``: migrate one chunk. Writes through this router go
     on meanwhile: the migration's catch-up and the donor's critical section keep them
@@ -106,7 +107,7 @@ async def move_chunk(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await run_on_config(node, csrq.MoveChunk.forward(req.arg, req.body).to_command())
 
 
-@commands.handler("movePrimary", "moveprimary")
+@commands.handler("movePrimary", "moveprimary", privileges=priv.on_full_ns("moveChunk"))
 async def move_primary(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{movePrimary: db, to}``: move the database's unsharded collections."""
     admin_only(req)
@@ -115,14 +116,14 @@ async def move_primary(node: "RouterNode", req: Request) -> dict[str, Any]:
                                hold_writes_to=str(req.arg))
 
 
-@commands.handler("flushRouterConfig", "flushrouterconfig")
+@commands.handler("flushRouterConfig", "flushrouterconfig", privileges=priv.on_cluster("flushRouterConfig"))
 async def flush_router_config(node: "RouterNode", req: Request) -> dict[str, Any]:
     """Reload the catalog cache now; ``{flushed: true}``."""
     await node.catalog.refresh()
     return {"flushed": True}
 
 
-@commands.handler("balancerStatus")
+@commands.handler("balancerStatus", privileges=priv.on_config_settings("find"))
 async def balancer_status(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{mode: "full" | "off", inBalancerRound, numBalancerRounds, term}`` from the config
     server's balancer (``cluster_balancer_control_cmd.cpp`` -> ``_configsvrBalancerStatus``)."""
@@ -130,21 +131,21 @@ async def balancer_status(node: "RouterNode", req: Request) -> dict[str, Any]:
     return reply_body(await node.config_command(csrq.BalancerStatus(1).to_command()))
 
 
-@commands.handler("balancerStart")
+@commands.handler("balancerStart", privileges=priv.on_config_settings("update"))
 async def balancer_start(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{}``: turn the balancer on (``_configsvrBalancerStart``); a round starts at once."""
     admin_only(req)
     return reply_body(await node.config_command(csrq.BalancerStart(1).to_command()))
 
 
-@commands.handler("balancerStop")
+@commands.handler("balancerStop", privileges=priv.on_config_settings("update"))
 async def balancer_stop(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{}``: turn the balancer off (``_configsvrBalancerStop``; waits for the current round)."""
     admin_only(req)
     return reply_body(await node.config_command(csrq.BalancerStop(1).to_command()))
 
 
-@commands.handler("balancerCollectionStatus")
+@commands.handler("balancerCollectionStatus", privileges=priv.on_full_ns("enableSharding"))
 async def balancer_collection_status(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{balancerCollectionStatus: ns}`` -> ``{balancerCompliant, firstComplianceViolation?}``
     (``cluster_balancer_collection_status_cmd.cpp``). 73 for a bad namespace, 118 when not

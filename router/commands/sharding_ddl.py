@@ -22,6 +22,7 @@ from shardsim.router.forwarding import reply_body
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import configsvr as csrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -54,7 +55,7 @@ async def _reshard(node: "RouterNode", req: Request, provenance: str,
     return {}
 
 
-@commands.handler("reshardCollection")
+@commands.handler("reshardCollection", privileges=priv.on_full_ns("reshardCollection"))
 async def reshard_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{reshardCollection: ns, key, unique?, numInitialChunks?, forceRedistribution?}`` ->
     ``{}`` (same key without ``forceRedistribution``: nothing to do). Errors: 73, 40414, 118."""
@@ -63,7 +64,7 @@ async def reshard_collection(node: "RouterNode", req: Request) -> dict[str, Any]
                            "collation"))
 
 
-@commands.handler("moveCollection")
+@commands.handler("moveCollection", privileges=priv.on_full_ns("moveCollection"))
 async def move_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{moveCollection: ns, toShard}`` -> ``{}``: an unsharded collection to another shard.
     Errors: 40414 without ``toShard``, NamespaceNotFound (26) for a missing or sharded
@@ -71,14 +72,14 @@ async def move_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
     return await _reshard(node, req, "moveCollection", ("toShard",))
 
 
-@commands.handler("unshardCollection")
+@commands.handler("unshardCollection", privileges=priv.on_full_ns("unshardCollection"))
 async def unshard_collection(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{unshardCollection: ns, toShard?}`` -> ``{}``: all of a sharded collection onto one
     shard (default: the one with the least data). NamespaceNotSharded (118), 70."""
     return await _reshard(node, req, "unshardCollection", ("toShard",))
 
 
-@commands.handler("refineCollectionShardKey")
+@commands.handler("refineCollectionShardKey", privileges=priv.on_full_ns("refineCollectionShardKey"))
 async def refine_collection_shard_key(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{refineCollectionShardKey: ns, key}`` -> ``{}``. Errors: 73, 40414, 118, 72."""
     admin_only(req)
@@ -86,14 +87,14 @@ async def refine_collection_shard_key(node: "RouterNode", req: Request) -> dict[
         node, csrq.RefineCollectionShardKey.forward(req.arg, req.body).to_command())
 
 
-@commands.handler("mergeChunks")
+@commands.handler("mergeChunks", privileges=priv.on_full_ns("splitChunk"))
 async def merge_chunks(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{mergeChunks: ns, bounds: [min, max]}`` -> ``{}``. Errors: 73, 40414, 118, 2, 20."""
     admin_only(req)
     return await run_on_config(node, csrq.CommitChunksMerge.forward(req.arg, req.body).to_command())
 
 
-@commands.handler("setAllowMigrations")
+@commands.handler("setAllowMigrations", privileges=priv.on_full_ns("setAllowMigrations"))
 async def set_allow_migrations(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{setAllowMigrations: ns, allowMigrations: bool}`` -> ``{}``. 73, 40414, 14, 118."""
     admin_only(req)
@@ -101,7 +102,7 @@ async def set_allow_migrations(node: "RouterNode", req: Request) -> dict[str, An
                                csrq.SetAllowMigrations.forward(req.arg, req.body).to_command())
 
 
-@commands.handler("checkMetadataConsistency")
+@commands.handler("checkMetadataConsistency", privileges=priv.checked("checkMetadataConsistency"))
 async def check_metadata_consistency(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{checkMetadataConsistency: 1 | "<coll>", cursor?: {batchSize}}`` on ``admin`` (the
     cluster), a database or one collection -> ``{cursor: {id, ns:

@@ -30,6 +30,7 @@ from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.router.commands.admin import CONFIG_DATABASES, config_read
 from shardsim.router.forwarding import forwardable, reply_body
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -125,7 +126,7 @@ def merge_coll_stats(results: list[tuple[str, dict[str, Any]]], scale: int) -> d
     return out
 
 
-@commands.handler("collStats")
+@commands.handler("collStats", privileges=priv.on_coll("collStats"))
 async def coll_stats(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{collStats: <coll>, scale?}`` through the router (see the module docstring)."""
     coll = req.arg
@@ -167,7 +168,7 @@ def _coll_stats_reply(ns: str, out: dict[str, Any], merged: dict[str, Any], nchu
     return out
 
 
-@commands.handler("dbStats")
+@commands.handler("dbStats", privileges=priv.on_db("dbStats"))
 async def db_stats(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{dbStats: 1, scale?}`` through the router: every shard's reply under ``raw`` (keyed by
     its connection string), the sums beside it."""
@@ -193,7 +194,7 @@ async def db_stats(node: "RouterNode", req: Request) -> dict[str, Any]:
     return out
 
 
-@commands.handler("dataSize")
+@commands.handler("dataSize", privileges=priv.on_full_ns("find"))
 async def data_size(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``{dataSize: "db.coll", keyPattern?, min?, max?}`` through the router: ``{size,
     numObjects, millis}`` summed over the shards owning the range."""

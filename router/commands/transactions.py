@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from shardsim.router.forwarding import reply_body
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -79,7 +80,7 @@ async def _commit_with_recovery_token(node: "RouterNode", req: Request,
     return reply_body(await node.shard_command(shard, "admin", cmd))
 
 
-@commands.handler("commitTransaction")
+@commands.handler("commitTransaction", privileges=priv.AUTH_ONLY)
 async def commit_transaction(node: "RouterNode", req: Request) -> dict[str, Any]:
     """Commit the transaction (module docstring for the paths); returns the (last) shard's
     reply body. Errors: the participants' (NoSuchTransaction 251 with
@@ -122,7 +123,7 @@ async def commit_transaction(node: "RouterNode", req: Request) -> dict[str, Any]
     return reply_body(await node.shard_command(coordinator, "admin", cmd))
 
 
-@commands.handler("abortTransaction")
+@commands.handler("abortTransaction", privileges=priv.AUTH_ONLY)
 async def abort_transaction(node: "RouterNode", req: Request) -> dict[str, Any]:
     """Abort on every participant, forget the transaction, return the last reply body or
     raise the first participant error. NoSuchTransaction (251, TransientTransactionError)

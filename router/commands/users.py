@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardsim.router.forwarding import forwardable, reply_body
 from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -32,10 +33,10 @@ async def forward(node: "RouterNode", req: Request) -> dict[str, Any]:
 
 
 for _name in FORWARDED:
-    commands.add(_name, forward)
+    commands.add(_name, forward, privileges=priv.checked(_name))
 
 
-@commands.handler("invalidateUserCache")
+@commands.handler("invalidateUserCache", privileges=priv.on_cluster("invalidateUserCache"))
 async def invalidate_user_cache(node: "RouterNode", req: Request) -> dict[str, Any]:
     """``invalidateUserCache``: forget the cached users and roles."""
     node.security.store.invalidate()

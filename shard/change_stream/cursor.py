@@ -57,6 +57,7 @@ from shardsim.core.change_stream_spec import StreamSpec
 from shardsim.shard.change_stream.split_large_event import event_size_limit, too_large
 from shardsim.shard.change_stream.transform import Event
 from shardsim.shard.change_stream.add_post_image import RemoteLookup
+from shardsim.core.auth import privileges as priv
 
 DEFAULT_AWAIT_MS = 1000
 _ID_FIRST = b"\x03_id\x00"
@@ -155,7 +156,7 @@ class PromiseWaiters:
         return out
 
 
-@commands.handler(AdvanceClusterTime.NAME)
+@commands.handler(AdvanceClusterTime.NAME, privileges=priv.INTERNAL)
 async def advance_cluster_time(node: Any, req: Any) -> dict[str, Any]:
     """:class:`shardsim.core.protocol.shard.AdvanceClusterTime`, on a shard or config node.
 

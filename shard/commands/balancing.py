@@ -30,6 +30,7 @@ from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern, SortKey, compare_keys
 from shardsim.shard.commands.helpers import ddl_name
 from shardsim.core.protocol import shard as shrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.shard.node import ShardNode
@@ -50,7 +51,7 @@ def collection_size(docs: dict[Any, dict[str, Any]]) -> int:
     return int(n * sum(len(bson.encode(d)) for d in sample) / len(sample))
 
 
-@commands.handler(shrq.GetStatsForBalancing.NAME)
+@commands.handler(shrq.GetStatsForBalancing.NAME, privileges=priv.INTERNAL)
 async def get_stats_for_balancing(node: ShardNode, req: Request) -> dict[str, Any]:
     """``{_shardsvrGetStatsForBalancing: 1, collections: [{ns, UUID}], scaleFactor: 1}`` ->
     ``{stats: [{namespace, UUID, collSize: Long}]}``. TypeMismatch (14) for a bad field."""
@@ -106,7 +107,7 @@ def split_points(keyed: list[tuple[tuple[Any, ...], int]], max_bytes: int,
     return keys, False
 
 
-@commands.handler("autoSplitVector")
+@commands.handler("autoSplitVector", privileges=priv.on_coll("splitVector"))
 async def auto_split_vector(node: ShardNode, req: Request) -> dict[str, Any]:
     """``{autoSplitVector: coll, keyPattern, min, max, maxChunkSizeBytes, limit?}`` ->
     ``{splitKeys: [{field: value}], continuation}``. Errors: IDLFailedToParse (40414) for a

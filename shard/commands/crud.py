@@ -30,6 +30,7 @@ from shardsim.shard.storage import Collection, id_key
 from shardsim.shard import capped, hints, shard_key_update, validation
 from shardsim.shard.write_conflicts import WriteConflictWait, check_statement, write_conflict_retry
 from shardsim.shard.write_context import WriteContext
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.shard.node import ShardNode
@@ -116,7 +117,7 @@ def _batch_opts(req: Request) -> tuple[bool, bool]:
 
 
 # -- insert -------------------------------------------------------------------------------
-@commands.handler("insert", versioned=True, retryable_write=True)
+@commands.handler("insert", versioned=True, retryable_write=True, privileges=priv.insert_privileges)
 async def insert(node: ShardNode, req: Request) -> dict[str, Any]:
     """``insert: <coll>, documents: [...]`` (``write_commands.cpp``): ``{n[, writeErrors]
     [, retriedStmtIds]}``. Creates the collection implicitly; one oplog entry per document
@@ -310,7 +311,7 @@ def apply_replace(node: ShardNode, coll: Collection, key: Any, doc: dict[str, An
                 pre_image=doc)
 
 
-@commands.handler("update", versioned=True, retryable_write=True)
+@commands.handler("update", versioned=True, retryable_write=True, privileges=priv.update_privileges)
 async def update(node: ShardNode, req: Request) -> dict[str, Any]:
     """``update: <coll>, updates: [{q, u, multi, upsert, arrayFilters}]``: ``{n[, upserted:
     [{index, _id}]], nModified[, writeErrors][, retriedStmtIds]}``; ordered batches stop at the
@@ -413,7 +414,7 @@ def _delete_stmt(node: ShardNode, req: Request, name: str, stmt: dict[str, Any],
     return deleted
 
 
-@commands.handler("delete", versioned=True, retryable_write=True)
+@commands.handler("delete", versioned=True, retryable_write=True, privileges=priv.on_coll("remove"))
 async def delete(node: ShardNode, req: Request) -> dict[str, Any]:
     """``delete: <coll>, deletes: [{q, limit: 0|1}]``: ``{n[, writeErrors][, retriedStmtIds]}``;
     40414 for a missing q/limit, FailedToParse (9) for another limit."""
@@ -523,7 +524,7 @@ def _find_and_modify_once(node: ShardNode, req: Request, name: str, ctx: WriteCo
     return leo, value
 
 
-@commands.handler("findAndModify", "findandmodify", versioned=True, retryable_write=True)
+@commands.handler("findAndModify", "findandmodify", versioned=True, retryable_write=True, privileges=priv.find_and_modify_privileges)
 async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
     """``findAndModify`` (``find_and_modify.cpp``): ``{lastErrorObject: {n, updatedExisting?,
     upserted?}, value}``; a retry returns the recorded reply with ``retriedStmtId``. Errors:

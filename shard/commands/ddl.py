@@ -21,6 +21,7 @@ from shardsim.shard.commands.views import create_view, drop_view, mod_view
 from shardsim.core.errors import view_error
 from shardsim.shard.storage import Collection, validate_collection_name, validate_db_name
 from shardsim.shard.write_context import WriteContext
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.shard.node import ShardNode
@@ -43,7 +44,7 @@ COLLMOD_OPTIONS = frozenset({
 
 
 # -- create / drop ------------------------------------------------------------------------
-@commands.handler("create")
+@commands.handler("create", privileges=priv.on_coll("createCollection"))
 async def create(node: ShardNode, req: Request) -> dict[str, Any]:
     """``create: <coll>[, options]`` (``create_collection.cpp``): ``{}``; logs ``{create,
     <options>, idIndex}``. With ``viewOn``/``pipeline`` it creates a view
@@ -131,7 +132,7 @@ def drop_collection(node: ShardNode, coll: Collection, ctx: WriteContext) -> int
     return n
 
 
-@commands.handler("drop")
+@commands.handler("drop", privileges=priv.on_coll("dropCollection"))
 async def drop(node: ShardNode, req: Request) -> dict[str, Any]:
     """``drop: <coll>``: ``{nIndexesWas, ns}``; a view's definition is removed instead, and a
     missing namespace is not an error (7.0+, ``drop_collection.cpp``): ``{}``."""
@@ -147,7 +148,7 @@ async def drop(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"nIndexesWas": n, "ns": coll.ns}
 
 
-@commands.handler("dropDatabase")
+@commands.handler("dropDatabase", privileges=priv.on_db("dropDatabase"))
 async def drop_database(node: ShardNode, req: Request) -> dict[str, Any]:
     """``dropDatabase: 1``: one ``{drop}`` entry per collection, then ``{dropDatabase: 1}``;
     ``{dropped: <db>}`` (``{}`` when there is no such database). IllegalOperation (20) for
@@ -167,7 +168,7 @@ async def drop_database(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"dropped": req.db}
 
 
-@commands.handler("renameCollection")
+@commands.handler("renameCollection", privileges=priv.rename_privileges)
 async def rename_collection(node: ShardNode, req: Request) -> dict[str, Any]:
     """``renameCollection: "<db>.<coll>", to, dropTarget?`` on admin: ``{}``; logs
     ``{renameCollection, to[, dropTarget: <uuid>], stayTemp}`` with ``o2: {numRecords}``.
@@ -210,7 +211,7 @@ async def rename_collection(node: ShardNode, req: Request) -> dict[str, Any]:
 
 
 # -- indexes ------------------------------------------------------------------------------
-@commands.handler("createIndexes")
+@commands.handler("createIndexes", privileges=priv.on_coll("createIndex"))
 async def create_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
     """``createIndexes: <coll>, indexes: [{key, name, ...}]``: ``{numIndexesBefore,
     numIndexesAfter, createdCollectionAutomatically[, note]}``; one ``{createIndexes, v, key,
@@ -343,7 +344,7 @@ def _new_indexes(coll: Collection, prepared: list[dict[str, Any]]) -> list[dict[
     return new
 
 
-@commands.handler("dropIndexes", "deleteIndexes")
+@commands.handler("dropIndexes", "deleteIndexes", privileges=priv.on_coll("dropIndex"))
 async def drop_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
     """``dropIndexes: <coll>, index: "*"|name|[names]|key``: ``{nIndexesWas}``; one
     ``{dropIndexes, index}`` entry per index with its spec in ``o2``. Errors: 40414, 14,
@@ -386,7 +387,7 @@ async def drop_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"nIndexesWas": before}
 
 
-@commands.handler("collMod")
+@commands.handler("collMod", privileges=priv.on_coll("collMod"))
 async def coll_mod(node: ShardNode, req: Request) -> dict[str, Any]:
     """``collMod: <coll>, <changes>`` (``coll_mod.cpp``): ``{}`` or the index's
     ``<option>_old``/``<option>_new``; logs ``{collMod, ...}`` with ``o2:

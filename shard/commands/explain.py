@@ -26,6 +26,7 @@ from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.explain_common import (parse_request, parsed_query, query_hashes, server_info,
                                      server_parameters)
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.shard.node import ShardNode
@@ -180,7 +181,7 @@ def _aggregate(node: "ShardNode", req: Request, inner: dict[str, Any],
     return {"stages": [{"$cursor": cursor}] + [dict(st) for st in rest]}
 
 
-@commands.handler("explain")
+@commands.handler("explain", privileges=priv.EXPLAIN)
 async def explain(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{explain: <command>, verbosity}``: see the module docstring."""
     name, inner, verbosity = parse_request(req.body)

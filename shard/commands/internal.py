@@ -15,6 +15,7 @@ from shardsim.core.errors import MongoError
 from shardsim.shard.commands.helpers import ddl_name
 from shardsim.shard.write_context import WriteContext
 from shardsim.core.protocol import shard as shrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.shard.node import ShardNode
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 commands = CommandFamily("internal")
 
 
-@commands.handler(shrq.EnsureCollection.NAME)
+@commands.handler(shrq.EnsureCollection.NAME, privileges=priv.INTERNAL)
 async def ensure_collection(node: ShardNode, req: Request) -> dict[str, Any]:
     """``{_shardsimEnsureCollection: <coll>, uuid?, shardKey?, options?, primary?}`` (sent by
     the config server): create the collection with the given UUID
@@ -57,7 +58,7 @@ async def ensure_collection(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"uuid": coll.ui, "created": True}
 
 
-@commands.handler(shrq.Noop.NAME)
+@commands.handler(shrq.Noop.NAME, privileges=priv.INTERNAL)
 async def noop(node: ShardNode, req: Request) -> dict[str, Any]:
     """``{_shardsimNoop: <o>, o2?, ns?, ui?}`` (shardsim's own): write an ``op: "n"``
     oplog entry; ``{ts}`` and ``operationTime`` = its ts. TypeMismatch (14) for a non-object."""

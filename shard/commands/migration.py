@@ -30,6 +30,7 @@ from shardsim.core.values import id_key
 from shardsim.shard.range_deleter import COORDINATORS, RANGE_DELETIONS
 from shardsim.shard.sharding_runtime import ModsTracker
 from shardsim.core.protocol import shard as shrq
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
@@ -67,7 +68,7 @@ def _in_range(mig: _Migration, doc: dict[str, Any]) -> bool:
     return compare_keys(lo, key) <= 0 and compare_keys(key, hi) < 0
 
 
-@commands.handler(shrq.SetFilteringMetadata.NAME)
+@commands.handler(shrq.SetFilteringMetadata.NAME, privileges=priv.INTERNAL)
 async def set_filtering_metadata(node: "ShardNode", req: Request) -> dict[str, Any]:
     """:class:`shardsim.core.protocol.shard.SetFilteringMetadata` -> ``{version}`` (this
     shard's new ``{e, t, v}``)."""
@@ -77,7 +78,7 @@ async def set_filtering_metadata(node: "ShardNode", req: Request) -> dict[str, A
     return {"version": node.sharding.wanted(ns)}
 
 
-@commands.handler(shrq.MigrationStart.NAME)
+@commands.handler(shrq.MigrationStart.NAME, privileges=priv.INTERNAL)
 async def migration_start(node: "ShardNode", req: Request) -> dict[str, Any]:
     """:class:`shardsim.core.protocol.shard.MigrationStart`: with ``migrationId``, persist the
     coordinator document and the donor's pending range-deletion task
@@ -103,7 +104,7 @@ async def migration_start(node: "ShardNode", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler(shrq.MigrateClone.NAME)
+@commands.handler(shrq.MigrateClone.NAME, privileges=priv.INTERNAL)
 async def migrate_clone(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_migrateClone: 1, sessionId}`` -> ``{objects: [...]}``: every document of the
     migrating range, read in one step (mongod sends batches of record ids)."""
@@ -114,7 +115,7 @@ async def migrate_clone(node: "ShardNode", req: Request) -> dict[str, Any]:
     return {"objects": docs}
 
 
-@commands.handler(shrq.TransferMods.NAME)
+@commands.handler(shrq.TransferMods.NAME, privileges=priv.INTERNAL)
 async def transfer_mods(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_transferMods: 1, sessionId}`` -> ``{reload: [docs], deleted: [{_id}], size}``: the
     current state of each document of the range written since the last call
@@ -133,7 +134,7 @@ async def transfer_mods(node: "ShardNode", req: Request) -> dict[str, Any]:
     return {"reload": reload, "deleted": deleted, "size": len(reload) + len(deleted)}
 
 
-@commands.handler(shrq.MigrationCriticalSection.NAME)
+@commands.handler(shrq.MigrationCriticalSection.NAME, privileges=priv.INTERNAL)
 async def critical_section(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_shardsimMigrationCriticalSection: ns, enter: bool, blockReads?: bool}``: enter
     (block writes, wait for the running ones) or leave the namespace's critical section;
@@ -150,7 +151,7 @@ async def critical_section(node: "ShardNode", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler(shrq.MigrationEnd.NAME)
+@commands.handler(shrq.MigrationEnd.NAME, privileges=priv.INTERNAL)
 async def migration_end(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_shardsimMigrationEnd: 1, sessionId}``: stop recording writes. ``{}``."""
     mig = _migrations(node).pop(shrq.MigrationEnd.parse(req.body).sessionId, None)
@@ -163,7 +164,7 @@ async def migration_end(node: "ShardNode", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler(shrq.SessionRecords.NAME)
+@commands.handler(shrq.SessionRecords.NAME, privileges=priv.INTERNAL)
 async def session_records(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_shardsimSessionRecords: 1}`` -> ``{records: [{lsid, txnNumber, stmts}]}``: the
     retryable-write history (what mongod's ``SessionCatalogMigrationSource`` sends from the
@@ -172,7 +173,7 @@ async def session_records(node: "ShardNode", req: Request) -> dict[str, Any]:
                         if s.executed and s.txn is None]}
 
 
-@commands.handler(shrq.MergeSessionRecords.NAME)
+@commands.handler(shrq.MergeSessionRecords.NAME, privileges=priv.INTERNAL)
 async def merge_session_records(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{_shardsimMergeSessionRecords: 1, records}``: a record of a newer txnNumber replaces
     this shard's, one of the same txnNumber adds its executed statements
@@ -193,7 +194,7 @@ async def merge_session_records(node: "ShardNode", req: Request) -> dict[str, An
     return {"n": n}
 
 
-@commands.handler(shrq.RecvChunkStart.NAME)
+@commands.handler(shrq.RecvChunkStart.NAME, privileges=priv.INTERNAL)
 async def recv_chunk_start(node: "ShardNode", req: Request) -> dict[str, Any]:
     """:class:`shardsim.core.protocol.shard.RecvChunkStart` on the recipient, before the
     clone: run the range deletions overlapping ``[min, max)``, delete what is left there
@@ -210,7 +211,7 @@ async def recv_chunk_start(node: "ShardNode", req: Request) -> dict[str, Any]:
     return {"deleted": await node.range_deleter.clear_incoming(task)}
 
 
-@commands.handler(shrq.MigrationDecision.NAME)
+@commands.handler(shrq.MigrationDecision.NAME, privileges=priv.INTERNAL)
 async def migration_decision(node: "ShardNode", req: Request) -> dict[str, Any]:
     """:class:`shardsim.core.protocol.shard.MigrationDecision`: persist the decision in the
     coordinator document (``MigrationCoordinator::setMigrationDecision``). ``{found: bool}``;
@@ -224,7 +225,7 @@ async def migration_decision(node: "ShardNode", req: Request) -> dict[str, Any]:
     return {"found": doc is not None}
 
 
-@commands.handler(shrq.RangeDeletionTask.NAME)
+@commands.handler(shrq.RangeDeletionTask.NAME, privileges=priv.INTERNAL)
 async def range_deletion_task(node: "ShardNode", req: Request) -> dict[str, Any]:
     """:class:`shardsim.core.protocol.shard.RangeDeletionTask`: ``run`` makes the task ready
     and deletes its range (``markAsReadyRangeDeletionTaskLocally`` and the range deleter),
@@ -239,7 +240,7 @@ async def range_deletion_task(node: "ShardNode", req: Request) -> dict[str, Any]
     raise MongoError(2, f"unknown range deletion action {request.action!r}")
 
 
-@commands.handler(shrq.ForgetMigration.NAME)
+@commands.handler(shrq.ForgetMigration.NAME, privileges=priv.INTERNAL)
 async def forget_migration(node: "ShardNode", req: Request) -> dict[str, Any]:
     """:class:`shardsim.core.protocol.shard.ForgetMigration`: delete the donor's coordinator
     document (``MigrationCoordinator::forgetMigration``). ``{}``."""

@@ -11,11 +11,12 @@ from typing import Any
 
 from shardsim.shard.oplog_settings import _number, check_min_retention_hours, check_size_mb
 from shardsim.core.commands import CommandFamily, Request
+from shardsim.core.auth import privileges as priv
 
 commands = CommandFamily("oplog")
 
 
-@commands.handler("replSetResizeOplog")
+@commands.handler("replSetResizeOplog", privileges=priv.on_cluster("replSetResizeOplog"))
 async def repl_set_resize_oplog(node: Any, req: Request) -> dict[str, Any]:
     """``{replSetResizeOplog: 1, size: <MB, double>, minRetentionHours: <double>}`` -> ``{}``;
     applies the new cap at once (truncating the oldest entries beyond it)."""

@@ -35,6 +35,7 @@ from bson.min_key import MinKey
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import SortKey, compare_keys, get_path
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.shard.node import ShardNode
@@ -128,7 +129,7 @@ def split_keys(keyed: list[tuple[Any, ...]], data_size: int, count: int, max_byt
     return out[1:]
 
 
-@commands.handler("splitVector")
+@commands.handler("splitVector", privileges=priv.on_full_ns("splitVector"))
 async def split_vector(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``splitVector`` (see the module docstring): ``{splitKeys: [{field: value}]}``."""
     db, name = _full_ns(req)
@@ -161,7 +162,7 @@ async def split_vector(node: "ShardNode", req: Request) -> dict[str, Any]:
     return {"splitKeys": [dict(zip(fields, k)) for k in keys]}
 
 
-@commands.handler("dataSize")
+@commands.handler("dataSize", privileges=priv.on_full_ns("find"))
 async def data_size(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``dataSize`` (see the module docstring): ``{size, numObjects, millis}``."""
     start = time.monotonic()

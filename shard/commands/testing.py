@@ -34,11 +34,12 @@ from shardsim.core.clock import ts_key
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import shard as shrq
+from shardsim.core.auth import privileges as priv
 
 commands = CommandFamily("testing")
 
 
-@commands.handler(shrq.TruncateOplog.NAME)
+@commands.handler(shrq.TruncateOplog.NAME, privileges=priv.INTERNAL)
 async def truncate_oplog(node: Any, req: Request) -> dict[str, Any]:
     """See the module docstring."""
     before = shrq.TruncateOplog.parse(req.body).before
@@ -47,7 +48,7 @@ async def truncate_oplog(node: Any, req: Request) -> dict[str, Any]:
     return {"removed": removed, "earliestOptime": node.oplog.first_ts()}
 
 
-@commands.handler(shrq.SetClusterTime.NAME)
+@commands.handler(shrq.SetClusterTime.NAME, privileges=priv.INTERNAL)
 async def set_cluster_time(node: Any, req: Request) -> dict[str, Any]:
     """See the module docstring."""
     ts = shrq.SetClusterTime.parse(req.body).ts
@@ -55,7 +56,7 @@ async def set_cluster_time(node: Any, req: Request) -> dict[str, Any]:
     return {"pinned": ts}
 
 
-@commands.handler(shrq.StorageFull.NAME)
+@commands.handler(shrq.StorageFull.NAME, privileges=priv.INTERNAL)
 async def storage_full(node: Any, req: Request) -> dict[str, Any]:
     """See the module docstring."""
     full = shrq.StorageFull.parse(req.body).full

@@ -32,6 +32,7 @@ from shardsim.shard.commit_recovery import decision_reply, recover_commit_decisi
     recover_from_participant
 from shardsim.shard.sessions import TRANSIENT, full_lsid
 from shardsim.shard.write_context import WriteContext
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:
     from shardsim.shard.node import ShardNode
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 commands = CommandFamily("transactions")
 
 
-@commands.handler("commitTransaction")
+@commands.handler("commitTransaction", privileges=priv.AUTH_ONLY)
 async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     """``commitTransaction`` (``lsid``, ``txnNumber``, ``autocommit: false``): ``{}`` (again
     ``{}`` for an already committed one), with ``operationTime`` = the applyOps entry's ts.
@@ -102,7 +103,7 @@ def _with_write_concern(req: Request, reply: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-@commands.handler("abortTransaction")
+@commands.handler("abortTransaction", privileges=priv.AUTH_ONLY)
 async def abort_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     """``abortTransaction``: ``{}``; drops the transaction's writes. Errors:
     TransactionCommitted (256) once committed, NoSuchTransaction (251) when already aborted or
@@ -129,7 +130,7 @@ async def abort_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("prepareTransaction")
+@commands.handler("prepareTransaction", privileges=priv.INTERNAL)
 async def prepare_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     """``prepareTransaction`` (internal, from a coordinator; ``lsid``, ``txnNumber``,
     ``autocommit: false``) -> ``{prepareTimestamp}``; again the same for a transaction already
@@ -196,7 +197,7 @@ def commit_prepared(node: ShardNode, s: Any, txn: Any, commit_ts: Any) -> dict[s
     return {"__operationTime": entry["ts"]}
 
 
-@commands.handler("coordinateCommitTransaction")
+@commands.handler("coordinateCommitTransaction", privileges=priv.INTERNAL)
 async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     """``coordinateCommitTransaction {participants: [{shardId, host}]}`` with ``lsid``,
     ``txnNumber``, ``autocommit: false`` (from the router): run two-phase commit
@@ -225,7 +226,7 @@ async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[s
     return decision_reply(decision)
 
 
-@commands.handler("endSessions")
+@commands.handler("endSessions", privileges=priv.AUTH_ONLY)
 async def end_sessions(node: ShardNode, req: Request) -> dict[str, Any]:
     """``endSessions: [lsid, ...]`` (``killSessions`` too): abort the sessions' open
     transactions and forget them; ``{}``. TypeMismatch (14) when not an array."""
@@ -237,10 +238,10 @@ async def end_sessions(node: ShardNode, req: Request) -> dict[str, Any]:
     return {}
 
 
-commands.add("killSessions", end_sessions)
+commands.add("killSessions", end_sessions, privileges=priv.AUTH_ONLY)
 
 
-@commands.handler("killAllSessions")
+@commands.handler("killAllSessions", privileges=priv.on_cluster("killAnySession"))
 async def kill_all_sessions(node: ShardNode, req: Request) -> dict[str, Any]:
     """``killAllSessions``: end every session (open transactions aborted); ``{}``."""
     node.sessions.end(node.sessions.lsids())

@@ -28,6 +28,7 @@ from bson import Binary, Timestamp
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError, view_error
 from shardsim.shard.commands.helpers import ddl_name
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
@@ -112,7 +113,7 @@ def validate_collection(node: "ShardNode", coll: "Collection", full: bool,
     return out
 
 
-@commands.handler("validate")
+@commands.handler("validate", privileges=priv.on_coll("validate"))
 async def validate(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{validate: <coll>, full?, background?, repair?, metadata?}``: see the module docstring."""
     name = ddl_name(req)

@@ -90,7 +90,11 @@ class CommandSpec:
     * ``reads``: a read that waits on a prepared transaction's documents (the shard's
       prepare conflicts, ``shard/prepare_conflicts.py``);
     * ``retryable_write``: with ``txnNumber`` outside a transaction it is a retryable write
-      (``RetryableWriteError`` label on retryable errors; ``isRetryableWriteCommand``).
+      (``RetryableWriteError`` label on retryable errors; ``isRetryableWriteCommand``);
+    * ``privileges``: what it needs to run, the server's ``checkAuthForOperation``: a rule of
+      :mod:`shardsim.core.auth.privileges` (``NO_AUTH``, ``AUTH_ONLY``, ``on_coll("find")``,
+      ``checked("updateUser")``, ...); a command that declares none needs the internal
+      privilege only ``__system`` has.
 
     Which commands may run inside a transaction stays one central allowlist, as in the server
     (``shardsim/core/txn_rules.py``, ``txnCmdAllowlist``)."""
@@ -99,6 +103,7 @@ class CommandSpec:
     snapshot: bool = False
     reads: bool = False
     retryable_write: bool = False
+    privileges: Any = None
 
 
 NO_SPEC = CommandSpec()
@@ -108,7 +113,8 @@ class CommandFamily:
     """One command family's handlers (one module, e.g. ``router/commands/crud.py``).
 
     A module declares ``commands = CommandFamily("crud")`` and decorates its module-level
-    handlers ``@commands.handler("insert")`` / ``@commands.handler("findAndModify",
+    handlers ``@commands.handler("insert", privileges=priv.insert_privileges)`` /
+    ``@commands.handler("findAndModify",
     "findandmodify")``; a node installs the family with :meth:`CommandTable.install`, which binds
     each handler to the node. Handlers stay plain functions, so a test can call
     ``await crud.insert(node, request)`` directly.
@@ -118,7 +124,7 @@ class CommandFamily:
         self.name = name
         self.entries: list[tuple[str, NodeHandler, tuple[str, ...], CommandSpec]] = []
 
-    def handler(self, name: str, *aliases: str, **spec: bool) -> Callable[[NodeHandler], NodeHandler]:
+    def handler(self, name: str, *aliases: str, **spec: Any) -> Callable[[NodeHandler], NodeHandler]:
         """Decorator: register ``fn`` under ``name`` (and ``aliases``) with the properties
         ``spec`` (:class:`CommandSpec` fields); returns ``fn`` unchanged."""
         def deco(fn: NodeHandler) -> NodeHandler:
@@ -126,7 +132,7 @@ class CommandFamily:
             return fn
         return deco
 
-    def add(self, name: str, fn: NodeHandler, *aliases: str, **spec: bool) -> None:
+    def add(self, name: str, fn: NodeHandler, *aliases: str, **spec: Any) -> None:
         """Register an existing handler under another command name (``commitTransaction`` and
         ``abortTransaction`` sharing one function, say)."""
         self.entries.append((name, fn, aliases, CommandSpec(**spec)))

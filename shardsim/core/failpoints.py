@@ -46,6 +46,7 @@ from bson.int64 import Int64
 
 from shardsim.core.commands import CURRENT_REQUEST, CommandFamily
 from shardsim.core.errors import MongoError, change_stream_labels
+from shardsim.core.auth import privileges as priv
 
 FAIL_POINTS = ("failCommand", "failGetMoreAfterCursorCheckout")
 FAIL_COMMAND_ERRMSG = "Failing command via 'failCommand' failpoint"
@@ -267,7 +268,7 @@ def _apply_override(reply: dict[str, Any], override: list[str] | None) -> None:
 commands = CommandFamily("failpoints")
 
 
-@commands.handler("configureFailPoint")
+@commands.handler("configureFailPoint", privileges=priv.NO_AUTH)
 async def configure_fail_point(node: Any, req: Any) -> dict[str, Any]:
     """``{configureFailPoint: name, mode, data?}`` -> ``{count: Long}`` (times the point was
     entered before). Errors: 14 for a non-string name, BadValue (2) for an unknown point or a

@@ -21,7 +21,7 @@ header closes the connection, ``ProtocolError``), a body section of at most 16 M
 (``BSONObjMaxInternalSize``, 10334).
 
 Before authentication a connection may only run the commands that need none (``hello``,
-``saslStart``, ...: :data:`shardsim.core.auth.privileges.TABLE`). mongod parses the whole message
+``saslStart``, ...: the commands that declare ``privileges=NO_AUTH``). mongod parses the whole message
 first and then answers Unauthorized (13); here a large message from an unauthenticated
 connection on a process with ``--auth`` is answered from its command name alone (read from the
 raw body, :func:`command_name`), with the same error and without depth-scanning or decoding
@@ -197,8 +197,8 @@ def pre_auth_refusal(node: "Node", header: wire.Header, payload: bytes,
     except MongoError:
         return None  # no such command (59) is answered after a full parse, as before
     canonical = node.commands.canonical(name)
-    if privileges.TABLE.get(canonical) == privileges.NO_AUTH or canonical in ("createUser",
-                                                                               "createRole"):
+    if node.commands.spec(canonical).privileges == privileges.NO_AUTH or \
+            canonical in ("createUser", "createRole"):
         return None
     return wire.BadMessage(header.request_id, header.op_code,
                            MongoError(13, f"Command {canonical} requires authentication"))

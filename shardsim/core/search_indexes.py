@@ -18,6 +18,7 @@ from typing import Any
 
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
+from shardsim.core.auth import privileges as priv
 
 commands = CommandFamily("search_indexes")
 
@@ -60,9 +61,9 @@ def check_search_stages(pipeline: Any) -> None:
             raise MongoError(SEARCH_NOT_ENABLED, SEARCH_STAGE_MESSAGE)
 
 
-@commands.handler("createSearchIndexes")
-@commands.handler("updateSearchIndex")
-@commands.handler("dropSearchIndex")
+@commands.handler("createSearchIndexes", privileges=priv.on_coll("createSearchIndexes"))
+@commands.handler("updateSearchIndex", privileges=priv.on_coll("updateSearchIndex"))
+@commands.handler("dropSearchIndex", privileges=priv.on_coll("dropSearchIndex"))
 async def search_index_command(node: Any, req: Request) -> dict[str, Any]:
     """``createSearchIndexes``/``updateSearchIndex``/``dropSearchIndex``: always
     SearchNotEnabled (31082), as a server without ``searchIndexManagementHostAndPort``."""

@@ -16,14 +16,22 @@ from shardsim.core.auth.store import MemoryUserStore
 from shardsim.core.errors import MongoError
 
 
-def test_every_registered_command_is_in_the_table() -> None:
+def test_every_registered_command_declares_its_privileges() -> None:
+    """Every command of every role says what it needs where it is defined (the internal ones
+    too: ``INTERNAL``), so none falls back to the internal privilege by omission."""
     from shardsim.configsvr.node import ConfigServerNode
     from shardsim.router.node import RouterNode
     from shardsim.shard.node import ShardNode
-    names = set(ShardNode().commands.names()) | set(ConfigServerNode().commands.names()) \
-        | set(RouterNode(configdb="127.0.0.1:1").commands.names())
-    missing = sorted(n for n in names if n not in privileges.TABLE and not n.startswith("_"))
-    assert not missing, f"commands without required privileges: {missing}"
+    missing = []
+    for node in (ShardNode(), ConfigServerNode(), RouterNode(configdb="127.0.0.1:1")):
+        missing += [f"{type(node).__name__}.{n}" for n in node.commands.names()
+                    if node.commands.spec(n).privileges is None]
+    assert not missing, f"commands without declared privileges: {missing}"
+
+
+def _spec_of():
+    from shardsim.router.node import RouterNode
+    return RouterNode(configdb="127.0.0.1:1").commands.spec
 
 
 def _privs(*role_refs: tuple[str, str]) -> dict:
@@ -63,13 +71,16 @@ def test_change_stream_privileges() -> None:
         body = {"aggregate": arg, "pipeline": [{"$changeStream": spec or {}}], "$db": db}
         return Request("aggregate", db, body, ConnectionInfo(1))
 
-    assert privileges.required("aggregate", req("c", "d")) == \
+    spec_of = _spec_of()
+    assert privileges.required(spec_of, "aggregate", req("c", "d")) == \
         [(("ns", "d", "c"), ["changeStream", "find"])]
-    assert privileges.required("aggregate", req(1, "d")) == \
+    assert privileges.required(spec_of, "aggregate", req(1, "d")) == \
         [(("db", "d"), ["changeStream", "find"])]
-    assert privileges.required("aggregate", req(1, "admin", {"allChangesForCluster": True})) \
+    assert privileges.required(spec_of, "aggregate",
+                               req(1, "admin", {"allChangesForCluster": True})) \
         == [(("anyNormal",), ["changeStream", "find"])]
-    assert privileges.required("_configsvrAddShard", req(1, "admin")) == \
+    # an undeclared (unknown) command needs the internal privilege
+    assert privileges.required(spec_of, "noSuchCommand", req(1, "admin")) == \
         [(("cluster",), ["internal"])]
 
 

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 from bson import Binary
 
-from shardsim.core.auth import user_commands
 from shardsim.core.auth.session import AuthSession
 from shardsim.core.auth.store import MemoryUserStore
 from shardsim.core.commands import ConnectionInfo, Request
 from shardsim.core.node import Node
+from shardsim.router.node import RouterNode
+from shardsim.shard.node import ShardNode
 
 USERS = {
     "ua": ("ua", "dbX", [("userAdmin", "dbX")]),
@@ -38,11 +39,12 @@ def _user_doc(name: str, db: str, roles: list[tuple[str, str]]) -> dict[str, Any
             "roles": [{"role": r, "db": d} for r, d in roles]}
 
 
-def _node() -> Node:
+def _node(router: bool = False) -> Node:
     """A node with authentication on, the user-management commands and a memory store holding
     the five users, a target user ``t@dbX`` and a custom role ``custom@dbX``."""
-    node = Node(options={"auth": True})
-    node.commands.install(node, user_commands.commands)
+    # a shard (or a router, for the router's own commands): each command declares what it needs
+    node = RouterNode(configdb="127.0.0.1:1", options={"auth": True}) if router \
+        else ShardNode(options={"auth": True})
     store = node.security.store = MemoryUserStore()
 
     async def fill() -> None:
@@ -66,7 +68,7 @@ def _run(node: Node, who: str, body: dict[str, Any], db: str = "dbX") -> dict[st
 
 
 def _authorize(node: Node, who: str, body: dict[str, Any], db: str = "admin") -> int | None:
-    """The authorization alone (commands this bare node does not serve): None or the code."""
+    """The authorization alone (what the command then does is not asked): None or the code."""
     req = Request(next(iter(body)), db, dict(body), _conn(who))
     try:
         asyncio.run(node.security.authorize(req))
@@ -168,7 +170,7 @@ SESSION_TABLE = [
 def test_session_commands_authorization(case: str, body: dict, expected: tuple,
                                         who: str) -> None:
     db = "dbX" if case.startswith("checkMetadata") else "admin"
-    code = _authorize(_node(), who, body, db)
+    code = _authorize(_node(router=case.startswith("checkMetadata")), who, body, db)
     assert code == (None if expected[ORDER.index(who)] else 13)
 
 

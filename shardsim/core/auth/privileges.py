@@ -11,7 +11,9 @@ user), or a list of ``(target, actions)`` where target is ``("ns", db, coll)``, 
 (``document_source_change_stream.h``): ``changeStream`` and ``find`` on the collection, on the
 database (``aggregate: 1``) or on any normal resource (``aggregate: 1`` on ``admin`` with
 ``allChangesForCluster``); ``fullDocument: "updateLookup"`` and pre-images need nothing more.
-Every command a role registers must be in :data:`TABLE` (tests/unit/test_auth.py checks it).
+Every command a role registers declares its rule where it is defined
+(``@commands.handler(name, privileges=priv.on_coll("find"))``); tests/unit/test_auth.py checks
+that none is missing.
 """
 
 from __future__ import annotations
@@ -39,19 +41,19 @@ def _full_ns(value: Any, req: Request) -> tuple:
     return ("db", value if isinstance(value, str) else req.db)
 
 
-def _on_coll(*actions: str) -> Callable[[Request], Needed]:
+def on_coll(*actions: str) -> Callable[[Request], Needed]:
     return lambda req: [(_coll_ns(req), list(actions))]
 
 
-def _on_db(*actions: str) -> Callable[[Request], Needed]:
+def on_db(*actions: str) -> Callable[[Request], Needed]:
     return lambda req: [(("db", req.db), list(actions))]
 
 
-def _on_cluster(*actions: str) -> Callable[[Request], Needed]:
+def on_cluster(*actions: str) -> Callable[[Request], Needed]:
     return lambda req: [(("cluster",), list(actions))]
 
 
-def _on_full_ns(*actions: str) -> Callable[[Request], Needed]:
+def on_full_ns(*actions: str) -> Callable[[Request], Needed]:
     return lambda req: [(_full_ns(req.arg, req), list(actions))]
 
 
@@ -61,18 +63,18 @@ def _with_bypass(req: Request, actions: list[str]) -> list[str]:
     return actions
 
 
-def _update(req: Request) -> Needed:
+def update_privileges(req: Request) -> Needed:
     actions = ["update"]
     if any(isinstance(u, dict) and u.get("upsert") for u in req.body.get("updates") or []):
         actions.append("insert")
     return [(_coll_ns(req), _with_bypass(req, actions))]
 
 
-def _insert(req: Request) -> Needed:
+def insert_privileges(req: Request) -> Needed:
     return [(_coll_ns(req), _with_bypass(req, ["insert"]))]
 
 
-def _bulk_write(req: Request) -> Needed:
+def bulk_write_privileges(req: Request) -> Needed:
     """bulkWrite (``bulk_write.cpp`` ``checkAuthForOperation``): per ``nsInfo`` namespace the
     actions of the ops naming it (insert; update, plus insert for an upsert; remove), plus
     bypassDocumentValidation when asked."""
@@ -99,7 +101,7 @@ def _bulk_write(req: Request) -> Needed:
     return out
 
 
-def _find_and_modify(req: Request) -> Needed:
+def find_and_modify_privileges(req: Request) -> Needed:
     b = req.body
     actions = ["find", "remove"] if b.get("remove") else ["find", "update"]
     if b.get("upsert"):
@@ -161,7 +163,7 @@ def _list_sessions(spec: Any, req: Request) -> Needed:
     return []
 
 
-def _aggregate(req: Request) -> Needed:
+def aggregate_privileges(req: Request) -> Needed:
     pipeline = req.body.get("pipeline")
     first = pipeline[0] if isinstance(pipeline, list) and pipeline else None
     collectionless = not isinstance(req.arg, str)
@@ -190,7 +192,7 @@ def _aggregate(req: Request) -> Needed:
     return out
 
 
-def _rename(req: Request) -> Needed:
+def rename_privileges(req: Request) -> Needed:
     src, dst = _full_ns(req.arg, req), _full_ns(req.body.get("to"), req)
     if src[0] == "ns" and dst[0] == "ns" and src[1] == dst[1]:
         return [(src, ["renameCollectionSameDB"]), (dst, ["renameCollectionSameDB"])]
@@ -198,113 +200,65 @@ def _rename(req: Request) -> Needed:
             (dst, ["insert", "createIndex", "createCollection"])]
 
 
-def _list_collections(req: Request) -> Needed | str:
+def list_collections_privileges(req: Request) -> Needed | str:
     if req.body.get("authorizedCollections") and req.body.get("nameOnly"):
         return AUTH_ONLY
     return [(("db", req.db), ["listCollections"])]
 
 
-INTERNAL = _on_cluster("internal")
+INTERNAL = on_cluster("internal")
 
-TABLE: dict[str, Any] = {
-    # no authentication needed (requiresAuth() == false)
-    **{n: NO_AUTH for n in ("hello", "isMaster", "buildInfo", "ping", "saslStart",
-                            "saslContinue", "authenticate", "logout", "connectionStatus")},
-    # mongos' replSetGetStatus only says it is not supported, to anyone
-    # (cluster_repl_set_get_status_cmd.cpp checkAuthForCommand: OK); no shardsim mongod has it
-    "replSetGetStatus": NO_AUTH,
-    # any authenticated user
-    **{n: AUTH_ONLY for n in ("getMore", "killCursors", "startSession", "endSessions",
-                              "refreshSessions", "killSessions", "commitTransaction",
-                              "abortTransaction", "listCommands", "whatsmyuri", "isdbgrid",
-                              "listDatabases")},
-    # fail_point_cmd.cpp: requiresAuth() false and no privilege ("it only works when enabled
-    # via command line"): the command exists only with enableTestCommands=1, off by default
-    "configureFailPoint": NO_AUTH,
-    "killAllSessions": _on_cluster("killAnySession"),
-    # two-phase commit between router and shards (txn_two_phase_commit_cmds.cpp: internal)
-    "prepareTransaction": INTERNAL, "coordinateCommitTransaction": INTERNAL,
-    # reads
-    "find": _on_coll("find"), "count": _on_coll("find"), "distinct": _on_coll("find"),
-    "aggregate": _aggregate, "listIndexes": _on_coll("listIndexes"),
-    "listCollections": _list_collections, "collStats": _on_coll("collStats"),
-    "dataSize": _on_full_ns("find"), "dbStats": _on_db("dbStats"),
-    "validate": _on_coll("validate"),
-    # writes
-    "insert": _insert, "update": _update, "delete": _on_coll("remove"),
-    "findAndModify": _find_and_modify, "bulkWrite": _bulk_write,
-    # DDL
-    "create": _on_coll("createCollection"), "drop": _on_coll("dropCollection"),
-    "dropDatabase": _on_db("dropDatabase"), "createIndexes": _on_coll("createIndex"),
-    "dropIndexes": _on_coll("dropIndex"), "collMod": _on_coll("collMod"),
-    "renameCollection": _rename,
-    # search_index_commands.cpp: the action named like the command, on the collection
-    "createSearchIndexes": _on_coll("createSearchIndexes"),
-    "updateSearchIndex": _on_coll("updateSearchIndex"),
-    "dropSearchIndex": _on_coll("dropSearchIndex"),
-    # cluster_check_metadata_consistency_cmd.cpp: the cluster, or the db / ns (checks.py)
-    "checkMetadataConsistency": AUTH_ONLY,
-    # sharding
-    "addShard": _on_cluster("addShard"), "removeShard": _on_cluster("removeShard"),
-    "listShards": _on_cluster("listShards"), "enableSharding": _on_full_ns("enableSharding"),
-    "shardCollection": _on_full_ns("enableSharding"), "split": _on_full_ns("splitChunk"),
-    "moveChunk": _on_full_ns("moveChunk"), "movePrimary": _on_full_ns("moveChunk"),
-    "flushRouterConfig": _on_cluster("flushRouterConfig"),
-    "balancerStart": lambda req: [(("ns", "config", "settings"), ["update"])],
-    "balancerStop": lambda req: [(("ns", "config", "settings"), ["update"])],
-    "balancerStatus": lambda req: [(("ns", "config", "settings"), ["find"])],
-    "balancerCollectionStatus": _on_full_ns("enableSharding"),
-    # the 8.0 sharding DDL (cluster_*_cmd.cpp' checkAuthForOperation)
-    "reshardCollection": _on_full_ns("reshardCollection"),
-    "moveCollection": _on_full_ns("moveCollection"),
-    "unshardCollection": _on_full_ns("unshardCollection"),
-    "refineCollectionShardKey": _on_full_ns("refineCollectionShardKey"),
-    "mergeChunks": _on_full_ns("splitChunk"),
-    "setAllowMigrations": _on_full_ns("setAllowMigrations"),
-    # auto_split_vector_command.cpp: splitVector on the namespace
-    "autoSplitVector": _on_coll("splitVector"),
-    # split_vector.cpp: splitVector on the namespace its argument names
-    "splitVector": _on_full_ns("splitVector"),
-    # server administration
-    "serverStatus": _on_cluster("serverStatus"), "getParameter": _on_cluster("getParameter"),
-    "setParameter": _on_cluster("setParameter"), "getCmdLineOpts": _on_cluster("getCmdLineOpts"),
-    "getLog": _on_cluster("getLog"), "hostInfo": _on_cluster("hostInfo"),
-    # resize_oplog.cpp: the replSetResizeOplog action on the cluster resource
-    "replSetResizeOplog": _on_cluster("replSetResizeOplog"),
-    # users and roles: any authenticated user here; the precise rules of each
-    # (user_management_commands_common.cpp) are shardsim.core.auth.checks.CHECKS
-    **{n: AUTH_ONLY for n in ("createUser", "updateUser", "dropUser", "dropAllUsersFromDatabase",
-                              "usersInfo", "createRole", "updateRole", "dropRole",
-                              "dropAllRolesFromDatabase", "grantRolesToUser",
-                              "revokeRolesFromUser", "grantRolesToRole", "revokeRolesFromRole",
-                              "grantPrivilegesToRole", "revokePrivilegesFromRole", "rolesInfo")},
-    "invalidateUserCache": _on_cluster("invalidateUserCache"),
-}
+# The rules above and below are what commands declare (``CommandFamily.handler(...,
+# privileges=...)``): the command's own module says what it needs, as each server command's
+# ``checkAuthForOperation`` does; nothing here lists commands.
 
 
-def _explain(req: Request) -> Needed:
-    """explain_cmd.cpp: the explained command's privileges (none checked here for a
-    malformed request, which the command refuses)."""
-    inner = req.body.get("explain")
-    if not isinstance(inner, dict) or not inner:
-        return []
-    name = next(iter(inner))
-    entry = TABLE.get(name)
-    if entry is None or isinstance(entry, str) or name == "explain":
-        return [(_coll_ns(req), ["find"])]
-    return entry(Request(name, req.db, inner, req.conn))
+def on_config_settings(action: str) -> Callable[[Request], Needed]:
+    """``action`` on ``config.settings`` (the balancer commands: ``balancerStart``/``Stop``
+    update it, ``balancerStatus`` finds, ``cluster_balancer_control_cmd.cpp``)."""
+    return lambda req: [(("ns", "config", "settings"), [action])]
 
 
-TABLE["explain"] = _explain
+class Checked:
+    """A command whose authorization is more than a privilege list (the user and role
+    management commands, ``checkMetadataConsistency``): ``check(req, privileges, session)`` in
+    :mod:`shardsim.core.auth.checks` raises Unauthorized (13) with mongod's message."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-def required(name: str, req: Request) -> Needed | str:
-    """What ``req`` (canonical command ``name``) needs: NO_AUTH, AUTH_ONLY or a list of
-    ``(target, actions)``. Internal commands (``_configsvr*``, ``_shardsim*``) and any command
-    missing from the table need the ``internal`` cluster action, which only ``__system`` has."""
-    entry = TABLE.get(name)
-    if entry is None:
+def checked(name: str) -> Checked:
+    """The declaration of a command checked by :mod:`shardsim.core.auth.checks` under ``name``."""
+    return Checked(name)
+
+
+# explain needs what the explained command needs (resolved by :func:`required`).
+EXPLAIN = "explain"
+
+
+def required(spec_of: Callable[[str], Any], name: str, req: Request) -> Needed | str | Checked:
+    """What ``req`` (canonical command ``name``) needs, from the command's own declaration
+    (``spec_of(name).privileges``, the node's :meth:`CommandTable.spec`): :data:`NO_AUTH`,
+    :data:`AUTH_ONLY`, a :class:`Checked` command, or a list of ``(target, actions)``. A command
+    that declares nothing needs the ``internal`` cluster action, which only ``__system`` has
+    (``tests/unit/test_auth.py`` checks that every registered command declares). ``explain``
+    needs the explained command's privileges (explain_cmd.cpp; ``find`` on the namespace for a
+    malformed or unknown one, which the command then refuses)."""
+    rule = spec_of(name).privileges
+    if rule is None:
         return INTERNAL(req)
-    if isinstance(entry, str):
-        return entry
-    return entry(req)
+    if rule == EXPLAIN:
+        inner = req.body.get("explain")
+        if not isinstance(inner, dict) or not inner:
+            return []
+        inner_name = next(iter(inner))
+        inner_rule = spec_of(inner_name).privileges
+        if inner_rule is None or isinstance(inner_rule, (str, Checked)) or inner_rule == EXPLAIN:
+            return [(_coll_ns(req), ["find"])]
+        return inner_rule(Request(inner_name, req.db, inner, req.conn))
+    if isinstance(rule, (str, Checked)):
+        return rule
+    return rule(req)

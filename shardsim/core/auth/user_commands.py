@@ -27,6 +27,7 @@ from shardsim.core.auth.scram import MECHANISMS, make_credentials
 from shardsim.core.auth.session import resolve_roles, role_refs
 from shardsim.core.commands import CommandFamily, Request, check_type
 from shardsim.core.errors import MongoError
+from shardsim.core.auth import privileges as priv
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.core.node import Node
@@ -85,7 +86,7 @@ def _role_docs(refs: list[tuple[str, str]]) -> list[dict[str, str]]:
     return [{"role": r, "db": d} for r, d in refs]
 
 
-@commands.handler("createUser")
+@commands.handler("createUser", privileges=priv.checked("createUser"))
 async def create_user(node: "Node", req: Request) -> dict[str, Any]:
     """``{createUser: name, pwd, roles, customData?, mechanisms?}`` on the user's database."""
     name = check_type(req, "createUser", str, "string", required=True)
@@ -117,7 +118,7 @@ async def _user_doc(node: "Node", req: Request, name: Any) -> dict[str, Any]:
     return dict(doc)
 
 
-@commands.handler("updateUser")
+@commands.handler("updateUser", privileges=priv.checked("updateUser"))
 async def update_user(node: "Node", req: Request) -> dict[str, Any]:
     """``{updateUser: name, pwd?, roles?, customData?, mechanisms?}``."""
     doc = await _user_doc(node, req, req.arg)
@@ -133,7 +134,7 @@ async def update_user(node: "Node", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("dropUser")
+@commands.handler("dropUser", privileges=priv.checked("dropUser"))
 async def drop_user(node: "Node", req: Request) -> dict[str, Any]:
     """``{dropUser: name}``; UserNotFound (11) when there is none."""
     doc = await _user_doc(node, req, req.arg)
@@ -141,7 +142,7 @@ async def drop_user(node: "Node", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("dropAllUsersFromDatabase")
+@commands.handler("dropAllUsersFromDatabase", privileges=priv.checked("dropAllUsersFromDatabase"))
 async def drop_all_users(node: "Node", req: Request) -> dict[str, Any]:
     """``{dropAllUsersFromDatabase: 1}``: ``{n: <dropped>}``."""
     store = node.security.store
@@ -152,7 +153,7 @@ async def drop_all_users(node: "Node", req: Request) -> dict[str, Any]:
     return {"n": n}
 
 
-@commands.handler("grantRolesToUser")
+@commands.handler("grantRolesToUser", privileges=priv.checked("grantRolesToUser"))
 async def grant_roles(node: "Node", req: Request) -> dict[str, Any]:
     """``{grantRolesToUser: name, roles: [...]}``."""
     doc = await _user_doc(node, req, req.arg)
@@ -164,7 +165,7 @@ async def grant_roles(node: "Node", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("revokeRolesFromUser")
+@commands.handler("revokeRolesFromUser", privileges=priv.checked("revokeRolesFromUser"))
 async def revoke_roles(node: "Node", req: Request) -> dict[str, Any]:
     """``{revokeRolesFromUser: name, roles: [...]}``."""
     doc = await _user_doc(node, req, req.arg)
@@ -191,7 +192,7 @@ def _targets(req: Request, key: str) -> list[tuple[str, str]] | None:
     return out
 
 
-@commands.handler("usersInfo")
+@commands.handler("usersInfo", privileges=priv.checked("usersInfo"))
 async def users_info(node: "Node", req: Request) -> dict[str, Any]:
     """``{usersInfo: 1 | name | {user, db} | {forAllDBs: true} | [...], showCredentials?,
     showPrivileges?}``:
@@ -257,7 +258,7 @@ async def _check_roles_to_role(node: "Node", role: tuple[str, str],
                              f"graph")
 
 
-@commands.handler("createRole")
+@commands.handler("createRole", privileges=priv.checked("createRole"))
 async def create_role(node: "Node", req: Request) -> dict[str, Any]:
     """``{createRole: name, privileges: [{resource, actions}], roles: [...]}``."""
     name = check_type(req, "createRole", str, "string", required=True)
@@ -272,7 +273,7 @@ async def create_role(node: "Node", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("dropRole")
+@commands.handler("dropRole", privileges=priv.checked("dropRole"))
 async def drop_role(node: "Node", req: Request) -> dict[str, Any]:
     """``{dropRole: name}``; RoleNotFound (31)."""
     name = req.arg
@@ -296,7 +297,7 @@ async def _role_doc(node: "Node", req: Request) -> dict[str, Any]:
     return dict(doc)
 
 
-@commands.handler("updateRole")
+@commands.handler("updateRole", privileges=priv.checked("updateRole"))
 async def update_role(node: "Node", req: Request) -> dict[str, Any]:
     """``{updateRole: name, privileges?, roles?}``: replaces what is given; BadValue (2) when
     neither is."""
@@ -313,7 +314,7 @@ async def update_role(node: "Node", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("grantRolesToRole")
+@commands.handler("grantRolesToRole", privileges=priv.checked("grantRolesToRole"))
 async def grant_roles_to_role(node: "Node", req: Request) -> dict[str, Any]:
     """``{grantRolesToRole: name, roles: [...]}``."""
     doc = await _role_doc(node, req)
@@ -325,7 +326,7 @@ async def grant_roles_to_role(node: "Node", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("revokeRolesFromRole")
+@commands.handler("revokeRolesFromRole", privileges=priv.checked("revokeRolesFromRole"))
 async def revoke_roles_from_role(node: "Node", req: Request) -> dict[str, Any]:
     """``{revokeRolesFromRole: name, roles: [...]}``."""
     doc = await _role_doc(node, req)
@@ -360,20 +361,20 @@ async def _change_privileges(node: "Node", req: Request, grant: bool) -> dict[st
     return {}
 
 
-@commands.handler("grantPrivilegesToRole")
+@commands.handler("grantPrivilegesToRole", privileges=priv.checked("grantPrivilegesToRole"))
 async def grant_privileges(node: "Node", req: Request) -> dict[str, Any]:
     """``{grantPrivilegesToRole: name, privileges: [{resource, actions}]}``: adds the actions
     (InvalidRoleModification 49 for a resource outside a non-admin role's database)."""
     return await _change_privileges(node, req, True)
 
 
-@commands.handler("revokePrivilegesFromRole")
+@commands.handler("revokePrivilegesFromRole", privileges=priv.checked("revokePrivilegesFromRole"))
 async def revoke_privileges(node: "Node", req: Request) -> dict[str, Any]:
     """``{revokePrivilegesFromRole: name, privileges: [...]}``: removes the actions."""
     return await _change_privileges(node, req, False)
 
 
-@commands.handler("dropAllRolesFromDatabase")
+@commands.handler("dropAllRolesFromDatabase", privileges=priv.checked("dropAllRolesFromDatabase"))
 async def drop_all_roles(node: "Node", req: Request) -> dict[str, Any]:
     """``{dropAllRolesFromDatabase: 1}``: ``{n: <dropped>}``."""
     store = node.security.store
@@ -384,7 +385,7 @@ async def drop_all_roles(node: "Node", req: Request) -> dict[str, Any]:
     return {"n": n}
 
 
-@commands.handler("rolesInfo")
+@commands.handler("rolesInfo", privileges=priv.checked("rolesInfo"))
 async def roles_info(node: "Node", req: Request) -> dict[str, Any]:
     """``{rolesInfo: 1 | name | {role, db} | [...], showPrivileges?, showBuiltinRoles?}``:
     ``{roles: [{role, db, isBuiltin, roles, inheritedRoles, privileges?,
@@ -419,7 +420,7 @@ async def roles_info(node: "Node", req: Request) -> dict[str, Any]:
     return {"roles": out}
 
 
-@commands.handler("invalidateUserCache")
+@commands.handler("invalidateUserCache", privileges=priv.on_cluster("invalidateUserCache"))
 async def invalidate_user_cache(node: "Node", req: Request) -> dict[str, Any]:
     """``invalidateUserCache``: drop cached users (a router's cache; a no-op on a mongod)."""
     node.security.store.invalidate()
