@@ -14,7 +14,7 @@ of a missing document: 40228), the router fails with a code one of the shards fa
 after a prefix of the merged events.
 
 One in-process cluster (``shardsim.testing.ShardedCluster``) for the module. ``make test`` runs
-100 examples, derandomized (the same ones every run; about 30-60 s); the long run sets
+300 examples, derandomized (the same ones every run; about 60-90 s); the long run sets
 ``SHARDSIM_CS_PROPERTY_EXAMPLES`` (thousands, random examples, hypothesis prints a blob to
 replay a failure): ``SHARDSIM_CS_PROPERTY_EXAMPLES=3000 python -m pytest
 tests/integration/test_router_change_stream_property.py``.
@@ -48,7 +48,7 @@ from shardsim.core.resume_token import token_key, token_ts_key
 from shardsim.testing import ShardedCluster
 
 LONG_RUN = "SHARDSIM_CS_PROPERTY_EXAMPLES" in os.environ
-EXAMPLES = int(os.environ.get("SHARDSIM_CS_PROPERTY_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("SHARDSIM_CS_PROPERTY_EXAMPLES", "300"))
 DB, COLL = "cs_prop", "events"
 READ_TIMEOUT_S = 60.0
 _seq = itertools.count()
