@@ -103,6 +103,20 @@ class _Watcher(threading.Thread):
         return self.events
 
 
+def wait_until(cond: Any, timeout: float = 30.0) -> bool:
+    """Poll ``cond()`` every 50 ms until it is true (True) or ``timeout`` seconds pass (False);
+    a PyMongoError from ``cond`` counts as not yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return True
+        except PyMongoError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
 def _retrying(fn: Any, deadline_s: float = 30.0) -> Any:
     """``fn()`` again after PyMongoError until it succeeds or the deadline passes."""
     end = time.time() + deadline_s

@@ -27,7 +27,7 @@ from shardsim.tools.launcher import Cluster
 from shardsim.core.shard_key import KeyPattern, compare_keys
 
 from .checkers import ShardState, check_shards
-from .harness import DB, TrialResult, _retrying, _Watcher
+from .harness import DB, TrialResult, _retrying, _Watcher, wait_until
 
 SCENARIOS = ("migration-config", "migration-donor", "migration-recipient", "reshard-config")
 N = 100  # documents in the migrating range [0, N)
@@ -39,18 +39,6 @@ RESHARD_POINTS = ("reshardingPauseCoordinatorBeforeBlockingWrites",
 def _direct(proc: Any) -> pymongo.MongoClient:
     return pymongo.MongoClient(proc.host, proc.port, directConnection=True,
                                serverSelectionTimeoutMS=30000)
-
-
-def _until(cond: Any, deadline_s: float) -> bool:
-    end = time.time() + deadline_s
-    while time.time() < end:
-        try:
-            if cond():
-                return True
-        except PyMongoError:
-            pass
-        time.sleep(0.05)
-    return False
 
 
 def _config_command(cluster: Cluster, *args: Any, **kw: Any) -> dict[str, Any]:
@@ -156,7 +144,7 @@ def _kill_at(cluster: Cluster, victim: Any, fail_point: str, rng: random.Random,
              notes: list[str]) -> None:
     """Wait for ``fail_point`` on the config server, kill -9 ``victim`` after a seeded delay,
     let the operation go on into the dead shard (a shard victim), restart it."""
-    if not _until(lambda: _config_command(cluster, "configureFailPoint", fail_point,
+    if not wait_until(lambda: _config_command(cluster, "configureFailPoint", fail_point,
                                           mode="alwaysOn")["count"] > 0, 60):
         notes.append(f"{fail_point} not reached")
     time.sleep(rng.uniform(0.0, 0.2))  # the fault schedule, not a synchronisation
@@ -192,12 +180,12 @@ def run_migration_trial(cluster: Cluster, scenario: str, seed: int, ops: int = 1
     _kill_at(cluster, victim, step, rng, notes)
     mover.join(120)
     writer.finish()
-    if not _until(lambda: _settled(cluster), 60):
+    if not wait_until(lambda: _settled(cluster), 60):
         notes.append("recovery did not finish in 60 s")
     with _direct(cluster.config) as c:  # the later migration of the range
         now = _range_owner(c, ns)
     _move(cluster, ns, recipient if now == donor else donor, notes)
-    _until(lambda: _settled(cluster), 60)
+    wait_until(lambda: _settled(cluster), 60)
     return _finish(cluster, scenario, seed, victim.name, ns, writer, watcher, started, notes)
 
 
@@ -238,7 +226,7 @@ def run_reshard_trial(cluster: Cluster, seed: int, ops: int = 150) -> TrialResul
     _kill_at(cluster, cluster.config, point, rng, notes)
     t.join(120)
     writer.finish()
-    if not _until(lambda: _settled(cluster), 60):
+    if not wait_until(lambda: _settled(cluster), 60):
         notes.append("recovery did not finish in 60 s")
     retry_error: list[str] = []
     with pymongo.MongoClient(cluster.router_uri, serverSelectionTimeoutMS=30000) as c:
@@ -260,7 +248,7 @@ def _finish(cluster: Cluster, scenario: str, seed: int, victim: str, ns: str, wr
     st.owner = lambda doc: owner(st, doc)
     st.acked, st.ambiguous, st.ids = writer.acked, writer.ambiguous, set(range(-1, N + 1))
     applied = sum(int(d.get("n", 0)) for docs in st.docs.values() for d in docs)
-    _until(lambda: sum(e["operationType"] == "update" for e in watcher.events) >= applied, 30)
+    wait_until(lambda: sum(e["operationType"] == "update" for e in watcher.events) >= applied, 30)
     time.sleep(0.5)  # a clean-up event or a duplicate would arrive now
     st.events = list(watcher.finish())
     return TrialResult(seed=seed, role=scenario, victim=victim, violations=check_shards(st),

@@ -34,7 +34,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from shardsim.tools.launcher import Cluster
 
 from .checkers import TxnObserved, check_txn, read_shard
-from .harness import DB, TrialResult, _retrying
+from .harness import DB, TrialResult, _retrying, wait_until
 
 MOMENTS = {
     # name: (the coordinator's fail point, its mode)
@@ -47,18 +47,6 @@ MOMENTS = {
 def _direct(proc: Any) -> pymongo.MongoClient:
     return pymongo.MongoClient(proc.host, proc.port, directConnection=True,
                                serverSelectionTimeoutMS=20000, socketTimeoutMS=20000)
-
-
-def _wait(cond: Any, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if cond():
-                return True
-        except PyMongoError:
-            pass
-        time.sleep(0.05)
-    return False
 
 
 def _setup(cluster: Cluster, name: str) -> tuple[str, str]:
@@ -135,7 +123,7 @@ def run_txn_trial(cluster: Cluster, seed: int) -> TrialResult:
     t = threading.Thread(target=commit, daemon=True)
     t.start()
     notes = [f"moment {moment}", f"down {down_for:.2f}s", f"retry after {retry_after:.2f}s"]
-    if not _wait(lambda: _reached(moment, f"{DB}.{name}", coord, oth)):
+    if not wait_until(lambda: _reached(moment, f"{DB}.{name}", coord, oth)):
         notes.append("moment not reached")
     with _direct(coord) as d:
         doc = d.config.transaction_coordinators.find_one({}) or {}
@@ -154,7 +142,7 @@ def run_txn_trial(cluster: Cluster, seed: int) -> TrialResult:
     client.close()
     # the coordination is over once its document is gone; then read every shard directly
     with _direct(coord) as d:
-        if not _wait(lambda: d.config.transaction_coordinators.find_one({}) is None, 60):
+        if not wait_until(lambda: d.config.transaction_coordinators.find_one({}) is None, 60):
             notes.append("coordinator document left")
     o = TxnObserved(retry=retry, first=_answer(first[0]) if first else {"ok": False},
                     shards={p.name: read_shard(p, DB, name) for p in (coord, oth)},
