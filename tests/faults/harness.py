@@ -156,8 +156,8 @@ def _shard_checks(cluster: Cluster, name: str, docs: dict[Any, dict[str, Any]],
     balancer started has settled), against ``config.chunks`` and the router's ``docs``: the
     :data:`.checkers.KILL_SHARD_CHECKERS`."""
     from .checkers import KILL_SHARD_CHECKERS, SHARD_CHECKERS
-    from .migration import _read_shards, _settled, _until, owner
-    if not _until(lambda: _settled(cluster), 60):
+    from .migration import _read_shards, _settled, owner
+    if not wait_until(lambda: _settled(cluster), 60):
         notes.append("migrations not settled in 60 s")
     st = _read_shards(cluster, f"{DB}.{name}")
     st.owner = lambda doc: owner(st, doc)
