@@ -87,6 +87,11 @@ class ShardNode(Node):
         else:
             self.oplog = Oplog(**retention)
         self.pre_images = PreImages()
+        # Replica-set members of more than one node (shard/replication/): the coordinator, the
+        # term new oplog entries carry, and the oplog change streams read (committed only).
+        self.repl: Any = None
+        self.oplog_term = TERM
+        self.stream_oplog: Any = self.oplog
         # What every write does once applied: tick, append, pre-image, journal (op_observer.py).
         self.op_observer = OpObserver(self)
         self.oplog.truncated_callbacks.append(self.op_observer.on_oplog_truncated)
@@ -123,7 +128,12 @@ class ShardNode(Node):
 
     # -- identity -----------------------------------------------------------------------------
     def hello(self, req: Request) -> dict[str, Any]:
-        """One-member replica-set primary of 8.0 (no ``topologyVersion``)."""
+        """A member of more than one node answers from its replication state
+        (:func:`shard.replication.commands.hello_fields`); a one-member shard as a one-member
+        replica-set primary of 8.0 (no ``topologyVersion``)."""
+        if self.repl is not None:
+            from shardsim.shard.replication.commands import hello_fields
+            return hello_fields(self)
         last = self.oplog.last_ts() or self.clock.now()
         last_date = datetime.datetime.fromtimestamp(last.time, datetime.timezone.utc).replace(tzinfo=None)
         op_time = {"ts": last, "t": TERM}
@@ -197,8 +207,18 @@ class ShardNode(Node):
         as mongod): Estuary's connector reads ``oplogMinRetentionHours``."""
         st = super().server_status()
         first, last = self.oplog.first_ts(), self.oplog.last_ts()
-        st["repl"] = {"setName": self.shard_name, "isWritablePrimary": True, "secondary": False,
-                      "hosts": [self.address], "primary": self.address, "me": self.address}
+        if self.repl is not None:
+            from shardsim.shard.replication.commands import hello_fields
+            hello = hello_fields(self)
+            st["repl"] = {k: hello[k] for k in ("topologyVersion", "hosts", "setName",
+                                                "setVersion", "isWritablePrimary", "secondary",
+                                                "primary", "me", "electionId", "lastWrite")
+                          if k in hello}
+            st["repl"]["rbid"] = self.repl.core.durable.rbid
+        else:
+            st["repl"] = {"setName": self.shard_name, "isWritablePrimary": True,
+                          "secondary": False, "hosts": [self.address], "primary": self.address,
+                          "me": self.address}
         st["oplog"] = {"entries": Int64(len(self.oplog)), "sizeBytes": Int64(self.oplog.size_bytes),
                        "earliestOptime": first, "latestOptime": last}
         if isinstance(self.oplog, DiskOplog):  # shardsim's own: the in-memory part
@@ -227,8 +247,29 @@ class ShardNode(Node):
         if req.body.get("txnNumber") is not None and isinstance(req.body.get("lsid"), dict) \
                 and req.name != "coordinateCommitTransaction":  # it prepares this very session
             async with self.sessions.checkout(req.body["lsid"]):
-                return await self._run_command(req)
-        return await self._run_command(req)
+                reply = await self._run_command(req)
+        else:
+            reply = await self._run_command(req)
+        if self.repl is not None and "writeConcern" in req.body and type(reply) is dict:
+            await self._wait_for_write_concern(req, reply)
+        return reply
+
+    async def _wait_for_write_concern(self, req: Request, reply: dict[str, Any]) -> None:
+        """A member of a set: wait for the command's ``writeConcern`` once it ran (a failed
+        command waits too, as mongod waits for the no-op write of an error), and report a
+        failure as ``writeConcernError`` (``RetryableWriteError`` for a retryable write)."""
+        if not self.repl.writable and self.repl.core.role != "leader":
+            return
+        wce = await self.repl.write_concern_error(req.body.get("writeConcern"))
+        if wce is None or "writeConcernError" in reply:
+            return
+        reply["writeConcernError"] = wce
+        if wce["code"] in (189, 11602, 91, 10107) and req.body.get("txnNumber") is not None \
+                and req.body.get("autocommit") is None \
+                and self.commands.spec(req.name).retryable_write:
+            labels = reply.setdefault("errorLabels", [])
+            if "RetryableWriteError" not in labels:
+                labels.append("RetryableWriteError")
 
     async def _run_command(self, req: Request) -> dict[str, Any]:
         if req.body.get("autocommit") is False and \
@@ -440,16 +481,52 @@ class ShardNode(Node):
     async def startup(self) -> None:
         """Start the periodic no-op writer and the transaction reaper."""
         await super().startup()
+        hosts = self.options.get("repl_hosts")
+        if hosts and len(hosts) > 1 and self.repl is None:
+            self.start_replication(list(hosts))
         noop_writer.start(self)  # periodic no-ops (change streams)
         self.sessions.start_reaper()  # abort transactions past transactionLifetimeLimitSeconds
+        if self.repl is None:
+            self.on_became_writable_primary()
+
+    def on_became_writable_primary(self) -> None:
+        """What a new primary does before it takes writes (a one-member shard: at start-up):
+        finish the two-phase commits decided before and the range deletions made ready
+        (``ReplicationCoordinatorExternalStateImpl::onTransitionToPrimary``)."""
         self.coordinators.recover()  # finish the two-phase commits decided before a restart
         self.range_deleter.resume()  # range deletions made ready before a restart
+
+    def start_replication(self, hosts: list[str]) -> None:
+        """Make this shard a member of the replica set of ``hosts`` (every member's
+        ``host:port``, this one's included; order gives the members' ``_id``): the
+        replication coordinator (:mod:`shard.replication.coordinator`) starts as SECONDARY
+        and an election follows. Settings from the options: ``election_timeout_ms``,
+        ``heartbeat_interval_ms``, ``heartbeat_timeout_ms``, ``catch_up_timeout_ms``,
+        ``priorities``, ``seed``. Change streams then read committed entries only and use
+        the ``mongod`` promise mode (a promise never passes the commit point)."""
+        from shardsim.core.topology_version import TopologyVersion
+        from shardsim.shard.replication import commands as repl_commands
+        from shardsim.shard.replication.coordinator import ReplicationCoordinator
+        from shardsim.shard.replication.hook import ReplicationHook
+        settings = {k: self.options.get(k) for k in (
+            "election_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms",
+            "catch_up_timeout_ms", "priorities", "seed")}
+        self.topology_version = TopologyVersion()
+        self.repl = ReplicationCoordinator(self, self.shard_name, hosts, settings)
+        self.options["repl_hosts"] = list(hosts)
+        self.options["promise_mode"] = "mongod"
+        self.stream_oplog = self.repl.committed
+        self.commands.install(self, repl_commands.commands)
+        self.command_hooks.insert(0, ReplicationHook(self))
+        self.repl.start()
 
     async def shutdown(self) -> None:
         """Stop the no-op writer and the transaction reaper, close cursors, then flush and
         close the durable store."""
         noop_writer.stop(self)
         self.sessions.stop_reaper()
+        if self.repl is not None:
+            await self.repl.stop()
         await super().shutdown()
         self.coordinators.close()
         self.range_deleter.close()
@@ -468,6 +545,8 @@ class ShardNode(Node):
         super().crash()
         noop_writer.stop(self)
         self.sessions.stop_reaper()
+        if self.repl is not None:
+            self.repl.crash()
         if self.durable is not None:
             self.durable.crash()
             self.durable = None

@@ -52,7 +52,7 @@ async def run(node: Any, interval_s: float) -> None:
         try:
             # (not while a test pinned the next entry's time: promise_faults.py)
             if node.oplog.latest_key == last_seen and _enabled(node) \
-                    and not _pinned(node):
+                    and not _pinned(node) and (node.repl is None or node.repl.writable):
                 node.write_noop(dict(PERIODIC_NOOP))
         except Exception:  # never let the writer die with the process still serving
             log.exception("periodic noop failed")
@@ -65,7 +65,8 @@ def start(node: Any) -> asyncio.Task:
     Writes the "initiating set" no-op first when the oplog is empty. Returns the task (also kept
     in ``node.noop_writer_task``, which the node declares; cancel it on shutdown).
     """
-    if len(node.oplog) == 0:
+    if len(node.oplog) == 0 and (node.repl is None or node.repl.self_id == 0):
+        # a set is initiated on its first member; the others get the entry by replication
         node.write_noop(dict(INITIATING_SET))
     task = asyncio.get_running_loop().create_task(run(node, interval_ms(node) / 1000.0))
     node.noop_writer_task = task

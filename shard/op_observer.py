@@ -70,7 +70,7 @@ class OpObserver:
             faults = self.node.cs_promise_faults
             ts = self.node.clock.tick() if not faults.pin else faults.take_pin()
         entry["ts"] = ts
-        entry["t"] = TERM
+        entry["t"] = self.node.oplog_term
         entry["v"] = OPLOG_VERSION
         entry["wall"] = wall_now()
         if ctx.from_migrate:

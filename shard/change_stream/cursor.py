@@ -156,7 +156,7 @@ class PromiseWaiters:
         return out
 
 
-@commands.handler(AdvanceClusterTime.NAME, privileges=priv.INTERNAL)
+@commands.handler(AdvanceClusterTime.NAME, secondary="always", privileges=priv.INTERNAL)
 async def advance_cluster_time(node: Any, req: Any) -> dict[str, Any]:
     """:class:`shardsim.core.protocol.shard.AdvanceClusterTime`, on a shard or config node.
 
@@ -197,7 +197,7 @@ class ChangeStreamCursor(Cursor):
         super().__init__(spec.cursor_ns)
         self.node = node
         self.spec = spec
-        self.oplog = node.oplog
+        self.oplog = node.stream_oplog  # committed entries only on a replica-set member
         self.scan_key = start_key
         self.latest_scanned = start_key - 1
         # (event document, its token, its BSON size): the token is a dict, or the token's BSON

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 commands = CommandFamily("catalog")
 
 
-@commands.handler("listDatabases", privileges=priv.AUTH_ONLY)
+@commands.handler("listDatabases", secondary="optIn", privileges=priv.AUTH_ONLY)
 async def list_databases(node: ShardNode, req: Request) -> dict[str, Any]:
     """``listDatabases`` on admin: ``{databases: [{name, sizeOnDisk, empty}], totalSize,
     totalSizeMb}`` (sizes are estimates; ``nameOnly`` gives names only; only the databases the
@@ -72,7 +72,7 @@ def coll_info(coll: Collection) -> dict[str, Any]:
     return info
 
 
-@commands.handler("listCollections", privileges=priv.list_collections_privileges)
+@commands.handler("listCollections", secondary="optIn", privileges=priv.list_collections_privileges)
 async def list_collections(node: ShardNode, req: Request) -> dict[str, Any]:
     """``listCollections`` (``list_collections.cpp``): a cursor over ``{name, type,
     options, info[, idIndex]}``, collections then views, plus ``oplog.rs`` in ``local``;
@@ -103,7 +103,7 @@ async def list_collections(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"cursor": reply}
 
 
-@commands.handler("listIndexes", privileges=priv.on_coll("listIndexes"))
+@commands.handler("listIndexes", secondary="optIn", privileges=priv.on_coll("listIndexes"))
 async def list_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
     """``listIndexes: <coll>``: a cursor over the index specs. 26 when missing, 166 on a
     view."""
@@ -117,7 +117,7 @@ async def list_indexes(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"cursor": reply}
 
 
-@commands.handler("collStats", privileges=priv.on_coll("collStats"))
+@commands.handler("collStats", secondary="optIn", privileges=priv.on_coll("collStats"))
 async def coll_stats(node: ShardNode, req: Request) -> dict[str, Any]:
     """``collStats: <coll>[, scale]``: ``{ns, <storage stats>}`` (the ``storageStats`` of
     :func:`shard.coll_stats.storage_stats`: size, count, capped, nindexes, ...). 26, 166,
@@ -130,7 +130,7 @@ async def coll_stats(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"ns": coll.ns, **storage_stats(coll, int(scale))}
 
 
-@commands.handler("dbStats", privileges=priv.on_db("dbStats"))
+@commands.handler("dbStats", secondary="optIn", privileges=priv.on_db("dbStats"))
 async def db_stats(node: ShardNode, req: Request) -> dict[str, Any]:
     """``dbStats [, scale]`` (``dbcommands_d.cpp`` ``CmdDbStats``, ``Database::getStats``):
     ``{db, collections, views, objects, avgObjSize, dataSize, storageSize, indexes, indexSize,

@@ -181,7 +181,7 @@ def _aggregate(node: "ShardNode", req: Request, inner: dict[str, Any],
     return {"stages": [{"$cursor": cursor}] + [dict(st) for st in rest]}
 
 
-@commands.handler("explain", privileges=priv.EXPLAIN)
+@commands.handler("explain", secondary="optIn", privileges=priv.EXPLAIN)
 async def explain(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{explain: <command>, verbosity}``: see the module docstring."""
     name, inner, verbosity = parse_request(req.body)

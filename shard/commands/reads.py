@@ -97,7 +97,7 @@ def _int_opt(req: Request, field: str, minimum: int = 0) -> int:
     return int(v)
 
 
-@commands.handler("find", versioned=True, snapshot=True, reads=True, privileges=priv.on_coll("find"))
+@commands.handler("find", versioned=True, snapshot=True, reads=True, secondary="optIn", privileges=priv.on_coll("find"))
 async def find(node: ShardNode, req: Request) -> dict[str, Any]:
     """``find`` (``find_cmd.cpp``): ``{cursor: {firstBatch, id, ns}}``. ``local.oplog.rs`` reads
     the oplog (sorted, reverse, or tailable/awaitData: :mod:`shard.commands.oplog_cursor`),
@@ -171,7 +171,7 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"cursor": reply}
 
 
-@commands.handler("count", versioned=True, reads=True, privileges=priv.on_coll("find"))
+@commands.handler("count", versioned=True, reads=True, secondary="optIn", privileges=priv.on_coll("find"))
 async def count(node: ShardNode, req: Request) -> dict[str, Any]:
     """``count: <coll>, query?, skip?, limit?``: ``{n}`` (views and ``local.oplog.rs`` too)."""
     name = coll_name(req)
@@ -195,7 +195,7 @@ async def count(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"n": n}
 
 
-@commands.handler("distinct", versioned=True, snapshot=True, reads=True, privileges=priv.on_coll("find"))
+@commands.handler("distinct", versioned=True, snapshot=True, reads=True, secondary="optIn", privileges=priv.on_coll("find"))
 async def distinct(node: ShardNode, req: Request) -> dict[str, Any]:
     """``distinct: <coll>, key, query?``: ``{values}`` (views and transactions
     as for find)."""
@@ -211,7 +211,7 @@ async def distinct(node: ShardNode, req: Request) -> dict[str, Any]:
     return {"values": q.distinct_values((d for _, d in await q.select_paced(coll, filt)), key)}
 
 
-@commands.handler("aggregate", versioned=True, snapshot=True, reads=True, privileges=priv.aggregate_privileges)
+@commands.handler("aggregate", versioned=True, snapshot=True, reads=True, secondary="optIn", privileges=priv.aggregate_privileges)
 async def aggregate(node: ShardNode, req: Request) -> dict[str, Any]:
     """``aggregate`` (``run_aggregate.cpp``): ``{cursor: {firstBatch, id, ns}}``. A pipeline
     starting with ``$changeStream`` is handed to :func:`shard.change_stream.aggregate_change_stream`

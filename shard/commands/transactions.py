@@ -226,7 +226,7 @@ async def coordinate_commit_transaction(node: ShardNode, req: Request) -> dict[s
     return decision_reply(decision)
 
 
-@commands.handler("endSessions", privileges=priv.AUTH_ONLY)
+@commands.handler("endSessions", secondary="always", privileges=priv.AUTH_ONLY)
 async def end_sessions(node: ShardNode, req: Request) -> dict[str, Any]:
     """``endSessions: [lsid, ...]`` (``killSessions`` too): abort the sessions' open
     transactions and forget them; ``{}``. TypeMismatch (14) when not an array."""
@@ -241,7 +241,7 @@ async def end_sessions(node: ShardNode, req: Request) -> dict[str, Any]:
 commands.add("killSessions", end_sessions, privileges=priv.AUTH_ONLY)
 
 
-@commands.handler("killAllSessions", privileges=priv.on_cluster("killAnySession"))
+@commands.handler("killAllSessions", secondary="always", privileges=priv.on_cluster("killAnySession"))
 async def kill_all_sessions(node: ShardNode, req: Request) -> dict[str, Any]:
     """``killAllSessions``: end every session (open transactions aborted); ``{}``."""
     node.sessions.end(node.sessions.lsids())

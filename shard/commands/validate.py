@@ -113,7 +113,7 @@ def validate_collection(node: "ShardNode", coll: "Collection", full: bool,
     return out
 
 
-@commands.handler("validate", privileges=priv.on_coll("validate"))
+@commands.handler("validate", secondary="optIn", privileges=priv.on_coll("validate"))
 async def validate(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``{validate: <coll>, full?, background?, repair?, metadata?}``: see the module docstring."""
     name = ddl_name(req)

@@ -91,6 +91,12 @@ class CommandSpec:
       prepare conflicts, ``shard/prepare_conflicts.py``);
     * ``retryable_write``: with ``txnNumber`` outside a transaction it is a retryable write
       (``RetryableWriteError`` label on retryable errors; ``isRetryableWriteCommand``);
+    * ``secondary``: may it run on a replica-set member that is not the writable primary
+      (``Command::secondaryAllowed``): ``"always"`` (hello, ping, auth, replSet* ...),
+      ``"optIn"`` (reads: with a ``$readPreference`` other than primary or ``secondaryOk``,
+      otherwise NotPrimaryNoSecondaryOk 13435) or ``"never"`` (writes and DDL:
+      NotWritablePrimary 10107); checked by the member's replication hook only
+      (``shard/replication/hook.py``);
     * ``privileges``: what it needs to run, the server's ``checkAuthForOperation``: a rule of
       :mod:`shardsim.core.auth.privileges` (``NO_AUTH``, ``AUTH_ONLY``, ``on_coll("find")``,
       ``checked("updateUser")``, ...); a command that declares none needs the internal
@@ -103,6 +109,7 @@ class CommandSpec:
     snapshot: bool = False
     reads: bool = False
     retryable_write: bool = False
+    secondary: str = "never"
     privileges: Any = None
 
 
@@ -204,6 +211,10 @@ class CommandTable:
         """The canonical names of the commands that declare ``prop`` (a view, for docs and
         tests: ``table.with_property("versioned")``)."""
         return frozenset(n for n, s in self._specs.items() if getattr(s, prop))
+
+    def has(self, name: str) -> bool:
+        """This table has command ``name`` (any alias or case)."""
+        return self.canonical(name) in self._specs
 
     def canonical(self, name: str) -> str:
         """The canonical command name (``ismaster`` -> ``isMaster``)."""

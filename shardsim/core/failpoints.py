@@ -268,7 +268,7 @@ def _apply_override(reply: dict[str, Any], override: list[str] | None) -> None:
 commands = CommandFamily("failpoints")
 
 
-@commands.handler("configureFailPoint", privileges=priv.NO_AUTH)
+@commands.handler("configureFailPoint", secondary="always", privileges=priv.NO_AUTH)
 async def configure_fail_point(node: Any, req: Any) -> dict[str, Any]:
     """``{configureFailPoint: name, mode, data?}`` -> ``{count: Long}`` (times the point was
     entered before). Errors: 14 for a non-string name, BadValue (2) for an unknown point or a

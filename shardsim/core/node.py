@@ -93,6 +93,8 @@ class Node:
         self.cursors = CursorManager()
         self.commands = CommandTable()
         self.command_hooks: list[CommandHook] = []  # see run_command
+        # A replica-set member's topologyVersion and awaitable hello (shardsim/core/topology_version.py)
+        self.topology_version: Any = None
         self.local_sessions = LocalSessionCache()  # $listLocalSessions (shardsim/local_sessions.py)
         self.stats = ServerStats()  # serverStatus connections/network/opcounters/asserts
         self.started = time.time()
@@ -116,7 +118,8 @@ class Node:
         return f"{host}:{self.port}"
 
     def hello(self, req: Request) -> dict[str, Any]:
-        """The role-specific part of ``hello``; the common fields are added by the handler."""
+        """The role-specific part of ``hello``; the common fields are added by the handler. A
+        replica-set member includes ``isWritablePrimary`` where mongod places it."""
         return {}
 
     # -- reply decoration -----------------------------------------------------------------

@@ -39,7 +39,7 @@ MAX_WRITE_BATCH_SIZE = 100_000
 commands = CommandFamily("common")
 
 
-@commands.handler("hello", "isMaster", "ismaster", privileges=priv.NO_AUTH)
+@commands.handler("hello", "isMaster", "ismaster", secondary="always", privileges=priv.NO_AUTH)
 async def hello(node: Node, req: Request) -> dict[str, Any]:
     """``hello``/``isMaster``: the role's fields (:meth:`Node.hello`) plus the limits and wire
     versions of the node's server-version profile (8.0 by default). Remembers the client's ``application.name`` on the connection
@@ -51,12 +51,16 @@ async def hello(node: Node, req: Request) -> dict[str, Any]:
         if isinstance(app, dict) and isinstance(app.get("name"), str):
             req.conn.app_name = app["name"]
     legacy = req.name.lower() == "ismaster"
+    if node.topology_version is not None:  # a replica-set member: the awaitable hello
+        await node.topology_version.wait(req.body)
+    role = node.hello(req)
     reply: dict[str, Any] = {}
-    if legacy:
-        reply["ismaster"] = True
-    else:
-        reply["isWritablePrimary"] = True
-    reply.update(node.hello(req))
+    if node.topology_version is not None:  # first, as appendReplicationInfo writes it
+        reply["topologyVersion"] = node.topology_version.doc()
+    if "isWritablePrimary" not in role:
+        reply["ismaster" if legacy else "isWritablePrimary"] = True
+    for key, value in role.items():  # a member places isWritablePrimary itself
+        reply["ismaster" if legacy and key == "isWritablePrimary" else key] = value
     reply.update({
         "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,
         "maxMessageSizeBytes": MAX_MESSAGE_SIZE_BYTES,
@@ -82,13 +86,13 @@ async def hello(node: Node, req: Request) -> dict[str, Any]:
     return reply
 
 
-@commands.handler("ping", privileges=priv.NO_AUTH)
+@commands.handler("ping", secondary="always", privileges=priv.NO_AUTH)
 async def ping(node: Node, req: Request) -> dict[str, Any]:
     """``ping``: ``{}``."""
     return {}
 
 
-@commands.handler("buildInfo", "buildinfo", privileges=priv.NO_AUTH)
+@commands.handler("buildInfo", "buildinfo", secondary="always", privileges=priv.NO_AUTH)
 async def build_info(node: Node, req: Request) -> dict[str, Any]:
     """``buildInfo``: the profile's ``version``/``versionArray`` (``8.0.4`` by default,
     :mod:`shardsim.core.server_version`) and the fields drivers and the spec runner read."""
@@ -102,7 +106,7 @@ async def build_info(node: Node, req: Request) -> dict[str, Any]:
     }
 
 
-@commands.handler("getParameter", privileges=priv.on_cluster("getParameter"))
+@commands.handler("getParameter", secondary="always", privileges=priv.on_cluster("getParameter"))
 async def get_parameter(node: Node, req: Request) -> dict[str, Any]:
     """``getParameter: "*"`` (or ``{allParameters: true}``) gives every parameter, otherwise the
     ones named as fields. InvalidOptions (72) "no option found to get" when none is known."""
@@ -116,7 +120,7 @@ async def get_parameter(node: Node, req: Request) -> dict[str, Any]:
     return out
 
 
-@commands.handler("setParameter", privileges=priv.on_cluster("setParameter"))
+@commands.handler("setParameter", secondary="always", privileges=priv.on_cluster("setParameter"))
 async def set_parameter(node: Node, req: Request) -> dict[str, Any]:
     """``setParameter: 1, <name>: <value>``: ``{was: <old value>}``. InvalidOptions (72) for a
     parameter the role does not have."""
@@ -133,13 +137,13 @@ async def set_parameter(node: Node, req: Request) -> dict[str, Any]:
     return out
 
 
-@commands.handler("serverStatus", privileges=priv.on_cluster("serverStatus"))
+@commands.handler("serverStatus", secondary="always", privileges=priv.on_cluster("serverStatus"))
 async def server_status(node: Node, req: Request) -> dict[str, Any]:
     """``serverStatus``: :meth:`Node.server_status` (roles add their sections)."""
     return node.server_status()
 
 
-@commands.handler("getCmdLineOpts", privileges=priv.on_cluster("getCmdLineOpts"))
+@commands.handler("getCmdLineOpts", secondary="always", privileges=priv.on_cluster("getCmdLineOpts"))
 async def cmd_line_opts(node: Node, req: Request) -> dict[str, Any]:
     """``getCmdLineOpts``: ``{argv, parsed: {net: {bindIp, port}, <role options>}}``."""
     argv = list(sys.argv)
@@ -148,7 +152,7 @@ async def cmd_line_opts(node: Node, req: Request) -> dict[str, Any]:
     return {"argv": argv, "parsed": parsed}
 
 
-@commands.handler("endSessions", privileges=priv.AUTH_ONLY)
+@commands.handler("endSessions", secondary="always", privileges=priv.AUTH_ONLY)
 async def end_sessions(node: Node, req: Request) -> dict[str, Any]:
     """``endSessions``/``killAllSessions``/``refreshSessions``: nothing to do on a role without
     session state (the shard overrides the first two)."""
@@ -159,32 +163,32 @@ commands.add("killAllSessions", end_sessions, privileges=priv.on_cluster("killAn
 commands.add("refreshSessions", end_sessions, privileges=priv.AUTH_ONLY)
 
 
-@commands.handler("startSession", privileges=priv.AUTH_ONLY)
+@commands.handler("startSession", secondary="always", privileges=priv.AUTH_ONLY)
 async def start_session(node: Node, req: Request) -> dict[str, Any]:
     """``startSession``: a fresh ``{id: {id: UUID}}`` and ``timeoutMinutes: 30``."""
     return {"id": {"id": Binary(uuid.uuid4().bytes, 4)}, "timeoutMinutes": 30}
 
 
-@commands.handler("whatsmyuri", privileges=priv.AUTH_ONLY)
+@commands.handler("whatsmyuri", secondary="always", privileges=priv.AUTH_ONLY)
 async def whatsmyuri(node: Node, req: Request) -> dict[str, Any]:
     """``whatsmyuri``: the peer address of the connection."""
     return {"you": req.conn.peer}
 
 
-@commands.handler("hostInfo", privileges=priv.on_cluster("hostInfo"))
+@commands.handler("hostInfo", secondary="always", privileges=priv.on_cluster("hostInfo"))
 async def host_info(node: Node, req: Request) -> dict[str, Any]:
     """``hostInfo``: host name (the node's address), core count and OS."""
     return {"system": {"hostname": node.address, "numCores": os.cpu_count()},
             "os": {"type": sys.platform}, "extra": {}}
 
 
-@commands.handler("listCommands", privileges=priv.AUTH_ONLY)
+@commands.handler("listCommands", secondary="always", privileges=priv.AUTH_ONLY)
 async def list_commands(node: Node, req: Request) -> dict[str, Any]:
     """``listCommands``: every canonical command name the node answers."""
     return {"commands": {n: {"help": ""} for n in node.commands.names()}}
 
 
-@commands.handler("getLog", privileges=priv.on_cluster("getLog"))
+@commands.handler("getLog", secondary="always", privileges=priv.on_cluster("getLog"))
 async def get_log(node: Node, req: Request) -> dict[str, Any]:
     """``getLog``: the log names for ``"*"``, an empty log otherwise."""
     if req.arg == "*":
@@ -192,7 +196,7 @@ async def get_log(node: Node, req: Request) -> dict[str, Any]:
     return {"totalLinesWritten": 0, "log": []}
 
 
-@commands.handler("getMore", privileges=priv.AUTH_ONLY)
+@commands.handler("getMore", secondary="always", privileges=priv.AUTH_ONLY)
 async def get_more(node: Node, req: Request) -> dict[str, Any]:
     """``getMore: <cursor id>, collection, batchSize?, maxTimeMS?``: ``{cursor: {nextBatch, id,
     ns, ...}}`` from :meth:`CursorManager.get_more`. TypeMismatch (14) for a non-long id,
@@ -221,7 +225,7 @@ async def get_more(node: Node, req: Request) -> dict[str, Any]:
     return {"cursor": reply}
 
 
-@commands.handler("killCursors", privileges=priv.AUTH_ONLY)
+@commands.handler("killCursors", secondary="always", privileges=priv.AUTH_ONLY)
 async def kill_cursors(node: Node, req: Request) -> dict[str, Any]:
     """``killCursors: <collection>, cursors: [ids]``: ``{cursorsKilled, cursorsNotFound,
     cursorsAlive, cursorsUnknown}`` from :meth:`CursorManager.kill`."""

@@ -126,6 +126,8 @@ class FakeNode:
     def __init__(self, shard: SimShard) -> None:
         self.clock = ClockView(shard)
         self.oplog = Oplog()
+        self.stream_oplog = self.oplog
+        self.repl = None
         self.options = {"promise_mode": "mongod" if shard.mode == "mongod" else "clock"}
         self.cs_promise_waiters = PromiseWaiters()
         self.cursors = CursorManager()

@@ -27,6 +27,8 @@ class FakeShardNode:
     def __init__(self, promise_mode: str = "clock", **oplog_kw: Any) -> None:
         self.clock = HybridLogicalClock(wall=lambda: 1000.0)
         self.oplog = Oplog(**oplog_kw)
+        self.stream_oplog = self.oplog  # what change streams read (a single member: all of it)
+        self.repl: Any = None
         self.pre_images = PreImages()
         self.options = {"promise_mode": promise_mode, "noop_interval_ms": 40}
         self.docs: dict[Any, Any] = {}

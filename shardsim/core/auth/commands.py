@@ -81,14 +81,14 @@ async def sasl_start_reply(node: "Node", body: dict[str, Any], db: str, conn: An
     return {"conversationId": CONVERSATION_ID, "done": False, "payload": Binary(out)}
 
 
-@commands.handler("saslStart", privileges=priv.NO_AUTH)
+@commands.handler("saslStart", secondary="always", privileges=priv.NO_AUTH)
 async def sasl_start(node: "Node", req: Request) -> dict[str, Any]:
     """``{saslStart: 1, mechanism, payload, options: {skipEmptyExchange}}`` on the user's
     database."""
     return await sasl_start_reply(node, req.body, req.db, req.conn)
 
 
-@commands.handler("saslContinue", privileges=priv.NO_AUTH)
+@commands.handler("saslContinue", secondary="always", privileges=priv.NO_AUTH)
 async def sasl_continue(node: "Node", req: Request) -> dict[str, Any]:
     """``{saslContinue: 1, conversationId, payload}``: the proof, then (without
     skipEmptyExchange) one empty round. Success authenticates the connection as the user."""
@@ -114,7 +114,7 @@ async def sasl_continue(node: "Node", req: Request) -> dict[str, Any]:
     return {"conversationId": CONVERSATION_ID, "done": done, "payload": Binary(out)}
 
 
-@commands.handler("authenticate", privileges=priv.NO_AUTH)
+@commands.handler("authenticate", secondary="always", privileges=priv.NO_AUTH)
 async def authenticate(node: "Node", req: Request) -> dict[str, Any]:
     """``authenticate`` (MONGODB-X509): not offered; MechanismUnavailable (334)."""
     mech = req.body.get("mechanism")
@@ -122,7 +122,7 @@ async def authenticate(node: "Node", req: Request) -> dict[str, Any]:
                           f"not enabled")
 
 
-@commands.handler("logout", privileges=priv.NO_AUTH)
+@commands.handler("logout", secondary="always", privileges=priv.NO_AUTH)
 async def logout(node: "Node", req: Request) -> dict[str, Any]:
     """``logout``: forget the user authenticated on this database (deprecated in mongod)."""
     if req.conn.auth is not None:
@@ -130,7 +130,7 @@ async def logout(node: "Node", req: Request) -> dict[str, Any]:
     return {}
 
 
-@commands.handler("connectionStatus", privileges=priv.NO_AUTH)
+@commands.handler("connectionStatus", secondary="always", privileges=priv.NO_AUTH)
 async def connection_status(node: "Node", req: Request) -> dict[str, Any]:
     """``connectionStatus [showPrivileges]``: ``{authInfo: {authenticatedUsers: [{user, db}],
     authenticatedUserRoles: [{role, db}], authenticatedUserPrivileges?}}``

@@ -192,7 +192,7 @@ def _targets(req: Request, key: str) -> list[tuple[str, str]] | None:
     return out
 
 
-@commands.handler("usersInfo", privileges=priv.checked("usersInfo"))
+@commands.handler("usersInfo", secondary="optIn", privileges=priv.checked("usersInfo"))
 async def users_info(node: "Node", req: Request) -> dict[str, Any]:
     """``{usersInfo: 1 | name | {user, db} | {forAllDBs: true} | [...], showCredentials?,
     showPrivileges?}``:
@@ -385,7 +385,7 @@ async def drop_all_roles(node: "Node", req: Request) -> dict[str, Any]:
     return {"n": n}
 
 
-@commands.handler("rolesInfo", privileges=priv.checked("rolesInfo"))
+@commands.handler("rolesInfo", secondary="optIn", privileges=priv.checked("rolesInfo"))
 async def roles_info(node: "Node", req: Request) -> dict[str, Any]:
     """``{rolesInfo: 1 | name | {role, db} | [...], showPrivileges?, showBuiltinRoles?}``:
     ``{roles: [{role, db, isBuiltin, roles, inheritedRoles, privileges?,
