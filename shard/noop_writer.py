@@ -65,8 +65,9 @@ def start(node: Any) -> asyncio.Task:
     Writes the "initiating set" no-op first when the oplog is empty. Returns the task (also kept
     in ``node.noop_writer_task``, which the node declares; cancel it on shutdown).
     """
-    if len(node.oplog) == 0 and (node.repl is None or node.repl.self_id == 0):
-        # a set is initiated on its first member; the others get the entry by replication
+    if len(node.oplog) == 0 and (node.repl is None or node.options.get("repl_initiate")):
+        # a set is initiated once, on one member (replSetInitiate); the others, and a member
+        # restarted empty, get the entry by replication
         node.write_noop(dict(INITIATING_SET))
     task = asyncio.get_running_loop().create_task(run(node, interval_ms(node) / 1000.0))
     node.noop_writer_task = task

@@ -42,6 +42,9 @@ class CommittedOplog:
     def size_bytes(self) -> int:
         return self._oplog.size_bytes
 
+    def __len__(self) -> int:
+        return len(self._oplog)  # a size estimate (the batch sizing reads bytes per entry)
+
     @property
     def latest_key(self) -> int:
         """``ts_key`` of the newest committed entry (0 when none)."""

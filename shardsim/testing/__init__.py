@@ -18,6 +18,7 @@ See docs/testing.md.
 """
 
 from shardsim.testing.cluster import AsyncShardedCluster, ClusterNotRunning
-from shardsim.testing.sync import ShardedCluster
+from shardsim.testing.replica_sets import AsyncReplicaSet
+from shardsim.testing.sync import ReplicaSet, ShardedCluster
 
-__all__ = ["AsyncShardedCluster", "ClusterNotRunning", "ShardedCluster"]
+__all__ = ["AsyncReplicaSet", "AsyncShardedCluster", "ClusterNotRunning", "ReplicaSet", "ShardedCluster"]

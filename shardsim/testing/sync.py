@@ -161,3 +161,109 @@ async def _cancel_all_tasks() -> None:
         t.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=5)
+
+
+class ReplicaSet:
+    """A plain replica set inside this process, blocking API (see
+    :class:`shardsim.testing.replica_sets.AsyncReplicaSet` for the parameters)::
+
+        with ReplicaSet(members=3, seed=7) as rs:
+            client = pymongo.MongoClient(rs.uri)      # replicaSet=rs0
+            rs.step_down()                             # a new primary within a second
+    """
+
+    def __init__(self, members: int = 3, *, timeout: float = 60.0, **options: Any) -> None:
+        from shardsim.testing.replica_sets import AsyncReplicaSet
+        self.rs = AsyncReplicaSet(members, **options)
+        self.timeout = timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._clients: list[Any] = []
+
+    _call = ShardedCluster._call
+
+    def start(self) -> "ReplicaSet":
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name="shardsim-testkit-rs",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            self._call(self.rs.start())
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the set, its tasks, loop and thread; close clients from :meth:`client`."""
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
+        loop, thread = self._loop, self._thread
+        if loop is None:
+            return
+        try:
+            self._call(self.rs.stop())
+            self._call(_cancel_all_tasks())
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not None:
+                thread.join(10)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+            self._loop = None
+            self._thread = None
+
+    def __enter__(self) -> "ReplicaSet":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def uri(self) -> str:
+        """``mongodb://h1,h2,h3/?replicaSet=<name>``."""
+        return self.rs.uri
+
+    def client(self, host: str | None = None, **kwargs: Any) -> Any:
+        """A ``pymongo.MongoClient`` on :attr:`uri`, or on ``host`` (one member:
+        ``direct=True`` connects to it alone), closed by :meth:`stop`."""
+        import pymongo
+        kwargs.setdefault("serverSelectionTimeoutMS", 10000)
+        if host is not None and kwargs.pop("direct", False):
+            kwargs["directConnection"] = True
+        client: Any = pymongo.MongoClient(host or self.uri, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def members_of(self, name: str | None = None) -> list[str]:
+        return self.rs.members_of(name or self.rs.name)
+
+    def primary_of(self, name: str | None = None, timeout: float = 10.0) -> str:
+        return self._call(self.rs.primary_of(name or self.rs.name, timeout))
+
+    def step_down(self, secs: int = 10) -> str:
+        return self._call(self.rs.step_down(self.rs.name, secs))
+
+    def kill_primary(self) -> str:
+        return self._call(self.rs.kill_primary(self.rs.name))
+
+    def restart_member(self, host: str) -> None:
+        self._call(self.rs.restart_member(host))
+
+    def isolate(self, host: str) -> None:
+        self._call(self.rs.isolate(host))
+
+    def partition(self, host_a: str, host_b: str) -> None:
+        self._call(self.rs.partition(host_a, host_b))
+
+    def heal(self) -> None:
+        self._call(self.rs.heal())
+
+    def node(self, host: str) -> Any:
+        """The member's node (read its storage and oplog directly after a fault)."""
+        return self.rs.node(host)
+
+    def command(self, member: str, cmd: dict[str, Any], db: str = "admin") -> dict[str, Any]:
+        return self._call(self.rs.command(member, cmd, db))
