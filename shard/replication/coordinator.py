@@ -104,9 +104,10 @@ class ReplicationCoordinator:
         self._loop_task: asyncio.Task | None = None
         self._fetch_task: asyncio.Task | None = None
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future]] = []  # w waiters
-        self._changed: asyncio.Event = asyncio.Event()  # the fetch source's awaitData
+        self._fetch_waiters: set[asyncio.Event] = set()  # the fetch source's awaitData
         self._step_up_waiters: list[asyncio.Future] = []
         self._writable = False
+        self._stopping = False
         self._applying = False  # the fetcher is appending entries the core counted already
         self.rollback_task: asyncio.Task | None = None
         self.listeners: list[Callable[[], None]] = []  # state changes (committed oplog, kit)
@@ -175,16 +176,16 @@ class ReplicationCoordinator:
         self.after_core()
 
     async def stop(self) -> None:
-        """Stop the tasks and close the member pools (shutdown and crash)."""
-        for t in (self._loop_task, self._fetch_task, self.rollback_task, *self._tasks):
-            if t is not None:
+        """Stop the tasks and close the member pools (shutdown)."""
+        self._stopping = True
+        self._wake.set()
+        tasks = [t for t in (self._loop_task, self._fetch_task, self.rollback_task, *self._tasks)
+                 if t is not None]
+        while tasks:
+            for t in tasks:
                 t.cancel()
-        for t in (self._loop_task, self._fetch_task, self.rollback_task, *list(self._tasks)):
-            if t is not None:
-                try:
-                    await t
-                except BaseException:
-                    pass
+            await asyncio.wait(tasks, timeout=0.5)
+            tasks = [t for t in tasks if not t.done()]
         self._tasks.clear()
         for p in self.pools.values():
             p.close()
@@ -198,6 +199,8 @@ class ReplicationCoordinator:
     def crash(self) -> None:
         """``kill -9``: the tasks stop at once; nothing is flushed (the state file is written
         before every vote's reply already)."""
+        self._stopping = True
+        self._wake.set()
         for t in (self._loop_task, self._fetch_task, self.rollback_task, *self._tasks):
             if t is not None:
                 t.cancel()
@@ -228,7 +231,11 @@ class ReplicationCoordinator:
         if core is not None and not self._applying:
             core.note_applied(optime_of(entry), self.now())
             self.after_core()
-        self._changed.set()
+        self._wake_fetchers()
+
+    def _wake_fetchers(self) -> None:
+        for ev in self._fetch_waiters:
+            ev.set()
 
     # -- the timer loop and effects --------------------------------------------------------------
     def after_core(self) -> None:
@@ -262,15 +269,22 @@ class ReplicationCoordinator:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             core = self.core
             wake = core.next_wake()
             timeout = None if wake is None else max(0.0, (wake - self.now()) / 1000.0)
             self._wake.clear()
+            # a timer sets the event (asyncio.wait_for can swallow a cancellation that races
+            # with the event on Python 3.11, and stop() would wait for this task forever)
+            timer = None if timeout is None else \
+                asyncio.get_running_loop().call_later(timeout, self._wake.set)
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
+                await self._wake.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if self._stopping:
+                return
             core.tick(self.now())
             self.after_core()
 
@@ -295,7 +309,7 @@ class ReplicationCoordinator:
         elif kind is FailWaiters:
             self._fail_waiters(eff.error)
         elif kind is CommitPointAdvanced:
-            self._changed.set()
+            self._wake_fetchers()
             self._notify()
         elif kind is StartRollback:
             from shardsim.shard.replication import rollback
@@ -369,7 +383,7 @@ class ReplicationCoordinator:
         """bgsync: while a sync source is known and we are a secondary (or a catching-up
         primary), fetch and apply; otherwise wait for a state change."""
         from shardsim.shard.replication import applier
-        while True:
+        while not self._stopping:
             core = self.core
             req = core.fetch_request(self.now())
             self.after_core()
@@ -419,11 +433,14 @@ class ReplicationCoordinator:
         max_await = float(body.get("maxAwaitTimeMS") or 0) / 1000.0
         entries, error, first = self._entries_after(req.after, req.limit)
         if not entries and error is None and core.commit_point == known and max_await > 0:
-            self._changed.clear()
+            changed = asyncio.Event()
+            self._fetch_waiters.add(changed)
+            timer = asyncio.get_running_loop().call_later(max_await, changed.set)
             try:
-                await asyncio.wait_for(self._changed.wait(), max_await)
-            except asyncio.TimeoutError:
-                pass
+                await changed.wait()
+            finally:
+                timer.cancel()
+                self._fetch_waiters.discard(changed)
             entries, error, first = self._entries_after(req.after, req.limit)
         md = core.on_fetch_request(req, self.now())
         return wire.fetch_reply(self.self_id, md, entries, error, first)

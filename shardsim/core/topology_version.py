@@ -28,7 +28,7 @@ class TopologyVersion:
     def __init__(self) -> None:
         self.process_id = ObjectId()
         self.counter = 0
-        self._changed: asyncio.Event | None = None
+        self._waiters: set[asyncio.Event] = set()
 
     def doc(self) -> dict[str, Any]:
         """``{processId, counter}`` as ``hello`` carries it (``TopologyVersion`` IDL)."""
@@ -37,9 +37,8 @@ class TopologyVersion:
     def bump(self) -> None:
         """The topology changed: a new counter, and every waiting ``hello`` answers."""
         self.counter += 1
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+        for ev in self._waiters:
+            ev.set()
 
     async def wait(self, body: dict[str, Any]) -> None:
         """Hold an awaitable ``hello`` (``topologyVersion`` + ``maxAwaitTimeMS`` in ``body``)
@@ -76,9 +75,12 @@ class TopologyVersion:
         if counter > self.counter:
             raise MongoError(31382, "Received a topology version with the same process ID and "
                                     "a higher counter than the server's")
-        if self._changed is None:
-            self._changed = asyncio.Event()
+        changed = asyncio.Event()
+        self._waiters.add(changed)
+        # a timer, not asyncio.wait_for (which can lose a cancellation racing the event)
+        timer = asyncio.get_running_loop().call_later(max_await / 1000.0, changed.set)
         try:
-            await asyncio.wait_for(self._changed.wait(), max_await / 1000.0)
-        except asyncio.TimeoutError:
-            pass
+            await changed.wait()
+        finally:
+            timer.cancel()
+            self._waiters.discard(changed)

@@ -107,6 +107,24 @@ class ReplicaSetMembers:
                 raise NoPrimary(f"no primary in {name} after {timeout} s")
             await asyncio.sleep(0.02)
 
+    async def settled(self, name: str, timeout: float = 15.0) -> str:
+        """Wait until set ``name`` has a writable primary that every running member knows
+        and has caught up with (a steady state to start a test from); returns the primary."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            primary = await self.primary_of(name, timeout=max(0.1, deadline - loop.time()))
+            pnode = self._member_at(primary).node
+            nodes = [m.node for m in self.replsets[name] if m.running and m.node is not None]
+            if pnode.repl is None or all(
+                    n.repl.core.primary_id == pnode.repl.self_id
+                    and n.repl.core.applied >= pnode.repl.core.first_op_of_term
+                    for n in nodes if n is not pnode):
+                return primary
+            if loop.time() > deadline:
+                raise NoPrimary(f"{name} did not settle in {timeout} s")
+            await asyncio.sleep(0.02)
+
     def _member_at(self, host: str) -> Member:
         for members in self.replsets.values():
             for m in members:
@@ -274,7 +292,7 @@ class AsyncReplicaSet(ReplicaSetMembers):
                                       self._data_dir)
             self.replsets[self.name] = members
             await asyncio.gather(*(run_as(m.name, m.start) for m in members))
-            await self.primary_of(self.name)
+            await self.settled(self.name)
         except BaseException:
             await self.stop()
             raise
