@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import shutil
 import tempfile
 from typing import Any
 
 from shardsim.core.node import Node
 from shardsim.testing.members import Member, TaskTracker, run_as
-from shardsim.tools.procs import free_port
 
 KIT_REPL_OPTIONS = {"election_timeout_ms": 500, "heartbeat_interval_ms": 100,
                     "heartbeat_timeout_ms": 1000}
@@ -50,7 +50,12 @@ def new_replica_set(name: str, members: int, host: str, make_options: Any,
     ``data_dir(member name)`` its dbpath or None. Member 0 initiates the set at its first start
     (the "initiating set" no-op); a member restarted later never does."""
     from shardsim.shard.node import ShardNode
-    ports = [free_port(host) for _ in range(members)]
+    socks = [socket.socket() for _ in range(members)]  # held together: N distinct ports
+    for sock in socks:
+        sock.bind((host, 0))
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
     hosts = [f"{host}:{p}" for p in ports]
     out = []
     for i in range(members):
