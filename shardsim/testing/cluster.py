@@ -37,6 +37,8 @@ from shardsim.core.errors import MongoError
 from shardsim.core.node import Node
 from shardsim.testing import faults
 from shardsim.testing.members import Member, TaskTracker, run_as
+from shardsim.testing.replica_sets import (ReplicaSetMembers, connection_string, member_options,
+                                           new_replica_set)
 
 PROMISE_MODES = ("clock", "mongod")
 _KIT_CONN = ConnectionInfo(id=-1, peer="shardsim.testing")
@@ -46,7 +48,7 @@ class ClusterNotRunning(RuntimeError):
     """A fault or query on a cluster that is not started, or on a member that is down."""
 
 
-class AsyncShardedCluster:
+class AsyncShardedCluster(ReplicaSetMembers):
     """A sharded cluster inside this process, driven from asyncio.
 
     Parameters: ``shards`` (int, shards named ``shard0``...); ``promise_mode`` (``"clock"`` or
@@ -59,31 +61,46 @@ class AsyncShardedCluster:
     e.g. ``{"oplog_size_mb": 1}``); ``routers`` (int: routers on the same config server, the
     first named ``"router"``, the others ``"router1"``, ...; ``uris`` lists them all);
     ``server_version`` (``"6.0"``, ``"7.0"``, ``"8.0"`` (default), ``"8.2.0"``, ``"8.2"``,
-    ``"9.0"``: the release every member behaves as, :mod:`shardsim.core.server_version`).
+    ``"9.0"``: the release every member behaves as, :mod:`shardsim.core.server_version`);
+    ``members`` (int: every shard a replica set of that many members, added as
+    ``shardN/h1,h2,...``; :mod:`shardsim.testing.replica_sets`, whose queries and faults
+    ``members_of``, ``primary_of``, ``step_down``, ``kill_primary``, ``restart_member``,
+    ``isolate``, ``partition``, ``heal`` this class has); ``repl_options`` (their timing in
+    ms: ``election_timeout_ms`` 500, ``heartbeat_interval_ms`` 100, ``heartbeat_timeout_ms``
+    1000 by default). ``noop_interval_ms`` defaults to 1000, 200 with ``members`` > 1.
 
     ``uri`` is the router's ``mongodb://host:port/`` once started. Use ``async with`` or
     :meth:`start` / :meth:`stop` (stop always leaves no socket or task of the cluster behind).
     """
 
     def __init__(self, shards: int = 3, *, promise_mode: str = "clock", durable: bool = False,
-                 dbpath: str | None = None, seed: int | None = None, noop_interval_ms: int = 1000,
+                 dbpath: str | None = None, seed: int | None = None,
+                 noop_interval_ms: int | None = None,
                  host: str = "127.0.0.1", port: int = 0,
                  shard_options: dict[str, Any] | None = None, routers: int = 1,
-                 server_version: str = "8.0") -> None:
+                 server_version: str = "8.0", members: int = 1,
+                 repl_options: dict[str, Any] | None = None) -> None:
         from shardsim.core import server_version as versions
         self.server_version = versions.get(server_version).name  # ValueError when unknown
         if promise_mode not in PROMISE_MODES:
             raise ValueError(f"promise_mode must be one of {PROMISE_MODES}, not {promise_mode!r}")
         if shards < 1:
             raise ValueError("a cluster needs at least one shard")
+        if members < 1:
+            raise ValueError("a shard needs at least one member")
         self.num_shards = shards
+        self.num_members = int(members)
+        self.repl_options = dict(repl_options or {})
         self.promise_mode = promise_mode
         self.durable = durable or dbpath is not None
         self._dbpath_arg = dbpath
         self.base_dir: str | None = None
         self.seed = seed
         self.random = random.Random(seed)
-        self.noop_interval_ms = int(noop_interval_ms)
+        # replica-set shards release events at the commit point, idle ones as their no-ops
+        # commit (the mongod promise mode): a shorter interval keeps the merged stream quick
+        self.noop_interval_ms = int(noop_interval_ms if noop_interval_ms is not None
+                                    else 1000 if members == 1 else 200)
         self.host = host
         self.port = port
         self.shard_options = dict(shard_options or {})
@@ -91,7 +108,8 @@ class AsyncShardedCluster:
         self.router: Member | None = None
         self.num_routers = max(1, int(routers))
         self.extra_routers: list[Member] = []
-        self.shards: dict[str, Member] = {}
+        self.shards: dict[str, Member] = {}  # a shard's first member (legacy faults act on it)
+        self.replsets: dict[str, list[Member]] = {}  # every member of each shard, _id order
         self._tracker = TaskTracker()
         self._shard_seq = 0
 
@@ -137,7 +155,10 @@ class AsyncShardedCluster:
             await run_as("config", self.config.start)
             for _ in range(self.num_shards):
                 self._new_shard_member()
-            await asyncio.gather(*(run_as(m.name, m.start) for m in self.shards.values()))
+            await asyncio.gather(*(run_as(m.name, m.start) for ms in self.replsets.values()
+                                   for m in ms))
+            for name in self.replsets:
+                await self.settled(name)
             self.router = Member("router", "router", self._make_router, self.host)
             self.router.port = self.port
             await run_as("router", self.router.start)
@@ -158,7 +179,8 @@ class AsyncShardedCluster:
         """Stop router, shards, config server (in that order) and remove temporary data.
         Safe to call twice."""
         for member in [*reversed(self.extra_routers), self.router,
-                       *reversed(list(self.shards.values())), self.config]:
+                       *(m for ms in reversed(list(self.replsets.values())) for m in ms),
+                       self.config]:
             if member is not None:
                 try:
                     await member.stop(self._tracker)
@@ -203,18 +225,18 @@ class AsyncShardedCluster:
         from shardsim.shard.node import ShardNode
         name = f"shard{self._shard_seq}"
         self._shard_seq += 1
-        dbpath = self._data_dir(name)
 
-        def make(port: int) -> Node:
-            options = {"dbpath": dbpath, "noop_interval_ms": self.noop_interval_ms,
-                       "promise_mode": self.promise_mode, "server_version": self.server_version,
-                       **self.shard_options}
-            return ShardNode(shard_name=name, host=self.host, port=port, test_commands=True,
-                             options=options)
+        def options(i: int, hosts: list[str]) -> dict[str, Any]:
+            opts = {"noop_interval_ms": self.noop_interval_ms, "promise_mode": self.promise_mode,
+                    "server_version": self.server_version, **self.shard_options}
+            if self.num_members > 1:
+                opts.update(member_options(hosts, i, self.repl_options, self.seed))
+            return opts
 
-        member = Member(name, "shard", make, self.host, dbpath)
-        self.shards[name] = member
-        return member
+        members = new_replica_set(name, self.num_members, self.host, options, self._data_dir)
+        self.replsets[name] = members
+        self.shards[name] = members[0]
+        return members[0]
 
     def _seed_fail_points(self, member: Member) -> None:
         fps = getattr(member.node, "failpoints", None)
@@ -236,7 +258,10 @@ class AsyncShardedCluster:
         return reply
 
     async def _add_shard(self, member: Member) -> None:
-        await self.command("router", {"addShard": member.address, "name": member.name})
+        """``addShard`` through the router: ``host:port``, or ``name/h1,h2,h3`` for a set."""
+        await self.command("router", {"addShard": connection_string(member.name,
+                                                                    self.replsets[member.name]),
+                                      "name": member.name})
 
     # -- faults: the records of shardsim.testing.faults, run on members ---------------------
     def _member(self, name: str) -> Member:
@@ -301,14 +326,19 @@ class AsyncShardedCluster:
 
     async def _act_add_shard(self) -> str:
         member = self._new_shard_member()
+        members = self.replsets[member.name]
         try:
-            await run_as(member.name, member.start)
+            await asyncio.gather(*(run_as(m.name, m.start) for m in members))
+            await self.settled(member.name)
             await self._add_shard(member)
         except BaseException:
-            await member.stop(self._tracker)
+            for m in members:
+                await m.stop(self._tracker)
             del self.shards[member.name]
+            del self.replsets[member.name]
             raise
-        self._seed_fail_points(member)
+        for m in members:
+            self._seed_fail_points(m)
         return member.name
 
     async def _act_drain_and_remove(self, name: str) -> None:
@@ -326,7 +356,8 @@ class AsyncShardedCluster:
             reply = await self.command("router", {"removeShard": name})
         if reply.get("state") != "completed":
             raise MongoError(20, f"removeShard {name} did not complete: {reply}")
-        await member.stop(self._tracker)
+        for m in self.replsets.pop(name):
+            await m.stop(self._tracker)
         del self.shards[name]
 
     async def _find_all(self, coll: str, filt: dict[str, Any]) -> list[dict[str, Any]]:

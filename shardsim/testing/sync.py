@@ -131,6 +131,43 @@ class ShardedCluster:
         """Run ``cmd`` on a member's command table (see :meth:`AsyncShardedCluster.command`)."""
         return self._call(self.cluster.command(member, cmd, db))
 
+    # -- replica-set shards (members=N; shardsim.testing.replica_sets) ----------------------
+    def members_of(self, name: str) -> list[str]:
+        """``host:port`` of every member of shard ``name``."""
+        return self.cluster.members_of(name)
+
+    def primary_of(self, name: str, timeout: float = 10.0) -> str:
+        """The primary's ``host:port`` of shard ``name`` (waits up to ``timeout`` s)."""
+        return self._call(self.cluster.primary_of(name, timeout))
+
+    def step_down(self, name: str | None = None, secs: int = 10) -> str:
+        """See :meth:`AsyncShardedCluster.step_down`."""
+        return self._call(self.cluster.step_down(name, secs))
+
+    def kill_primary(self, name: str | None = None) -> str:
+        """See :meth:`AsyncShardedCluster.kill_primary`."""
+        return self._call(self.cluster.kill_primary(name))
+
+    def restart_member(self, host: str) -> None:
+        """See :meth:`AsyncShardedCluster.restart_member`."""
+        self._call(self.cluster.restart_member(host))
+
+    def isolate(self, host: str) -> None:
+        """See :meth:`AsyncShardedCluster.isolate`."""
+        self._call(self.cluster.isolate(host))
+
+    def partition(self, host_a: str, host_b: str) -> None:
+        """See :meth:`AsyncShardedCluster.partition`."""
+        self._call(self.cluster.partition(host_a, host_b))
+
+    def heal(self) -> None:
+        """See :meth:`AsyncShardedCluster.heal`."""
+        self._call(self.cluster.heal())
+
+    def member_node(self, host: str) -> Any:
+        """The node of the shard member at ``host`` (to check its own data after a fault)."""
+        return self.cluster._member_at(host).node
+
 
 def _blocking(fault: Fault) -> Callable[..., Any]:
     """The blocking method of fault record ``fault``: the async method's coroutine run on the
