@@ -364,6 +364,7 @@ class ReplicaSetMonitor:
         if topology_version is not None and _tv_key(topology_version) is not None:
             m.topology_version = topology_version
         self._set_unknown(m, "not primary")
+        self._restart_check(host)
         self.request_check()
 
     def mark_unreachable(self, host: str, reason: str = "unreachable") -> None:
@@ -374,6 +375,7 @@ class ReplicaSetMonitor:
             return
         self._set_unknown(m, reason)
         m.pool.close()
+        self._restart_check(host)
         self.request_check()
 
     def _set_unknown(self, m: MemberDescription, reason: str) -> None:
@@ -404,6 +406,21 @@ class ReplicaSetMonitor:
         await asyncio.gather(*(self._check(h, awaitable=False) for h in list(self.members)),
                              return_exceptions=True)
 
+    def _restart_check(self, host: str) -> None:
+        """Cancel ``host``'s check in flight (an awaitable hello would answer only on its next
+        change) and start a fresh one now (SDAM: a marked server is checked at once)."""
+        task = self._tasks.pop(host, None)
+        if task is None or task is _current_task():
+            if task is not None:
+                self._tasks[host] = task
+            return
+        task.cancel()
+        conn = self._check_conns.pop(host, None)
+        if conn is not None and hasattr(conn, "close"):
+            conn.close()
+        self._wake.pop(host, None)
+        self._start_member(host)
+
     def _start_member(self, host: str) -> None:
         if self._changed is None or host in self._tasks or self.closed:
             return
@@ -414,11 +431,13 @@ class ReplicaSetMonitor:
         """A member's check loop: an awaitable hello once the member gives a
         ``topologyVersion`` (the reply comes on a change), else a poll every ``heartbeat_s``
         or at once when woken (``ServerDiscoveryMonitor``)."""
+        streaming = False
         while not self.closed and host in self.members:
-            m = self.members[host]
-            streaming = m.topology_version is not None and m.kind != UNKNOWN
             ok = await self._check(host, awaitable=streaming)
-            if ok and streaming:
+            m = self.members.get(host)
+            # streaming from the second reply with a topologyVersion on: the next hello waits
+            streaming = bool(ok and m is not None and m.topology_version is not None)
+            if streaming:
                 continue
             wake = self._wake.get(host)
             if wake is None:
