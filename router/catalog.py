@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from bson import Binary
 from bson.timestamp import Timestamp
@@ -61,6 +61,10 @@ class CatalogCache:
         self.config_pool = config_pool
         self.clock = clock
         self._shards: dict[str, tuple[str, int]] = {}
+        self._conn_strings: dict[str, str] = {}
+        # set by the router: shard name -> its primary's (host, port) as its replica-set
+        # monitor knows it, or None (router/shard_registry.py)
+        self.primary_resolver: Callable[[str], tuple[str, int] | None] | None = None
         self._shard_docs: list[dict[str, Any]] = []
         self._databases: dict[str, dict[str, Any]] = {}
         self._collections: dict[str, CollectionInfo] = {}
@@ -107,6 +111,7 @@ class CatalogCache:
             shards.sort(key=lambda s: s["_id"])
             self._shard_docs = shards
             self._shards = {s["_id"]: _host_of(s) for s in shards}
+            self._conn_strings = {s["_id"]: s["host"] for s in shards}
             self._databases = {d["_id"]: d for d in dbs}
             self._collections = collections
             self.loaded_at = time.monotonic()
@@ -153,7 +158,17 @@ class CatalogCache:
         return list(self._shard_docs)
 
     def shard_address(self, name: str) -> tuple[str, int] | None:
-        return self._shards.get(name)
+        """``(host, port)`` commands to shard ``name`` go to: its primary as the router's
+        monitor of the shard knows it (:attr:`primary_resolver`), else the first host of its
+        connection string; None for a shard the catalog does not list."""
+        addr = self._shards.get(name)
+        if addr is None or self.primary_resolver is None:
+            return addr
+        return self.primary_resolver(name) or addr
+
+    def shard_connection_string(self, name: str) -> str | None:
+        """The shard's ``config.shards.host`` (``setName/host1,host2,...``), or None."""
+        return self._conn_strings.get(name)
 
     def collection(self, ns: str) -> CollectionInfo | None:
         """The sharded collection ``ns``, or None when unsharded/unknown."""

@@ -32,9 +32,13 @@ from shardsim.router.commands import FAMILIES
 from shardsim.router.forwarding import BIG_BATCH
 from shardsim.core.gossip import OPERATION_TIME, gossip_command
 from shardsim.router.read_concern import run_with_read_concern
+from shardsim.router.shard_registry import ShardRegistry, read_preference_document
 from shardsim.router.transactions import TransactionRouter
 from shardsim.router.writes import NamespaceGate
 from shardsim.core.client import Pool, parse_address
+from shardsim.core.replica_set_monitor import (DEFAULT_FIND_HOST_TIMEOUT_MS, DEFAULT_HEARTBEAT_S,
+                                               NETWORK_CODES, NOT_PRIMARY_CODES, SHUTDOWN_CODES,
+                                               ReadPreference)
 from shardsim.core.commands import Request
 from shardsim.core.cursors import ListCursor
 from shardsim.core import failpoints
@@ -46,6 +50,11 @@ from shardsim.core.protocol import configsvr as csrq
 log = logging.getLogger("shardsim.router")
 
 REFRESH_INTERVAL_S = 1.0
+#: Attempts to open a shard cursor (``kMaxNumFailedHostRetryAttempts``, async_requests_sender.cpp).
+ESTABLISH_ATTEMPTS = 3
+# What a retry of a cursor's establishment may cure: the member is not primary, unreachable
+# or shutting down (the codes ShardRemote::updateReplSetMonitor acts on).
+_ESTABLISH_RETRY_CODES = NOT_PRIMARY_CODES | NETWORK_CODES | SHUTDOWN_CODES
 
 
 # Authentication of the internal user (__system@local) through the router.
@@ -56,9 +65,10 @@ class RouterNode(Node):
     """``python -m shardsim.router --configdb HOST:PORT``.
 
     Attributes other router modules use: ``catalog`` (:class:`router.catalog.CatalogCache`),
-    ``config_pool`` (:class:`shardsim.core.client.Pool` to the config server),
-    :meth:`pool_for` (a shard's pool), :meth:`shard_command`, ``cursors``, and the state the
-    command handlers share:
+    ``config_pool`` (:class:`shardsim.core.client.Pool` to the config server), ``shards``
+    (:class:`router.shard_registry.ShardRegistry`: a replica-set monitor per shard),
+    :meth:`pool_for` (a shard primary's pool), :meth:`shard_command`, ``cursors``, and the
+    state the command handlers share:
 
     * ``transactions`` (:class:`router.transactions.TransactionRouter`): the one shard of each
       open transaction;
@@ -77,7 +87,14 @@ class RouterNode(Node):
         host, port = parse_address(configdb)
         self.config_pool = Pool(host, port)
         self.catalog = CatalogCache(self.config_pool, self.clock)
-        self._pools: dict[str, tuple[tuple[str, int], Pool]] = {}
+        # options rsm_heartbeat_ms / find_host_timeout_ms (the test kit sets a small heartbeat)
+        self.shards = ShardRegistry(
+            self.catalog,
+            heartbeat_s=float(self.options.get("rsm_heartbeat_ms") or
+                              DEFAULT_HEARTBEAT_S * 1000) / 1000.0,
+            find_host_timeout_ms=int(self.options.get("find_host_timeout_ms") or
+                                     DEFAULT_FIND_HOST_TIMEOUT_MS))
+        self.catalog.primary_resolver = self._primary_address
         self._refresher: asyncio.Task | None = None
         self.transactions = TransactionRouter(self.clock)
         self.promise_requests = PromiseRequests(self.clock)
@@ -97,6 +114,24 @@ class RouterNode(Node):
         """``serverStatus.process``."""
         return "mongos"
 
+    def parameters(self) -> dict[str, Any]:
+        """getParameter values: the common ones and ``defaultFindReplicaSetHostTimeoutMS``
+        (how long a shard command waits for a member matching its read preference)."""
+        params = super().parameters()
+        params["defaultFindReplicaSetHostTimeoutMS"] = self.shards.find_host_timeout_ms
+        return params
+
+    def set_parameter(self, name: str, value: Any) -> None:
+        """setParameter: ``defaultFindReplicaSetHostTimeoutMS`` (a non-negative integer,
+        BadValue (2) otherwise, as the IDL's ``gte: 0``); others as :meth:`Node.set_parameter`."""
+        if name == "defaultFindReplicaSetHostTimeoutMS":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise MongoError(2, f"Invalid value for parameter "
+                                    f"defaultFindReplicaSetHostTimeoutMS: {value!r}")
+            self.shards.find_host_timeout_ms = int(value)
+        else:
+            super().set_parameter(name, value)
+
     def parsed_options(self) -> dict[str, Any]:
         """``getCmdLineOpts.parsed`` beyond ``net``: ``sharding.configDB``."""
         return {"sharding": {"configDB": self.configdb}}
@@ -109,29 +144,90 @@ class RouterNode(Node):
 
     # -- shards -----------------------------------------------------------------------------
     def pool_for(self, shard: str) -> Pool:
-        """The connection pool of shard ``shard``; ShardNotFound (70) if unknown."""
-        addr = self.catalog.shard_address(shard)
-        if addr is None:
-            raise MongoError(70, f"Shard {shard} not found")
-        cached = self._pools.get(shard)
-        if cached is None or cached[0] != addr:
-            if cached is not None:
-                cached[1].close()
-            cached = (addr, Pool(*addr))
-            self._pools[shard] = cached
-        return cached[1]
+        """The pool of shard ``shard``'s primary as its monitor knows it (the first member's
+        when no primary is known yet: callers that cannot wait); ShardNotFound (70) if the
+        catalog does not list the shard. Commands should use :meth:`shard_command`, which
+        waits for a primary and tells the monitor about failures."""
+        return self.shards.primary_pool_or_seed(shard)
+
+    def _primary_address(self, shard: str) -> tuple[str, int] | None:
+        """The known primary of ``shard`` as ``(host, port)`` (the catalog's
+        ``shard_address``), or None."""
+        mon = self.shards.monitors.get(shard)
+        if mon is None or mon.primary is None:
+            return None
+        return parse_address(mon.primary)
 
     async def shard_command(self, shard: str, db: str, cmd: dict[str, Any], *, raw: bool = False,
-                            check: bool = True, timeout: float | None = None) -> Any:
+                            check: bool = True, timeout: float | None = None,
+                            read_preference: ReadPreference | None = None,
+                            host: str | None = None) -> Any:
         """Run ``cmd`` on ``shard`` with cluster-time gossip (MongoError on failure). A command
         inside a transaction gets the fields its participant needs
         (:meth:`router.transactions.TransactionRouter.attach`); CRUD and reads carry the
-        namespace's ``shardVersion`` (:func:`router.shard_versioning.attach`)."""
+        namespace's ``shardVersion`` (:func:`router.shard_versioning.attach`).
+
+        Targeting (:meth:`router.shard_registry.ShardRegistry.target`): ``host`` when given (a
+        cursor's getMore goes where the cursor is), else the member ``read_preference``
+        selects (primary by default, always inside a transaction; a non-primary read carries
+        ``$readPreference`` so the member serves it, as ``ShardRemote``'s
+        ``_appendMetadataForCommand``); FailedToSatisfyReadPreference (133) when no member
+        fits within ``defaultFindReplicaSetHostTimeoutMS``. A failure that says something about
+        the member (not primary, network, shutdown) is told to the shard's monitor."""
+        return (await self.shard_command_at(shard, db, cmd, raw=raw, check=check,
+                                            timeout=timeout, read_preference=read_preference,
+                                            host=host))[1]
+
+    async def shard_command_at(self, shard: str, db: str, cmd: dict[str, Any], *,
+                               raw: bool = False, check: bool = True,
+                               timeout: float | None = None,
+                               read_preference: ReadPreference | None = None,
+                               host: str | None = None) -> tuple[str, Any]:
+        """:meth:`shard_command` returning ``(host, reply)``: the member that answered (where
+        the getMores of a cursor it opened must go)."""
         if cmd.get("autocommit") is False:
             cmd = self.transactions.attach(shard, cmd)
+            read_preference = None
         cmd = shard_versioning.attach(self, shard, db, cmd)
-        return await gossip_command(self.clock, self.pool_for(shard), db, cmd, raw=raw,
-                                    check=check, timeout=timeout)
+        registry = self.shards
+        if host is None:
+            host, pool = await registry.target(shard, read_preference)
+            if read_preference is not None and read_preference.mode != "primary":
+                cmd = {**cmd, "$readPreference": read_preference_document(read_preference)}
+        else:
+            pool = registry.monitor(shard).pool(host)
+        try:
+            reply = await gossip_command(self.clock, pool, db, cmd, raw=raw, check=check,
+                                         timeout=timeout)
+        except MongoError as exc:
+            registry.report(shard, host, exc)
+            raise
+        if not check and not reply.get("ok"):
+            registry.report_reply(shard, host, reply)
+        return host, reply
+
+    async def establish_cursor(self, shard: str, db: str, cmd: dict[str, Any], *,
+                               raw: bool = False,
+                               read_preference: ReadPreference | None = None) -> tuple[Pool, Any]:
+        """Open a cursor on ``shard`` (``establishCursors``): ``(pool of the member that
+        answered, reply)``. A failure that says the member is not primary, unreachable or
+        shutting down is retried on the member the monitor selects next, up to
+        :data:`ESTABLISH_ATTEMPTS` attempts (``AsyncRequestsSender``'s
+        ``kMaxNumFailedHostRetryAttempts``); each selection waits up to
+        ``defaultFindReplicaSetHostTimeoutMS`` for a member (FailedToSatisfyReadPreference 133,
+        ``RemoteCommandTargeterRS::findHost``). Other errors are raised at once. Safe to
+        repeat: a cursor opened by a lost reply is never used and times out on the member."""
+        for attempt in range(ESTABLISH_ATTEMPTS):
+            try:
+                host, reply = await self.shard_command_at(shard, db, cmd, raw=raw,
+                                                          read_preference=read_preference)
+                return self.shards.monitor(shard).pool(host), reply
+            except MongoError as exc:
+                if exc.code not in _ESTABLISH_RETRY_CODES or attempt == ESTABLISH_ATTEMPTS - 1:
+                    raise
+                log.info("establishing a cursor on %s failed (%s), attempt %d", shard,
+                         exc.errmsg, attempt + 1)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def config_command(self, cmd: dict[str, Any], db: str = "admin") -> dict[str, Any]:
         """Run ``cmd`` on the config server."""
@@ -265,30 +361,32 @@ class RouterNode(Node):
                 log.exception("catalog refresh failed")
 
     def crash(self) -> None:
-        """``kill -9`` (see :meth:`Node.crash`): stop refreshing the catalog and close the
-        connection pools to the shards."""
+        """``kill -9`` (see :meth:`Node.crash`): stop refreshing the catalog, stop the shards'
+        monitors and close their connection pools."""
         super().crash()
         if self._refresher is not None:
             self._refresher.cancel()
-        for _, pool in self._pools.values():
-            pool.close()
+        self.shards.close()
 
     async def shutdown(self) -> None:
-        """Stop refreshing, close the promise channels of change streams and every pool."""
+        """Stop refreshing, close the promise channels of change streams, stop the shards'
+        monitors and close every pool."""
         if self._refresher is not None:
             self._refresher.cancel()
         await super().shutdown()
         self.promise_requests.close()
-        for _, pool in self._pools.values():
-            pool.close()
+        self.shards.close()
         self.config_pool.close()
 
     # -- helpers for command modules ----------------------------------------------------------
     async def drain(self, shard: str, db: str, cmd: dict[str, Any], *,
-                    session: dict[str, Any] | None = None) -> tuple[str, list[Any]]:
-        """Run a cursor-returning command on ``shard`` and read the cursor to the end.
-        Returns ``(ns, docs)``; ``session`` fields (lsid/txnNumber/autocommit) go on getMores."""
-        reply = await self.shard_command(shard, db, cmd)
+                    session: dict[str, Any] | None = None,
+                    read_preference: ReadPreference | None = None) -> tuple[str, list[Any]]:
+        """Run a cursor-returning command on ``shard`` (the member ``read_preference``
+        selects) and read the cursor to the end on that member. Returns ``(ns, docs)``;
+        ``session`` fields (lsid/txnNumber/autocommit) go on getMores."""
+        host, reply = await self.shard_command_at(shard, db, cmd,
+                                                  read_preference=read_preference)
         cur = reply["cursor"]
         docs = list(cur.get("firstBatch", []))
         ns = cur.get("ns", "")
@@ -298,7 +396,7 @@ class RouterNode(Node):
                                     "batchSize": BIG_BATCH}
             if session:
                 more.update(session)
-            reply = await self.shard_command(shard, db, more)
+            reply = await self.shard_command(shard, db, more, host=host)
             cur = reply["cursor"]
             docs.extend(cur.get("nextBatch", []))
         return ns, docs
@@ -317,3 +415,4 @@ class RouterNode(Node):
             await self.cursors.kill([int(reply["id"])])
             reply["id"] = Int64(0)
         return {"cursor": reply}
+

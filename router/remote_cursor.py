@@ -20,13 +20,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class RemoteCursor(Cursor):
-    """The client's cursor over shard ``shard``'s cursor ``remote_id`` on ``ns``."""
+    """The client's cursor over shard ``shard``'s cursor ``remote_id`` on ``ns``, opened on
+    member ``host`` (its getMores and killCursors go there, as a mongos remote cursor keeps
+    its ``HostAndPort``)."""
 
     def __init__(self, node: "RouterNode", shard: str, ns: str, remote_id: int,
-                 first_batch: list[Any], tailable: bool, await_data: bool) -> None:
+                 first_batch: list[Any], tailable: bool, await_data: bool,
+                 host: str | None = None) -> None:
         super().__init__(ns)
         self.node = node
         self.shard = shard
+        self.host = host
         self.remote_id = remote_id
         self.pending = list(first_batch)
         self.tailable = tailable
@@ -44,7 +48,7 @@ class RemoteCursor(Cursor):
             more["batchSize"] = batch_size
         if max_time_ms and self.await_data:
             more["maxTimeMS"] = max_time_ms
-        reply = await self.node.shard_command(self.shard, db, more)
+        reply = await self.node.shard_command(self.shard, db, more, host=self.host)
         cur = reply["cursor"]
         self.remote_id = int(cur.get("id", 0))
         return Batch(list(cur.get("nextBatch", [])), exhausted=self.remote_id == 0)
@@ -55,7 +59,7 @@ class RemoteCursor(Cursor):
             remote, self.remote_id = self.remote_id, 0
             await self.node.shard_command(self.shard, db, {"killCursors": coll,
                                                            "cursors": [Int64(remote)]},
-                                          check=False)
+                                          check=False, host=self.host)
 
 
 async def tailable_find(node: "RouterNode", req: Request, shard: str) -> dict[str, Any]:
@@ -64,8 +68,9 @@ async def tailable_find(node: "RouterNode", req: Request, shard: str) -> dict[st
     are the reply."""
     db, coll = namespace(req)
     body = forwardable(req.body)
-    reply = await node.shard_command(shard, db, body)
+    host, reply = await node.shard_command_at(shard, db, body)
     cur = reply["cursor"]
     cursor = RemoteCursor(node, shard, f"{db}.{coll}", int(cur.get("id", 0)),
-                          list(cur.get("firstBatch", [])), True, bool(req.get("awaitData")))
+                          list(cur.get("firstBatch", [])), True, bool(req.get("awaitData")),
+                          host=host)
     return {"cursor": await node.cursors.run_first_batch(cursor, None)}

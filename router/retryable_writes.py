@@ -29,6 +29,8 @@ RETRIABLE_CODES = RETRYABLE_WRITE_CODES
 # Attempts per child batch (AsyncRequestsSender's kMaxNumFailedHostRetryAttempts + 1).
 MAX_ATTEMPTS = 3
 RETRY_PAUSE_S = 0.05
+# FailedToSatisfyReadPreference: no member of the shard to send the child batch to.
+TARGETING_FAILED = 133
 
 
 def is_retryable(body: dict[str, Any]) -> bool:
@@ -66,6 +68,11 @@ async def send_idempotent(send: Any, retryable: bool) -> Any:
 def unavailable_error(index: int, shard: str, exc: MongoError) -> dict[str, Any]:
     """The write error of a statement whose child batch got no reply from ``shard``:
     ``{index, code, errmsg: "Write results unavailable from <shard> :: caused by :: ..."}``
-    (``batch_write_exec.cpp`` ``processErrorResponseFromLocal``)."""
+    (``batch_write_exec.cpp`` ``processErrorResponseFromLocal``); when no member of the shard
+    could be targeted (FailedToSatisfyReadPreference 133), "Write results unavailable from
+    failing to target a host in the shard <shard> :: caused by :: Could not find host ..." as
+    mongos words it."""
+    where = (f"failing to target a host in the shard {shard}" if exc.code == TARGETING_FAILED
+             else shard)
     return {"index": index, "code": exc.code,
-            "errmsg": f"Write results unavailable from {shard} :: caused by :: {exc.errmsg}"}
+            "errmsg": f"Write results unavailable from {where} :: caused by :: {exc.errmsg}"}

@@ -321,7 +321,8 @@ class WriteExecutor:
                 shard = getattr(reply, "shard", None)
                 for i in run.idx[:1] if self.ordered else run.idx:
                     errors.append(rw.unavailable_error(i, shard, reply)
-                                  if shard is not None and reply.code in rw.RETRIABLE_CODES
+                                  if shard is not None and (reply.code in rw.RETRIABLE_CODES
+                                                            or reply.code == rw.TARGETING_FAILED)
                                   else {"index": i, "code": reply.code, "errmsg": reply.errmsg})
                 continue
             if isinstance(reply, BaseException):

@@ -54,6 +54,7 @@ from shardsim.router.change_stream.raw_events import (Block, Item, element_heade
 from shardsim.core.gossip import gossip_command, track_operation_time
 from shardsim.core.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.core.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
+from shardsim.core.replica_set_monitor import ReadPreference
 from shardsim.core.errors import MongoError, change_stream_labels
 
 log = logging.getLogger("shardsim.router.change_stream")
@@ -117,6 +118,8 @@ class RouterChangeStream:
         self.spec = spec
         self.user_stages = list(user_stages)
         self.passthrough = {k: v for k, v in body.items() if k not in _NOT_FORWARDED}
+        # the client's $readPreference: the member of each shard the remote cursors open on
+        self.read_preference = ReadPreference.parse(body.get("$readPreference"))
         self.merger = Merger()
         self.merge: ChangeStreamMerge | None = None
         self.pools: dict[int, Any] = {}  # remote id -> Pool
@@ -204,8 +207,12 @@ class RouterChangeStream:
         """Send the establish ``aggregate`` to ``shard`` (None = config server) and add the
         remote with its first batch."""
         router = self.router
-        pool = router.config_pool if shard is None else router.pool_for(shard)
-        reply = await gossip_command(router.clock, pool, db, cmd, raw=True)
+        if shard is None:
+            pool = router.config_pool
+            reply = await gossip_command(router.clock, pool, db, cmd, raw=True)
+        else:  # the member the stream's read preference selects, with retries (133 at worst)
+            pool, reply = await router.establish_cursor(shard, db, cmd, raw=True,
+                                                        read_preference=self.read_preference)
         is_config = shard is None
         cur, items = _cursor_batch(reply["cursor"], "firstBatch", is_config)
         remote_ns = cur.get("ns") or (CONFIG_SHARDS_NS if shard is None else self.ns)
@@ -303,6 +310,10 @@ class RouterChangeStream:
                 # arrives: the client is often between getMores when a write's event comes in.
                 self.promises.request_for_held_event(self)
         except MongoError as exc:
+            if not r.is_config:  # the shard's monitor learns what the error says of the member
+                report = getattr(getattr(self.router, "shards", None), "report", None)
+                if report is not None:
+                    report(r.name, pool.address, exc)
             if not self.closed:
                 if exc.code == 43 and r.cursor_id:
                     exc = MongoError(43, f"cursor id {r.cursor_id} not found on {r.name} "

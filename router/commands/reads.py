@@ -30,6 +30,7 @@ from shardsim.router.current_op import aggregate_current_op
 from shardsim.core import current_op, local_sessions, max_time
 from shardsim.router.commands.admin import CONFIG_DATABASES, config_read
 from shardsim.router.remote_cursor import tailable_find
+from shardsim.router.shard_registry import read_preference_of
 from shardsim.router.forwarding import BIG_BATCH, forwardable, namespace, session_fields
 from shardsim.core.shard_key import compare
 from shardsim.core.commands import CommandFamily, Request, check_type
@@ -102,10 +103,11 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
         body.pop(k, None)
     body["batchSize"] = BIG_BATCH
     sess = session_fields(req)
+    rp = _read_preference(req)
     if req.get("tailable") and len(shards) == 1:  # a capped collection: one shard's cursor
         return await tailable_find(node, req, shards[0])
     if len(shards) == 1:
-        _, docs = await node.drain(shards[0], db, body, session=sess)
+        _, docs = await node.drain(shards[0], db, body, session=sess, read_preference=rp)
         return await node.cursor_reply(ns, docs, req, batch_size, single)
     sort = req.get("sort") or None
     skip = int(req.get("skip") or 0)
@@ -127,7 +129,8 @@ async def find_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
                 del projection[f]
                 added.append(f)
         body["projection"] = projection
-    results = await asyncio.gather(*(node.drain(s, db, body, session=sess) for s in shards))
+    results = await asyncio.gather(*(node.drain(s, db, body, session=sess, read_preference=rp)
+                                     for s in shards))
     docs = [d for _, part in results for d in part]
     if sort:  # paced when large (issue 28)
         from shardsim.core.query import sort_docs_paced
@@ -182,8 +185,9 @@ async def count_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
     if not shards:
         return {"n": 0}
     body = forwardable(req.body)
+    rp = _read_preference(req)
     if len(shards) == 1:
-        reply = await node.shard_command(shards[0], db, body)
+        reply = await node.shard_command(shards[0], db, body, read_preference=rp)
         return {"n": reply["n"]}
     skip = int(req.get("skip") or 0)
     limit = req.get("limit")
@@ -191,7 +195,8 @@ async def count_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]:
     body.pop("skip", None)
     if limit is not None:
         body["limit"] = limit + skip
-    replies = await asyncio.gather(*(node.shard_command(s, db, body) for s in shards))
+    replies = await asyncio.gather(*(node.shard_command(s, db, body, read_preference=rp)
+                                     for s in shards))
     n = max(0, sum(int(x["n"]) for x in replies) - skip)
     if limit is not None:
         n = min(n, limit)
@@ -215,7 +220,9 @@ async def distinct_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]
     if not shards:
         return {"values": []}
     body = forwardable(req.body)
-    replies = await asyncio.gather(*(node.shard_command(s, db, body) for s in shards))
+    rp = _read_preference(req)
+    replies = await asyncio.gather(*(node.shard_command(s, db, body, read_preference=rp)
+                                     for s in shards))
     if len(replies) == 1:
         return {"values": replies[0]["values"]}
     from shardsim.core.values import id_key
@@ -275,8 +282,9 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
     if aggregate_write.write_stage(pipeline) is not None:
         return await aggregate_write.aggregate_with_write(node, req, functools.partial(
             _read_all, node))
+    rp = _read_preference(req)
     if len(shards) == 1:
-        _, docs = await node.drain(shards[0], db, body, session=sess)
+        _, docs = await node.drain(shards[0], db, body, session=sess, read_preference=rp)
         return await node.cursor_reply(ns, docs, req, batch_size)
     split = 1 if pipeline and isinstance(pipeline[0], dict) and "$collStats" in pipeline[0] \
         else 0  # $collStats: one document from each shard owning the collection
@@ -284,7 +292,8 @@ async def aggregate_on_shards(node: "RouterNode", req: Request) -> dict[str, Any
             next(iter(pipeline[split]), None) in _SHARD_STAGES:
         split += 1
     body["pipeline"] = pipeline[:split]
-    results = await asyncio.gather(*(node.drain(s, db, body, session=sess) for s in shards))
+    results = await asyncio.gather(*(node.drain(s, db, body, session=sess, read_preference=rp)
+                                     for s in shards))
     docs = [d for _, part in results for d in part]
     if split < len(pipeline):
         from shardsim.core.query import run_pipeline
@@ -322,6 +331,14 @@ async def _aggregate_database(node: "RouterNode", req: Request, batch_size: Any)
     body["cursor"] = {"batchSize": BIG_BATCH}
     _, docs = await node.drain(shard, db, body, session=session_fields(req))
     return await node.cursor_reply(ns, docs, req, batch_size)
+
+
+def _read_preference(req: Request) -> Any:
+    """The client's ``$readPreference`` for the shard commands of a read (None: primary);
+    inside a transaction always primary. Bad input: FailedToParse (9), BadValue (2)."""
+    if req.body.get("autocommit") is False:
+        return None
+    return read_preference_of(req)
 
 
 # -- views on sharded collections ---------------------------------------------------------------

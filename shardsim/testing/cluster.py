@@ -41,6 +41,8 @@ from shardsim.testing.replica_sets import (ReplicaSetMembers, connection_string,
                                            new_replica_set)
 
 PROMISE_MODES = ("clock", "mongod")
+#: How often the router's replica-set monitors poll a shard member without streaming (ms).
+RSM_HEARTBEAT_MS = 100
 _KIT_CONN = ConnectionInfo(id=-1, peer="shardsim.testing")
 
 
@@ -219,7 +221,9 @@ class AsyncShardedCluster(ReplicaSetMembers):
         assert self.config is not None
         configdb = self.config.address
         return RouterNode(configdb=configdb, host=self.host, port=port, test_commands=True,
-                          options={"configdb": configdb, "server_version": self.server_version})
+                          options={"configdb": configdb, "server_version": self.server_version,
+                                   # the router's replica-set monitors poll members often
+                                   "rsm_heartbeat_ms": RSM_HEARTBEAT_MS})
 
     def _new_shard_member(self) -> Member:
         from shardsim.shard.node import ShardNode

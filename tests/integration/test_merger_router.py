@@ -188,6 +188,11 @@ class FakeRouter(Node):
             self._pools[name] = Pool(*addr)
         return self._pools[name]
 
+    async def establish_cursor(self, name, db, cmd, *, raw=False, read_preference=None):
+        from shardsim.core.gossip import gossip_command
+        pool = self.pool_for(name)
+        return pool, await gossip_command(self.clock, pool, db, cmd, raw=raw)
+
     def process_name(self):
         return "mongos"
 

@@ -1,0 +1,166 @@
+"""The router's side of replica-set shards on the in-process kit: ``listShards`` and
+``config.shards`` give ``setName/host,...`` as mongos does; addShard takes a seed list and
+checks it against the set's ``hello`` (``ShardingCatalogManager::_validateHostAsShard``); the
+router's monitor of each shard finds the primary again after an error says it moved; read
+preferences select members, FailedToSatisfyReadPreference (133) when none fits within
+``defaultFindReplicaSetHostTimeoutMS``; a shard whose only member is down is waited for."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pymongo
+import pytest
+from pymongo.errors import OperationFailure
+from pymongo.read_preferences import Nearest, PrimaryPreferred, Secondary, SecondaryPreferred
+
+from shardsim.core.errors import MongoError
+from shardsim.testing import AsyncShardedCluster, ShardedCluster
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _router(c: Any) -> Any:
+    return c.cluster.node("router") if hasattr(c, "cluster") else c.node("router")
+
+
+def test_list_shards_and_config_shards_give_the_replica_set_form() -> None:
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        shards = client.admin.command("listShards")["shards"]
+        # a one-member replica-set shard, as mongos lists it: setName/<hello's hosts>
+        assert [(s["_id"], s["host"]) for s in shards] == [
+            (n, f"{n}/{c.shard_address(n)}") for n in c.shard_names]
+        assert [d["host"] for d in client.config.shards.find().sort("_id", 1)] == \
+            [s["host"] for s in shards]
+        for n in c.shard_names:
+            with pymongo.MongoClient(c.shard_address(n), directConnection=True) as d:
+                hello = d.admin.command("hello")
+            assert f"{hello['setName']}/{','.join(hello['hosts'])}" == \
+                next(s["host"] for s in shards if s["_id"] == n)
+        # everything still works through the monitors
+        client.admin.command("shardCollection", "rs.c", key={"_id": "hashed"})
+        client.rs.c.insert_many([{"_id": i} for i in range(50)])
+        assert client.rs.c.count_documents({}) == 50
+        assert sorted(d["_id"] for d in client.rs.c.find()) == list(range(50))
+        assert client.rs.c.distinct("_id", {"_id": {"$lt": 3}}) == [0, 1, 2]
+        assert len(list(client.rs.c.aggregate([{"$match": {"_id": {"$gte": 45}}}]))) == 5
+
+
+def test_add_shard_with_a_seed_list_checks_it_against_hello(shard_process) -> None:
+    extra = shard_process("extra")
+    with ShardedCluster(shards=1) as c:
+        client = c.client()
+        with pytest.raises(OperationFailure) as info:
+            client.admin.command("addShard", f"other/{extra.address}")
+        assert info.value.code == 96
+        assert info.value.details["errmsg"] == (
+            f"the provided connection string (other/{extra.address}) does not match the "
+            "actual set name extra")
+        with pytest.raises(OperationFailure) as info:
+            client.admin.command("addShard", f"extra/{extra.address},127.0.0.1:1")
+        assert info.value.code == 96
+        assert info.value.details["errmsg"].startswith(
+            f"in seed list extra/{extra.address},127.0.0.1:1, host 127.0.0.1:1 does not "
+            "belong to replica set extra; found ")
+        with pytest.raises(OperationFailure) as info:
+            client.admin.command("addShard", "extra/")
+        assert info.value.code == 9
+        with pytest.raises(OperationFailure) as info:
+            client.admin.command("addShard", f"config/{extra.address}")
+        assert info.value.code == 96  # the set is named extra
+        reply = client.admin.command("addShard", f"extra/{extra.address}")
+        assert reply["shardAdded"] == "extra"  # the set's name when none is given
+        # again: the same shard (a retried addShard is a no-op)
+        assert client.admin.command("addShard", f"extra/{extra.address}")["shardAdded"] == "extra"
+        entry = next(s for s in client.admin.command("listShards")["shards"]
+                     if s["_id"] == "extra")
+        assert entry["host"] == f"extra/{extra.address}"
+        client.admin.command("enableSharding", "onextra", primaryShard="extra")
+        client.onextra.c.insert_one({"_id": 1})
+        assert client.onextra.c.find_one() == {"_id": 1}
+        with pymongo.MongoClient(extra.address, directConnection=True) as d:
+            assert d.onextra.c.find_one() == {"_id": 1}
+
+
+def test_the_monitor_finds_the_primary_again_after_errors() -> None:
+    async def main() -> None:
+        async with AsyncShardedCluster(shards=2, seed=3) as c:
+            client: Any = pymongo.AsyncMongoClient(c.uri)
+            try:
+                await client.admin.command("shardCollection", "mon.c", key={"_id": "hashed"})
+                await client.mon.c.insert_many([{"_id": i} for i in range(20)])
+                router = _router(c)
+                mon = router.shards.monitor("shard0")
+                addr = c.shard_address("shard0")
+                assert mon.primary == addr
+                assert router.catalog.shard_address("shard0") == tuple(
+                    [addr.rsplit(":", 1)[0], int(addr.rsplit(":", 1)[1])])
+                mon.update_host_with_status(addr, MongoError(10107, "not primary"))
+                assert mon.primary is None and router.catalog.shard_address("shard0") is not None
+                # the next command waits for the check the mark asked for, then goes on
+                await client.mon.c.insert_many([{"_id": i} for i in range(20, 40)])
+                assert mon.primary == addr
+                mon.update_host_with_status(addr, MongoError(9001, "network error"))
+                assert await client.mon.c.count_documents({}) == 40
+                assert mon.primary == addr
+                # a generation of the catalog that does not change config.shards keeps it
+                await router.catalog.refresh()
+                assert router.shards.monitor("shard0") is mon
+            finally:
+                await client.close()
+    asyncio.run(main())
+
+
+def test_read_preferences_and_133_on_one_member_shards() -> None:
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        client.admin.command("shardCollection", "rp.c", key={"_id": "hashed"})
+        client.rp.c.insert_many([{"_id": i} for i in range(10)])
+        for pref in (PrimaryPreferred(), SecondaryPreferred(), Nearest()):
+            coll = client.rp.get_collection("c", read_preference=pref)
+            assert coll.count_documents({}) == 10
+            assert len(list(coll.find())) == 10
+        assert client.admin.command("getParameter", 1, defaultFindReplicaSetHostTimeoutMS=1)[
+            "defaultFindReplicaSetHostTimeoutMS"] == 15000
+        client.admin.command("setParameter", 1, defaultFindReplicaSetHostTimeoutMS=300)
+        coll = client.rp.get_collection("c", read_preference=Secondary())
+        started = time.monotonic()
+        with pytest.raises(OperationFailure) as info:
+            list(coll.find())
+        assert 0.3 <= time.monotonic() - started < 5
+        assert info.value.code == 133
+        assert 'Could not find host matching read preference { mode: "secondary" } for set ' \
+               'shard' in info.value.details["errmsg"]
+        with pytest.raises(OperationFailure) as info:
+            client.admin.command("setParameter", 1, defaultFindReplicaSetHostTimeoutMS=-1)
+        assert info.value.code == 2
+        with pytest.raises(OperationFailure) as info:
+            client.rp.command("find", "c", **{"$readPreference": {"mode": "bogus"}})
+        assert info.value.code == 9
+
+
+def test_a_change_stream_with_a_read_preference_and_a_killed_shard_waited_for() -> None:
+    with ShardedCluster(shards=2) as c:
+        client = c.client()
+        client.admin.command("shardCollection", "cs.c", key={"_id": "hashed"})
+        coll = client.cs.get_collection("c", read_preference=SecondaryPreferred())
+        with coll.watch() as stream:
+            client.cs.c.insert_many([{"_id": i} for i in range(4)])
+            got = [stream.next()["documentKey"]["_id"] for _ in range(4)]
+        assert sorted(got) == [0, 1, 2, 3]
+        # a shard whose only member is down: commands wait for a primary (up to
+        # defaultFindReplicaSetHostTimeoutMS) and go on once it is back
+        name = c.kill_shard("shard1")
+        time.sleep(0.3)  # the monitor has seen it go (heartbeat 100 ms in the kit)
+        import threading
+        result: list[Any] = []
+        t = threading.Thread(target=lambda: result.append(client.cs.c.count_documents({})))
+        t.start()
+        time.sleep(0.3)
+        assert t.is_alive()  # waiting for shard1's primary
+        c.restart_shard(name)
+        t.join(20)
+        assert result and isinstance(result[0], int)
