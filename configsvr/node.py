@@ -41,6 +41,7 @@ from shardsim.shard.node import ShardNode
 from shardsim.core.auth.session import SYSTEM_USER, AuthSession
 from shardsim.configsvr import keys as cluster_keys
 from shardsim.core.client import Pool, remote_error
+from shardsim.core.replica_set_monitor import ReplicaSetMonitor
 from shardsim.core.commands import ConnectionInfo, Request
 from shardsim.core.errors import MongoError
 
@@ -62,7 +63,7 @@ class ConfigServerNode(ShardNode):
         kw.setdefault("shard_name", CONFIG_SHARD_NAME)
         super().__init__(**kw)
         self.ddl_lock = asyncio.Lock()
-        self.shard_pools: dict[str, Pool] = {}
+        self.shard_pools: dict[str, ReplicaSetMonitor] = {}  # a monitor per shard
         self.balancer = Balancer(self)
         self.reshardings: dict[str, Any] = {}  # ns -> configsvr.resharding.ReshardOp
         # interrupted migrations completed on start-up and after failures; moveChunkHangAtStep*
@@ -83,8 +84,8 @@ class ConfigServerNode(ShardNode):
         """``kill -9``: as a shard (:meth:`ShardNode.crash`), and the pools to the shards
         closed."""
         super().crash()
-        for pool in self.shard_pools.values():
-            pool.close()
+        for monitor in self.shard_pools.values():
+            monitor.close()
 
     async def shutdown(self) -> None:
         """Stop handing out keys, stop as a shard does, then close the pools to the shards."""
@@ -93,8 +94,8 @@ class ConfigServerNode(ShardNode):
         await self.migration_recovery.stop()
         await resharding_recovery.stop(self)
         await super().shutdown()
-        for pool in self.shard_pools.values():
-            pool.close()
+        for monitor in self.shard_pools.values():
+            monitor.close()
         self.shard_pools.clear()
 
     # -- local catalog access (through our own command table, so writes hit the oplog) ----
@@ -141,20 +142,38 @@ class ConfigServerNode(ShardNode):
         """``config.shards`` entries sorted by name."""
         return await self.find_all("shards", sort={"_id": 1})
 
-    async def shard_pool(self, name: str) -> Pool:
-        """A pool to shard ``name``; ShardNotFound (70) if it is not in ``config.shards``."""
-        pool = self.shard_pools.get(name)
-        if pool is None:
+    async def shard_monitor(self, name: str) -> ReplicaSetMonitor:
+        """The replica-set monitor of shard ``name`` (made from its ``config.shards`` host:
+        ``set/h1,h2,...`` or ``host:port``); ShardNotFound (70) if it is not there."""
+        monitor = self.shard_pools.get(name)
+        if monitor is None:
             docs = await self.find_all("shards", {"_id": name})
             if not docs:
                 raise MongoError(70, f"Shard {name} not found")
-            host, port = shard_host(docs[0])
-            pool = self.shard_pools[name] = Pool(host, port)
-        return pool
+            monitor = self.shard_pools[name] = ReplicaSetMonitor(docs[0]["host"])
+        return monitor
+
+    def forget_shard(self, name: str) -> None:
+        """Drop shard ``name``'s monitor and pools (removeShard, a re-added shard)."""
+        monitor = self.shard_pools.pop(name, None)
+        if monitor is not None:
+            monitor.close()
 
     async def on_shard(self, shard: str, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
-        """Run ``cmd`` on shard ``shard`` with our ``$clusterTime``; raises its error reply."""
-        return await gossip_command(self.clock, await self.shard_pool(shard), db, cmd)
+        """Run ``cmd`` on shard ``shard``'s primary with our ``$clusterTime``; raises its error
+        reply. As the ShardRegistry's ``ShardRemote`` does, an error tells the shard's monitor
+        about the member (a new primary is looked for); a "not primary" refusal, which ran
+        nothing, is retried on the primary the monitor finds, up to 3 attempts."""
+        for attempt in range(3):
+            monitor = await self.shard_monitor(shard)
+            host = await monitor.get_host()
+            try:
+                return await gossip_command(self.clock, monitor.pool(host), db, cmd)
+            except MongoError as exc:
+                monitor.update_host_with_status(host, exc)
+                if exc.code not in (10107, 13435, 13436) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def shard_find_all(self, shard: str, db: str, coll: str) -> list[dict[str, Any]]:
         """Every document of ``db.coll`` on shard ``shard``."""

@@ -510,7 +510,7 @@ class ShardNode(Node):
         from shardsim.shard.replication.hook import ReplicationHook
         settings = {k: self.options.get(k) for k in (
             "election_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms",
-            "catch_up_timeout_ms", "priorities", "seed")}
+            "catch_up_timeout_ms", "priorities", "seed", "stall_tolerant")}
         self.topology_version = TopologyVersion()
         self.repl = ReplicationCoordinator(self, self.shard_name, hosts, settings)
         self.options["repl_hosts"] = list(hosts)

@@ -77,10 +77,8 @@ async def add_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         if any(e["_id"] == name for e in existing):
             pool.close()
             raise MongoError(96, f"A shard already exists with the name: '{name}'")
-        old = node.shard_pools.pop(name, None)
-        if old is not None:
-            old.close()
-        node.shard_pools[name] = pool
+        node.forget_shard(name)
+        pool.close()  # the shard's monitor (ConfigServerNode.shard_monitor) makes its own
         entry = {"_id": name, "host": entry_host, "state": 1,
                  "topologyTime": node.clock.now()}
         await node.insert("shards", [entry])
@@ -192,7 +190,5 @@ async def remove_shard(node: ConfigServerNode, req: Request) -> dict[str, Any]:
                                   "jumboChunks": Int64(0)},
                     "note": note, "dbsToMove": dbs, "collectionsToMove": []}
         await node.delete("shards", {"_id": name})
-        pool = node.shard_pools.pop(name, None)
-        if pool:
-            pool.close()
+        node.forget_shard(name)
         return {"msg": "removeshard completed successfully", "state": "completed", "shard": name}

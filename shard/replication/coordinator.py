@@ -108,6 +108,9 @@ class ReplicationCoordinator:
         self._step_up_waiters: list[asyncio.Future] = []
         self._writable = False
         self._stopping = False
+        self.stall_tolerant = bool(settings.get("stall_tolerant"))
+        self._paused_ms = 0
+        self._last_real = 0
         self._applying = False  # the fetcher is appending entries the core counted already
         self.rollback_task: asyncio.Task | None = None
         self.listeners: list[Callable[[], None]] = []  # state changes (committed oplog, kit)
@@ -121,8 +124,20 @@ class ReplicationCoordinator:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def now(self) -> int:
-        """The member's clock for the core: the event loop's monotonic time in ms."""
-        return int(asyncio.get_running_loop().time() * 1000)
+        """The member's clock for the core: the event loop's monotonic time in ms; with
+        ``stall_tolerant`` less the time the loop stood still.
+
+        The timer loop runs at least every heartbeat interval, so a gap of more than two
+        intervals between two readings means the event loop stood still. In the test kit every
+        member of every set shares one loop, so such a stall paused them all alike: it counts
+        as paused time (as a process stopped by the OS sees it, minus one interval), not as
+        seconds of silence from everyone, which would depose a healthy primary."""
+        real = int(asyncio.get_running_loop().time() * 1000)
+        hb = self.config.heartbeat_interval_ms
+        if self.stall_tolerant and self._last_real and real - self._last_real > 2 * hb:
+            self._paused_ms += real - self._last_real - hb
+        self._last_real = real
+        return real - self._paused_ms
 
     def _state_path(self) -> str | None:
         dbpath = self.node.options.get("dbpath")
@@ -173,6 +188,19 @@ class ReplicationCoordinator:
         loop = asyncio.get_running_loop()
         self._loop_task = loop.create_task(self._run())
         self._fetch_task = loop.create_task(self._fetcher())
+        self.after_core()
+        if self.node.options.get("repl_initiate"):
+            self._spawn(self._first_election())
+
+    async def _first_election(self) -> None:
+        """The member that initiated the set stands at once instead of after an election
+        timeout (as the server's ReplSetTest ``initiate`` steps its first node up); if the
+        others are not up yet it loses and the timer decides, as usual."""
+        await asyncio.sleep(self.config.heartbeat_interval_ms / 1000.0)
+        try:
+            self.core.step_up(self.now())
+        except ReplError:
+            pass
         self.after_core()
 
     async def stop(self) -> None:

@@ -68,8 +68,8 @@ class AsyncShardedCluster(ReplicaSetMembers):
     ``shardN/h1,h2,...``; :mod:`shardsim.testing.replica_sets`, whose queries and faults
     ``members_of``, ``primary_of``, ``step_down``, ``kill_primary``, ``restart_member``,
     ``isolate``, ``partition``, ``heal`` this class has); ``repl_options`` (their timing in
-    ms: ``election_timeout_ms`` 500, ``heartbeat_interval_ms`` 100, ``heartbeat_timeout_ms``
-    1000 by default). ``noop_interval_ms`` defaults to 1000, 200 with ``members`` > 1.
+    ms: ``election_timeout_ms`` 1000, ``heartbeat_interval_ms`` 200, ``heartbeat_timeout_ms``
+    2000 by default). ``noop_interval_ms`` defaults to 1000, 200 with ``members`` > 1.
 
     ``uri`` is the router's ``mongodb://host:port/`` once started. Use ``async with`` or
     :meth:`start` / :meth:`stop` (stop always leaves no socket or task of the cluster behind).

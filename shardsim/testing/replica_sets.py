@@ -4,8 +4,10 @@ With ``members=N`` (N > 1) every shard of :class:`shardsim.testing.AsyncShardedC
 replica set of N members, each a :class:`shard.node.ShardNode` on its own loopback port, with its
 own oplog, documents and (when durable) dbpath; the shard is added to the router as
 ``name/host1,host2,...``, as mongos stores a replica-set shard. Election timeouts are the kit's
-(``repl_options``: ``election_timeout_ms`` 500, ``heartbeat_interval_ms`` 100,
-``heartbeat_timeout_ms`` 1000 by default) so that a test sees a new primary within a second.
+(``repl_options``: ``election_timeout_ms`` 1000, ``heartbeat_interval_ms`` 200,
+``heartbeat_timeout_ms`` 2000 by default; ``stall_tolerant``: the members share one event loop,
+so a stall of that loop counts as paused time) so that a test sees a new primary within about
+1.5 s of a kill.
 
 :class:`ReplicaSetMembers` is the part of the cluster that knows them: ``members_of``,
 ``primary_of`` and the faults ``step_down``, ``kill_primary``, ``restart_member``, ``isolate``
@@ -26,8 +28,8 @@ from typing import Any
 from shardsim.core.node import Node
 from shardsim.testing.members import Member, TaskTracker, run_as
 
-KIT_REPL_OPTIONS = {"election_timeout_ms": 500, "heartbeat_interval_ms": 100,
-                    "heartbeat_timeout_ms": 1000}
+KIT_REPL_OPTIONS = {"election_timeout_ms": 1000, "heartbeat_interval_ms": 200,
+                    "heartbeat_timeout_ms": 2000, "stall_tolerant": True}
 
 
 class NoPrimary(RuntimeError):

