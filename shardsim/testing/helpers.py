@@ -73,4 +73,15 @@ def waiting_for(client: Any, ns: str) -> list[str]:
     return list(entries[0]["changeStream"]["waitingFor"]) if entries else []
 
 
-__all__ = ["change_stream_ops", "read_events", "split_over_two_shards", "waiting_for"]
+def wait_until(predicate: Any, timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
+    """Call ``predicate()`` until it is true; AssertionError after ``timeout_s`` seconds (for
+    a new primary, a rollback, a member catching up)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout_s} s: {predicate}")
+        time.sleep(interval_s)
+
+
+__all__ = ["change_stream_ops", "read_events", "split_over_two_shards", "wait_until",
+           "waiting_for"]
