@@ -109,6 +109,8 @@ class ReplicationCoordinator:
         self._writable = False
         self._stopping = False
         self.stall_tolerant = bool(settings.get("stall_tolerant"))
+        self.lag_ms = 0  # the kit's lag fault (ms before a fetched batch is applied)
+        self.fetch_held = False  # the kit's hold_commit_point fault: this member fetches nothing
         self._paused_ms = 0
         self._last_real = 0
         self._applying = False  # the fetcher is appending entries the core counted already
@@ -413,7 +415,7 @@ class ReplicationCoordinator:
         from shardsim.shard.replication import applier
         while not self._stopping:
             core = self.core
-            req = core.fetch_request(self.now())
+            req = None if self.fetch_held else core.fetch_request(self.now())
             self.after_core()
             if req is None:
                 await asyncio.sleep(self.config.heartbeat_interval_ms / 4000.0)
@@ -426,6 +428,9 @@ class ReplicationCoordinator:
             doc = await self.member_command(source, cmd,
                                             timeout_ms=2 * self.config.heartbeat_interval_ms
                                             + 1000)
+            if self.fetch_held:  # held while the fetch was out: what it brought is dropped
+                core.fetch_deadline = None
+                continue
             if doc is None or not doc.get("ok"):
                 core.fetch_deadline = None
                 core.sync_source = None if doc is not None else core.sync_source
@@ -436,6 +441,8 @@ class ReplicationCoordinator:
             except (KeyError, ValueError, TypeError):
                 core.fetch_deadline = None
                 continue
+            if self.lag_ms:  # the kit's lag fault: this secondary applies late
+                await asyncio.sleep(self.lag_ms / 1000.0)
             entries = core.on_fetch_reply(reply, self.now())
             if entries:
                 self._applying = True
@@ -630,9 +637,11 @@ class ReplicationCoordinator:
         self._cut |= set(mids)
 
     def heal(self) -> None:
-        """Restore every link."""
+        """Restore every link; end the lag and hold faults."""
         self.isolated = False
         self._cut.clear()
+        self.lag_ms = 0
+        self.fetch_held = False
         self._wake.set()
 
 

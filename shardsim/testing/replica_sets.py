@@ -197,8 +197,33 @@ class ReplicaSetMembers:
                 x.node.repl.cut({x.node.repl.config.members[
                     [m.host for m in x.node.repl.config.members].index(y.address)].id})
 
+    async def freeze(self, host: str, secs: int) -> None:
+        """``replSetFreeze: secs`` on the member at ``host``: it does not stand for election
+        for ``secs`` seconds (0 unfreezes); NotSecondary 95 on a primary."""
+        member = self._member_at(host)
+        await run_as(member.name, self.command, member.name,  # type: ignore[attr-defined]
+                     {"replSetFreeze": secs})
+
+    async def lag(self, host: str, ms: float) -> None:
+        """The secondary at ``host`` applies every fetched batch ``ms`` milliseconds late (0
+        or :meth:`heal` ends it): its optimes, and with two lagging members the commit point,
+        fall behind; a stream reading it (``readPreference: secondary``) runs late."""
+        node = self._member_at(host).node
+        if node is not None and node.repl is not None:
+            node.repl.lag_ms = max(0.0, float(ms))
+
+    async def hold_commit_point(self, name: str) -> None:
+        """Hold shard ``name``'s majority commit point where it is: its secondaries stop
+        fetching (until :meth:`heal`), so no new entry reaches a majority; ``w: "majority"``
+        writes wait, and its change streams release nothing newer (the merged stream waits)."""
+        primary = await self.primary_of(name)
+        for m in self.replsets[name]:
+            if m.address != primary and m.node is not None and m.node.repl is not None:
+                m.node.repl.fetch_held = True
+
     async def heal(self) -> None:
-        """Restore every link cut by :meth:`isolate`."""
+        """Restore every link cut by :meth:`isolate` / :meth:`partition`; end :meth:`lag` and
+        :meth:`hold_commit_point`."""
         for members in self.replsets.values():
             for m in members:
                 if m.node is not None and m.node.repl is not None:

@@ -164,6 +164,18 @@ class ShardedCluster:
         """See :meth:`AsyncShardedCluster.heal`."""
         self._call(self.cluster.heal())
 
+    def freeze(self, host: str, secs: int) -> None:
+        """See :meth:`AsyncShardedCluster.freeze`."""
+        self._call(self.cluster.freeze(host, secs))
+
+    def lag(self, host: str, ms: float) -> None:
+        """See :meth:`AsyncShardedCluster.lag`."""
+        self._call(self.cluster.lag(host, ms))
+
+    def hold_commit_point(self, name: str) -> None:
+        """See :meth:`AsyncShardedCluster.hold_commit_point`."""
+        self._call(self.cluster.hold_commit_point(name))
+
     def member_node(self, host: str) -> Any:
         """The node of the shard member at ``host`` (to check its own data after a fault)."""
         return self.cluster._member_at(host).node
@@ -297,6 +309,15 @@ class ReplicaSet:
 
     def heal(self) -> None:
         self._call(self.rs.heal())
+
+    def freeze(self, host: str, secs: int) -> None:
+        self._call(self.rs.freeze(host, secs))
+
+    def lag(self, host: str, ms: float) -> None:
+        self._call(self.rs.lag(host, ms))
+
+    def hold_commit_point(self) -> None:
+        self._call(self.rs.hold_commit_point(self.rs.name))
 
     def node(self, host: str) -> Any:
         """The member's node (read its storage and oplog directly after a fault)."""

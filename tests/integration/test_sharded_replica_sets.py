@@ -101,3 +101,42 @@ def test_a_stream_on_secondaries_sees_every_event_in_order(cluster: ShardedClust
         sorted(e["fullDocument"]["n"] for e in events[:20]) == list(range(20))
     assert events[-1]["operationType"] == "update"
     assert events[-1]["fullDocument"] == {"_id": 1, "n": 100}
+
+
+def test_a_secondary_stream_with_a_lagging_secondary_and_a_stepdown_misses_nothing(
+        cluster: ShardedCluster) -> None:
+    client = cluster.client()
+    coll = client.get_database("lagged", write_concern=MAJORITY).c
+    split_over_two_shards(client, "lagged.c")
+    for shard in cluster.shard_names:
+        primary = cluster.primary_of(shard)
+        cluster.lag(next(h for h in cluster.members_of(shard) if h != primary), 150)
+    on_secondaries = client.get_database(
+        "lagged", read_preference=pymongo.ReadPreference.SECONDARY).c
+    with on_secondaries.watch(max_await_time_ms=200) as stream:
+        for i in range(30):
+            coll.insert_one({"_id": i, "x": i if i % 2 else -i - 1})
+            if i == 15:
+                cluster.step_down("shard0")
+        got = [stream.next()["documentKey"]["_id"] for _ in range(30)]
+    cluster.heal()
+    assert sorted(got) == list(range(30))
+    for parity in (0, 1):  # each shard's events in the order of its writes
+        assert [g for g in got if g % 2 == parity] == [i for i in range(30) if i % 2 == parity]
+
+
+def test_a_held_commit_point_holds_majority_writes_and_the_stream(
+        cluster: ShardedCluster) -> None:
+    client = cluster.client()
+    coll = client.get_database("held").c
+    client.held.command({"insert": "c", "documents": [{"_id": 0}],
+                         "writeConcern": {"w": "majority"}})
+    shard = client.config.databases.find_one({"_id": "held"})["primary"]
+    with coll.watch(max_await_time_ms=100) as stream:
+        cluster.hold_commit_point(shard)
+        reply = client.held.command({"insert": "c", "documents": [{"_id": 1}],
+                                     "writeConcern": {"w": "majority", "wtimeout": 300}})
+        assert reply["n"] == 1 and reply["writeConcernError"]["code"] == 64
+        assert stream.try_next() is None  # the write is not majority-committed: no event
+        cluster.heal()
+        assert stream.next()["documentKey"] == {"_id": 1}

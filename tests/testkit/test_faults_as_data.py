@@ -14,7 +14,8 @@ from shardsim.tools import fault_cli
 NOT_FAULTS = {"start", "stop", "command", "client", "shard_address", "node",
               # replica-set shards (shardsim/testing/replica_sets.py): queries and their faults
               "members_of", "primary_of", "member_node", "step_down", "kill_primary",
-              "restart_member", "isolate", "partition", "heal"}
+              "restart_member", "isolate", "partition", "heal", "freeze", "lag",
+              "hold_commit_point"}
 DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "testing.md")
 
 
