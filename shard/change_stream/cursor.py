@@ -180,6 +180,8 @@ async def advance_cluster_time(node: Any, req: Any) -> dict[str, Any]:
     """
     request = AdvanceClusterTime.parse(req.body)
     node.clock.advance(request.ts)
+    if node.repl is not None:  # a replica-set primary may write a no-op past T (see there)
+        node.repl.promise_noop(ts_key(request.ts))
     want = request.promises is True
     promises = node.cs_promise_waiters.request(ts_key(request.ts), want)
     return {"promises": promises} if want else {}

@@ -55,6 +55,7 @@ from shardsim.core.repl.votes import LastVote
 log = logging.getLogger("shardsim.shard.replication")
 
 STATE_FILE = "replset.state.bson"
+PROMISE_NOOP = {"msg": "promise"}  # shardsim's no-op for a promise request (promise_noop)
 # How long a member command may take before the link counts as down (ms of the config's
 # heartbeat interval: the server's heartbeat times out after heartbeatTimeoutSecs).
 FETCH_BATCH = 500
@@ -109,6 +110,8 @@ class ReplicationCoordinator:
         self._writable = False
         self._stopping = False
         self.stall_tolerant = bool(settings.get("stall_tolerant"))
+        # clock promise mode asked for: promise requests write a no-op (promise_noop)
+        self.promise_noops = str(node.options.get("promise_mode") or "clock") == "clock"
         self.lag_ms = 0  # the kit's lag fault (ms before a fetched batch is applied)
         self.fetch_held = False  # the kit's hold_commit_point fault: this member fetches nothing
         self._paused_ms = 0
@@ -266,6 +269,16 @@ class ReplicationCoordinator:
     def _wake_fetchers(self) -> None:
         for ev in self._fetch_waiters:
             ev.set()
+
+    def promise_noop(self, key: int) -> None:
+        """A promise past time key ``key`` was asked of this member's change streams
+        (``_shardsimAdvanceClusterTime``). Their promise cannot pass the commit point, so on a
+        writable primary whose newest entry is not past ``key`` write a no-op now (its ``ts``
+        is past the request's, which moved the clock): it commits within a replication round
+        trip and lets the idle shard's streams promise past ``key``, instead of waiting for the
+        periodic no-op (mongod's behaviour, kept with ``--promise-mode mongod``)."""
+        if self.promise_noops and self.writable and self.node.oplog.latest_key < key:
+            self.node.write_noop(dict(PROMISE_NOOP))
 
     # -- the timer loop and effects --------------------------------------------------------------
     def after_core(self) -> None:
