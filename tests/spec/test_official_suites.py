@@ -78,3 +78,19 @@ def test_auth_suites_with_authentication() -> None:
     reasons = tuple(r for r in SKIP_REASONS if r != "needs authentication enabled")
     _check(_run(2, AUTH_SUITES, auth=("root", "root")),
            reasons + ("needs authentication disabled", "skipReason: "))
+
+
+REPLICA_SET_SUITES = [s for s in ("change-streams", "retryable-writes", "transactions")
+                      if s in suite_names(("all",))]
+
+
+@pytest.mark.timeout(600)
+def test_suites_on_three_member_shards() -> None:
+    """Issue 25: the change-stream, retryable-writes and transactions suites on 2 shards of 3
+    members each (in process), with two routers: as green as on one-member shards."""
+    from shardsim.testing import ShardedCluster
+    with ShardedCluster(shards=2, members=3, routers=2, seed=25) as cluster:
+        uri = "mongodb://" + ",".join(u.split("//")[1].rstrip("/") for u in cluster.uris) + "/"
+        with Runner(uri) as runner:
+            assert runner.info.topology == "sharded"
+            _check({s: runner.run_paths([suite_dir(s)]) for s in REPLICA_SET_SUITES})
