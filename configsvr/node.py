@@ -41,7 +41,7 @@ from shardsim.shard.node import ShardNode
 from shardsim.core.auth.session import SYSTEM_USER, AuthSession
 from shardsim.configsvr import keys as cluster_keys
 from shardsim.core.client import Pool, remote_error
-from shardsim.core.replica_set_monitor import ReplicaSetMonitor
+from shardsim.core.shard_targets import ShardTargets
 from shardsim.core.commands import ConnectionInfo, Request
 from shardsim.core.errors import MongoError
 
@@ -63,7 +63,8 @@ class ConfigServerNode(ShardNode):
         kw.setdefault("shard_name", CONFIG_SHARD_NAME)
         super().__init__(**kw)
         self.ddl_lock = asyncio.Lock()
-        self.shard_pools: dict[str, ReplicaSetMonitor] = {}  # a monitor per shard
+        self.shard_pools: dict[str, str] = {}  # shard name -> its connection string
+        self.shard_targets = ShardTargets()  # a replica-set monitor per shard
         self.balancer = Balancer(self)
         self.reshardings: dict[str, Any] = {}  # ns -> configsvr.resharding.ReshardOp
         # interrupted migrations completed on start-up and after failures; moveChunkHangAtStep*
@@ -84,8 +85,7 @@ class ConfigServerNode(ShardNode):
         """``kill -9``: as a shard (:meth:`ShardNode.crash`), and the pools to the shards
         closed."""
         super().crash()
-        for monitor in self.shard_pools.values():
-            monitor.close()
+        self.shard_targets.close()
 
     async def shutdown(self) -> None:
         """Stop handing out keys, stop as a shard does, then close the pools to the shards."""
@@ -94,8 +94,7 @@ class ConfigServerNode(ShardNode):
         await self.migration_recovery.stop()
         await resharding_recovery.stop(self)
         await super().shutdown()
-        for monitor in self.shard_pools.values():
-            monitor.close()
+        self.shard_targets.close()
         self.shard_pools.clear()
 
     # -- local catalog access (through our own command table, so writes hit the oplog) ----
@@ -142,38 +141,27 @@ class ConfigServerNode(ShardNode):
         """``config.shards`` entries sorted by name."""
         return await self.find_all("shards", sort={"_id": 1})
 
-    async def shard_monitor(self, name: str) -> ReplicaSetMonitor:
-        """The replica-set monitor of shard ``name`` (made from its ``config.shards`` host:
-        ``set/h1,h2,...`` or ``host:port``); ShardNotFound (70) if it is not there."""
-        monitor = self.shard_pools.get(name)
-        if monitor is None:
+    async def shard_connection_string(self, name: str) -> str:
+        """Shard ``name``'s ``config.shards`` host (``set/h1,h2,...`` or ``host:port``);
+        ShardNotFound (70) if it is not there."""
+        conn = self.shard_pools.get(name)
+        if conn is None:
             docs = await self.find_all("shards", {"_id": name})
             if not docs:
                 raise MongoError(70, f"Shard {name} not found")
-            monitor = self.shard_pools[name] = ReplicaSetMonitor(docs[0]["host"])
-        return monitor
+            conn = self.shard_pools[name] = str(docs[0]["host"])
+        return conn
 
     def forget_shard(self, name: str) -> None:
-        """Drop shard ``name``'s monitor and pools (removeShard, a re-added shard)."""
-        monitor = self.shard_pools.pop(name, None)
-        if monitor is not None:
-            monitor.close()
+        """Forget shard ``name``'s connection string (removeShard, a re-added shard)."""
+        self.shard_pools.pop(name, None)
 
     async def on_shard(self, shard: str, db: str, cmd: dict[str, Any]) -> dict[str, Any]:
         """Run ``cmd`` on shard ``shard``'s primary with our ``$clusterTime``; raises its error
-        reply. As the ShardRegistry's ``ShardRemote`` does, an error tells the shard's monitor
-        about the member (a new primary is looked for); a "not primary" refusal, which ran
-        nothing, is retried on the primary the monitor finds, up to 3 attempts."""
-        for attempt in range(3):
-            monitor = await self.shard_monitor(shard)
-            host = await monitor.get_host()
-            try:
-                return await gossip_command(self.clock, monitor.pool(host), db, cmd)
-            except MongoError as exc:
-                monitor.update_host_with_status(host, exc)
-                if exc.code not in (10107, 13435, 13436) or attempt == 2:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        reply (:class:`shardsim.core.shard_targets.ShardTargets`: the primary found through a
+        replica-set monitor, a "not primary" refusal retried on the new one)."""
+        return await self.shard_targets.command(self.clock, await self.shard_connection_string(shard),
+                                                db, cmd)
 
     async def shard_find_all(self, shard: str, db: str, coll: str) -> list[dict[str, Any]]:
         """Every document of ``db.coll`` on shard ``shard``."""

@@ -39,6 +39,7 @@ from bson.timestamp import Timestamp
 from shardsim.core.client import Pool, parse_address
 from shardsim.core.errors import MongoError
 from shardsim.core.gossip import gossip_command
+from shardsim.core.shard_targets import ShardTargets
 from shardsim.core.shard_key import Chunk, ChunkMap, KeyPattern, compare_keys
 from shardsim.core.values import id_key
 from shardsim.core.protocol.versions import UNSHARDED_EPOCH, unsharded
@@ -186,7 +187,8 @@ class ShardingRuntime:
         self.migrations: dict[str, tuple[str, ModsTracker, Any, tuple[Any, ...], tuple[Any, ...]]] = {}
         self.in_flight: dict[str, int] = {}
         self._idle: dict[str, asyncio.Event] = {}
-        self.hosts: dict[str, tuple[str, int]] = {}  # other shards' addresses
+        self.hosts: dict[str, str] = {}  # other shards' connection strings (set/h1,h2 or h:p)
+        self.targets = ShardTargets()  # their primaries, through replica-set monitors
         self._pools: dict[str, Pool] = {}
         self._refreshing: dict[str, asyncio.Future] = {}
 
@@ -210,7 +212,7 @@ class ShardingRuntime:
                                            pattern.bound_to_key(c["max"]), c["shard"])
                                      for c in doc.get("chunks", []) if "shard" in c])
         for name, host in (doc.get("shards") or {}).items():
-            self.hosts[name] = parse_address(str(host).split("/", 1)[-1].split(",")[0])
+            self.hosts[name] = str(host)
         version = Timestamp(0, 0)
         for c in mine:
             lm = c["lastmod"]
@@ -458,13 +460,10 @@ class ShardingRuntime:
     async def _find_on(self, shard: str, db: str, coll: str, document_key: dict[str, Any]
                        ) -> dict[str, Any] | None:
         """``find`` of ``document_key`` on ``shard`` (None when its address is unknown)."""
-        addr = self.hosts.get(shard)
-        if addr is None:
+        conn = self.hosts.get(shard)
+        if conn is None:
             return None
-        pool = self._pools.get(shard)
-        if pool is None or (pool.host, pool.port) != addr:
-            pool = self._pools[shard] = Pool(*addr)
-        reply = await gossip_command(self.node.clock, pool, db, {
+        reply = await self.targets.command(self.node.clock, conn, db, {
             "find": coll, "filter": document_key, "limit": 1, "singleBatch": True})
         batch = reply["cursor"]["firstBatch"]
         return dict(batch[0]) if batch else None
@@ -474,6 +473,7 @@ class ShardingRuntime:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+        self.targets.close()
 
     # -- transfer mods ------------------------------------------------------------------------
     def on_write(self, ns: str, op: str, o: dict[str, Any], o2: dict[str, Any] | None) -> None:

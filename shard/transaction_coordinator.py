@@ -47,10 +47,9 @@ from typing import TYPE_CHECKING, Any
 from bson import Timestamp
 from bson.int64 import Int64
 
-from shardsim.core.client import Pool, parse_address
+from shardsim.core.shard_targets import ShardTargets
 from shardsim.core.errors import MongoError, code_name
 from shardsim.core.failpoints import FailPoint
-from shardsim.core.gossip import gossip_command
 from shardsim.core.values import id_key
 from shardsim.core.protocol.versions import NETWORK_ERRORS
 from shardsim.shard.sessions import session_key
@@ -71,7 +70,9 @@ class Coordinators:
     def __init__(self, node: "ShardNode") -> None:
         self.node = node
         self._running: dict[tuple[bytes, int], asyncio.Task] = {}
-        self._pools: dict[str, Pool] = {}
+        # participants' primaries, found again after a failover (a participant's ``host`` is
+        # its shard's connection string, set/h1,h2,... for a replica set)
+        self.targets = ShardTargets()
         # mongod's fail points (transaction_coordinator_util.cpp / transaction_coordinator.cpp),
         # configured with configureFailPoint once install_fail_points() ran: the coordination
         # waits while they are set, between the prepares and the persisted decision, and
@@ -125,12 +126,6 @@ class Coordinators:
         return list(coll.docs.values()) if coll is not None else []
 
     # -- talking to participants ---------------------------------------------------------------
-    def _pool(self, host: str) -> Pool:
-        pool = self._pools.get(host)
-        if pool is None:
-            pool = self._pools[host] = Pool(*parse_address(host))
-        return pool
-
     async def _send(self, p: dict[str, Any], cmd: dict[str, Any], *,
                     retry: bool) -> dict[str, Any]:
         host = p["host"]
@@ -139,8 +134,8 @@ class Coordinators:
         delay = 0.05
         while True:
             try:
-                return await gossip_command(self.node.clock, self._pool(host), "admin", cmd,
-                                            timeout=30.0)
+                return await self.targets.command(self.node.clock, host, "admin", cmd,
+                                                  timeout=30.0)
             except MongoError as exc:
                 if not retry or exc.code not in _RETRY_CODES:
                     raise
@@ -289,5 +284,4 @@ class Coordinators:
         """Stop the coordinations and close the pools (shutdown)."""
         for task in list(self._running.values()):
             task.cancel()
-        for pool in self._pools.values():
-            pool.close()
+        self.targets.close()

@@ -60,10 +60,10 @@ async def _commit_each(node: "RouterNode", req: Request, shards: list[str]) -> d
 def _participant_list(node: "RouterNode", shards: list[str]) -> list[dict[str, Any]]:
     out = []
     for s in shards:
-        addr = node.catalog.shard_address(s)
-        if addr is None:
+        conn = node.catalog.shard_connection_string(s)  # set/h1,h2,... for a replica set
+        if conn is None:
             raise MongoError(70, f"Shard {s} not found")
-        out.append({"shardId": s, "host": f"{addr[0]}:{addr[1]}"})
+        out.append({"shardId": s, "host": conn})
     return out
 
 

@@ -140,3 +140,22 @@ def test_a_held_commit_point_holds_majority_writes_and_the_stream(
         assert stream.try_next() is None  # the write is not majority-committed: no event
         cluster.heal()
         assert stream.next()["documentKey"] == {"_id": 1}
+
+
+def test_a_cross_shard_transaction_commits_after_its_participants_failed_over(
+        cluster: ShardedCluster) -> None:
+    client = cluster.client()
+    coll = client.get_database("txn2pc", write_concern=MAJORITY).c
+    split_over_two_shards(client, "txn2pc.c")
+    coll.insert_many([{"_id": -1, "x": -1}, {"_id": 1, "x": 1}])
+    for shard in cluster.shard_names:  # neither member 0 is primary any more
+        if cluster.primary_of(shard) == cluster.members_of(shard)[0]:
+            cluster.step_down(shard)
+    with client.start_session() as s:
+        with s.start_transaction(write_concern=MAJORITY):
+            coll.update_one({"_id": -1}, {"$set": {"t": 1}}, session=s)
+            coll.update_one({"_id": 1}, {"$set": {"t": 1}}, session=s)
+    assert sorted(d["_id"] for d in coll.find({"t": 1})) == [-1, 1]
+    for shard in cluster.shard_names:  # the two-phase commit reached each shard's new primary
+        docs = member_docs(cluster, cluster.primary_of(shard), "txn2pc.c")
+        assert [d.get("t") for d in docs] == [1]
