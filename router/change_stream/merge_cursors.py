@@ -25,13 +25,17 @@ from typing import Any, Iterable
 
 from shardsim.core.cursors import array_header_bytes
 from shardsim.core.errors import MongoError
+from shardsim.core.server_version import NEW_SHARD_OPS
 from shardsim.router.change_stream.async_results_merger import Merger
 from shardsim.router.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
 from shardsim.router.change_stream.handle_topology_change import HandleTopologyChange, NewShard
 from shardsim.router.change_stream.raw_events import Block, Item, Key
 
+# The shards' new-shard event, swallowed by the merge: ``kNewShardDetected`` (6.0, and 7.0 shards
+# under a 6.0 router) or ``migrateChunkToNewShard`` (7.0+), see ``server_version.NEW_SHARD_OPS``.
+_NEW_SHARD_OPS = NEW_SHARD_OPS
 # Operation types :meth:`ChangeStreamMerge.take` leaves to :meth:`ChangeStreamMerge.next`.
-_GENERAL_OPS = frozenset({"invalidate", "kNewShardDetected"})
+_GENERAL_OPS = frozenset({"invalidate"}) | NEW_SHARD_OPS
 
 
 class ChangeStreamMerge:
@@ -140,7 +144,7 @@ class ChangeStreamMerge:
         m = self.merger
         while m.ready():
             item, remote = m.next_ready()
-            if remote.is_config or item.op == "kNewShardDetected":
+            if remote.is_config or item.op in _NEW_SHARD_OPS:
                 # HandleTopologyChange: swallowed; a shard added to config.shards opens a cursor.
                 action = self.topology.process(item, remote.is_config)
                 if action is not None:

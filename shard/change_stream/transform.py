@@ -26,7 +26,7 @@ from bson.timestamp import Timestamp
 from shardsim.core import resume_token as rt
 from shardsim.core.clock import ts_key
 from shardsim.core.change_stream_spec import StreamSpec
-from shardsim.core.server_version import ServerProfile
+from shardsim.core.server_version import ServerProfile, new_shard_op_name
 
 CLASSIC_OPS = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase",
                          "invalidate"})
@@ -222,16 +222,21 @@ def _command_event(entry: dict[str, Any], o: dict[str, Any], db: str) -> tuple[A
     return op_type, db, coll, op_desc, pre, ns_type, state_before, invalidating
 
 
-def _noop_event(o2: dict[str, Any], profile: ServerProfile) -> tuple[str, Any, dict[str, Any], bool] | None:
+def _noop_event(o2: dict[str, Any], profile: ServerProfile,
+                token_version: int = 2) -> tuple[str, Any, dict[str, Any], bool] | None:
     """The event fields of a sharding no-op (``op: "n"``, ``o2`` its payload):
     ``(operationType, operationDescription, fields before _id, topology change?)``, or None
     for a no-op that makes no event (the periodic no-op). Per server-version ``profile``: 6.0
     emits no ``refineCollectionShardKey``/``reshardCollection`` events (feature-flagged then,
     mongodb/specifications PR #1220); before 8.0 ``operationDescription`` has no
-    ``provenance`` (moveCollection/unshardCollection are 8.0 commands)."""
+    ``provenance`` (moveCollection/unshardCollection are 8.0 commands). The new-shard event is
+    ``kNewShardDetected`` in a stream of v1 tokens on 6.0/7.0, else ``migrateChunkToNewShard``
+    (``token_version``; ``getNewShardDetectedOpName``, see
+    :func:`shardsim.core.server_version.new_shard_op_name`)."""
     pre: dict[str, Any] = {}
     if "migrateChunkToNewShard" in o2:
-        return "kNewShardDetected", _except(o2, "migrateChunkToNewShard"), pre, True
+        return (new_shard_op_name(token_version, profile), _except(o2, "migrateChunkToNewShard"), pre,
+                True)
     for name in _NOOP_EVENTS:
         if name in o2:
             if name in _FLAGGED_BEFORE_70 and not profile.refine_reshard_events:
@@ -330,7 +335,7 @@ class Transform:
             if not spec.profile.ns_type:
                 ns_type = None
         elif op == "n":
-            noop = _noop_event(entry.get("o2") or {}, spec.profile)
+            noop = _noop_event(entry.get("o2") or {}, spec.profile, spec.token_version)
             if noop is None:
                 return None
             op_type, op_desc, pre, topology = noop

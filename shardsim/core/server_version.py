@@ -20,7 +20,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["ServerProfile", "PROFILES", "DEFAULT", "get", "names", "click_option"]
+__all__ = ["ServerProfile", "PROFILES", "DEFAULT", "get", "names", "click_option",
+           "NEW_SHARD_OPS", "new_shard_op_name"]
+
+# The internal event a shard emits for an ``o2.migrateChunkToNewShard`` no-op (a chunk moved to a
+# shard that had none of the collection): ``DocumentSourceChangeStream::kNewShardDetectedOpType``,
+# ``"kNewShardDetected"`` up to 6.0 and ``"migrateChunkToNewShard"`` after
+# (``document_source_change_stream.h``). The 6.x/7.0 shards pick the name by the stream's token
+# version (``change_stream_helpers_legacy.cpp`` ``change_stream_legacy::getNewShardDetectedOpName``,
+# "TODO SERVER-66138: This function can be removed after we branch for 7.0"): the new name for
+# the default version 2, ``"kNewShardDetected"`` ("the op name on 6.0 and older versions") for
+# v1 tokens, i.e. for a 6.0 router, which asks for ``$_generateV2ResumeTokens: false``. From 8.0
+# on the shard always uses the new name.
+NEW_SHARD_OPS = frozenset({"kNewShardDetected", "migrateChunkToNewShard"})
+
+
+def new_shard_op_name(token_version: int, profile: "ServerProfile | None" = None) -> str:
+    """The ``operationType`` of the new-shard event a shard of ``profile`` (default 8.0) emits in
+    a stream making ``token_version`` tokens (see :data:`NEW_SHARD_OPS`)."""
+    legacy = profile is not None and profile.version_array[0] < 8
+    return "kNewShardDetected" if legacy and token_version < 2 else "migrateChunkToNewShard"
 
 
 @dataclass(frozen=True, eq=False)  # profiles are singletons: identity equality
@@ -31,8 +50,8 @@ class ServerProfile:
     ``version_array``: ``buildInfo`` (``versionArray`` has four ints). ``max_wire_version``:
     ``hello``. ``fcv``: ``getParameter featureCompatibilityVersion.version``.
     Flags: ``resume_token_version`` (1 on 6.0: ``eventIdentifier`` = documentKey for classic
-    events; 2 after); ``new_shard_op`` (the internal op a shard emits when a chunk moves to a
-    shard with no data: ``kNewShardDetected`` on 6.0, ``migrateChunkToNewShard`` after);
+    events; 2 after; the new-shard event's name follows the token version, see
+    :func:`new_shard_op_name`);
     ``refine_reshard_events`` (refineCollectionShardKey/reshardCollection expanded events
     without their feature flag, 7.0+); ``disambiguated_paths`` (7.0+, ``showExpandedEvents``);
     ``provenance`` (``operationDescription.provenance``, 8.0+); ``commands_80`` (moveCollection,
@@ -53,7 +72,6 @@ class ServerProfile:
     max_wire_version: int
     fcv: str
     resume_token_version: int = 2
-    new_shard_op: str = "migrateChunkToNewShard"
     refine_reshard_events: bool = True
     disambiguated_paths: bool = True
     provenance: bool = True
@@ -76,7 +94,7 @@ class ServerProfile:
 
 PROFILES: dict[str, ServerProfile] = {p.name: p for p in (
     ServerProfile("6.0", "6.0.20", (6, 0, 20, 0), 17, "6.0", resume_token_version=1,
-                  new_shard_op="kNewShardDetected", refine_reshard_events=False,
+                  refine_reshard_events=False,
                   disambiguated_paths=False, provenance=False, commands_80=False, ns_type=False,
                   extra_resumable_codes=frozenset({63}), code_names={63: "StaleShardVersion"}),
     ServerProfile("7.0", "7.0.16", (7, 0, 16, 0), 21, "7.0", provenance=False,
