@@ -153,6 +153,11 @@ async def _commit(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
         control = max(rest, key=lambda d: (d["lastmod"].time, d["lastmod"].inc))
         await node.update("chunks", {"_id": control["_id"]},
                           {"$set": {"lastmod": Timestamp(major, 1)}})
+    before = {d["shard"] for d in chunk_docs}
+    after = {d["shard"] for d in chunk_docs if d["_id"] != doc["_id"]} | {to}
+    if before != after:  # config.placementHistory: the set of owning shards changed
+        from shardsim.configsvr import placement_history
+        await placement_history.record(node, ns, after)
     # The two shards first (their versions changed), then everyone's routing information.
     await push_metadata(node, ns, [donor, to])
     others = [s["_id"] for s in await node.shards() if s["_id"] not in (donor, to)]
@@ -236,6 +241,15 @@ async def _run_phases(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
         if records:
             await node.on_shard(to, "admin", shrq.MergeSessionRecords(1, records).to_command())
         await recovery.pause("moveChunkHangAtStep5")
+        # The v2 change-stream readers' control event, on the donor inside its critical section
+        # (no donor write after it; the recipient's next writes follow the commit):
+        # notifyChangeStreamsOnChunkMigrated / buildMoveChunkOplogEntries.
+        remaining = [d for d in chunk_docs if d["shard"] == donor and d["_id"] != doc["_id"]]
+        await node.on_shard(donor, db, shrq.Noop(
+            {"msg": {"moveChunk": ns}},
+            o2={"moveChunk": ns, "donor": donor, "recipient": to,
+                "allCollectionChunksMigratedFromDonor": not remaining},
+            ns=ns, ui=doc.get("uuid")).to_command())
         await _commit(node, ns, doc, chunk_docs, donor, to)
         await log_change(node, donor, "moveChunk.commit", ns, {
             "min": doc["min"], "max": doc["max"], "from": donor, "to": to,

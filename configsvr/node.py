@@ -33,7 +33,7 @@ from bson import Binary
 from shardsim.configsvr.balancer import Balancer
 from shardsim.configsvr.catalog import shard_host, split_ns
 from shardsim.configsvr.commands import FAMILIES
-from shardsim.configsvr import resharding_recovery
+from shardsim.configsvr import placement_history, resharding_recovery
 from shardsim.configsvr.migration_recovery import MigrationRecovery
 from shardsim.core.gossip import gossip_command
 from shardsim.core.shard_key import KeyPattern
@@ -191,6 +191,7 @@ class ConfigServerNode(ShardNode):
                  "version": {"uuid": Binary(uuid_mod.uuid4().bytes, 4),
                              "timestamp": self.clock.now(), "lastMod": 1}}
         await self.insert("databases", [entry])
+        await placement_history.record(self, db, [primary])
         return entry
 
     async def load_collection(self, ns: str) -> tuple[dict[str, Any], KeyPattern, list[dict[str, Any]]]:

@@ -56,7 +56,9 @@ SORT_KEY_SIZES_FIELD = "$_shardsimEventSizes"
 # a batch holding one is not vouched for.
 ONE_BY_ONE_OP_ELEMENTS = tuple(b"\x02operationType\x00" + (len(op) + 1).to_bytes(4, "little")
                                + op.encode() + b"\x00"
-                               for op in ("invalidate", "kNewShardDetected", "migrateChunkToNewShard"))
+                               for op in ("invalidate", "kNewShardDetected", "migrateChunkToNewShard",
+                                          # the v2 reader's control events
+                                          "moveChunk", "movePrimary", "namespacePlacementChanged"))
 
 
 @dataclass(slots=True)

@@ -63,7 +63,9 @@ class ServerProfile:
     jstests ``change_streams_version_field`` is tagged ``requires_fcv_82``);
     ``ignore_removed_shards`` (``$changeStream.ignoreRemovedShards``, 9.0);
     ``show_commit_timestamp`` (the internal ``showCommitTimestamp`` shows ``commitTimestamp``
-    on events of prepared transactions: 8.2.1+, SERVER-109626; accepted and ignored before).
+    on events of prepared transactions: 8.2.1+, SERVER-109626; accepted and ignored before);
+    ``change_stream_reader_v2`` (the router's v2 reader, precise shard targeting, for
+    ``version: "v2"`` streams: 9.0; router/change_stream/reader_v2.py).
     """
 
     name: str
@@ -81,6 +83,7 @@ class ServerProfile:
     change_stream_version_field: bool = False
     ignore_removed_shards: bool = False
     show_commit_timestamp: bool = False
+    change_stream_reader_v2: bool = False
     # error codes the release labels ResumableChangeStreamError beyond 8.0's, and codeNames it
     # spells differently (6.0: 63 StaleShardVersion, a NeedRetargettingError; OBSOLETE in 7.0)
     extra_resumable_codes: frozenset[int] = frozenset()
@@ -107,7 +110,7 @@ PROFILES: dict[str, ServerProfile] = {p.name: p for p in (
     # 9.0's wire version: 8.3 = 28 and 9.0 follows it (inferred, see docs/versions.md).
     ServerProfile("9.0", "9.0.1", (9, 0, 1, 0), 29, "9.0",
                   change_stream_version_field=True, ignore_removed_shards=True,
-                  show_commit_timestamp=True),
+                  show_commit_timestamp=True, change_stream_reader_v2=True),
 )}
 
 DEFAULT = PROFILES["8.0"]
