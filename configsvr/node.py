@@ -34,6 +34,7 @@ from shardsim.configsvr.balancer import Balancer
 from shardsim.configsvr.catalog import shard_host, split_ns
 from shardsim.configsvr.commands import FAMILIES
 from shardsim.configsvr import placement_history, resharding_recovery
+from shardsim.core import server_version
 from shardsim.configsvr.migration_recovery import MigrationRecovery
 from shardsim.core.gossip import gossip_command
 from shardsim.core.shard_key import KeyPattern
@@ -78,6 +79,14 @@ class ConfigServerNode(ShardNode):
         self.migration_recovery.kick()  # the migrations a restart interrupted
         resharding_recovery.start(self)  # the reshardings a restart interrupted
         self.balancer.start()
+
+    async def on_fcv_change(self, old: str, new: str) -> None:
+        """After ``setFeatureCompatibilityVersion`` (shardsim/core/fcv.py): a downgrade clears
+        ``config.placementHistory`` (the v2 change-stream reader then falls back to v1 for
+        times before the next upgrade, which starts a new history;
+        ``change_stream_db_present_state_event_handler.cpp``)."""
+        if server_version.fcv_key(new) < server_version.fcv_key(old):
+            await placement_history.clear(self)
 
     def crash(self) -> None:
         """``kill -9``: as a shard (:meth:`ShardNode.crash`), and the pools to the shards

@@ -76,6 +76,11 @@ async def _ensure_initialized(node: "ConfigServerNode") -> Timestamp:
         return now
 
 
+async def clear(node: "ConfigServerNode") -> None:
+    """Forget the history (an FCV downgrade): the next record or query starts a new one."""
+    await node.delete(COLL, {})
+
+
 async def record(node: "ConfigServerNode", nss: str, shards: list[str] | set[str]) -> Timestamp:
     """Record that from now on ``nss`` is placed on ``shards`` (``[]``: dropped). Returns the
     document's timestamp (the config server's cluster time after the caller's catalog write)."""

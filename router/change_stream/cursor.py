@@ -186,8 +186,12 @@ class RouterChangeStream:
                                                start_after="startAfter" in spec)
                 self.merge.use_v2_reader(self.topology_v2)
                 return
-            # kSwitchToV1: the shards run the v1 pipeline too (no control events)
-            self.spec = spec = {k: v for k, v in spec.items() if k != "version"}
+        # The v1 reader (also kSwitchToV1): the shards run the v1 pipeline (no control events),
+        # and the reader's options are the router's alone (a shard of an older release in a
+        # mixed cluster does not know them).
+        if "version" in spec or "ignoreRemovedShards" in spec:
+            self.spec = spec = {k: v for k, v in spec.items()
+                                if k not in ("version", "ignoreRemovedShards")}
         shards = [s[0] for s in router.catalog.shards()]
         if not shards:
             raise MongoError(70, "no shards found")

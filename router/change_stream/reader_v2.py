@@ -53,6 +53,7 @@ from shardsim.core.errors import MongoError
 from shardsim.core.gossip import gossip_command
 from shardsim.core.protocol import configsvr as csrq
 from shardsim.core.resume_token import hwm_token, token_key, token_ts_key
+from shardsim.core.server_version import fcv_key
 from shardsim.router.change_stream.handle_topology_change import NewShard
 from shardsim.router.change_stream.raw_events import Item
 
@@ -77,9 +78,11 @@ class Retarget:
 
 
 def wants_v2(router: Any, spec: dict[str, Any], target: Any) -> bool:
-    """Does this stream run the v2 reader? The router's profile has it, the client asked for
-    ``version: "v2"``, and it is a collection stream (``target`` a collection name)."""
+    """Does this stream run the v2 reader? The router's profile has it, the cluster's FCV is 9.0
+    (shardsim/core/fcv.py), the client asked for ``version: "v2"``, and it is a collection stream
+    (``target`` a collection name)."""
     return (getattr(router.profile, "change_stream_reader_v2", False)
+            and fcv_key(router.fcv) >= (9, 0)  # the feature flag follows the FCV
             and spec.get("version") == "v2" and isinstance(target, str))
 
 
