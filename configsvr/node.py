@@ -87,6 +87,12 @@ class ConfigServerNode(ShardNode):
         ``change_stream_db_present_state_event_handler.cpp``)."""
         if server_version.fcv_key(new) < server_version.fcv_key(old):
             await placement_history.clear(self)
+            # tell the v2 readers (the server writes one namespacePlacementChanged with an empty
+            # namespace; shardsim one per database, which every scoped shard scan reads)
+            shards = {s["_id"] for s in await self.shards()}
+            now = self.clock.now()
+            for d in await self.find_all("databases"):
+                await placement_history.notify(self, d["_id"], shards, now)
 
     def crash(self) -> None:
         """``kill -9``: as a shard (:meth:`ShardNode.crash`), and the pools to the shards

@@ -63,7 +63,7 @@ async def _ensure_initialized(node: "ConfigServerNode") -> Timestamp:
         found = await node.find_all(COLL, {"nss": INIT_NSS})
         if found:
             return found[0]["timestamp"]
-        now = node.clock.now()
+        now = node.clock.tick()  # after every time already handed out: earlier is NotAvailable
         docs: list[dict[str, Any]] = []
         for d in await node.find_all("databases"):
             docs.append({"nss": d["_id"], "timestamp": now, "shards": [d["primary"]]})

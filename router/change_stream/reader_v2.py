@@ -1,12 +1,13 @@
 """The 9.0 v2 change-stream reader on the router ("precise shard targeting"): cursors only on the
-shards that own data of the stream's collection, retargeted by control events.
+shards that own data of the stream's collection or database, retargeted by control events.
 
 Selected when the router's profile has the reader (``ServerProfile.change_stream_reader_v2``:
 9.0) and the client asks for ``$changeStream: {version: "v2"}`` (the rollout flag
 ``featureFlagChangeStreamPreciseShardTargeting`` is opt-in here, as on 9.0.2+ where
-SERVER-135099 switched the default back to v1). Only collection streams; a database or cluster
-stream asking for v2 runs the v1 reader (the server has targeters for those too; see
-docs/versions.md).
+SERVER-135099 switched the default back to v1). Collection and database streams
+(``CollectionChangeStreamShardTargeterImpl``, ``DatabaseChangeStreamShardTargeterImpl``); a
+whole-cluster stream asking for v2 runs the v1 reader here (the server's
+``AllDatabasesChangeStreamShardTargeterImpl`` is not modelled).
 
 Mirrors ``src/mongo/s/change_streams/``:
 
@@ -23,7 +24,8 @@ Mirrors ``src/mongo/s/change_streams/``:
 - control events (``ChangeStreamHandleTopologyChangeV2Stage``, the state event handlers): never
   returned. ``moveChunk`` (``CollectionChangeStreamShardTargeterDbPresentStateEventHandler::
   handleMoveChunk``): a cursor on the recipient from ``clusterTime + 1`` if it has none; the
-  donor's closed when ``allCollectionChunksMigratedFromDonor``. ``namespacePlacementChanged`` and
+  donor's closed when ``allCollectionChunksMigratedFromDonor``; on a database stream a placement
+  refresh instead (``DatabaseChangeStreamShardTargeterDbPresentStateEventHandler::handleMoveChunk``). ``namespacePlacementChanged`` and
   ``movePrimary`` (``handlePlacementRefresh``): the placement at ``clusterTime``, cursors opened
   from ``clusterTime + 1`` on the new shards and closed on the others
   (``change_streams::updateActiveShardCursors``); no shards -> the config-server cursor. An
@@ -79,11 +81,16 @@ class Retarget:
 
 def wants_v2(router: Any, spec: dict[str, Any], target: Any) -> bool:
     """Does this stream run the v2 reader? The router's profile has it, the cluster's FCV is 9.0
-    (shardsim/core/fcv.py), the client asked for ``version: "v2"``, and it is a collection stream
-    (``target`` a collection name)."""
+    (shardsim/core/fcv.py), the client asked for ``version: "v2"``, and it is a collection or
+    database stream (a whole-cluster stream runs v1 here)."""
     return (getattr(router.profile, "change_stream_reader_v2", False)
             and fcv_key(router.fcv) >= (9, 0)  # the feature flag follows the FCV
-            and spec.get("version") == "v2" and isinstance(target, str))
+            and spec.get("version") == "v2" and not spec.get("allChangesForCluster"))
+
+
+def placement_nss(stream: Any) -> str:
+    """The namespace whose placement targets the stream: ``db.coll`` or ``db``."""
+    return f"{stream.db}.{stream.target}" if isinstance(stream.target, str) else stream.db
 
 
 async def fetch_placement(router: Any, ns: str, at: Timestamp, *,
@@ -103,12 +110,13 @@ class HandleTopologyChangeV2:
     merger's high-water mark. Same interface as
     :class:`router.change_stream.handle_topology_change.HandleTopologyChange` for the merge."""
 
-    __slots__ = ("targeted", "db_absent", "known_shards")
+    __slots__ = ("targeted", "db_absent", "known_shards", "database")
 
-    def __init__(self, targeted: set[str], db_absent: bool) -> None:
+    def __init__(self, targeted: set[str], db_absent: bool, database: bool = False) -> None:
         self.targeted = set(targeted)
         self.db_absent = db_absent
         self.known_shards = self.targeted  # read by code written for the v1 stage
+        self.database = database  # a database stream: every control event refreshes
 
     def process(self, item: Item, from_config: bool) -> Retarget | None:
         """The action for a control event (or a config-server event) ``item``. Faked or
@@ -125,6 +133,9 @@ class HandleTopologyChangeV2:
             if op == "insert":
                 return Retarget(at + 1, refresh_at=at, close_config=True)
             return None
+        if op == "moveChunk" and self.database:
+            # DatabaseChangeStreamShardTargeterDbPresentStateEventHandler::handleMoveChunk
+            return Retarget(at + 1, refresh_at=at)
         if op == "moveChunk":
             desc = doc.get("operationDescription")
             if not isinstance(desc, dict) or not isinstance(desc.get("recipient"), str) \
@@ -162,9 +173,11 @@ async def establish(stream: Any, spec: dict[str, Any], start: Timestamp) -> bool
     error (the cursors that did open are killed)."""
     router = stream.router
     ignore_removed = bool(spec.get("ignoreRemovedShards", False))
-    status, shards = await fetch_placement(router, stream.ns, start, ignore_removed=ignore_removed)
+    status, shards = await fetch_placement(router, placement_nss(stream), start,
+                                           ignore_removed=ignore_removed)
     if status != "OK":
-        log.info("placement history not available for %s at %s: v1 reader", stream.ns, start)
+        log.info("placement history not available for %s at %s: v1 reader", placement_nss(stream),
+                 start)
         return False
     live = {s[0] for s in router.catalog.shards()}
     for s in shards:
@@ -176,8 +189,8 @@ async def establish(stream: Any, spec: dict[str, Any], start: Timestamp) -> bool
         # also today's owners (from the start: they have no events of the collection before
         # they received it). The server instead opens each segment's cursors at its
         # ``openCursorAt`` (``startChangeStreamSegment``); the events are the same.
-        now_status, now_shards = await fetch_placement(router, stream.ns, router.clock.now(),
-                                                       ignore_removed=True)
+        now_status, now_shards = await fetch_placement(router, placement_nss(stream),
+                                                       router.clock.now(), ignore_removed=True)
         if now_status == "OK":
             shards = sorted(set(shards) | {s for s in now_shards if s in live})
     cmd = stream._shard_command(spec)
@@ -194,7 +207,8 @@ async def establish(stream: Any, spec: dict[str, Any], start: Timestamp) -> bool
             if isinstance(r, Remote):
                 stream._kill_remote(r)
         raise failure
-    stream.topology_v2 = HandleTopologyChangeV2(set(shards), not shards)
+    stream.topology_v2 = HandleTopologyChangeV2(set(shards), not shards,
+                                                database=not isinstance(stream.target, str))
     return True
 
 
@@ -217,7 +231,17 @@ async def apply(stream: Any, act: Retarget) -> None:
     if act.refresh_at is not None:
         ignore_removed = bool(stream.spec.get("ignoreRemovedShards", False))
         at = Timestamp(act.refresh_at >> 32, act.refresh_at & 0xFFFFFFFF)
-        status, shards = await fetch_placement(router, stream.ns, at, ignore_removed=ignore_removed)
+        status, shards = await fetch_placement(router, placement_nss(stream), at,
+                                               ignore_removed=ignore_removed)
+        if status != "OK":
+            # kSwitchToV1 mid-stream (the history was cleared by an FCV downgrade): shardsim ends
+            # the stream with RetryChangeStream (234, resumable); the driver resumes it, with
+            # the v1 reader below FCV 9.0. (The server switches the open stream to v1.)
+            from shardsim.router.change_stream.cursor import _labelled
+            stream.close()
+            raise _labelled(MongoError(234, "change stream reader v2 cannot continue: placement "
+                                            "history not available; resume the stream"),
+                            "getMore", router.profile)
         if status == "OK":
             act.open = [s for s in shards if s not in topo.targeted]
             act.close = [s for s in topo.targeted if s not in shards]

@@ -176,3 +176,25 @@ def test_ignore_removed_shards() -> None:
             evs = _read(s, 3)
             # shard2's events (1, 2) are lost; the other shards' are all there, in order
             assert [e["documentKey"]["_id"] for e in evs] == [-1, -2, 3]
+
+
+def test_v2_database_stream(cluster: ShardedCluster) -> None:
+    db = "v2db_" + uuid.uuid4().hex[:6]
+    ns = f"{db}.s"
+    with pymongo.MongoClient(cluster.uri) as client:
+        admin = client.admin
+        admin.command("enableSharding", db, primaryShard="shard2")
+        admin.command("shardCollection", ns, key={"_id": 1})
+        client[db].u.insert_one({"_id": 0})
+        with client[db].aggregate([{"$changeStream": {"version": "v2"}}], maxAwaitTimeMS=300) as s:
+            def targeted() -> dict[str, int]:
+                return {k: _shard_cursors(cluster, f"{db}.$cmd.aggregate")[k] for k in cluster.shard_names}
+            assert targeted() == {"shard0": 0, "shard1": 0, "shard2": 1}
+            admin.command("split", ns, middle={"_id": 0})
+            admin.command("moveChunk", ns, find={"_id": 5}, to="shard0")
+            client[db].s.insert_many([{"_id": 5}, {"_id": -5}])
+            client[db].u.insert_one({"_id": 1})
+            evs = _read(s, 3)
+            assert sorted((e["ns"]["coll"], e["documentKey"]["_id"]) for e in evs) == \
+                [("s", -5), ("s", 5), ("u", 1)]
+            _until(lambda: targeted() == {"shard0": 1, "shard1": 0, "shard2": 1})

@@ -161,3 +161,18 @@ def test_fcv_downgrade_clears_the_placement_history() -> None:
         # a start before the downgrade: no history for it any more -> the v1 reader
         assert remotes(startAtOperationTime=before) == ["config", "shard0", "shard1", "shard2"]
         assert remotes() == ["shard1"]  # now: the new history answers
+
+
+def test_fcv_downgrade_ends_open_v2_streams_with_a_resumable_error() -> None:
+    with ShardedCluster(2, server_version="9.0") as cluster, \
+            pymongo.MongoClient(cluster.uri) as client:
+        client.admin.command("enableSharding", "dg", primaryShard="shard1")
+        coll = client.dg.c
+        coll.insert_one({"_id": 0})
+        with coll.aggregate([{"$changeStream": {"version": "v2"}}], maxAwaitTimeMS=300) as s:
+            client.admin.command("setFeatureCompatibilityVersion", "8.0", confirm=True)
+            with pytest.raises(pymongo.errors.OperationFailure) as exc:
+                for _ in range(40):
+                    s.try_next()
+            assert exc.value.code == 234
+            assert "ResumableChangeStreamError" in exc.value.details.get("errorLabels", [])
