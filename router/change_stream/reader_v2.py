@@ -4,10 +4,11 @@ shards that own data of the stream's collection or database, retargeted by contr
 Selected when the router's profile has the reader (``ServerProfile.change_stream_reader_v2``:
 9.0) and the client asks for ``$changeStream: {version: "v2"}`` (the rollout flag
 ``featureFlagChangeStreamPreciseShardTargeting`` is opt-in here, as on 9.0.2+ where
-SERVER-135099 switched the default back to v1). Collection and database streams
-(``CollectionChangeStreamShardTargeterImpl``, ``DatabaseChangeStreamShardTargeterImpl``); a
-whole-cluster stream asking for v2 runs the v1 reader here (the server's
-``AllDatabasesChangeStreamShardTargeterImpl`` is not modelled).
+SERVER-135099 switched the default back to v1). Collection, database and whole-cluster streams
+(``CollectionChangeStreamShardTargeterImpl``, ``DatabaseChangeStreamShardTargeterImpl``,
+``AllDatabasesChangeStreamShardTargeterImpl``: the whole cluster's placement, and the
+config-server cursor on ``config.databases`` always open; every control event refreshes the
+placement, ``AllDatabasesShardTargeterStateEventHandler::handleEvent``).
 
 Mirrors ``src/mongo/s/change_streams/``:
 
@@ -82,22 +83,33 @@ class Retarget:
 def wants_v2(router: Any, spec: dict[str, Any], target: Any) -> bool:
     """Does this stream run the v2 reader? The router's profile has it, the cluster's FCV is 9.0
     (shardsim/core/fcv.py), the client asked for ``version: "v2"``, and it is a collection or
-    database stream (a whole-cluster stream runs v1 here)."""
+    database stream or a whole-cluster one."""
     return (getattr(router.profile, "change_stream_reader_v2", False)
             and fcv_key(router.fcv) >= (9, 0)  # the feature flag follows the FCV
-            and spec.get("version") == "v2" and not spec.get("allChangesForCluster"))
+            and spec.get("version") == "v2")
+
+
+def _mode(stream: Any) -> str:
+    if isinstance(stream.target, str):
+        return "collection"
+    return "cluster" if stream.spec.get("allChangesForCluster") else "database"
 
 
 def placement_nss(stream: Any) -> str:
-    """The namespace whose placement targets the stream: ``db.coll`` or ``db``."""
-    return f"{stream.db}.{stream.target}" if isinstance(stream.target, str) else stream.db
+    """The namespace whose placement targets the stream: ``db.coll``, ``db``, or ``""`` (the
+    whole cluster)."""
+    mode = _mode(stream)
+    if mode == "collection":
+        return f"{stream.db}.{stream.target}"
+    return stream.db if mode == "database" else ""
 
 
 async def fetch_placement(router: Any, ns: str, at: Timestamp, *,
                           ignore_removed: bool = False) -> tuple[str, list[str]]:
     """``(status, shards)`` of ``ns`` at ``at`` from the config server
     (``HistoricalPlacementFetcherImpl::fetch``)."""
-    cmd = csrq.GetHistoricalPlacement(ns, at=at, ignoreRemovedShards=ignore_removed).to_command()
+    cmd = csrq.GetHistoricalPlacement(ns, at=at, targetWholeCluster=not ns,
+                                      ignoreRemovedShards=ignore_removed).to_command()
     reply = await gossip_command(router.clock, router.config_pool, "admin", cmd)
     hp = reply.get("historicalPlacement") or {}
     return str(hp.get("status", "NotAvailable")), list(hp.get("shards") or [])
@@ -110,13 +122,13 @@ class HandleTopologyChangeV2:
     merger's high-water mark. Same interface as
     :class:`router.change_stream.handle_topology_change.HandleTopologyChange` for the merge."""
 
-    __slots__ = ("targeted", "db_absent", "known_shards", "database")
+    __slots__ = ("targeted", "db_absent", "known_shards", "mode")
 
-    def __init__(self, targeted: set[str], db_absent: bool, database: bool = False) -> None:
+    def __init__(self, targeted: set[str], db_absent: bool, mode: str = "collection") -> None:
         self.targeted = set(targeted)
-        self.db_absent = db_absent
+        self.db_absent = db_absent  # the config-server cursor is open (always, for "cluster")
         self.known_shards = self.targeted  # read by code written for the v1 stage
-        self.database = database  # a database stream: every control event refreshes
+        self.mode = mode  # "collection" | "database" | "cluster"
 
     def process(self, item: Item, from_config: bool) -> Retarget | None:
         """The action for a control event (or a config-server event) ``item``. Faked or
@@ -131,10 +143,11 @@ class HandleTopologyChangeV2:
         op = doc.get("operationType")
         if from_config:  # DatabaseCreatedControlEvent: an insert into config.databases
             if op == "insert":
-                return Retarget(at + 1, refresh_at=at, close_config=True)
+                return Retarget(at + 1, refresh_at=at, close_config=self.mode != "cluster")
             return None
-        if op == "moveChunk" and self.database:
-            # DatabaseChangeStreamShardTargeterDbPresentStateEventHandler::handleMoveChunk
+        if op == "moveChunk" and self.mode != "collection":
+            # DatabaseChangeStreamShardTargeterDbPresentStateEventHandler::handleMoveChunk,
+            # AllDatabasesShardTargeterStateEventHandler::handleEvent: a placement refresh
             return Retarget(at + 1, refresh_at=at)
         if op == "moveChunk":
             desc = doc.get("operationDescription")
@@ -196,10 +209,10 @@ async def establish(stream: Any, spec: dict[str, Any], start: Timestamp) -> bool
     cmd = stream._shard_command(spec)
     import asyncio
     from shardsim.router.change_stream.async_results_merger import Remote
-    if shards:
-        opens = [stream._open(name, stream.db, cmd) for name in shards]
-    else:
-        opens = [_open_config(stream, start)]
+    mode = _mode(stream)
+    opens = [stream._open(name, stream.db, cmd) for name in shards]
+    if not shards or mode == "cluster":  # a whole-cluster stream always watches new databases
+        opens.append(_open_config(stream, start))
     results = await asyncio.gather(*opens, return_exceptions=True)
     failure = next((r for r in results if isinstance(r, BaseException)), None)
     if failure is not None:
@@ -207,8 +220,8 @@ async def establish(stream: Any, spec: dict[str, Any], start: Timestamp) -> bool
             if isinstance(r, Remote):
                 stream._kill_remote(r)
         raise failure
-    stream.topology_v2 = HandleTopologyChangeV2(set(shards), not shards,
-                                                database=not isinstance(stream.target, str))
+    stream.topology_v2 = HandleTopologyChangeV2(set(shards), not shards or mode == "cluster",
+                                                mode)
     return True
 
 
@@ -245,7 +258,9 @@ async def apply(stream: Any, act: Retarget) -> None:
         if status == "OK":
             act.open = [s for s in shards if s not in topo.targeted]
             act.close = [s for s in topo.targeted if s not in shards]
-            if not shards and not topo.db_absent:
+            if topo.mode == "cluster":
+                pass  # its config-server cursor stays open
+            elif not shards and not topo.db_absent:
                 await _open_config(stream, Timestamp(act.at >> 32, act.at & 0xFFFFFFFF))
                 topo.db_absent = True
             elif shards and topo.db_absent:
@@ -256,7 +271,7 @@ async def apply(stream: Any, act: Retarget) -> None:
                 stream.merger.remove_remote(r)
                 stream._kill_remote(r)
         topo.targeted.discard(name)
-    if act.close_config and topo.db_absent:
+    if act.close_config and topo.db_absent and topo.mode != "cluster":
         for r in list(stream.merger.remotes):
             if r.is_config and not r.closed:
                 stream.merger.remove_remote(r)

@@ -198,3 +198,35 @@ def test_v2_database_stream(cluster: ShardedCluster) -> None:
             assert sorted((e["ns"]["coll"], e["documentKey"]["_id"]) for e in evs) == \
                 [("s", -5), ("s", 5), ("u", 1)]
             _until(lambda: targeted() == {"shard0": 1, "shard1": 0, "shard2": 1})
+
+
+def test_v2_resumes_after_an_event(cluster: ShardedCluster) -> None:
+    db = "v2res_" + uuid.uuid4().hex[:6]
+    with pymongo.MongoClient(cluster.uri) as client:
+        client.admin.command("enableSharding", db, primaryShard="shard0")
+        coll = client[db].c
+        with _open(coll, "v2-res", version="v2") as s:
+            coll.insert_many([{"_id": 1}, {"_id": 2}])
+            first = _read(s, 1)[0]
+        with _open(coll, "v2-res2", version="v2", resumeAfter=first["_id"]) as s2:
+            assert [e["documentKey"] for e in _read(s2, 1)] == [{"_id": 2}]
+            assert _shard_cursors(cluster, f"{db}.c") == {"shard0": 1, "shard1": 0, "shard2": 0}
+
+
+def test_v2_whole_cluster_stream() -> None:
+    with ShardedCluster(3, server_version="9.0") as cluster, \
+            pymongo.MongoClient(cluster.uri) as client:
+        client.admin.command("enableSharding", "wa", primaryShard="shard0")
+        client.wa.c.insert_one({"_id": 0})
+        with client.admin.aggregate([{"$changeStream": {"version": "v2", "allChangesForCluster": True}}],
+                                    maxAwaitTimeMS=300) as s:
+            assert _shard_cursors(cluster, "admin.$cmd.aggregate") == \
+                {"shard0": 1, "shard1": 0, "shard2": 0}
+            client.admin.command("enableSharding", "wb", primaryShard="shard2")  # a new database
+            client.wb.c.insert_one({"_id": 1})
+            client.wa.c.insert_one({"_id": 2})
+            evs = _read(s, 2)
+            assert sorted((e["ns"]["db"], e["documentKey"]["_id"]) for e in evs) == \
+                [("wa", 2), ("wb", 1)]
+            assert _shard_cursors(cluster, "admin.$cmd.aggregate") == \
+                {"shard0": 1, "shard1": 0, "shard2": 1}
