@@ -243,7 +243,7 @@ class ChangeStreamCursor(Cursor):
         spec = self.spec
         if spec.kind == "collection" and spec.reader_version != "v2":
             return {"ns": f"{spec.db}.{spec.coll}"}
-        if spec.kind == "database":
+        if spec.kind != "cluster":
             return {"db": spec.db}
         return {}
 
