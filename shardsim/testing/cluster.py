@@ -198,6 +198,13 @@ class AsyncShardedCluster:
         os.makedirs(path, exist_ok=True)
         return path
 
+    def _current_fcv(self) -> str:
+        """The FCV a (re)started member or a new shard gets: the config server's (what
+        ``setFeatureCompatibilityVersion`` last set; the server persists it in
+        ``admin.system.version`` and addShard hands it to a new shard), else the initial one."""
+        node = self.config.node if self.config is not None else None
+        return str(node.fcv) if node is not None else self.fcv
+
     def _version_of(self, member: str) -> str:
         """The release member ``member`` ("router", "config", "shard<N>") runs."""
         v = self.server_versions
@@ -210,7 +217,7 @@ class AsyncShardedCluster:
         assert self.config is not None
         return ConfigServerNode(host=self.host, port=port, test_commands=True, options={
             "dbpath": self.config.dbpath, "noop_interval_ms": self.noop_interval_ms,
-            "server_version": self._version_of("config"), "fcv": self.fcv})
+            "server_version": self._version_of("config"), "fcv": self._current_fcv()})
 
     def _make_router(self, port: int) -> Node:
         from shardsim.router.node import RouterNode
@@ -218,7 +225,7 @@ class AsyncShardedCluster:
         configdb = self.config.address
         return RouterNode(configdb=configdb, host=self.host, port=port, test_commands=True,
                           options={"configdb": configdb, "server_version": self._version_of("router"),
-                                   "fcv": self.fcv})
+                                   "fcv": self._current_fcv()})
 
     def _new_shard_member(self) -> Member:
         from shardsim.shard.node import ShardNode
@@ -229,7 +236,7 @@ class AsyncShardedCluster:
         def make(port: int) -> Node:
             options = {"dbpath": dbpath, "noop_interval_ms": self.noop_interval_ms,
                        "promise_mode": self.promise_mode, "server_version": self._version_of(name),
-                       "fcv": self.fcv,
+                       "fcv": self._current_fcv(),
                        **self.shard_options}
             return ShardNode(shard_name=name, host=self.host, port=port, test_commands=True,
                              options=options)

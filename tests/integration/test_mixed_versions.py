@@ -176,3 +176,13 @@ def test_fcv_downgrade_ends_open_v2_streams_with_a_resumable_error() -> None:
                     s.try_next()
             assert exc.value.code == 234
             assert "ResumableChangeStreamError" in exc.value.details.get("errorLabels", [])
+
+
+def test_new_and_restarted_members_get_the_current_fcv() -> None:
+    with ShardedCluster(2, server_version="8.0") as cluster, \
+            pymongo.MongoClient(cluster.uri) as client:
+        client.admin.command("setFeatureCompatibilityVersion", "7.0", confirm=True)
+        name = cluster.add_shard()
+        cluster.restart_shard("shard0")
+        fcvs = _fcvs(cluster)
+        assert fcvs["shard0"] == fcvs[name] == "7.0"
