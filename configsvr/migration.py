@@ -44,6 +44,7 @@ from bson import Binary, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from shardsim.configsvr import placement_history
 from shardsim.configsvr.migration_recovery import UNREACHABLE
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern
@@ -236,7 +237,28 @@ async def _run_phases(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
         if records:
             await node.on_shard(to, "admin", shrq.MergeSessionRecords(1, records).to_command())
         await recovery.pause("moveChunkHangAtStep5")
-        await _commit(node, ns, doc, chunk_docs, donor, to)
+        # The v2 change-stream readers' control event, on the donor inside its critical section
+        # (no donor write after it; the recipient's next writes follow the commit):
+        # notifyChangeStreamsOnChunkMigrated / buildMoveChunkOplogEntries.
+        # config.placementHistory first when the set of owning shards changes (its timestamp is
+        # then below the no-op's, so a reader refreshing at the no-op's time sees the new set;
+        # the donor takes no write from here on). Set back if the commit fails.
+        remaining = [d for d in chunk_docs if d["shard"] == donor and d["_id"] != doc["_id"]]
+        before = {d["shard"] for d in chunk_docs}
+        after = {d["shard"] for d in chunk_docs if d["_id"] != doc["_id"]} | {to}
+        if before != after:
+            await placement_history.record(node, ns, after)
+        await node.on_shard(donor, db, shrq.Noop(
+            {"msg": {"moveChunk": ns}},
+            o2={"moveChunk": ns, "donor": donor, "recipient": to,
+                "allCollectionChunksMigratedFromDonor": not remaining},
+            ns=ns, ui=doc.get("uuid")).to_command())
+        try:
+            await _commit(node, ns, doc, chunk_docs, donor, to)
+        except BaseException:
+            if before != after:
+                await placement_history.record(node, ns, before)
+            raise
         await log_change(node, donor, "moveChunk.commit", ns, {
             "min": doc["min"], "max": doc["max"], "from": donor, "to": to,
             "counts": {"cloned": Int64(cloned), "clonedBytes": Int64(0),

@@ -33,7 +33,8 @@ from bson import Binary
 from shardsim.configsvr.balancer import Balancer
 from shardsim.configsvr.catalog import shard_host, split_ns
 from shardsim.configsvr.commands import FAMILIES
-from shardsim.configsvr import resharding_recovery
+from shardsim.configsvr import placement_history, resharding_recovery
+from shardsim.core import server_version
 from shardsim.configsvr.migration_recovery import MigrationRecovery
 from shardsim.core.gossip import gossip_command
 from shardsim.core.shard_key import KeyPattern
@@ -80,6 +81,20 @@ class ConfigServerNode(ShardNode):
         self.migration_recovery.kick()  # the migrations a restart interrupted
         resharding_recovery.start(self)  # the reshardings a restart interrupted
         self.balancer.start()
+
+    async def on_fcv_change(self, old: str, new: str) -> None:
+        """After ``setFeatureCompatibilityVersion`` (shardsim/core/fcv.py): a downgrade clears
+        ``config.placementHistory`` (the v2 change-stream reader then falls back to v1 for
+        times before the next upgrade, which starts a new history;
+        ``change_stream_db_present_state_event_handler.cpp``)."""
+        if server_version.fcv_key(new) < server_version.fcv_key(old):
+            await placement_history.clear(self)
+            # tell the v2 readers (the server writes one namespacePlacementChanged with an empty
+            # namespace; shardsim one per database, which every scoped shard scan reads)
+            shards = {s["_id"] for s in await self.shards()}
+            now = self.clock.now()
+            for d in await self.find_all("databases"):
+                await placement_history.notify(self, d["_id"], shards, now)
 
     def crash(self) -> None:
         """``kill -9``: as a shard (:meth:`ShardNode.crash`), and the pools to the shards
@@ -198,6 +213,7 @@ class ConfigServerNode(ShardNode):
                  "version": {"uuid": Binary(uuid_mod.uuid4().bytes, 4),
                              "timestamp": self.clock.now(), "lastMod": 1}}
         await self.insert("databases", [entry])
+        await placement_history.record(self, db, [primary])
         return entry
 
     async def load_collection(self, ns: str) -> tuple[dict[str, Any], KeyPattern, list[dict[str, Any]]]:

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, ObjectId
 from bson.timestamp import Timestamp
 
-from shardsim.configsvr import migration
+from shardsim.configsvr import migration, placement_history
 from shardsim.configsvr.catalog import chunk_doc
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import Chunk, ChunkMap, KeyPattern, SortKey, hashed_split_points
@@ -356,6 +356,9 @@ async def finish_commit(node: ConfigServerNode, op: ReshardOp) -> None:
     ns = op.ns
     untrack = _untracks(op)
     await _switch_catalog(node, op)
+    committed = await placement_history.record(node, ns, [] if untrack else set(op.recipients))
+    await placement_history.notify(node, ns, set(op.donors) | set(op.recipients) | {op.primary},
+                                   committed, ui=op.old_uuid)
     await node.migration_recovery.pause("reshardingPauseCoordinatorBeforeCompletion")
     await _critical_section(node, op, True, block_reads=True)
     for shard in op.recipients:

@@ -12,6 +12,7 @@ server's internal names (``src/mongo/db/s/config/configsvr_*_command.cpp``):
   ``_configsvrBalancerCollectionStatus``
 * :mod:`.resharding` -- ``_configsvrReshardCollection`` (reshardCollection, moveCollection,
   unshardCollection)
+* :mod:`configsvr.placement_history` -- ``_configsvrGetHistoricalPlacement``
 * :mod:`.metadata` -- ``_configsvrRefineCollectionShardKey``, ``_configsvrCommitChunksMerge``,
   ``_configsvrSetAllowMigrations``, ``_configsvrCheckMetadataConsistency``
 
@@ -22,9 +23,10 @@ the node's catalog access (``find_all``, ``insert``, ``on_shard``, ``ensure_data
 
 from __future__ import annotations
 
+from shardsim.configsvr import placement_history
 from shardsim.configsvr.commands import (balancer, chunks, collections, databases, metadata, resharding,
                                 shards)
 
 # Installed in this order by ConfigServerNode.__init__ (no two define the same command).
 FAMILIES = (shards.commands, databases.commands, collections.commands, chunks.commands,
-            balancer.commands, resharding.commands, metadata.commands)
+            balancer.commands, resharding.commands, metadata.commands, placement_history.commands)

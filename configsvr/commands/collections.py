@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, ObjectId
 from bson.timestamp import Timestamp
 
-from shardsim.configsvr import migration
+from shardsim.configsvr import migration, placement_history
 from shardsim.configsvr.catalog import chunk_doc, initial_chunks, split_ns
 from shardsim.core.shard_key import KeyPattern
 from shardsim.core.errors import view_error
@@ -114,6 +114,8 @@ async def shard_collection(node: ConfigServerNode, req: Request) -> dict[str, An
         await node.on_shard(primary, db, shrq.Noop({"msg": {"shardCollection": ns}}, o2=o2, ns=ns,
                                                    ui=uuid).to_command())
         await migration.push_metadata(node, ns)  # every shard learns the collection's version
+        committed = await placement_history.record(node, ns, {c.shard for c in chunks})
+        await placement_history.notify(node, ns, set(owners), committed, ui=uuid)
         log.info("sharded %s on %s: %d chunks over %s", ns, pattern.pattern, len(chunks), owners)
         return {"collectionsharded": ns}
 
@@ -128,6 +130,7 @@ async def drop_collection_meta(node: ConfigServerNode, req: Request) -> dict[str
         if found:
             await node.delete("chunks", {"uuid": found[0]["uuid"]})
             await node.delete("collections", {"_id": ns})
+            await placement_history.record(node, ns, [])
     return {}
 
 
@@ -147,4 +150,8 @@ async def rename_collection_meta(node: ConfigServerNode, req: Request) -> dict[s
             entry["_id"] = dst
             await node.delete("collections", {"_id": src})
             await node.insert("collections", [entry])
+        if target or found:
+            await placement_history.record(node, dst, await placement_history.collection_owners(node, dst))
+            if found:
+                await placement_history.record(node, src, [])
     return {}

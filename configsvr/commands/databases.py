@@ -9,6 +9,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
+from shardsim.configsvr import placement_history
 from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import shard as shrq
@@ -92,6 +93,8 @@ async def move_primary(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         version["lastMod"] = int(version.get("lastMod", 1)) + 1
         version["timestamp"] = node.clock.now()
         await node.update("databases", {"_id": db}, {"$set": {"primary": to, "version": version}})
+        committed = await placement_history.record(node, db, [to])
+        await placement_history.notify(node, db, {old, to}, committed)
         for name in moved:
             await node.on_shard(old, db, {"drop": name, "fromMigrate": True})
         await _move_views(node, db, views, old, to)
@@ -124,5 +127,7 @@ async def drop_database_meta(node: ConfigServerNode, req: Request) -> dict[str, 
         for entry in await node.find_all("collections", {"_id": {"$regex": f"^{re.escape(db)}\\."}}):
             await node.delete("chunks", {"uuid": entry["uuid"]})
             await node.delete("collections", {"_id": entry["_id"]})
+            await placement_history.record(node, entry["_id"], [])
         await node.delete("databases", {"_id": db})
+        await placement_history.record(node, db, [])
     return {}

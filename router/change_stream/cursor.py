@@ -49,6 +49,7 @@ from shardsim.router.change_stream.async_results_merger import CONFIG_SHARDS_NS,
 from shardsim.core.resume_token import make_high_water_mark, token_ts_key
 from shardsim.router.change_stream.handle_topology_change import NewShard
 from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
+from shardsim.router.change_stream import reader_v2
 from shardsim.router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
                                              split_cursor)
 from shardsim.core.gossip import gossip_command, track_operation_time
@@ -135,6 +136,7 @@ class RouterChangeStream:
         self.originating_command = {k: v for k, v in body.items()
                                     if k not in ("$clusterTime", "lsid", "$readPreference")}
         self.cursor = RouterChangeStreamCursor(self)
+        self.topology_v2: Any = None  # reader_v2.HandleTopologyChangeV2 of a v2 stream
 
     # -- opening -------------------------------------------------------------------------------
     def _v1_tokens(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -176,6 +178,23 @@ class RouterChangeStream:
             await router.catalog.refresh()
         except MongoError as exc:
             log.warning("catalog refresh before opening a change stream failed: %s", exc.errmsg)
+        if reader_v2.wants_v2(router, spec, self.target):  # 9.0 precise shard targeting
+            start = spec.get("startAtOperationTime")
+            if start is None:
+                start = ts_from_key(token_ts_key(token["_data"]) or 0)
+            if await reader_v2.establish(self, spec, start):
+                self.merger.set_initial_high_water_mark()
+                self.promises.streams.add(self)
+                self.merge = ChangeStreamMerge(self.merger, resume_token=token,
+                                               start_after="startAfter" in spec)
+                self.merge.use_v2_reader(self.topology_v2)
+                return
+        # The v1 reader (also kSwitchToV1): the shards run the v1 pipeline (no control events),
+        # and the reader's options are the router's alone (a shard of an older release in a
+        # mixed cluster does not know them).
+        if "version" in spec or "ignoreRemovedShards" in spec:
+            self.spec = spec = {k: v for k, v in spec.items()
+                                if k not in ("version", "ignoreRemovedShards")}
         shards = [s[0] for s in router.catalog.shards()]
         if not shards:
             raise MongoError(70, "no shards found")
@@ -473,6 +492,9 @@ class RouterChangeStreamCursor(Cursor):
                 raise _labelled(exc, command, st.router.profile) from None
             if isinstance(x, NewShard):
                 await st.open_new_shard(x)
+                continue
+            if isinstance(x, reader_v2.Retarget):
+                await reader_v2.apply(st, x)
                 continue
             if isinstance(x, Item):
                 # element header (type, index key, NUL) counts too: the reply must stay legal BSON

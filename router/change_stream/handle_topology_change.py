@@ -6,8 +6,10 @@ On mongos it sits right above ``$mergeCursors``: every event of the ``config.sha
 cursor is swallowed, and an insert (``addShard``) of a shard that has no cursor yet opens one on
 it, from ``resumeAfter: HWM(event clusterTime + 1 tick)``
 (``createUpdatedCommandForNewShard``), before anything later is released. Legacy
-``kNewShardDetected`` events from shards are swallowed too (4.4+ no longer relies on them,
-SERVER-44039). Here the stage only decides; the cursor
+new-shard events from shards are swallowed too (4.4+ no longer relies on them, SERVER-44039):
+``kNewShardDetected`` from 6.0 shards, ``migrateChunkToNewShard`` from 7.0+ ones
+(``isShardConfigEvent`` compares with ``kNewShardDetectedOpType``; shardsim's router swallows
+both names, whatever its profile, see ``server_version.NEW_SHARD_OPS``). Here the stage only decides; the cursor
 (:meth:`router.change_stream.cursor.RouterChangeStream.open_new_shard`) opens the cursor and
 adds the remote to the merger.
 """

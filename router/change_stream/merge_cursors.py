@@ -25,13 +25,19 @@ from typing import Any, Iterable
 
 from shardsim.core.cursors import array_header_bytes
 from shardsim.core.errors import MongoError
+from shardsim.core.server_version import NEW_SHARD_OPS
 from shardsim.router.change_stream.async_results_merger import Merger
 from shardsim.router.change_stream.ensure_resume_token_present import EnsureResumeTokenPresent
 from shardsim.router.change_stream.handle_topology_change import HandleTopologyChange, NewShard
 from shardsim.router.change_stream.raw_events import Block, Item, Key
 
+# The shards' new-shard event, swallowed by the merge: ``kNewShardDetected`` (6.0, and 7.0 shards
+# under a 6.0 router) or ``migrateChunkToNewShard`` (7.0+), see ``server_version.NEW_SHARD_OPS``.
+_NEW_SHARD_OPS = NEW_SHARD_OPS
+# The v2 reader's control events (router/change_stream/reader_v2.py): swallowed, never returned.
+_CONTROL_OPS = frozenset({"moveChunk", "movePrimary", "namespacePlacementChanged"})
 # Operation types :meth:`ChangeStreamMerge.take` leaves to :meth:`ChangeStreamMerge.next`.
-_GENERAL_OPS = frozenset({"invalidate", "kNewShardDetected"})
+_GENERAL_OPS = frozenset({"invalidate"}) | NEW_SHARD_OPS | _CONTROL_OPS
 
 
 class ChangeStreamMerge:
@@ -54,6 +60,19 @@ class ChangeStreamMerge:
         self.last_key: Key | None = None
         self.invalidated = False
         self._stashed: Item | None = None
+        # What the topology stage swallows besides config-cursor events, and whether it is the
+        # v2 reader's (control events then move the HWM by their own rule): use_v2_reader().
+        self._swallowed = _NEW_SHARD_OPS
+        self._v2 = False
+
+    def use_v2_reader(self, stage: Any) -> None:
+        """Make ``stage`` (a :class:`router.change_stream.reader_v2.HandleTopologyChangeV2`) the
+        topology stage: control events are swallowed and handed to it, and the HWM follows
+        their rule (``HandleTopologyChangeV2.fix_hwm``); the new-shard event is not swallowed
+        (a v2 stream has none: a faked one reaches the client, as on the server)."""
+        self.topology = stage
+        self._swallowed = _CONTROL_OPS
+        self._v2 = True
 
     def take(self, limit: int, budget: int | None, count: int, used: int) -> tuple[list[Any], Any, int]:
         """Fast path of :meth:`next` for a catch-up: pop ready plain events (shard events that
@@ -139,10 +158,13 @@ class ChangeStreamMerge:
             return item
         m = self.merger
         while m.ready():
+            hk, ht = m.hwm, m.hwm_token
             item, remote = m.next_ready()
-            if remote.is_config or item.op == "kNewShardDetected":
+            if remote.is_config or item.op in self._swallowed:
                 # HandleTopologyChange: swallowed; a shard added to config.shards opens a cursor.
                 action = self.topology.process(item, remote.is_config)
+                if self._v2:
+                    self.topology.fix_hwm(m, hk, ht, item)
                 if action is not None:
                     return action
                 continue

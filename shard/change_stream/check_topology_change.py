@@ -1,4 +1,6 @@
-"""Stage 7: ``kNewShardDetected`` bypasses the rest of the pipeline
+"""Stage 7: the new-shard event (``migrateChunkToNewShard``; ``kNewShardDetected`` in v1-token
+streams of 6.0/7.0, :func:`shardsim.core.server_version.new_shard_op_name`) bypasses the rest of
+the pipeline
 (``$_internalChangeStreamCheckTopologyChange``,
 ``document_source_change_stream_check_topology_change.cpp``).
 
@@ -32,7 +34,7 @@ class CheckTopologyChange:
     __slots__ = ()
 
     def process(self, ev: Event) -> Event:
-        """``ev`` unchanged; TopologyChangeDetected for ``kNewShardDetected``."""
+        """``ev`` unchanged; TopologyChangeDetected for the new-shard event."""
         if ev.topology:
             raise TopologyChangeDetected(ev)
         return ev

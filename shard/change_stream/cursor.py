@@ -239,11 +239,13 @@ class ChangeStreamCursor(Cursor):
 
     def _scan_scope(self) -> dict[str, str]:
         """The oplog index a scan may use (``Oplog.scoped_batch``): this stream's
-        namespace or database; a cluster-wide stream reads every entry."""
+        namespace or database; a cluster-wide stream reads every entry. (A v2 collection stream
+        reads its database: the database-level ``namespacePlacementChanged`` no-ops concern it,
+        shard/change_stream/control_events.py.)"""
         spec = self.spec
-        if spec.kind == "collection":
+        if spec.kind == "collection" and spec.reader_version != "v2":
             return {"ns": f"{spec.db}.{spec.coll}"}
-        if spec.kind == "database":
+        if spec.kind != "cluster":
             return {"db": spec.db}
         return {}
 
@@ -256,7 +258,7 @@ class ChangeStreamCursor(Cursor):
         spec = self.spec
         if self.promise_mode != "clock" or spec.kind == "cluster":
             return {}
-        if spec.kind == "collection":
+        if spec.kind == "collection" and spec.reader_version != "v2":
             return {"ns": f"{spec.db}.{spec.coll}"}
         return {"db": spec.db}
 

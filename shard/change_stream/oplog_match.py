@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from shardsim.core.change_stream_spec import StreamSpec
+from shardsim.shard.change_stream.control_events import is_control_noop
 
 INTERNAL_DBS = frozenset({"admin", "config", "local"})
 
@@ -80,6 +81,7 @@ def build(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
     needs_merge = spec.needs_merge
     op_ok = crud_predicate(spec)
     view_ok = view_ns_predicate(spec)
+    v2 = spec.reader_version == "v2"
 
     def command_matches(entry: dict[str, Any]) -> bool:
         o = entry.get("o")
@@ -123,6 +125,9 @@ def build(spec: StreamSpec) -> Callable[[dict[str, Any]], bool]:
             o2 = entry.get("o2")
             if not isinstance(o2, dict) or not o2:
                 return False
+            if v2 and is_control_noop(o2):  # control no-ops of the stream's namespace or its db
+                ns = entry.get("ns", "")
+                return ns_ok(ns) or ns == spec.db or spec.kind == "cluster"
             if not ns_ok(entry.get("ns", "")):
                 return False
             if "migrateChunkToNewShard" in o2 or o2.get("type") == "migrateChunkToNewShard":

@@ -26,7 +26,8 @@ from bson.timestamp import Timestamp
 from shardsim.core import resume_token as rt
 from shardsim.core.clock import ts_key
 from shardsim.core.change_stream_spec import StreamSpec
-from shardsim.core.server_version import ServerProfile
+from shardsim.core.server_version import ServerProfile, new_shard_op_name
+from shardsim.shard.change_stream.control_events import control_event
 
 CLASSIC_OPS = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase",
                          "invalidate"})
@@ -222,16 +223,21 @@ def _command_event(entry: dict[str, Any], o: dict[str, Any], db: str) -> tuple[A
     return op_type, db, coll, op_desc, pre, ns_type, state_before, invalidating
 
 
-def _noop_event(o2: dict[str, Any], profile: ServerProfile) -> tuple[str, Any, dict[str, Any], bool] | None:
+def _noop_event(o2: dict[str, Any], profile: ServerProfile,
+                token_version: int = 2) -> tuple[str, Any, dict[str, Any], bool] | None:
     """The event fields of a sharding no-op (``op: "n"``, ``o2`` its payload):
     ``(operationType, operationDescription, fields before _id, topology change?)``, or None
     for a no-op that makes no event (the periodic no-op). Per server-version ``profile``: 6.0
     emits no ``refineCollectionShardKey``/``reshardCollection`` events (feature-flagged then,
     mongodb/specifications PR #1220); before 8.0 ``operationDescription`` has no
-    ``provenance`` (moveCollection/unshardCollection are 8.0 commands)."""
+    ``provenance`` (moveCollection/unshardCollection are 8.0 commands). The new-shard event is
+    ``kNewShardDetected`` in a stream of v1 tokens on 6.0/7.0, else ``migrateChunkToNewShard``
+    (``token_version``; ``getNewShardDetectedOpName``, see
+    :func:`shardsim.core.server_version.new_shard_op_name`)."""
     pre: dict[str, Any] = {}
     if "migrateChunkToNewShard" in o2:
-        return "kNewShardDetected", _except(o2, "migrateChunkToNewShard"), pre, True
+        return (new_shard_op_name(token_version, profile), _except(o2, "migrateChunkToNewShard"), pre,
+                True)
     for name in _NOOP_EVENTS:
         if name in o2:
             if name in _FLAGGED_BEFORE_70 and not profile.refine_reshard_events:
@@ -330,7 +336,14 @@ class Transform:
             if not spec.profile.ns_type:
                 ns_type = None
         elif op == "n":
-            noop = _noop_event(entry.get("o2") or {}, spec.profile)
+            o2 = entry.get("o2") or {}
+            if spec.reader_version == "v2":  # control events (shard/change_stream/control_events)
+                if "migrateChunkToNewShard" in o2:
+                    return None
+                ctl = control_event(o2)
+                if ctl is not None:
+                    return self._control(entry, ctl)
+            noop = _noop_event(o2, spec.profile, spec.token_version)
             if noop is None:
                 return None
             op_type, op_desc, pre, topology = noop
@@ -393,6 +406,28 @@ class Transform:
         return ev
 
     __call__ = process
+
+    def _control(self, entry: dict[str, Any], ctl: tuple[str, Any, Any]) -> Event:
+        """A v2 stream's control event (:mod:`.control_events`): ``_id``, ``operationType``,
+        ``clusterTime``, ``ns``, ``operationDescription`` always (the router reads it); it
+        bypasses the later stages (``topology``)."""
+        op_type, op_desc, ns_override = ctl
+        ts: Timestamp = entry["ts"]
+        ui = entry.get("ui")
+        uuid = bytes(ui) if ui is not None else None
+        db, _, coll = str(entry.get("ns", "")).partition(".")
+        token = rt.encode(rt.event_token_data(ts, uuid, op_type, None, op_desc,
+                                              version=self._version(ts, 0)))
+        doc: dict[str, Any] = {"_id": token, "operationType": op_type, "clusterTime": ts,
+                               "wallTime": entry.get("wall"),
+                               "ns": ns_override if ns_override is not None else _ns_field(db, coll),
+                               "operationDescription": op_desc}
+        ev = Event(doc, token, ts)
+        ev.topology = True
+        ev.ns = f"{db}.{coll}" if coll else db
+        ev.uuid = uuid
+        ev.wall = entry.get("wall")
+        return ev
 
     def _ns_info(self, ns: str) -> tuple[str, str, bool]:
         """``(db, coll, fast)`` for a CRUD entry's namespace; ``fast`` False for the namespaces the

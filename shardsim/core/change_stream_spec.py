@@ -95,6 +95,9 @@ class StreamSpec:
     emit_collection_uuid: bool = False  # collectionUUID (showExpandedEvents; always on 8.2.0)
     emit_disambiguated: bool = False  # updateDescription.disambiguatedPaths (same, 7.0+)
     emit_commit_ts: bool = False  # commitTimestamp (showCommitTimestamp; always on 8.2.0)
+    # "v2": opened by a v2 router (9.0 precise shard targeting): control events, no new-shard
+    # event (shard/change_stream/control_events.py). "v1" otherwise.
+    reader_version: str = "v1"
 
     @property
     def ns(self) -> str:
@@ -165,6 +168,7 @@ def parse(db: str, target: Any, pipeline: list[Any], *, needs_merge: bool = Fals
     if reader is not None and reader not in ("v1", "v2"):
         raise MongoError(2, f"Enumeration value '{reader}' for field '$changeStream.version' is not a "
                             "valid value.")
+    spec.reader_version = reader or "v1"
     fd = raw.get("fullDocument", "default")
     if fd not in FULL_DOCUMENT_MODES:
         raise MongoError(2, f"Enumeration value '{fd}' for field '$changeStream.fullDocument' is not a valid value.")

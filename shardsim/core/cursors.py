@@ -52,9 +52,13 @@ SORT_KEY_LAYOUT_FIELD = "$_shardsimSortKeyLayout"
 # without walking the batch element by element.
 SORT_KEY_SIZES_FIELD = "$_shardsimEventSizes"
 # The operationType elements (as they follow ``_id``) of the events the router's merge handles one
-# by one (``invalidate``, ``kNewShardDetected``): a batch holding one is not vouched for.
+# by one (``invalidate``, the new-shard event ``kNewShardDetected``/``migrateChunkToNewShard``):
+# a batch holding one is not vouched for.
 ONE_BY_ONE_OP_ELEMENTS = tuple(b"\x02operationType\x00" + (len(op) + 1).to_bytes(4, "little")
-                               + op.encode() + b"\x00" for op in ("invalidate", "kNewShardDetected"))
+                               + op.encode() + b"\x00"
+                               for op in ("invalidate", "kNewShardDetected", "migrateChunkToNewShard",
+                                          # the v2 reader's control events
+                                          "moveChunk", "movePrimary", "namespacePlacementChanged"))
 
 
 @dataclass(slots=True)

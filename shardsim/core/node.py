@@ -24,6 +24,7 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 
 from shardsim.core import collation, expressions, server_version, max_time, node_commands, request_checks, search_indexes
+from shardsim.core import fcv
 from shardsim.core.auth import commands as auth_commands
 from shardsim.core.auth.security import Security
 from shardsim.core.clock import HybridLogicalClock
@@ -89,6 +90,9 @@ class Node:
         self.options = dict(options or {})
         # --server-version (shardsim/core/server_version.py); 8.0 when not given
         self.profile = server_version.get(self.options.get("server_version"))
+        # featureCompatibilityVersion (shardsim/core/fcv.py): the test kit gives a mixed cluster
+        # its lowest binary's; setFeatureCompatibilityVersion changes it
+        self.fcv = str(self.options.get("fcv") or self.profile.fcv)
         self.clock = HybridLogicalClock()
         self.cursors = CursorManager()
         self.commands = CommandTable()
@@ -100,7 +104,7 @@ class Node:
         self.started = time.time()
         self.started_mono = time.monotonic()
         self.commands.install(self, node_commands.commands, auth_commands.commands,
-                              search_indexes.commands)
+                              search_indexes.commands, fcv.commands)
         # roles install theirs after; --auth / --keyFile (key: the key file's content)
         self.security = Security(self, enabled=bool(self.options.get("auth")),
                                  key=self.options.get("key"))
@@ -256,10 +260,14 @@ class Node:
         """getParameter's values; roles extend."""
         return {
             "enableTestCommands": self.test_commands,
-            "featureCompatibilityVersion": {"version": self.profile.fcv},
+            "featureCompatibilityVersion": {"version": self.fcv},
             "cursorTimeoutMillis": Int64(self.cursors.timeout_ms),
             "maxBSONDepth": 200,
         }
+
+    async def on_fcv_change(self, old: str, new: str) -> None:
+        """After ``setFeatureCompatibilityVersion`` changed ``self.fcv`` (shardsim/core/fcv.py);
+        roles extend (the config server clears the placement history on a downgrade)."""
 
     def set_parameter(self, name: str, value: Any) -> None:
         """Apply one setParameter value (``cursorTimeoutMillis`` here); roles extend."""

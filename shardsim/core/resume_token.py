@@ -240,7 +240,7 @@ def event_token(cluster_time: Timestamp, uuid: bytes | None, operation_type: str
 
 _CLASSIC_OPS = frozenset({"insert", "update", "replace", "delete", "drop", "rename",
                           "dropDatabase", "invalidate", "reshardBegin", "reshardDoneCatchUp",
-                          "kNewShardDetected"})
+                          "kNewShardDetected", "migrateChunkToNewShard"})
 
 
 def event_token_data(cluster_time: Timestamp, uuid: bytes | None, operation_type: str,

@@ -20,7 +20,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["ServerProfile", "PROFILES", "DEFAULT", "get", "names", "click_option"]
+__all__ = ["ServerProfile", "PROFILES", "DEFAULT", "get", "names", "click_option",
+           "NEW_SHARD_OPS", "new_shard_op_name", "fcv_key", "cluster_fcv"]
+
+# The internal event a shard emits for an ``o2.migrateChunkToNewShard`` no-op (a chunk moved to a
+# shard that had none of the collection): ``DocumentSourceChangeStream::kNewShardDetectedOpType``,
+# ``"kNewShardDetected"`` up to 6.0 and ``"migrateChunkToNewShard"`` after
+# (``document_source_change_stream.h``). The 6.x/7.0 shards pick the name by the stream's token
+# version (``change_stream_helpers_legacy.cpp`` ``change_stream_legacy::getNewShardDetectedOpName``,
+# "TODO SERVER-66138: This function can be removed after we branch for 7.0"): the new name for
+# the default version 2, ``"kNewShardDetected"`` ("the op name on 6.0 and older versions") for
+# v1 tokens, i.e. for a 6.0 router, which asks for ``$_generateV2ResumeTokens: false``. From 8.0
+# on the shard always uses the new name.
+NEW_SHARD_OPS = frozenset({"kNewShardDetected", "migrateChunkToNewShard"})
+
+
+def new_shard_op_name(token_version: int, profile: "ServerProfile | None" = None) -> str:
+    """The ``operationType`` of the new-shard event a shard of ``profile`` (default 8.0) emits in
+    a stream making ``token_version`` tokens (see :data:`NEW_SHARD_OPS`)."""
+    legacy = profile is not None and profile.version_array[0] < 8
+    return "kNewShardDetected" if legacy and token_version < 2 else "migrateChunkToNewShard"
 
 
 @dataclass(frozen=True, eq=False)  # profiles are singletons: identity equality
@@ -31,8 +50,8 @@ class ServerProfile:
     ``version_array``: ``buildInfo`` (``versionArray`` has four ints). ``max_wire_version``:
     ``hello``. ``fcv``: ``getParameter featureCompatibilityVersion.version``.
     Flags: ``resume_token_version`` (1 on 6.0: ``eventIdentifier`` = documentKey for classic
-    events; 2 after); ``new_shard_op`` (the internal op a shard emits when a chunk moves to a
-    shard with no data: ``kNewShardDetected`` on 6.0, ``migrateChunkToNewShard`` after);
+    events; 2 after; the new-shard event's name follows the token version, see
+    :func:`new_shard_op_name`);
     ``refine_reshard_events`` (refineCollectionShardKey/reshardCollection expanded events
     without their feature flag, 7.0+); ``disambiguated_paths`` (7.0+, ``showExpandedEvents``);
     ``provenance`` (``operationDescription.provenance``, 8.0+); ``commands_80`` (moveCollection,
@@ -44,7 +63,11 @@ class ServerProfile:
     jstests ``change_streams_version_field`` is tagged ``requires_fcv_82``);
     ``ignore_removed_shards`` (``$changeStream.ignoreRemovedShards``, 9.0);
     ``show_commit_timestamp`` (the internal ``showCommitTimestamp`` shows ``commitTimestamp``
-    on events of prepared transactions: 8.2.1+, SERVER-109626; accepted and ignored before).
+    on events of prepared transactions: 8.2.1+, SERVER-109626; accepted and ignored before);
+    ``change_stream_reader_v2`` (the router's v2 reader, precise shard targeting, for
+    ``version: "v2"`` streams: 9.0; router/change_stream/reader_v2.py); ``valid_fcvs`` (the
+    featureCompatibilityVersion values the binary can run at, oldest first; the last is
+    ``fcv``).
     """
 
     name: str
@@ -53,7 +76,6 @@ class ServerProfile:
     max_wire_version: int
     fcv: str
     resume_token_version: int = 2
-    new_shard_op: str = "migrateChunkToNewShard"
     refine_reshard_events: bool = True
     disambiguated_paths: bool = True
     provenance: bool = True
@@ -63,6 +85,10 @@ class ServerProfile:
     change_stream_version_field: bool = False
     ignore_removed_shards: bool = False
     show_commit_timestamp: bool = False
+    change_stream_reader_v2: bool = False
+    # the featureCompatibilityVersion values the binary runs at: lastLTS, lastContinuous, latest
+    # (FeatureCompatibilityVersionParser; "expected '6.0' or '6.3' or '7.0'" from a 7.0 binary)
+    valid_fcvs: tuple[str, ...] = ()
     # error codes the release labels ResumableChangeStreamError beyond 8.0's, and codeNames it
     # spells differently (6.0: 63 StaleShardVersion, a NeedRetargettingError; OBSOLETE in 7.0)
     extra_resumable_codes: frozenset[int] = frozenset()
@@ -76,23 +102,46 @@ class ServerProfile:
 
 PROFILES: dict[str, ServerProfile] = {p.name: p for p in (
     ServerProfile("6.0", "6.0.20", (6, 0, 20, 0), 17, "6.0", resume_token_version=1,
-                  new_shard_op="kNewShardDetected", refine_reshard_events=False,
+                  valid_fcvs=("5.0", "5.3", "6.0"),
+                  refine_reshard_events=False,
                   disambiguated_paths=False, provenance=False, commands_80=False, ns_type=False,
                   extra_resumable_codes=frozenset({63}), code_names={63: "StaleShardVersion"}),
     ServerProfile("7.0", "7.0.16", (7, 0, 16, 0), 21, "7.0", provenance=False,
+                  valid_fcvs=("6.0", "6.3", "7.0"),
                   commands_80=False, ns_type=False),
-    ServerProfile("8.0", "8.0.4", (8, 0, 4, 0), 25, "8.0"),
+    ServerProfile("8.0", "8.0.4", (8, 0, 4, 0), 25, "8.0", valid_fcvs=("7.0", "7.3", "8.0")),
     ServerProfile("8.2.0", "8.2.0", (8, 2, 0, 0), 27, "8.2", expanded_fields_always=True,
+                  valid_fcvs=("8.0", "8.2"),
                   change_stream_version_field=True),
     ServerProfile("8.2", "8.2.1", (8, 2, 1, 0), 27, "8.2", change_stream_version_field=True,
+                  valid_fcvs=("8.0", "8.2"),
                   show_commit_timestamp=True),
     # 9.0's wire version: 8.3 = 28 and 9.0 follows it (inferred, see docs/versions.md).
-    ServerProfile("9.0", "9.0.1", (9, 0, 1, 0), 29, "9.0",
+    ServerProfile("9.0", "9.0.1", (9, 0, 1, 0), 29, "9.0", valid_fcvs=("8.0", "8.3", "9.0"),
                   change_stream_version_field=True, ignore_removed_shards=True,
-                  show_commit_timestamp=True),
+                  show_commit_timestamp=True, change_stream_reader_v2=True),
 )}
 
 DEFAULT = PROFILES["8.0"]
+
+
+def fcv_key(fcv: str) -> tuple[int, int]:
+    """``"8.0"`` -> ``(8, 0)``, for comparing featureCompatibilityVersion values."""
+    major, _, minor = str(fcv).partition(".")
+    return int(major), int(minor or 0)
+
+
+def cluster_fcv(profiles: "list[ServerProfile]") -> str:
+    """The featureCompatibilityVersion a cluster of members with these binaries starts at: the
+    lowest binary's (a rolling upgrade replaces binaries first and raises the FCV last, with
+    ``setFeatureCompatibilityVersion``). ValueError when some binary cannot run at it (a binary
+    runs at its lastLTS, lastContinuous or latest FCV only: ``valid_fcvs``)."""
+    fcv = min((p.fcv for p in profiles), key=fcv_key)
+    for p in profiles:
+        if fcv not in p.valid_fcvs:
+            raise ValueError(f"a {p.name} binary cannot run at featureCompatibilityVersion {fcv} "
+                             f"(it runs at {', '.join(p.valid_fcvs)})")
+    return fcv
 
 
 def names() -> list[str]:

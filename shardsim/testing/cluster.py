@@ -63,7 +63,12 @@ class AsyncShardedCluster(ReplicaSetMembers):
     e.g. ``{"oplog_size_mb": 1}``); ``routers`` (int: routers on the same config server, the
     first named ``"router"``, the others ``"router1"``, ...; ``uris`` lists them all);
     ``server_version`` (``"6.0"``, ``"7.0"``, ``"8.0"`` (default), ``"8.2.0"``, ``"8.2"``,
-    ``"9.0"``: the release every member behaves as, :mod:`shardsim.core.server_version`);
+    ``"9.0"``: the release every member behaves as, :mod:`shardsim.core.server_version`; or, for
+    a mixed-version cluster (a rolling upgrade), a dict with a release per role — keys
+    ``"router"``, ``"config"``, ``"shards"`` (every shard) or a shard's name (``"shard1"``), 8.0
+    for those not given. The cluster then starts at the lowest member's featureCompatibilityVersion
+    (ValueError when some binary cannot run at it) and ``setFeatureCompatibilityVersion`` raises
+    it, :mod:`shardsim.core.fcv`);
     ``members`` (int: every shard a replica set of that many members, added as
     ``shardN/h1,h2,...``; :mod:`shardsim.testing.replica_sets`, whose queries and faults
     ``members_of``, ``primary_of``, ``step_down``, ``kill_primary``, ``restart_member``,
@@ -80,10 +85,18 @@ class AsyncShardedCluster(ReplicaSetMembers):
                  noop_interval_ms: int | None = None,
                  host: str = "127.0.0.1", port: int = 0,
                  shard_options: dict[str, Any] | None = None, routers: int = 1,
-                 server_version: str = "8.0", members: int = 1,
+                 server_version: str | dict[str, str] = "8.0", members: int = 1,
                  repl_options: dict[str, Any] | None = None) -> None:
         from shardsim.core import server_version as versions
-        self.server_version = versions.get(server_version).name  # ValueError when unknown
+        if isinstance(server_version, dict):
+            self.server_versions = {k: versions.get(v).name for k, v in server_version.items()}
+        else:
+            name = versions.get(server_version).name  # ValueError when unknown
+            self.server_versions = {"router": name, "config": name, "shards": name}
+        # the router's release: what a client sees (buildInfo, hello)
+        self.server_version = self.server_versions.get("router", "8.0")
+        members = ["router", "config"] + [f"shard{i}" for i in range(max(shards, 0))]
+        self.fcv = versions.cluster_fcv([versions.get(self._version_of(m)) for m in members])
         if promise_mode not in PROMISE_MODES:
             raise ValueError(f"promise_mode must be one of {PROMISE_MODES}, not {promise_mode!r}")
         if shards < 1:
@@ -209,19 +222,34 @@ class AsyncShardedCluster(ReplicaSetMembers):
         os.makedirs(path, exist_ok=True)
         return path
 
+    def _current_fcv(self) -> str:
+        """The FCV a (re)started member or a new shard gets: the config server's (what
+        ``setFeatureCompatibilityVersion`` last set; the server persists it in
+        ``admin.system.version`` and addShard hands it to a new shard), else the initial one."""
+        node = self.config.node if self.config is not None else None
+        return str(node.fcv) if node is not None else self.fcv
+
+    def _version_of(self, member: str) -> str:
+        """The release member ``member`` ("router", "config", "shard<N>") runs."""
+        v = self.server_versions
+        if member in ("router", "config"):
+            return v.get(member, "8.0")
+        return v.get(member, v.get("shards", "8.0"))
+
     def _make_config(self, port: int) -> Node:
         from shardsim.configsvr.node import ConfigServerNode
         assert self.config is not None
         return ConfigServerNode(host=self.host, port=port, test_commands=True, options={
             "dbpath": self.config.dbpath, "noop_interval_ms": self.noop_interval_ms,
-            "server_version": self.server_version})
+            "server_version": self._version_of("config"), "fcv": self._current_fcv()})
 
     def _make_router(self, port: int) -> Node:
         from shardsim.router.node import RouterNode
         assert self.config is not None
         configdb = self.config.address
         return RouterNode(configdb=configdb, host=self.host, port=port, test_commands=True,
-                          options={"configdb": configdb, "server_version": self.server_version,
+                          options={"configdb": configdb, "server_version": self._version_of("router"),
+                                   "fcv": self._current_fcv(),
                                    # the router's replica-set monitors poll members often
                                    "rsm_heartbeat_ms": RSM_HEARTBEAT_MS})
 
@@ -232,7 +260,8 @@ class AsyncShardedCluster(ReplicaSetMembers):
 
         def options(i: int, hosts: list[str]) -> dict[str, Any]:
             opts = {"noop_interval_ms": self.noop_interval_ms, "promise_mode": self.promise_mode,
-                    "server_version": self.server_version, **self.shard_options}
+                    "server_version": self._version_of(name), "fcv": self._current_fcv(),
+                    **self.shard_options}
             if self.num_members > 1:
                 opts.update(member_options(hosts, i, self.repl_options, self.seed))
             return opts

@@ -244,7 +244,7 @@ class Stream:
             self.sim.event_by_data[e.token["_data"]] = e
             batch.append({"_id": e.token, "operationType": e.op, "$sortKey": [e.token]})
         reply: dict[str, Any] = {"nextBatch": batch, "id": 1}
-        if self.sim.vouch and all(e.op not in ("invalidate", "kNewShardDetected") for e in evs):
+        if self.sim.vouch and all(e.op not in ("invalidate", "kNewShardDetected", "migrateChunkToNewShard") for e in evs):
             # as a shard does (shard/change_stream/cursor.py _sort_key_layout)
             encoded = [bson.encode(d) for d in batch]
             reply[SORT_KEY_LAYOUT_FIELD] = True

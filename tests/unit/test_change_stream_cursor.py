@@ -102,7 +102,7 @@ def test_needs_merge_sort_key_and_topology_event_bypasses_user_stages():
         node.write("n", "d.c", {"msg": "m"}, {"migrateChunkToNewShard": "d.c", "fromShardId": "a",
                                                "toShardId": "b"})
         b = await cur.fetch(None, 10, first=False)
-        assert [d["operationType"] for d in b.docs] == ["delete", "kNewShardDetected"]
+        assert [d["operationType"] for d in b.docs] == ["delete", "migrateChunkToNewShard"]
         for d in b.docs:
             assert list(d.keys())[-1] == "$sortKey" and d["$sortKey"] == [d["_id"]]
     run(go())

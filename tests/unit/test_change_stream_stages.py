@@ -153,7 +153,7 @@ def test_transform_ddl_and_sharding_events():
                                                     "operationDescription": {"key": {"a": 1}, "unique": False}}
     nsd = t(entry("n", "d.c", {"msg": "m"}, {"migrateChunkToNewShard": "d.c", "fromShardId": "s0",
                                               "toShardId": "s1"}))
-    assert nsd.doc["operationType"] == "kNewShardDetected" and nsd.topology
+    assert nsd.doc["operationType"] == "migrateChunkToNewShard" and nsd.topology
 
 
 def test_update_description_parser():

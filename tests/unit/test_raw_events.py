@@ -94,7 +94,7 @@ def test_split_count_le_and_pop_keep_every_event_once():
 
 
 @pytest.mark.parametrize("case", ["modified_id", "sortkey_not_last", "invalidate", "new_shard",
-                                  "missing_sortkey", "odd_array_keys", "id_extra_field",
+                                  "new_shard_v2_name", "missing_sortkey", "odd_array_keys", "id_extra_field",
                                   "non_ascii_token"])
 def test_layouts_left_to_the_per_event_path(case):
     evs = [event(100 + i, i) for i in range(5)]
@@ -109,6 +109,8 @@ def test_layouts_left_to_the_per_event_path(case):
                     "$sortKey": [tok]})
     elif case == "new_shard":
         evs[1]["operationType"] = "kNewShardDetected"
+    elif case == "new_shard_v2_name":
+        evs[1]["operationType"] = "migrateChunkToNewShard"
     elif case == "missing_sortkey":
         del evs[4]["$sortKey"]
     elif case in ("id_extra_field", "non_ascii_token"):

@@ -85,6 +85,22 @@ class RenameCollection(InternalRequest):
 
 
 @request
+class GetHistoricalPlacement(InternalRequest):
+    """The shards that owned data of ``nss`` (``"db.coll"``, ``"db"``, or ``""`` with
+    ``targetWholeCluster``) at cluster time ``at``, from ``config.placementHistory``
+    (``configsvr_get_historical_placement_command.cpp``; the v2 change-stream reader's
+    ``HistoricalPlacementFetcherImpl::fetch``). Reply ``{historicalPlacement: {shards: [...],
+    status: "OK" | "NotAvailable" | "FutureClusterTime"[, anyRemovedShardDetected]}}``. Handler:
+    ``configsvr/placement_history.py``."""
+    NAME = "_configsvrGetHistoricalPlacement"
+    nss: str
+    at: Any = None  # Timestamp
+    targetWholeCluster: bool = False
+    checkIfPointInTimeIsInFuture: bool = False
+    ignoreRemovedShards: bool = False
+
+
+@request
 class SplitChunk(InternalRequest):
     """``split``: at ``middle``, or the median of the chunk named by ``find`` / ``bounds``."""
     NAME = "_configsvrSplitChunk"
