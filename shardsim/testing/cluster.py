@@ -95,8 +95,8 @@ class AsyncShardedCluster(ReplicaSetMembers):
             self.server_versions = {"router": name, "config": name, "shards": name}
         # the router's release: what a client sees (buildInfo, hello)
         self.server_version = self.server_versions.get("router", "8.0")
-        members = ["router", "config"] + [f"shard{i}" for i in range(max(shards, 0))]
-        self.fcv = versions.cluster_fcv([versions.get(self._version_of(m)) for m in members])
+        roles = ["router", "config"] + [f"shard{i}" for i in range(max(shards, 0))]
+        self.fcv = versions.cluster_fcv([versions.get(self._version_of(m)) for m in roles])
         if promise_mode not in PROMISE_MODES:
             raise ValueError(f"promise_mode must be one of {PROMISE_MODES}, not {promise_mode!r}")
         if shards < 1:
