@@ -1,0 +1,90 @@
+"""Document effects of CRUD oplog operations on a member (an entry's or an ``applyOps``
+operation's ``i``/``u``/``d``), as ``applyOperation_inlock`` (``src/mongo/db/repl/oplog.cpp``)
+applies them in steady-state replication: the collection is found by ``ui`` and never created
+implicitly; an update or delete of a missing document is an error, not a no-op."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shardsim.core.errors import MongoError
+from shardsim.core.values import id_key
+from shardsim.shard.change_stream.add_post_image import apply_diff
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shardsim.shard.node import ShardNode
+    from shardsim.shard.storage import Collection
+
+
+def short(entry: Any) -> str:
+    """``repr(entry)`` cut to 300 characters (error messages)."""
+    text = repr(entry)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def collection_of(node: "ShardNode", entry: dict[str, Any]) -> "Collection | None":
+    """The collection a CRUD entry (or applyOps operation) names by ``ui``; None for the
+    unreplicated ``local`` database. NamespaceNotFound (26) when it does not exist (the
+    server's "Failed to apply operation due to missing collection", ``oplog.cpp``)."""
+    ui = entry.get("ui")
+    ns = entry.get("ns") or ""
+    if ns.startswith("local."):
+        return None
+    coll = node.storage.by_uuid.get(bytes(ui)) if ui is not None else None
+    if coll is None and ui is None:
+        db, _, name = ns.partition(".")
+        coll = node.storage.get(db, name)
+    if coll is None:
+        raise MongoError(26, f"Failed to apply operation due to missing collection "
+                             f"({ui.hex() if ui is not None else ns}): {short(entry)}")
+    return coll
+
+
+def updated_document(old: dict[str, Any], o: dict[str, Any]) -> dict[str, Any]:
+    """The document after an update entry's ``o``: the ``$v: 2`` diff applied to ``old``, or
+    the replacement (which keeps ``old``'s ``_id`` when it has none)."""
+    if o.get("$v") == 2 and isinstance(o.get("diff"), dict):
+        return apply_diff(old, o["diff"])
+    if "_id" not in o:
+        return {"_id": old["_id"], **o}
+    return o
+
+
+def document_key_of(coll: "Collection", doc_key: dict[str, Any]) -> Any:
+    """The storage key of the document ``doc_key`` (``o2`` of an update, ``o`` of a delete)
+    names; for a time-series collection (where ``_id`` may repeat) the first document with that
+    ``_id`` and the other fields of ``doc_key``; None when there is none."""
+    if "timeseries" not in coll.options:
+        key = id_key(doc_key.get("_id"))
+        return key if key in coll.docs else None
+    for key, doc in coll.docs.items():
+        if all(doc.get(f) == v for f, v in doc_key.items()):
+            return key
+    return None
+
+
+def apply_crud(node: "ShardNode", coll: "Collection", op: str, o: dict[str, Any],
+               o2: dict[str, Any] | None, entry: dict[str, Any]) -> dict[str, Any] | None:
+    """Apply one CRUD operation to ``coll`` (journaled for the durable store, recorded for the
+    snapshot history); returns the document before (None for an insert)."""
+    storage = node.storage
+    if op == "i":
+        key = coll.insert(o)
+        storage.note_doc(coll, key, o)
+        return None
+    if op == "u":
+        key = document_key_of(coll, o2 or {})
+        if key is None:
+            raise MongoError(218, f"Failed to apply update due to missing document: "
+                                  f"{short(entry)}")
+        old = coll.docs[key]
+        new = updated_document(old, o)
+        coll.replace(key, new)
+        storage.note_doc(coll, key, new)
+        return old
+    key = document_key_of(coll, o)
+    if key is None:
+        raise MongoError(47, f"Failed to apply delete due to missing document: {short(entry)}")
+    old = coll.delete(key)
+    storage.note_doc(coll, key, None)
+    return old

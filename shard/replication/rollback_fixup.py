@@ -1,0 +1,254 @@
+"""The rollback's ``FixUpInfo`` and ``syncFixUp`` (``rs_rollback.cpp``): what the entries to
+undo touched, and putting it back to the sync source's version. Used by
+:func:`shard.replication.rollback.undo_entries` (whose docstring describes the keys and the
+order of the steps)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import uuid as uuid_mod
+
+import bson
+
+from shardsim.core.errors import MongoError
+from shardsim.core.node import CODEC
+from shardsim.core.values import id_key
+from shardsim.shard.sessions import session_key
+from shardsim.shard.storage import Collection
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shardsim.shard.node import ShardNode
+
+SESSIONS = b"config.transactions"
+CATALOG = b"$catalog"
+DOCUMENTS = b"$documents"
+
+
+def uuid_string(uuid: bytes) -> str:
+    """A collection UUID as the server prints it (and names its rollback folder)."""
+    return str(uuid_mod.UUID(bytes=bytes(uuid)))
+
+
+class FixUpInfo:
+    """What the undone entries touched (``rs_rollback.h`` ``FixUpInfo``): ``docs`` (refetch
+    key -> (collection UUID, ``_id``)), ``created`` / ``dropped`` / ``metadata`` (collection
+    UUIDs: created after the common point, dropped after it, with index or option changes),
+    ``renames`` (``(uuid, db, name)`` to rename back to, newest first) and ``sessions``
+    (session key -> lsid)."""
+
+    def __init__(self) -> None:
+        self.docs: dict[tuple[bytes, bytes], tuple[bytes, Any]] = {}
+        self.created: set[bytes] = set()
+        self.dropped: set[bytes] = set()
+        self.metadata: set[bytes] = set()
+        self.renames: list[tuple[bytes, str, str]] = []
+        self.sessions: dict[bytes, Any] = {}
+
+    @classmethod
+    def from_entries(cls, node: "ShardNode", undo: list[dict[str, Any]]) -> "FixUpInfo":
+        """The info of ``undo`` (newest first), as ``updateFixUpInfoFromLocalOplogEntry``
+        builds it entry by entry (``applyOps`` operations included)."""
+        info = cls()
+        for entry in undo:
+            lsid = entry.get("lsid")
+            if isinstance(lsid, dict) and entry.get("txnNumber") is not None:
+                sk = session_key(lsid)
+                if sk is not None:
+                    info.sessions[sk] = lsid
+            info._add(entry)
+        return info
+
+    def _add(self, op: dict[str, Any]) -> None:
+        kind = op.get("op")
+        ui = op.get("ui")
+        if kind in ("i", "u", "d") and ui is not None:
+            doc = op.get("o2") if kind == "u" else op.get("o")
+            _id = (doc or {}).get("_id")
+            key = (bytes(ui), bson.encode({"_id": _id}, codec_options=CODEC))
+            self.docs[key] = (bytes(ui), _id)
+            return
+        if kind != "c":
+            return
+        o = op.get("o") or {}
+        name = next(iter(o), None)
+        if name == "applyOps":
+            for sub in o.get("applyOps") or []:
+                self._add(sub)
+        elif name == "create" and ui is not None:
+            self.created.add(bytes(ui))
+        elif name == "drop" and ui is not None:
+            self.dropped.add(bytes(ui))
+        elif name == "renameCollection" and ui is not None:
+            sdb, _, sname = str(o["renameCollection"]).partition(".")
+            self.renames.append((bytes(ui), sdb, sname))
+            target = o.get("dropTarget")
+            if target is not None and not isinstance(target, bool):
+                self.dropped.add(bytes(target))
+        elif name in ("createIndexes", "dropIndexes", "collMod") and ui is not None:
+            self.metadata.add(bytes(ui))
+
+    def keys(self) -> list[tuple[bytes, bytes]]:
+        """The refetch keys, documents of collections that are dropped or restored whole
+        left out."""
+        whole = self.created | self.dropped
+        out = [k for k, (uuid, _) in self.docs.items() if uuid not in whole]
+        out += [(SESSIONS, sk) for sk in self.sessions]
+        out += [(CATALOG, u) for u in sorted((self.dropped | self.metadata) - self.created)]
+        out += [(DOCUMENTS, u) for u in sorted(self.dropped - self.created)]
+        return out
+
+    def check_restorable(self, node: "ShardNode", answers: dict[Any, Any]) -> None:
+        """UnrecoverableRollbackError (127) before anything changes when a dropped collection
+        the source still has cannot come back under its name (another collection, not one
+        this rollback drops or renames away, holds it)."""
+        storage = node.storage
+        leaving = self.created | {u for u, _, _ in self.renames}
+        for uuid in self.dropped - self.created:
+            cat = answers.get((CATALOG, uuid))
+            if cat is None or uuid in storage.by_uuid:
+                continue
+            holder = storage.get(cat["db"], cat["name"])
+            if holder is not None and holder.uuid not in leaving:
+                raise MongoError(127, f"cannot roll back the drop of {cat['db']}.{cat['name']}: "
+                                      f"the name is taken by collection {holder.uuid.hex()}")
+
+
+def fix_up(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any],
+           files: dict[str, list[dict[str, Any]]]) -> None:
+    """``syncFixUp``: put everything ``info`` names back to the source's version (``answers``),
+    saving every removed or overwritten document in ``files`` (collection UUID string ->
+    documents)."""
+    storage = node.storage
+
+    def save(coll: Collection, doc: dict[str, Any]) -> None:
+        files.setdefault(uuid_string(coll.uuid), []).append(doc)
+
+    touched: set[bytes] = set()
+    for sk in info.sessions:  # their prepared documents must be writable again
+        s = node.sessions._sessions.get(sk)
+        if s is not None and s.txn is not None and s.txn.state == "prepared":
+            s.txn.unlock()
+            s.txn.rollback(storage)
+            s.txn.state = "aborted"
+    for uuid in info.created:
+        coll = storage.by_uuid.get(uuid)
+        if coll is not None:
+            for doc in coll.docs.values():
+                save(coll, doc)
+            storage.remove(coll)
+    for uuid, db, name in info.renames:
+        coll = storage.by_uuid.get(uuid)
+        if coll is not None and (coll.db, coll.name) != (db, name):
+            storage.rename(coll, db, name)
+            touched.add(uuid)
+    for uuid in info.dropped - info.created:
+        _restore_dropped(node, uuid, answers)
+        touched.add(uuid)
+    for uuid in info.metadata - info.created:
+        _resync_metadata(node, uuid, answers.get((CATALOG, uuid)))
+        touched.add(uuid)
+    _fix_documents(node, info, answers, save, touched)
+    _fix_sessions(node, info, answers)
+    _drop_history(node, touched)
+
+
+def _restore_dropped(node: "ShardNode", uuid: bytes, answers: dict[Any, Any]) -> None:
+    storage = node.storage
+    cat = answers.get((CATALOG, uuid))
+    docs = answers.get((DOCUMENTS, uuid))
+    if cat is None or uuid in storage.by_uuid:
+        return  # the source dropped it too (its drop replicates), or it is here already
+    coll = Collection(cat["db"], cat["name"], uuid, dict(cat.get("options") or {}),
+                      cat.get("shardKey"))
+    for spec in cat.get("indexes") or []:
+        if spec.get("name") != "_id_" and not spec.get("clustered"):
+            coll.add_index(dict(spec))
+    storage.add(coll)
+    for doc in (docs or {}).get("documents") or []:
+        key = coll.insert(doc)
+        storage.note_doc(coll, key, doc)
+
+
+def _resync_metadata(node: "ShardNode", uuid: bytes, cat: dict[str, Any] | None) -> None:
+    coll = node.storage.by_uuid.get(uuid)
+    if coll is None or cat is None:
+        return
+    coll.options = dict(cat.get("options") or {})
+    coll.capped = bool(coll.options.get("capped"))
+    specs = {s["name"]: s for s in cat.get("indexes") or []}
+    for name in list(coll.indexes):
+        if name != "_id_" and (name not in specs or coll.indexes[name].spec != specs[name]):
+            del coll.indexes[name]
+    for name, spec in specs.items():
+        if name not in coll.indexes and not spec.get("clustered"):
+            coll.add_index(dict(spec))
+    node.storage.note_catalog(coll)
+
+
+def _fix_documents(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any], save: Any,
+                   touched: set[bytes]) -> None:
+    """Deletes first, then the source's versions (so a unique key moving between documents
+    does not collide half-way)."""
+    storage = node.storage
+    whole = info.created | info.dropped
+    puts: list[tuple[Collection, Any, dict[str, Any]]] = []
+    for key, (uuid, _id) in info.docs.items():
+        coll = storage.by_uuid.get(uuid)
+        if uuid in whole or coll is None:
+            continue
+        touched.add(uuid)
+        k = id_key(_id)
+        cur = coll.docs.get(k)
+        src = answers.get(key)
+        if src is None:
+            if cur is not None:
+                save(coll, cur)
+                coll.delete(k)
+                storage.note_doc(coll, k, None)
+        elif cur is None or bson.encode(cur, codec_options=CODEC) != \
+                bson.encode(src, codec_options=CODEC):
+            if cur is not None:
+                save(coll, cur)
+            puts.append((coll, k, src))
+    for coll, k, src in puts:
+        if k in coll.docs:
+            coll.replace(k, src)
+        else:
+            coll.insert(src)
+        storage.note_doc(coll, k, src)
+
+
+def _fix_sessions(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any]) -> None:
+    sessions = node.sessions
+    for sk, lsid in info.sessions.items():
+        s = sessions.get(lsid)
+        if s is None:
+            continue
+        rec = answers.get((SESSIONS, sk))
+        s.txn = None
+        s.executed = {}
+        s.last_write_ts = None
+        s.txn_number = -1
+        if rec is not None:
+            sessions.restore(rec)
+        sessions.note(s)
+
+
+def _drop_history(node: "ShardNode", touched: set[bytes]) -> None:
+    """The touched collections' snapshot history is gone: reads before now get
+    SnapshotTooOld (239) there (the pending records of the fix-up are not history either)."""
+    history = node.storage.history
+    history.pending.clear()
+    if not touched:
+        return
+    now = node.clock.now()
+    kept = [(c, ts, cost) for c, ts, cost in history.order if c.uuid not in touched]
+    history.bytes = sum(cost for _, _, cost in kept)
+    history.order.clear()
+    history.order.extend(kept)
+    for uuid in touched:
+        coll = node.storage.by_uuid.get(uuid)
+        if coll is not None:
+            coll.history.clear()
+            coll.history_floor = now
