@@ -42,7 +42,7 @@ from bson.timestamp import Timestamp
 from shardsim.core.clock import ts_key
 from shardsim.core.errors import MongoError
 from shardsim.shard.replication import apply_commands, apply_txn
-from shardsim.shard.replication.documents import apply_crud, collection_of, short
+from shardsim.shard.replication.documents import IDEMPOTENT, apply_crud, collection_of, short
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
@@ -50,9 +50,16 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["apply_entries", "undo_entries", "RollbackResult"]
 
 
-def apply_entries(node: "ShardNode", entries: list[dict[str, Any]]) -> None:
+def apply_entries(node: "ShardNode", entries: list[dict[str, Any]], *,
+                  idempotent: bool = False) -> None:
     """Apply ``entries`` (decoded oplog documents in ``ts`` order) to ``node`` as a secondary
-    (see the module docstring). Raises OplogOutOfOrder (152) when an entry's ``ts`` is not
+    (see the module docstring). ``idempotent``: the catch-up after a rollback, up to
+    :attr:`~shard.replication.rollback.RollbackResult.min_valid` (the refetched documents
+    already show some of these entries): an insert of a present document replaces it, an
+    update or delete of a missing one does nothing (a replacement inserts), a ``create`` of a
+    present collection, a ``drop`` of a missing one, an existing index and the like are no-ops
+    (the server's ``OplogApplication::Mode::kRecovering`` after ``rs_rollback.cpp`` set
+    ``minValid``). Raises OplogOutOfOrder (152) when an entry's ``ts`` is not
     newer than the previous one (the node's newest oplog entry for the first), BadValue (2)
     for an entry without a Timestamp ``ts``; NamespaceNotFound (26), UpdateOperationFailed
     (218), NoMatchingDocument (47), DuplicateKey (11000), error 14825 (unknown ``op``) or
@@ -61,6 +68,7 @@ def apply_entries(node: "ShardNode", entries: list[dict[str, Any]]) -> None:
         return
     _check_order(node, entries)
     node.command_depth += 1  # the op observer journals without committing per entry
+    token = IDEMPOTENT.set(idempotent)
     try:
         for entry in entries:
             node.clock.restore(entry["ts"])
@@ -69,6 +77,7 @@ def apply_entries(node: "ShardNode", entries: list[dict[str, Any]]) -> None:
         node.storage.history.pending.clear()  # changes of the failed entry get no stamp
         raise
     finally:
+        IDEMPOTENT.reset(token)
         node.command_depth -= 1
         if node.durable is not None and node.command_depth == 0:
             node.flush()

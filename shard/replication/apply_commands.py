@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from shardsim.core.errors import MongoError
 from shardsim.shard.commands.ddl import apply_coll_mod
 from shardsim.shard.replication import apply_txn
-from shardsim.shard.replication.documents import short
+from shardsim.shard.replication.documents import IDEMPOTENT, short
 from shardsim.shard.storage import Collection
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,13 +58,22 @@ def apply_catalog_op(node: "ShardNode", op: dict[str, Any]) -> None:
         raise MongoError(2, f"Invalid key '{name}' found in field 'o' of a command oplog "
                             f"entry: {short(op)}")
     db = (op.get("ns") or "").partition(".")[0]
-    handler(node, db, o, op)
+    try:
+        handler(node, db, o, op)
+    except _AlreadyDone:
+        pass  # idempotent application: the effect is there already
+
+
+class _AlreadyDone(Exception):
+    """Idempotent application met an operation whose effect is already there."""
 
 
 def _coll(node: "ShardNode", op: dict[str, Any]) -> Collection:
     ui = op.get("ui")
     coll = node.storage.by_uuid.get(bytes(ui)) if ui is not None else None
     if coll is None:
+        if IDEMPOTENT.get():
+            raise _AlreadyDone
         raise MongoError(26, f"Failed to apply operation due to missing collection "
                              f"({ui.hex() if ui is not None else '?'}): {short(op)}")
     return coll
@@ -73,6 +82,8 @@ def _coll(node: "ShardNode", op: dict[str, Any]) -> Collection:
 def _create(node: "ShardNode", db: str, o: dict[str, Any], op: dict[str, Any]) -> None:
     storage = node.storage
     name = o["create"]
+    if IDEMPOTENT.get() and op.get("ui") is not None and bytes(op["ui"]) in storage.by_uuid:
+        raise _AlreadyDone
     if storage.get(db, name) is not None:
         raise MongoError(48, f"Collection {db}.{name} already exists.")
     ui = op.get("ui")
@@ -108,6 +119,8 @@ def _rename(node: "ShardNode", db: str, o: dict[str, Any], op: dict[str, Any]) -
         target = storage.by_uuid.get(bytes(target_ui))
         if target is not None:
             storage.remove(target)
+    if (coll.db, coll.name) == (ddb, dname) and IDEMPOTENT.get():
+        raise _AlreadyDone
     if storage.get(ddb, dname) is not None:
         raise MongoError(48, f"target namespace exists: {ddb}.{dname}")
     storage.rename(coll, ddb, dname)
@@ -115,6 +128,8 @@ def _rename(node: "ShardNode", db: str, o: dict[str, Any], op: dict[str, Any]) -
 
 def _create_indexes(node: "ShardNode", db: str, o: dict[str, Any], op: dict[str, Any]) -> None:
     coll = _coll(node, op)
+    if IDEMPOTENT.get() and o.get("name") in coll.indexes:
+        raise _AlreadyDone
     coll.add_index({k: v for k, v in o.items() if k != "createIndexes"})
     node.storage.note_catalog(coll)
 
@@ -122,13 +137,19 @@ def _create_indexes(node: "ShardNode", db: str, o: dict[str, Any], op: dict[str,
 def _drop_indexes(node: "ShardNode", db: str, o: dict[str, Any], op: dict[str, Any]) -> None:
     coll = _coll(node, op)
     if coll.indexes.pop(o.get("index"), None) is None:
+        if IDEMPOTENT.get():
+            raise _AlreadyDone
         raise MongoError(27, f"index not found with name [{o.get('index')}]")
     node.storage.note_catalog(coll)
 
 
 def _coll_mod(node: "ShardNode", db: str, o: dict[str, Any], op: dict[str, Any]) -> None:
     coll = _coll(node, op)
-    apply_coll_mod(coll, {k: v for k, v in o.items() if k != "collMod"})
+    try:
+        apply_coll_mod(coll, {k: v for k, v in o.items() if k != "collMod"})
+    except MongoError:
+        if not IDEMPOTENT.get():
+            raise
     node.storage.note_catalog(coll)
 
 

@@ -36,14 +36,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from shardsim.core.clock import ts_key
 from shardsim.core.errors import MongoError
 from shardsim.core.values import id_key
-from shardsim.shard.replication.documents import (collection_of, document_key_of, short,
-                                                  updated_document)
+from shardsim.shard.replication.documents import (IDEMPOTENT, collection_of, document_key_of,
+                                                  short, updated_document)
 from shardsim.shard.sessions import Session, Transaction
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,11 +114,17 @@ def _overlay(node: "ShardNode", txn: Transaction, ops: list[dict[str, Any]]) -> 
             doc_key = op.get("o2") if kind == "u" else op.get("o")
             key = _view_key(view, coll, doc_key or {})
             cur = view.docs.get(key) if key is not None else None
-            if cur is None:
+            if cur is None and IDEMPOTENT.get():
+                if kind == "d" or op["o"].get("$v") == 2:
+                    continue  # already deleted (refetched after a rollback)
+                key, new = id_key((doc_key or {}).get("_id")), updated_document(
+                    {"_id": (doc_key or {}).get("_id")}, op["o"])
+            elif cur is None:
                 raise MongoError(218 if kind == "u" else 47,
                                  f"Failed to apply operation due to missing document: "
                                  f"{short(op)}")
-            new = updated_document(cur, op["o"]) if kind == "u" else None
+            else:
+                new = updated_document(cur, op["o"]) if kind == "u" else None
         if key not in view.seen:
             view.seen[key] = coll.docs.get(key)
         view.overlay[key] = new
@@ -152,7 +157,7 @@ def _commit_unprepared(node: "ShardNode", entry: dict[str, Any]) -> None:
         node.put_pre_image(uuid, entry["ts"], idx, doc)
     txn.state = "committed"
     txn.views.clear()
-    if s.lsid.get("id"):
+    if s.lsid.get("id") and tn >= s.txn_number:  # (an older one: the catch-up after a rollback)
         _begin(s, tn)
         s.txn = txn
         s.last_write_ts = entry["ts"]
@@ -168,6 +173,8 @@ def _prepare(node: "ShardNode", entry: dict[str, Any]) -> None:
     for uuid, idx, doc in txn.pre_images:
         node.put_pre_image(uuid, entry["ts"], idx, doc)
     txn.prepare_ts = entry["ts"]
+    if tn < s.txn_number:  # the catch-up after a rollback: decided since, on the source
+        return
     txn.lock()
     txn.state = "prepared"
     _begin(s, tn)
@@ -181,6 +188,8 @@ def _prepared_txn(node: "ShardNode", entry: dict[str, Any]) -> tuple[Session, Tr
     txn = s.txn
     tn = entry.get("txnNumber")
     if txn is None or txn.state != "prepared" or tn is None or txn.txn_number != int(tn):
+        if IDEMPOTENT.get():
+            return s, None  # type: ignore[return-value]
         raise MongoError(251, f"no prepared transaction {tn} on the session of "
                               f"{short(entry)}")
     return s, txn
@@ -188,6 +197,9 @@ def _prepared_txn(node: "ShardNode", entry: dict[str, Any]) -> tuple[Session, Tr
 
 def _commit_prepared(node: "ShardNode", entry: dict[str, Any]) -> None:
     s, txn = _prepared_txn(node, entry)
+    if txn is None:  # idempotent: prepared before the rollback's common point
+        node.op_observer.append(entry)
+        return
     commit_ts = entry["o"].get("commitTimestamp")
     if not isinstance(commit_ts, Timestamp):
         raise MongoError(2, f"commitTransaction entry without commitTimestamp: {short(entry)}")
@@ -204,6 +216,9 @@ def _commit_prepared(node: "ShardNode", entry: dict[str, Any]) -> None:
 
 def _abort_prepared(node: "ShardNode", entry: dict[str, Any]) -> None:
     s, txn = _prepared_txn(node, entry)
+    if txn is None:
+        node.op_observer.append(entry)
+        return
     txn.rollback(node.storage)
     txn.state = "aborted"
     node.op_observer.append(entry)
@@ -241,4 +256,4 @@ def _result(entry: dict[str, Any], before: Any) -> Any:
     return (before if isinstance(before, int) and not isinstance(before, bool) else 0) + 1
 
 
-__all__ = ["apply_txn_command", "note_retryable_write", "TXN_COMMANDS", "Int64"]
+__all__ = ["apply_txn_command", "note_retryable_write", "TXN_COMMANDS"]

@@ -5,6 +5,7 @@ implicitly; an update or delete of a missing document is an error, not a no-op."
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from shardsim.core.errors import MongoError
@@ -16,6 +17,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.storage import Collection
 
 
+#: True while :func:`shard.replication.applier.apply_entries` runs with ``idempotent=True``
+#: (the catch-up to ``minValid`` after a rollback): operations whose effect is already there
+#: are tolerated, as the server's ``OplogApplication::Mode::kRecovering`` tolerates them.
+IDEMPOTENT: ContextVar[bool] = ContextVar("shardsim_repl_idempotent", default=False)
+
+
 def short(entry: Any) -> str:
     """``repr(entry)`` cut to 300 characters (error messages)."""
     text = repr(entry)
@@ -24,7 +31,7 @@ def short(entry: Any) -> str:
 
 def collection_of(node: "ShardNode", entry: dict[str, Any]) -> "Collection | None":
     """The collection a CRUD entry (or applyOps operation) names by ``ui``; None for the
-    unreplicated ``local`` database. NamespaceNotFound (26) when it does not exist (the
+    unreplicated ``local`` database (and, idempotent, for a missing collection). NamespaceNotFound (26) when it does not exist (the
     server's "Failed to apply operation due to missing collection", ``oplog.cpp``)."""
     ui = entry.get("ui")
     ns = entry.get("ns") or ""
@@ -35,6 +42,8 @@ def collection_of(node: "ShardNode", entry: dict[str, Any]) -> "Collection | Non
         db, _, name = ns.partition(".")
         coll = node.storage.get(db, name)
     if coll is None:
+        if IDEMPOTENT.get():
+            return None  # dropped later on the source: its drop follows
         raise MongoError(26, f"Failed to apply operation due to missing collection "
                              f"({ui.hex() if ui is not None else ns}): {short(entry)}")
     return coll
@@ -68,13 +77,24 @@ def apply_crud(node: "ShardNode", coll: "Collection", op: str, o: dict[str, Any]
     """Apply one CRUD operation to ``coll`` (journaled for the durable store, recorded for the
     snapshot history); returns the document before (None for an insert)."""
     storage = node.storage
+    idempotent = IDEMPOTENT.get()
     if op == "i":
+        key = document_key_of(coll, o) if idempotent else None
+        if key is not None:  # already there (refetched): the insert becomes an upsert
+            coll.replace(key, o)
+            storage.note_doc(coll, key, o)
+            return None
         key = coll.insert(o)
         storage.note_doc(coll, key, o)
         return None
     if op == "u":
         key = document_key_of(coll, o2 or {})
         if key is None:
+            if idempotent:
+                if not (o.get("$v") == 2 and isinstance(o.get("diff"), dict)):
+                    doc = updated_document({"_id": (o2 or {}).get("_id")}, o)
+                    storage.note_doc(coll, coll.insert(doc), doc)  # a replacement upserts
+                return None  # a diff of a document deleted later: nothing to do
             raise MongoError(218, f"Failed to apply update due to missing document: "
                                   f"{short(entry)}")
         old = coll.docs[key]
@@ -84,6 +104,8 @@ def apply_crud(node: "ShardNode", coll: "Collection", op: str, o: dict[str, Any]
         return old
     key = document_key_of(coll, o)
     if key is None:
+        if idempotent:
+            return None
         raise MongoError(47, f"Failed to apply delete due to missing document: {short(entry)}")
     old = coll.delete(key)
     storage.note_doc(coll, key, None)

@@ -23,7 +23,15 @@ The keys (:data:`Key`, ``tuple[bytes, bytes]``, hashable and wire-friendly) are:
                                                   collection in ``$natural`` order), asked only
                                                   for a collection dropped after the common
                                                   point, or None
+``(MIN_VALID, b"")``                              ``{ts}``: the source's newest oplog entry
+                                                  when it answered (always asked)
 ===============================================  =============================================
+
+The refetched documents are the source's *current* versions, newer than the common point: the
+member must then apply the source's entries after the common point up to
+:attr:`RollbackResult.min_valid` with ``apply_entries(..., idempotent=True)`` (the server's
+``minValid`` and recovering-mode application), after which it is consistent and applies in
+steady state again.
 
 :func:`answer_refetch` is the source's side (the lead maps it onto a command or a ``find``).
 
@@ -67,9 +75,10 @@ from bson.timestamp import Timestamp
 from shardsim.core.clock import ts_key
 from shardsim.core.errors import MongoError
 from shardsim.core.node import CODEC
-from shardsim.core.values import id_key
+from shardsim.shard.replication.documents import document_key_of
 from shardsim.shard.replication import rollback_fixup
-from shardsim.shard.replication.rollback_fixup import CATALOG, DOCUMENTS, SESSIONS, uuid_string
+from shardsim.shard.replication.rollback_fixup import (CATALOG, DOCUMENTS, MIN_VALID, SESSIONS,
+                                                       uuid_string)
 from shardsim.shard.sessions import session_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,11 +94,13 @@ class RollbackResult:
     """What :func:`undo_entries` did: ``common_point_ts`` (the newest entry kept; None when the
     whole oplog was undone), ``undone`` (entries removed), ``files`` (rollback file path ->
     the documents written to it on a durable member; collection UUID string -> the documents
-    without a dbpath)."""
+    without a dbpath), ``min_valid`` (the source's newest ``ts`` when it answered: apply its
+    entries up to there idempotently before the member is consistent)."""
 
     common_point_ts: Timestamp | None
     undone: int
     files: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    min_valid: Timestamp | None = None
 
 
 def doc_key(uuid: bytes, _id: Any) -> Key:
@@ -106,7 +117,7 @@ async def undo_entries(node: "ShardNode", undo: list[dict[str, Any]],
     ``refetch`` raises."""
     common = _check_tail(node, undo)
     info = rollback_fixup.FixUpInfo.from_entries(node, undo)
-    answers = await refetch(info.keys()) if info.keys() else {}
+    answers = await refetch(info.keys())
     info.check_restorable(node, answers)
     files: dict[str, list[dict[str, Any]]] = {}
     node.command_depth += 1
@@ -115,7 +126,9 @@ async def undo_entries(node: "ShardNode", undo: list[dict[str, Any]],
         rollback_fixup.fix_up(node, info, answers, files)
     finally:
         node.command_depth -= 1
-    result = RollbackResult(common, len(undo), _write_files(node, files))
+    mv = answers.get((MIN_VALID, b""))
+    result = RollbackResult(common, len(undo), _write_files(node, files),
+                            mv.get("ts") if isinstance(mv, dict) else None)
     if node.durable is not None and node.command_depth == 0:
         node.flush()
     return result
@@ -171,7 +184,9 @@ def answer_refetch(node: "ShardNode", keys: list[Key]) -> dict[Key, dict[str, An
     out: dict[Key, dict[str, Any] | None] = {}
     for key in keys:
         kind, arg = key
-        if kind == SESSIONS:
+        if kind == MIN_VALID:
+            out[key] = {"ts": node.oplog.last_ts()}
+        elif kind == SESSIONS:
             s = node.sessions._sessions.get(arg)
             out[key] = s.record() if s is not None and s.txn_number >= 0 else None
         elif kind == CATALOG:
@@ -183,9 +198,10 @@ def answer_refetch(node: "ShardNode", keys: list[Key]) -> dict[Key, dict[str, An
         else:
             coll = storage.by_uuid.get(kind)
             _id = bson.decode(arg, CODEC)["_id"]
-            out[key] = coll.docs.get(id_key(_id)) if coll is not None else None
+            k = document_key_of(coll, {"_id": _id}) if coll is not None else None
+            out[key] = coll.docs.get(k) if k is not None else None
     return out
 
 
 __all__ = ["undo_entries", "RollbackResult", "answer_refetch", "doc_key", "session_key",
-           "SESSIONS", "CATALOG", "DOCUMENTS", "uuid_string"]
+           "SESSIONS", "CATALOG", "DOCUMENTS", "MIN_VALID", "uuid_string"]

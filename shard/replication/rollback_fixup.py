@@ -13,7 +13,7 @@ import bson
 
 from shardsim.core.errors import MongoError
 from shardsim.core.node import CODEC
-from shardsim.core.values import id_key
+from shardsim.shard.replication.documents import document_key_of
 from shardsim.shard.sessions import session_key
 from shardsim.shard.storage import Collection
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 SESSIONS = b"config.transactions"
 CATALOG = b"$catalog"
 DOCUMENTS = b"$documents"
+MIN_VALID = b"$minValid"
 
 
 def uuid_string(uuid: bytes) -> str:
@@ -35,7 +36,7 @@ class FixUpInfo:
     key -> (collection UUID, ``_id``)), ``created`` / ``dropped`` / ``metadata`` (collection
     UUIDs: created after the common point, dropped after it, with index or option changes),
     ``renames`` (``(uuid, db, name)`` to rename back to, newest first) and ``sessions``
-    (session key -> lsid)."""
+    (session key -> lsid: every session the member knows)."""
 
     def __init__(self) -> None:
         self.docs: dict[tuple[bytes, bytes], tuple[bytes, Any]] = {}
@@ -50,6 +51,11 @@ class FixUpInfo:
         """The info of ``undo`` (newest first), as ``updateFixUpInfoFromLocalOplogEntry``
         builds it entry by entry (``applyOps`` operations included)."""
         info = cls()
+        # every session, not only those of the undone entries: statements that logged nothing
+        # (an aborted transaction, a delete matching nothing) moved sessions too; the server
+        # reloads all session state from config.transactions after a rollback
+        for sk, s in node.sessions._sessions.items():
+            info.sessions[sk] = s.lsid
         for entry in undo:
             lsid = entry.get("lsid")
             if isinstance(lsid, dict) and entry.get("txnNumber") is not None:
@@ -90,13 +96,13 @@ class FixUpInfo:
 
     def keys(self) -> list[tuple[bytes, bytes]]:
         """The refetch keys, documents of collections that are dropped or restored whole
-        left out."""
+        left out, and last the source's newest optime (``minValid``)."""
         whole = self.created | self.dropped
         out = [k for k, (uuid, _) in self.docs.items() if uuid not in whole]
         out += [(SESSIONS, sk) for sk in self.sessions]
         out += [(CATALOG, u) for u in sorted((self.dropped | self.metadata) - self.created)]
         out += [(DOCUMENTS, u) for u in sorted(self.dropped - self.created)]
-        return out
+        return out + [(MIN_VALID, b"")]
 
     def check_restorable(self, node: "ShardNode", answers: dict[Any, Any]) -> None:
         """UnrecoverableRollbackError (127) before anything changes when a dropped collection
@@ -198,8 +204,8 @@ def _fix_documents(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any], 
         if uuid in whole or coll is None:
             continue
         touched.add(uuid)
-        k = id_key(_id)
-        cur = coll.docs.get(k)
+        k = document_key_of(coll, {"_id": _id})
+        cur = coll.docs.get(k) if k is not None else None
         src = answers.get(key)
         if src is None:
             if cur is not None:
@@ -212,10 +218,10 @@ def _fix_documents(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any], 
                 save(coll, cur)
             puts.append((coll, k, src))
     for coll, k, src in puts:
-        if k in coll.docs:
+        if k is not None and k in coll.docs:
             coll.replace(k, src)
         else:
-            coll.insert(src)
+            k = coll.insert(src)
         storage.note_doc(coll, k, src)
 
 
