@@ -42,7 +42,9 @@ from bson.timestamp import Timestamp
 from shardsim.core.clock import ts_key
 from shardsim.core.errors import MongoError
 from shardsim.shard.replication import apply_commands, apply_txn
-from shardsim.shard.replication.documents import IDEMPOTENT, apply_crud, collection_of, short
+from shardsim.shard.replication.documents import (IDEMPOTENT, apply_crud, collection_of,
+                                                  document_key_of, settle_unique_indexes,
+                                                  short)
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
@@ -78,6 +80,7 @@ def apply_entries(node: "ShardNode", entries: list[dict[str, Any]], *,
         raise
     finally:
         IDEMPOTENT.reset(token)
+        settle_unique_indexes(node)
         node.command_depth -= 1
         if node.durable is not None and node.command_depth == 0:
             node.flush()
@@ -114,7 +117,11 @@ def _apply_one(node: "ShardNode", entry: dict[str, Any]) -> None:
         if old is not None and coll.pre_post_images:
             node.put_pre_image(coll.uuid, entry["ts"], 0, old)
         if "lsid" in entry and "txnNumber" in entry:
-            apply_txn.note_retryable_write(node, entry)
+            post = None
+            if op != "d":
+                post = entry["o"] if op == "i" else coll.docs.get(
+                    document_key_of(coll, entry.get("o2") or {}))
+            apply_txn.note_retryable_write(node, entry, old, post)
     elif op == "n":
         node.op_observer.append(entry)
     elif op == "c":

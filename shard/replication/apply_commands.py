@@ -112,13 +112,15 @@ def _drop_database(node: "ShardNode", db: str, o: dict[str, Any], op: dict[str, 
 
 def _rename(node: "ShardNode", db: str, o: dict[str, Any], op: dict[str, Any]) -> None:
     storage = node.storage
-    coll = _coll(node, op)
+    if not IDEMPOTENT.get():
+        _coll(node, op)  # 26 before anything changes
     ddb, _, dname = str(o.get("to") or "").partition(".")
     target_ui = o.get("dropTarget")
     if target_ui is not None and not isinstance(target_ui, bool):
         target = storage.by_uuid.get(bytes(target_ui))
-        if target is not None:
+        if target is not None:  # (also when the source is gone: idempotent application)
             storage.remove(target)
+    coll = _coll(node, op)
     if (coll.db, coll.name) == (ddb, dname) and IDEMPOTENT.get():
         raise _AlreadyDone
     if storage.get(ddb, dname) is not None:

@@ -6,7 +6,7 @@ The server's ``transaction_oplog_application.cpp`` and ``apply_ops.cpp``:
   commit (``_applyTransactionFromOplogChain``): its operations, and those of the ``partialTxn``
   entries it chains back to through ``prevOpTime`` (``readTransactionOperationsFromOplogChain``;
   a shard writes one entry per transaction, larger transactions of the server several), are
-  applied all at once with the primary's semantics (:meth:`shard.sessions.Transaction.apply`:
+  applied all at once with the primary's semantics (as :meth:`shard.sessions.Transaction.apply`:
   one overlay per collection, applied in first-write order, so ``$natural`` order is the
   primary's); ``create``/``createIndexes`` operations (collections made in the transaction)
   change the catalog first; pre-images get the entry's ``ts`` and their ``applyOpsIndex``;
@@ -23,17 +23,18 @@ secondaries): a transaction sets the session's ``txnNumber``, ``lastWriteOpTime`
 its statement as executed under that ``txnNumber``, so a retry on this member after a failover
 is answered from history and never applied twice. The recorded result is what the server
 derives from the entry when it answers a retry (``parseOplogEntryForUpdate``,
-``getWriteResult`` in ``retryable_writes``): an ``i`` entry ``{n: 0, m: 0, u: [_id]}`` (an
-insert's retry counts it, an upsert's retry answers ``upserted``), a ``u`` entry
-``{n: 1, m: 1, u: []}``, a ``d`` entry a count of 1 per entry of the statement. A
-``findAndModify`` retry needs the reply the primary kept (the server's
-``config.image_collection``, written when the entry has ``needsRetryImage``); shard entries
-carry no image, so a findAndModify retried on a former secondary gets the derived update
-result instead (a documented gap).
+``parseOplogEntryForFindAndModify``): an ``i`` entry ``{n: 0, m: 0, u: [_id]}`` (an insert's
+retry counts it, an upsert's retry answers ``upserted``), a ``u`` entry ``{n: 1, m: 1, u: []}``,
+a ``d`` entry ``{n: <entries of the statement>}``; each with ``img: {op, pre, post}``, the
+document before and after the entry, from which a retried ``findAndModify`` builds its reply
+(:func:`shard.commands.crud.retry_image_reply`: ``value`` by the retry's ``new`` and
+projection), as the server's retry reads the image that ``needsRetryImage`` points to in
+``config.image_collection``.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from bson.timestamp import Timestamp
@@ -42,13 +43,16 @@ from shardsim.core.clock import ts_key
 from shardsim.core.errors import MongoError
 from shardsim.core.values import id_key
 from shardsim.shard.replication.documents import (IDEMPOTENT, collection_of, document_key_of,
-                                                  short, updated_document)
+                                                  short, updated_document, write_document)
 from shardsim.shard.sessions import Session, Transaction
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
 
 TXN_COMMANDS = frozenset({"applyOps", "commitTransaction", "abortTransaction"})
+# prepared transactions met in the catch-up after a rollback whose session had moved on (the
+# source's record is newer): node -> {(session id, txnNumber): Transaction}, until decided
+_DETACHED: "weakref.WeakKeyDictionary[Any, dict[Any, Transaction]]" = weakref.WeakKeyDictionary()
 
 
 def apply_txn_command(node: "ShardNode", entry: dict[str, Any], name: str) -> None:
@@ -140,6 +144,26 @@ def _view_key(view: Any, coll: Any, doc_key: dict[str, Any]) -> Any:
     return document_key_of(coll, doc_key)
 
 
+def _apply_overlays(node: "ShardNode", txn: Transaction) -> None:
+    """Commit ``txn``'s overlays as :meth:`shard.sessions.Transaction.apply` does with
+    ``force`` (first-write order per collection), through
+    :func:`shard.replication.documents.write_document` (unique keys relaxed in idempotent
+    application)."""
+    storage = node.storage
+    for view in txn.views.values():
+        base = view.coll
+        if storage.by_uuid.get(base.uuid) is not base:
+            continue
+        for key, doc in view.overlay.items():
+            old = base.docs.get(key)
+            if doc is None:
+                if old is not None:
+                    base.delete(key)
+                    storage.note_doc(base, key, None)
+            else:
+                write_document(node, base, key if old is not None else None, doc)
+
+
 def _begin(s: Session, txn_number: int) -> None:
     if txn_number > s.txn_number:
         s.txn_number = txn_number
@@ -151,7 +175,7 @@ def _commit_unprepared(node: "ShardNode", entry: dict[str, Any]) -> None:
     tn = int(entry.get("txnNumber") or 0)
     txn = Transaction(s, tn)
     _overlay(node, txn, _chain_ops(node, entry) + list(entry["o"].get("applyOps") or []))
-    txn.apply(node.storage, force=True)
+    _apply_overlays(node, txn)
     node.op_observer.append(entry)
     for uuid, idx, doc in txn.pre_images:
         node.put_pre_image(uuid, entry["ts"], idx, doc)
@@ -173,7 +197,8 @@ def _prepare(node: "ShardNode", entry: dict[str, Any]) -> None:
     for uuid, idx, doc in txn.pre_images:
         node.put_pre_image(uuid, entry["ts"], idx, doc)
     txn.prepare_ts = entry["ts"]
-    if tn < s.txn_number:  # the catch-up after a rollback: decided since, on the source
+    if tn < s.txn_number:  # the catch-up after a rollback: the session moved on since
+        _DETACHED.setdefault(node, {})[(_sid(s), tn)] = txn  # its decision follows
         return
     txn.lock()
     txn.state = "prepared"
@@ -183,11 +208,21 @@ def _prepare(node: "ShardNode", entry: dict[str, Any]) -> None:
     node.sessions.note(s)
 
 
-def _prepared_txn(node: "ShardNode", entry: dict[str, Any]) -> tuple[Session, Transaction]:
+def _sid(s: Session) -> Any:
+    lid = s.lsid.get("id")
+    return (bytes(lid) if lid is not None else b"", repr(s.lsid.get("uid")))
+
+
+def _prepared_txn(node: "ShardNode", entry: dict[str, Any]) -> tuple[Session | None, Transaction]:
+    """The prepared transaction a decision entry names, with its session (None for one of the
+    catch-up after a rollback whose session moved on: it is decided without touching it)."""
     s = _session(node, entry)
     txn = s.txn
     tn = entry.get("txnNumber")
     if txn is None or txn.state != "prepared" or tn is None or txn.txn_number != int(tn):
+        detached = _DETACHED.get(node, {}).pop((_sid(s), int(tn or 0)), None)
+        if detached is not None:
+            return None, detached
         if IDEMPOTENT.get():
             return s, None  # type: ignore[return-value]
         raise MongoError(251, f"no prepared transaction {tn} on the session of "
@@ -204,13 +239,14 @@ def _commit_prepared(node: "ShardNode", entry: dict[str, Any]) -> None:
     if not isinstance(commit_ts, Timestamp):
         raise MongoError(2, f"commitTransaction entry without commitTimestamp: {short(entry)}")
     txn.unlock()
-    txn.apply(node.storage, force=True)
+    _apply_overlays(node, txn)
     node.storage.history.stamp(commit_ts)  # as commit_prepared on the primary
     txn.state = "committed"
     node.op_observer.append(entry)
     txn.views.clear()
-    s.last_write_ts = entry["ts"]
-    node.sessions.note(s)
+    if s is not None:
+        s.last_write_ts = entry["ts"]
+        node.sessions.note(s)
     node.sessions.decided()
 
 
@@ -222,14 +258,18 @@ def _abort_prepared(node: "ShardNode", entry: dict[str, Any]) -> None:
     txn.rollback(node.storage)
     txn.state = "aborted"
     node.op_observer.append(entry)
-    s.last_write_ts = entry["ts"]
-    node.sessions.note(s)
+    if s is not None:
+        s.last_write_ts = entry["ts"]
+        node.sessions.note(s)
     node.sessions.decided()
 
 
-def note_retryable_write(node: "ShardNode", entry: dict[str, Any]) -> None:
+def note_retryable_write(node: "ShardNode", entry: dict[str, Any],
+                         pre: dict[str, Any] | None = None,
+                         post: dict[str, Any] | None = None) -> None:
     """Record the statement of a retryable write's CRUD entry in its session (see the module
-    docstring for the results); journaled for durable members."""
+    docstring for the results; ``pre``/``post`` the document before and after, kept as the
+    statement's retry image); journaled for durable members."""
     s = node.sessions.get(entry.get("lsid"))
     if s is None:
         return
@@ -243,17 +283,19 @@ def note_retryable_write(node: "ShardNode", entry: dict[str, Any]) -> None:
     stmt = entry.get("stmtId")
     if stmt is not None:
         for sid in (stmt if isinstance(stmt, list) else [stmt]):
-            s.executed[int(sid)] = _result(entry, s.executed.get(int(sid)))
+            s.executed[int(sid)] = _result(entry, s.executed.get(int(sid)), pre, post)
     node.sessions.note(s)
 
 
-def _result(entry: dict[str, Any], before: Any) -> Any:
+def _result(entry: dict[str, Any], before: Any, pre: Any, post: Any) -> dict[str, Any]:
     op = entry["op"]
+    img = {"op": op, "pre": pre, "post": post}
     if op == "i":
-        return {"n": 0, "m": 0, "u": [entry["o"].get("_id")]}
+        return {"n": 0, "m": 0, "u": [entry["o"].get("_id")], "img": img}
     if op == "u":
-        return {"n": 1, "m": 1, "u": []}
-    return (before if isinstance(before, int) and not isinstance(before, bool) else 0) + 1
+        return {"n": 1, "m": 1, "u": [], "img": img}
+    count = before.get("n", 0) if isinstance(before, dict) else 0
+    return {"n": count + 1, "img": img}
 
 
 __all__ = ["apply_txn_command", "note_retryable_write", "TXN_COMMANDS"]

@@ -5,6 +5,7 @@ implicitly; an update or delete of a missing document is an error, not a no-op."
 
 from __future__ import annotations
 
+import weakref
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -81,11 +82,9 @@ def apply_crud(node: "ShardNode", coll: "Collection", op: str, o: dict[str, Any]
     if op == "i":
         key = document_key_of(coll, o) if idempotent else None
         if key is not None:  # already there (refetched): the insert becomes an upsert
-            coll.replace(key, o)
-            storage.note_doc(coll, key, o)
+            write_document(node, coll, key, o)
             return None
-        key = coll.insert(o)
-        storage.note_doc(coll, key, o)
+        key = write_document(node, coll, None, o)
         return None
     if op == "u":
         key = document_key_of(coll, o2 or {})
@@ -93,14 +92,13 @@ def apply_crud(node: "ShardNode", coll: "Collection", op: str, o: dict[str, Any]
             if idempotent:
                 if not (o.get("$v") == 2 and isinstance(o.get("diff"), dict)):
                     doc = updated_document({"_id": (o2 or {}).get("_id")}, o)
-                    storage.note_doc(coll, coll.insert(doc), doc)  # a replacement upserts
+                    write_document(node, coll, None, doc)  # a replacement upserts
                 return None  # a diff of a document deleted later: nothing to do
             raise MongoError(218, f"Failed to apply update due to missing document: "
                                   f"{short(entry)}")
         old = coll.docs[key]
         new = updated_document(old, o)
-        coll.replace(key, new)
-        storage.note_doc(coll, key, new)
+        write_document(node, coll, key, new)
         return old
     key = document_key_of(coll, o)
     if key is None:
@@ -110,3 +108,53 @@ def apply_crud(node: "ShardNode", coll: "Collection", op: str, o: dict[str, Any]
     old = coll.delete(key)
     storage.note_doc(coll, key, None)
     return old
+
+
+def write_document(node: "ShardNode", coll: "Collection", key: Any, doc: dict[str, Any]) -> Any:
+    """Insert (``key`` None) or replace ``doc``, journaled; returns its storage key. In
+    idempotent application a unique secondary index does not refuse it (the refetched
+    documents are newer than the entries replayed over them, so a key may be held twice for a
+    while): the server relaxes index constraints there too (``isEnforcingConstraints``). The
+    index's key map is rebuilt at the end of each such batch until no key is held twice
+    (:func:`settle_unique_indexes`)."""
+    try:
+        key = coll.insert(doc) if key is None else (coll.replace(key, doc), key)[1]
+    except MongoError as exc:
+        if exc.code != 11000 or not IDEMPOTENT.get() or "_id_" in exc.errmsg.split(" dup key")[0]:
+            raise
+        key = id_key(doc["_id"]) if key is None else key
+        old = coll.docs.get(key)
+        if coll.recorder is not None:
+            coll.recorder.record(coll, key, old)
+        if old is not None:
+            coll._unindex(key, old)
+        coll.docs[key] = doc
+        _UNSETTLED.setdefault(node, set()).add(coll.uuid)
+        settle_unique_indexes(node, [coll.uuid])
+    node.storage.note_doc(coll, key, doc)
+    return key
+
+
+def settle_unique_indexes(node: "ShardNode", uuids: Any = None) -> None:
+    """Rebuild the unique key maps of the collections that met a duplicate key in idempotent
+    application (``uuids``: those, default every one pending); a collection stays pending
+    while one of its keys is still held by two documents."""
+    pending = _UNSETTLED.get(node)
+    if not pending:
+        return
+    for uuid in list(pending if uuids is None else uuids):
+        coll = node.storage.by_uuid.get(uuid)
+        clean = True
+        if coll is not None:
+            for idx in coll.indexes.values():
+                if idx.unique and idx.name != "_id_":
+                    idx.entries.clear()
+                    for k, d in coll.docs.items():
+                        for hk, _ in idx.keys_of(d):
+                            clean &= idx.entries.setdefault(hk, k) == k
+        if clean and uuids is None:
+            pending.discard(uuid)
+
+
+#: node -> UUIDs of collections whose unique indexes hold a key twice (idempotent application)
+_UNSETTLED: "weakref.WeakKeyDictionary[Any, set[bytes]]" = weakref.WeakKeyDictionary()

@@ -113,11 +113,15 @@ async def undo_entries(node: "ShardNode", undo: list[dict[str, Any]],
     """Undo ``undo`` (the local entries after the common point, newest first) on ``node`` by
     refetching from the sync source (see the module docstring). UnrecoverableRollbackError
     (127) when ``undo`` is not the newest part of the local oplog, newest first, or when a
-    collection cannot be put back (its name taken); the node is unchanged then, and also when
-    ``refetch`` raises."""
+    collection cannot be put back (its name taken) or the oplog changed while ``refetch`` ran;
+    the node is unchanged then, and also when ``refetch`` raises."""
     common = _check_tail(node, undo)
     info = rollback_fixup.FixUpInfo.from_entries(node, undo)
+    latest = node.oplog.latest_key
     answers = await refetch(info.keys())
+    if node.oplog.latest_key != latest:  # written while refetching: the plan is stale
+        raise MongoError(127, "cannot roll back: the oplog changed while refetching from the "
+                              "sync source (nothing was undone)")
     info.check_restorable(node, answers)
     files: dict[str, list[dict[str, Any]]] = {}
     node.command_depth += 1

@@ -13,7 +13,7 @@ import bson
 
 from shardsim.core.errors import MongoError
 from shardsim.core.node import CODEC
-from shardsim.shard.replication.documents import document_key_of
+from shardsim.shard.replication.documents import IDEMPOTENT, document_key_of, write_document
 from shardsim.shard.sessions import session_key
 from shardsim.shard.storage import Collection
 
@@ -56,6 +56,9 @@ class FixUpInfo:
         # reloads all session state from config.transactions after a rollback
         for sk, s in node.sessions._sessions.items():
             info.sessions[sk] = s.lsid
+            if s.txn is not None and s.txn.state == "prepared":  # the source may have decided
+                for op in s.txn.ops:                         # it: its documents are refetched
+                    info._add(op)
         for entry in undo:
             lsid = entry.get("lsid")
             if isinstance(lsid, dict) and entry.get("txnNumber") is not None:
@@ -63,7 +66,22 @@ class FixUpInfo:
                 if sk is not None:
                     info.sessions[sk] = lsid
             info._add(entry)
+            if entry.get("op") == "c" and \
+                    next(iter(entry.get("o") or {}), None) in ("commitTransaction",
+                                                               "abortTransaction"):
+                info._add_prepared_ops(node, entry)
         return info
+
+    def _add_prepared_ops(self, node: "ShardNode", entry: dict[str, Any]) -> None:
+        """A decision undone: the documents of the prepare entry it names (``prevOpTime``, kept
+        in the local oplog when it is older than the common point) are refetched too."""
+        prev = entry.get("prevOpTime")
+        ts = prev.get("ts") if isinstance(prev, dict) else None
+        if ts is None:
+            return
+        prepare = node.oplog.get((ts.time << 32) | ts.inc)
+        if prepare is not None:
+            self._add(prepare)
 
     def _add(self, op: dict[str, Any]) -> None:
         kind = op.get("op")
@@ -217,12 +235,12 @@ def _fix_documents(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any], 
             if cur is not None:
                 save(coll, cur)
             puts.append((coll, k, src))
-    for coll, k, src in puts:
-        if k is not None and k in coll.docs:
-            coll.replace(k, src)
-        else:
-            k = coll.insert(src)
-        storage.note_doc(coll, k, src)
+    token = IDEMPOTENT.set(True)  # the source's versions may clash with older local ones
+    try:                           # on a unique key until the catch-up (relaxed meanwhile)
+        for coll, k, src in puts:
+            write_document(node, coll, k if k is not None and k in coll.docs else None, src)
+    finally:
+        IDEMPOTENT.reset(token)
 
 
 def _fix_sessions(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any]) -> None:
