@@ -41,9 +41,9 @@ no reader sees a half-undone member): the oplog is truncated after the common po
 in the same SQLite transaction as the rest) with the pre-images of the truncated entries;
 prepared transactions of the touched sessions are unlocked; collections created after the
 common point are dropped (their documents go to the rollback file); renames are undone (newest
-first); dropped collections (``drop``, a rename's ``dropTarget``) are restored from the source
-(``FixUpInfo::collectionsToResync``: catalog and every document; not restored when the source no
-longer has them); the options and indexes of collections whose ``createIndexes`` /
+first); dropped collections (``drop``, a rename's ``dropTarget``) are restored under their name at the
+common point with the source's options, indexes and documents (``FixUpInfo::
+collectionsToResync``; not restored when the source no longer has them); the options and indexes of collections whose ``createIndexes`` /
 ``dropIndexes`` / ``collMod`` were undone are taken from the source
 (``collectionsToResyncMetadata``, ``indexesToDrop``/``indexesToCreate``); every touched document
 is set to the source's version or deleted (``docsToRefetch``); every touched session record is

@@ -41,7 +41,7 @@ class FixUpInfo:
     def __init__(self) -> None:
         self.docs: dict[tuple[bytes, bytes], tuple[bytes, Any]] = {}
         self.created: set[bytes] = set()
-        self.dropped: set[bytes] = set()
+        self.dropped: dict[bytes, tuple[str, str]] = {}  # uuid -> (db, name) at the common point
         self.metadata: set[bytes] = set()
         self.renames: list[tuple[bytes, str, str]] = []
         self.sessions: dict[bytes, Any] = {}
@@ -102,40 +102,44 @@ class FixUpInfo:
         elif name == "create" and ui is not None:
             self.created.add(bytes(ui))
         elif name == "drop" and ui is not None:
-            self.dropped.add(bytes(ui))
+            self.dropped[bytes(ui)] = (str(op.get("ns") or "").partition(".")[0], o["drop"])
         elif name == "renameCollection" and ui is not None:
             sdb, _, sname = str(o["renameCollection"]).partition(".")
             self.renames.append((bytes(ui), sdb, sname))
+            if bytes(ui) in self.dropped:  # renamed, then dropped: it comes back as it was
+                self.dropped[bytes(ui)] = (sdb, sname)
             target = o.get("dropTarget")
             if target is not None and not isinstance(target, bool):
-                self.dropped.add(bytes(target))
+                tdb, _, tname = str(o.get("to") or "").partition(".")
+                self.dropped[bytes(target)] = (tdb, tname)
         elif name in ("createIndexes", "dropIndexes", "collMod") and ui is not None:
             self.metadata.add(bytes(ui))
 
     def keys(self) -> list[tuple[bytes, bytes]]:
         """The refetch keys, documents of collections that are dropped or restored whole
         left out, and last the source's newest optime (``minValid``)."""
-        whole = self.created | self.dropped
+        whole = self.created | self.dropped.keys()
         out = [k for k, (uuid, _) in self.docs.items() if uuid not in whole]
         out += [(SESSIONS, sk) for sk in self.sessions]
-        out += [(CATALOG, u) for u in sorted((self.dropped | self.metadata) - self.created)]
-        out += [(DOCUMENTS, u) for u in sorted(self.dropped - self.created)]
+        out += [(CATALOG, u) for u in sorted((self.dropped.keys() | self.metadata)
+                                             - self.created)]
+        out += [(DOCUMENTS, u) for u in sorted(self.dropped.keys() - self.created)]
         return out + [(MIN_VALID, b"")]
 
     def check_restorable(self, node: "ShardNode", answers: dict[Any, Any]) -> None:
         """UnrecoverableRollbackError (127) before anything changes when a dropped collection
-        the source still has cannot come back under its name (another collection, not one
-        this rollback drops or renames away, holds it)."""
+        the source still has cannot come back under its name at the common point (another
+        collection, not one this rollback drops or renames away, holds it)."""
         storage = node.storage
         leaving = self.created | {u for u, _, _ in self.renames}
-        for uuid in self.dropped - self.created:
-            cat = answers.get((CATALOG, uuid))
-            if cat is None or uuid in storage.by_uuid:
+        for uuid, (db, name) in self.dropped.items():
+            if uuid in self.created or answers.get((CATALOG, uuid)) is None \
+                    or uuid in storage.by_uuid:
                 continue
-            holder = storage.get(cat["db"], cat["name"])
+            holder = storage.get(db, name)
             if holder is not None and holder.uuid not in leaving:
-                raise MongoError(127, f"cannot roll back the drop of {cat['db']}.{cat['name']}: "
-                                      f"the name is taken by collection {holder.uuid.hex()}")
+                raise MongoError(127, f"cannot roll back the drop of {db}.{name}: the name is "
+                                      f"taken by collection {holder.uuid.hex()}")
 
 
 def fix_up(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any],
@@ -166,8 +170,10 @@ def fix_up(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any],
         if coll is not None and (coll.db, coll.name) != (db, name):
             storage.rename(coll, db, name)
             touched.add(uuid)
-    for uuid in info.dropped - info.created:
-        _restore_dropped(node, uuid, answers)
+    for uuid, (db, name) in info.dropped.items():
+        if uuid in info.created:
+            continue
+        _restore_dropped(node, uuid, db, name, answers)
         touched.add(uuid)
     for uuid in info.metadata - info.created:
         _resync_metadata(node, uuid, answers.get((CATALOG, uuid)))
@@ -177,14 +183,18 @@ def fix_up(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any],
     _drop_history(node, touched)
 
 
-def _restore_dropped(node: "ShardNode", uuid: bytes, answers: dict[Any, Any]) -> None:
+def _restore_dropped(node: "ShardNode", uuid: bytes, db: str, name: str,
+                     answers: dict[Any, Any]) -> None:
+    """Collection ``uuid`` back under its name at the common point (``db.name``: the source's
+    renames since replay in the catch-up), with the source's options, indexes and documents."""
     storage = node.storage
     cat = answers.get((CATALOG, uuid))
     docs = answers.get((DOCUMENTS, uuid))
     if cat is None or uuid in storage.by_uuid:
         return  # the source dropped it too (its drop replicates), or it is here already
-    coll = Collection(cat["db"], cat["name"], uuid, dict(cat.get("options") or {}),
-                      cat.get("shardKey"))
+    if storage.get(db, name) is not None:
+        raise MongoError(127, f"cannot roll back the drop of {db}.{name}: the name is taken")
+    coll = Collection(db, name, uuid, dict(cat.get("options") or {}), cat.get("shardKey"))
     for spec in cat.get("indexes") or []:
         if spec.get("name") != "_id_" and not spec.get("clustered"):
             coll.add_index(dict(spec))
@@ -215,7 +225,7 @@ def _fix_documents(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any], 
     """Deletes first, then the source's versions (so a unique key moving between documents
     does not collide half-way)."""
     storage = node.storage
-    whole = info.created | info.dropped
+    whole = info.created | info.dropped.keys()
     puts: list[tuple[Collection, Any, dict[str, Any]]] = []
     for key, (uuid, _id) in info.docs.items():
         coll = storage.by_uuid.get(uuid)
