@@ -52,12 +52,12 @@ def comparable(node: ShardNode, keep: set[bytes]) -> dict[str, Any]:
 
 
 def diverge(seed: int, *, a_steps: int, b_steps: int, dbpath: str | None = None,
-            finish: bool = True) -> tuple[ShardNode, ShardNode, Any]:
+            finish: bool = True, **a_options: Any) -> tuple[ShardNode, ShardNode, Any]:
     """A primary's history applied to A and B, then A and B each run their own workload."""
     primary = new_node()
     asyncio.run(Workload(primary, seed).go(60))
     prefix = wire(oplog_of(primary))
-    a = new_node(**({"dbpath": dbpath} if dbpath else {}))
+    a = new_node(**({"dbpath": dbpath} if dbpath else {}), **a_options)
     b = new_node()
     apply_entries(a, prefix)
     apply_entries(b, wire(prefix))
@@ -149,6 +149,26 @@ def test_a_durable_member_writes_rollback_files_and_restarts_rolled_back(tmp_pat
             got = x["colls"][ns]
             assert want["uuid"] == got["uuid"] and want["indexes"] == got["indexes"]
             assert want["docs"] == got["docs"]
+    finally:
+        again.durable.close()
+
+
+def test_a_rollback_past_the_oplog_cache_deletes_the_disk_rows(tmp_path):
+    """A durable member whose oplog cache holds only its newest entries: the entries to undo
+    are read from disk, and truncated there in the rollback's commit."""
+    path = str(tmp_path / "a")
+    a, b, common = diverge(9, a_steps=60, b_steps=10, dbpath=path, oplog_cache_mb=0.002)
+    assert a.oplog.cached_entries < len([e for e in oplog_of(a) if e["ts"] > common])
+    result = roll_back(a, b, common)
+    assert a.oplog.last_ts() == common and a.oplog.latest_key == \
+        (common.time << 32) | common.inc
+    assert len(a.oplog) == len([e for e in oplog_of(b) if e["ts"] <= common])
+    catch_up(a, b, common, result)
+    assert_converged(a, b, common)
+    a.durable.close()
+    again = new_node(dbpath=path)
+    try:
+        assert [enc(e) for e in oplog_of(again)] == [enc(e) for e in oplog_of(b)]
     finally:
         again.durable.close()
 
