@@ -32,8 +32,9 @@ def short(entry: Any) -> str:
 
 def collection_of(node: "ShardNode", entry: dict[str, Any]) -> "Collection | None":
     """The collection a CRUD entry (or applyOps operation) names by ``ui``; None for the
-    unreplicated ``local`` database (and, idempotent, for a missing collection). NamespaceNotFound (26) when it does not exist (the
-    server's "Failed to apply operation due to missing collection", ``oplog.cpp``)."""
+    unreplicated ``local`` database (and, idempotent, for a missing collection).
+    NamespaceNotFound (26) when it does not exist (the server's "Failed to apply operation due
+    to missing collection", ``oplog.cpp``)."""
     ui = entry.get("ui")
     ns = entry.get("ns") or ""
     if ns.startswith("local."):
@@ -133,6 +134,25 @@ def write_document(node: "ShardNode", coll: "Collection", key: Any, doc: dict[st
         settle_unique_indexes(node, [coll.uuid])
     node.storage.note_doc(coll, key, doc)
     return key
+
+
+def add_index_relaxed(node: "ShardNode", coll: "Collection", spec: dict[str, Any]) -> None:
+    """``coll.add_index(spec)``; a unique index whose keys the documents hold twice (a
+    rollback's fix-up: local documents not yet refetched, or not yet caught up) is added all
+    the same, its key map settled later (:func:`settle_unique_indexes`)."""
+    try:
+        coll.add_index(spec)
+    except MongoError as exc:
+        if exc.code != 11000:
+            raise
+        from shardsim.shard.index_keys import IndexedDocs
+        from shardsim.shard.storage import Index
+        idx = Index(spec)
+        if idx.sorted is not None and isinstance(coll.docs, IndexedDocs):
+            coll.docs.build(idx.sorted)
+        coll.indexes[idx.name] = idx
+        _UNSETTLED.setdefault(node, set()).add(coll.uuid)
+        settle_unique_indexes(node, [coll.uuid])
 
 
 def settle_unique_indexes(node: "ShardNode", uuids: Any = None) -> None:

@@ -33,22 +33,26 @@ member must then apply the source's entries after the common point up to
 ``minValid`` and recovering-mode application), after which it is consistent and applies in
 steady state again.
 
-:func:`answer_refetch` is the source's side (the lead maps it onto a command or a ``find``).
+:func:`answer_refetch` is the source's side (the member wiring maps it onto a command or a
+``find``).
 
 The fix-up, all in one synchronous step once the answers are in (nothing else runs between, so
 no reader sees a half-undone member): the oplog is truncated after the common point
 (``Oplog.discard_after``; on a durable member also the disk rows, ``("discard_after", key)``
 in the same SQLite transaction as the rest) with the pre-images of the truncated entries;
-prepared transactions of the touched sessions are unlocked; collections created after the
+local prepared transactions are unlocked (their documents refetched); collections created after the
 common point are dropped (their documents go to the rollback file); renames are undone (newest
-first); dropped collections (``drop``, a rename's ``dropTarget``) are restored under their name at the
-common point with the source's options, indexes and documents (``FixUpInfo::
-collectionsToResync``; not restored when the source no longer has them); the options and indexes of collections whose ``createIndexes`` /
-``dropIndexes`` / ``collMod`` were undone are taken from the source
+first); dropped collections (``drop``, a rename's ``dropTarget``) are restored under their
+name at the common point with the source's options, indexes and documents
+(``FixUpInfo::collectionsToResync``; not restored when the source no longer has them); the
+options and indexes of collections whose ``createIndexes`` / ``dropIndexes`` / ``collMod``
+were undone are taken from the source
 (``collectionsToResyncMetadata``, ``indexesToDrop``/``indexesToCreate``); every touched document
-is set to the source's version or deleted (``docsToRefetch``); every touched session record is
-set to the source's (or emptied). Touched collections lose their snapshot history (reads at
-earlier times get SnapshotTooOld 239, as history behind a rollback is gone on the server).
+is set to the source's version or deleted (``docsToRefetch``; with the documents of undone
+commit/abort decisions, read from their prepare entry); every session record is set to the
+source's (or emptied), as the server reloads session state after a rollback. Touched
+collections lose their snapshot history (reads at earlier times get SnapshotTooOld 239, as
+history behind a rollback is gone on the server).
 
 Every document version the fix-up removes or overwrites is saved, as the server's
 ``RemoveSaver("rollback", <uuid>, "removed")`` (``remove_saver.cpp``; ``rollback_impl.cpp``

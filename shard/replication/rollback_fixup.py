@@ -13,7 +13,8 @@ import bson
 
 from shardsim.core.errors import MongoError
 from shardsim.core.node import CODEC
-from shardsim.shard.replication.documents import IDEMPOTENT, document_key_of, write_document
+from shardsim.shard.replication.documents import (IDEMPOTENT, add_index_relaxed, document_key_of,
+                                                  settle_unique_indexes, write_document)
 from shardsim.shard.sessions import session_key
 from shardsim.shard.storage import Collection
 
@@ -179,6 +180,7 @@ def fix_up(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any],
         _resync_metadata(node, uuid, answers.get((CATALOG, uuid)))
         touched.add(uuid)
     _fix_documents(node, info, answers, save, touched)
+    settle_unique_indexes(node)
     _fix_sessions(node, info, answers)
     _drop_history(node, touched)
 
@@ -197,7 +199,7 @@ def _restore_dropped(node: "ShardNode", uuid: bytes, db: str, name: str,
     coll = Collection(db, name, uuid, dict(cat.get("options") or {}), cat.get("shardKey"))
     for spec in cat.get("indexes") or []:
         if spec.get("name") != "_id_" and not spec.get("clustered"):
-            coll.add_index(dict(spec))
+            add_index_relaxed(node, coll, dict(spec))
     storage.add(coll)
     for doc in (docs or {}).get("documents") or []:
         key = coll.insert(doc)
@@ -216,7 +218,7 @@ def _resync_metadata(node: "ShardNode", uuid: bytes, cat: dict[str, Any] | None)
             del coll.indexes[name]
     for name, spec in specs.items():
         if name not in coll.indexes and not spec.get("clustered"):
-            coll.add_index(dict(spec))
+            add_index_relaxed(node, coll, dict(spec))
     node.storage.note_catalog(coll)
 
 

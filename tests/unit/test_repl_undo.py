@@ -13,6 +13,7 @@ from typing import Any
 
 import bson
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from shardsim.core.errors import MongoError
 from shardsim.core.node import CODEC
@@ -117,6 +118,16 @@ def assert_converged(a: ShardNode, b: ShardNode, common: Any) -> None:
 def test_the_rolled_back_member_converges_on_its_source(seed):
     a, b, common = diverge(seed, a_steps=40, b_steps=[0, 10, 40][seed % 3],
                            finish=seed % 2 == 0)
+    result = roll_back(a, b, common)
+    catch_up(a, b, common, result)
+    assert_converged(a, b, common)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), a_steps=st.integers(1, 60), b_steps=st.integers(0, 60),
+       finish=st.booleans())
+def test_property_any_divergence_converges(seed, a_steps, b_steps, finish):
+    a, b, common = diverge(seed, a_steps=a_steps, b_steps=b_steps, finish=finish)
     result = roll_back(a, b, common)
     catch_up(a, b, common, result)
     assert_converged(a, b, common)
