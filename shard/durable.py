@@ -250,7 +250,7 @@ class DurableStore:
             raise DurableWriteError(8, "storage engine write failed: a record could not be "
                                        "encoded") from None
         self.commits += 1
-        if newest:
+        if newest or any(r[0] == "discard_after" for r in journal):
             self.newest_ts = newest
         try:
             self.marker.write(self.commits, self.newest_ts)
@@ -258,7 +258,9 @@ class DurableStore:
             logging.getLogger("shardsim.shard").warning("acknowledged-commit marker: %s", exc)
 
     def _commit(self, journal: list[tuple]) -> int:
-        """Write ``journal``; returns the newest oplog ts_key written (0: none)."""
+        """Write ``journal``; returns the newest oplog ts_key written (0: none; after a
+        ``("discard_after", key)`` record, a rollback's truncation of the oplog and pre-images
+        after ``key``, at most ``key``)."""
         cur = self.conn.cursor()
         docs: list[tuple[str, tuple]] = []
         oplog_rows: list[tuple] = []
@@ -321,6 +323,11 @@ class DurableStore:
                     flush()
                     cur.execute("DELETE FROM oplog WHERE ts <= ?", (rec[1],))
                     cur.execute("DELETE FROM preimages WHERE ts <= ?", (rec[1],))
+                elif kind == "discard_after":  # a rollback (shard.replication.rollback)
+                    flush()
+                    cur.execute("DELETE FROM oplog WHERE ts > ?", (rec[1],))
+                    cur.execute("DELETE FROM preimages WHERE ts > ?", (rec[1],))
+                    newest = rec[1]
             flush()
             cur.execute(_PUT_COMMITS, (self.commits + 1,))
             cur.execute("COMMIT")

@@ -348,6 +348,36 @@ class DiskOplog(Oplog):
         self._head = head
 
     # -- truncation ---------------------------------------------------------------------------
+    def discard_after(self, key: int) -> int:
+        """Remove the entries with ``ts_key > key`` (see :meth:`Oplog.discard_after`), also
+        those only on disk: a rollback past the cache (:mod:`shard.replication.rollback`). The
+        rows themselves are deleted by the caller's ``("discard_after", key)`` journal record
+        (:meth:`shard.durable.DurableStore.commit`); the counters follow at once, and the newest
+        remaining disk entry is read into the cache so :meth:`last_ts` stays right."""
+        cache_first = self._cache_first()  # rows from here on were cached too
+        count = super().discard_after(key)
+        if len(self._entries) == self._head and self._disk_count:
+            n, size = self._conn.execute(
+                "SELECT count(*), coalesce(sum(size), 0) FROM oplog WHERE ts > ? AND ts >= ? "
+                "AND ts < ?", (key, self._disk_from, cache_first)).fetchone()
+            self._disk_count -= n
+            self._disk_bytes -= size
+            count += n
+            self._window.clear()
+            row = self._conn.execute(
+                "SELECT ts, size, crc, entry FROM oplog WHERE ts <= ? AND ts >= ? "
+                "ORDER BY ts DESC LIMIT 1", (key, self._disk_from)).fetchone()
+            if row is not None:
+                self._disk_count -= 1
+                self._disk_bytes -= row[1]
+                self._keys.append(row[0])
+                self._entries.append(_entry(row[0], row[2], row[3]))
+                self._sizes.append(row[1])
+                self._bytes += row[1]
+                self._index(self._entries[-1], self._base + len(self._entries) - 1)
+        self.durable_through = min(self.durable_through, key)
+        return count
+
     def _disk_head(self) -> tuple[int, int]:
         """``(ts_key, size)`` of the oldest disk-only entry (``_disk_count`` > 0)."""
         if not self._window:

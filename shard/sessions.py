@@ -422,7 +422,8 @@ class Session:
         """The recorded result of ``stmt_id`` when it was executed under the current
         txnNumber (``TransactionParticipant::checkStatementExecuted``), else None. Results are
         ``1`` (insert), the count deleted (delete), ``{n, m, u: [upserted _id]}`` (update) or
-        the reply body (findAndModify)."""
+        the reply body (findAndModify); on a member that applied the statement's oplog entry
+        instead, ``{n, m?, u?, img}`` derived from the entry (:mod:`shard.replication.apply_txn`)."""
         return self.executed.get(stmt_id)
 
     def record_result(self, stmt_id: int, result: Any) -> None:

@@ -557,6 +557,8 @@ async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
     if ctx.retry is not None:
         ctx.stmt_id = int(body.get("stmtId", 0) or 0)
         done = ctx.retry.lookup(ctx.stmt_id)
+        if isinstance(done, dict) and "img" in done:  # recorded by a member from the entry
+            done = retry_image_reply(done, new_opt, fields)
         if isinstance(done, dict):
             return {**done, "retriedStmtId": ctx.stmt_id}
     hints.check_hint(storage.get(req.db, name), body.get("hint"))
@@ -577,3 +579,25 @@ async def find_and_modify(node: ShardNode, req: Request) -> dict[str, Any]:
         ctx.retry.record_result(ctx.stmt_id, reply)
         node.sessions.note(ctx.retry)
     return reply
+
+
+def retry_image_reply(done: dict[str, Any], new_opt: Any, fields: Any) -> dict[str, Any]:
+    """The reply to a findAndModify retried on a member that applied the statement's entry
+    rather than ran it (:mod:`shard.replication.apply_txn` keeps the document before and after
+    as ``img``), as the server answers from the image the entry's ``needsRetryImage`` points to
+    (``parseOplogEntryForFindAndModify``): ``lastErrorObject`` from the entry's kind, ``value``
+    the document after with ``new: true``, else before, with this request's projection."""
+    img = done["img"]
+    op = img.get("op")
+    if op == "d":
+        leo: dict[str, Any] = {"n": 1}
+        value = img.get("pre")
+    elif op == "i":
+        leo = {"n": 1, "updatedExisting": False, "upserted": (img.get("post") or {}).get("_id")}
+        value = img.get("post") if new_opt else None
+    else:
+        leo = {"n": 1, "updatedExisting": True}
+        value = img.get("post") if new_opt else img.get("pre")
+    if value is not None and fields:
+        value = q.project([value], fields)[0]
+    return {"lastErrorObject": leo, "value": value}

@@ -417,6 +417,19 @@ async def coll_mod(node: ShardNode, req: Request) -> dict[str, Any]:
     if cs is not None and (not isinstance(cs, dict) or not isinstance(cs.get("enabled"), bool)):
         raise MongoError(40414, "BSON field 'collMod.changeStreamPreAndPostImages.enabled' is "
                                 "missing but a required field")
+    reply, o2 = apply_coll_mod(coll, changes)
+    storage.note_catalog(coll)
+    node.log_command(req.db, {"collMod": name, **changes}, coll.ui, o2, ctx=ddl_context(req))
+    return reply
+
+
+def apply_coll_mod(coll: Collection, changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Apply ``collMod``'s ``changes`` to ``coll`` (its options and an ``index`` change), as the
+    command does and as a secondary applying the ``{collMod}`` entry does
+    (``coll_mod.cpp`` ``_collModInternal``; :mod:`shard.replication.apply_commands`). Returns
+    ``(reply, o2)``: the command's reply fields (``<option>_old``/``_new`` of an index change)
+    and the entry's ``o2`` (``{collectionOptions_old[, indexOptions_old]}``). Errors: 14, 27
+    (no such index), 72/359 (``unique``)."""
     reply: dict[str, Any] = {}
     # o2 of the oplog entry: the options before the change (op_observer_impl.cpp onCollMod),
     # which change streams show as stateBeforeChange.
@@ -456,6 +469,4 @@ async def coll_mod(node: ShardNode, req: Request) -> dict[str, Any]:
     cs_opt = coll.options.get("changeStreamPreAndPostImages")
     if isinstance(cs_opt, dict) and cs_opt.get("enabled") is False:
         coll.options.pop("changeStreamPreAndPostImages")
-    storage.note_catalog(coll)
-    node.log_command(req.db, {"collMod": name, **changes}, coll.ui, o2, ctx=ddl_context(req))
-    return reply
+    return reply, o2

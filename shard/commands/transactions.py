@@ -77,7 +77,7 @@ async def commit_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
     if not txn.ops:
         return _with_write_concern(req, {})
     # lsid/txnNumber and prevOpTime, no stmtId: the applyOps entry of a transaction.
-    entry = node.make_entry("c", "admin.$cmd", None, {"applyOps": txn.ops},
+    entry = node.make_entry("c", "admin.$cmd", None, {"applyOps": list(txn.ops)},
                             ctx=WriteContext(s.lsid, txn.txn_number))
     node.append_entry(entry)
     for uuid, idx, doc in txn.pre_images:
@@ -154,7 +154,9 @@ async def prepare_transaction(node: ShardNode, req: Request) -> dict[str, Any]:
         txn.rollback(node.storage)
         txn.state = "aborted"
         raise
-    entry = node.make_entry("c", "admin.$cmd", None, {"applyOps": txn.ops, "prepare": True},
+    # a copy: an abort clears txn.ops, the entry must keep them (a secondary applies it)
+    entry = node.make_entry("c", "admin.$cmd", None, {"applyOps": list(txn.ops),
+                                                      "prepare": True},
                             ctx=WriteContext(s.lsid, txn.txn_number))
     node.append_entry(entry)
     txn.prepare_ts = s.last_write_ts = entry["ts"]

@@ -67,7 +67,7 @@ async def refetch(node: Any, req: Request) -> dict[str, Any]:
     """The rollback's refetch (rs_rollback.cpp ``syncFixUp``): the current version of each asked
     document, ``{docs: [{ui, _id}...]}`` -> ``{docs: [{ui, _id, doc?}...]}``, and the oplog from
     a time on (``since``: entries with ``ts >= since``, for the common point)."""
-    from shardsim.shard.replication.rollback import serve_refetch
+    from shardsim.shard.replication.rollback_run import serve_refetch
     return serve_refetch(node, req.body)
 
 

@@ -270,6 +270,11 @@ class ReplicationCoordinator:
         for ev in self._fetch_waiters:
             ev.set()
 
+    def applying(self, on: bool) -> None:
+        """The caller appends entries the core counted already (the fetcher, the rollback's
+        catch-up): their appends are not new local writes."""
+        self._applying = on
+
     def promise_noop(self, key: int) -> None:
         """A promise past time key ``key`` was asked of this member's change streams
         (``_shardsimAdvanceClusterTime``). Their promise cannot pass the commit point, so on a
@@ -355,9 +360,9 @@ class ReplicationCoordinator:
             self._wake_fetchers()
             self._notify()
         elif kind is StartRollback:
-            from shardsim.shard.replication import rollback
+            from shardsim.shard.replication import rollback_run
             self.rollback_task = asyncio.get_running_loop().create_task(
-                rollback.run(self, eff.source_id))
+                rollback_run.run(self, eff.source_id))
         elif kind is PersistState:
             self._persist()
         elif kind is StepUpFinished:
@@ -461,6 +466,13 @@ class ReplicationCoordinator:
                 self._applying = True
                 try:
                     applier.apply_entries(self.node, list(entries))
+                except MongoError as exc:
+                    # mongod stops (fassert) on an entry it cannot apply; a member here logs it,
+                    # goes back to what its oplog holds and tries again after a pause
+                    log.error("%s: cannot apply fetched entries: %s", self.node.address,
+                              exc.errmsg)
+                    core.applied = core.durable_optime = self.last_applied()
+                    await asyncio.sleep(self.config.heartbeat_interval_ms / 1000.0)
                 finally:
                     self._applying = False
             self.after_core()

@@ -210,14 +210,34 @@ REFETCH = "_shardsimRefetch"
 MEMBER_COMMANDS = MEMBER_COMMANDS + (REFETCH, "replSetGetRBID")
 
 
-def refetch_command(sender_id: int, since: Timestamp | None,
-                    docs: list[tuple[bytes, Any]]) -> dict[str, Any]:
-    """``{_shardsimRefetch: 1, fromId, since?, docs: [{ui, _id}]}``: the sync source's oplog
-    from ``since`` on (the common point's search) and the current version of each document
-    (rs_rollback.cpp ``syncFixUp`` refetches every document a rolled-back entry touched)."""
+def refetch_command(sender_id: int, since: Timestamp | None, keys: list[tuple[bytes, bytes]],
+                    *, oplog: bool = False) -> dict[str, Any]:
+    """``{_shardsimRefetch: 1, fromId, oplog?, since?, keys: [[k0, k1], ...]}``: with ``oplog``
+    the sync source's oplog from ``since`` on (the common point's search, the catch-up), and
+    its current version of each key (rs_rollback.cpp ``syncFixUp`` refetches what the
+    rolled-back entries touched; the keys are ``shard.replication.rollback``'s, two byte
+    strings each)."""
     from bson.binary import Binary
     cmd: dict[str, Any] = {REFETCH: 1, "fromId": sender_id,
-                           "docs": [{"ui": Binary(uuid, 4), "_id": _id} for uuid, _id in docs]}
+                           "keys": [[Binary(k0), Binary(k1)] for k0, k1 in keys]}
+    if oplog:
+        cmd["oplog"] = True
     if since is not None:
         cmd["since"] = since
     return cmd
+
+
+def parse_refetch_keys(body: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
+    """The keys of a ``_shardsimRefetch`` command."""
+    return [(bytes(k[0]), bytes(k[1])) for k in body.get("keys") or ()]
+
+
+def refetch_answers(answers: Mapping[tuple[bytes, bytes], Any]) -> list[Any]:
+    """The answers as the reply carries them: ``[[k0, k1, doc or null], ...]``."""
+    from bson.binary import Binary
+    return [[Binary(k0), Binary(k1), doc] for (k0, k1), doc in answers.items()]
+
+
+def parse_refetch_answers(reply: Mapping[str, Any]) -> dict[tuple[bytes, bytes], Any]:
+    """Key -> document (or None) of a ``_shardsimRefetch`` reply."""
+    return {(bytes(a[0]), bytes(a[1])): a[2] for a in reply.get("answers") or ()}
