@@ -77,6 +77,8 @@ class ShardRegistry:
                 if mon is not None:
                     mon.close()
                 self.monitors[name] = self._make(conn)
+                if self.closed:  # the router is stopping: a monitor that never checks
+                    self.monitors[name].close()
             self._strings[name] = conn
 
     def monitor(self, shard: str) -> ReplicaSetMonitor:

@@ -321,7 +321,8 @@ class ReplicaSetMonitor:
             timeout_s = self.find_host_timeout_ms() / 1000.0
         deadline = time.monotonic() + timeout_s
         self.request_check()
-        assert self._changed is not None
+        if self._changed is None:  # closed before it ever started: fails below at once
+            self._changed = asyncio.Event()
         while True:
             host = self.select(rp, exclude)
             if host is not None:
