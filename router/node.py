@@ -32,7 +32,7 @@ from shardsim.router.commands import FAMILIES
 from shardsim.router.forwarding import BIG_BATCH
 from shardsim.core.gossip import OPERATION_TIME, gossip_command
 from shardsim.router.read_concern import run_with_read_concern
-from shardsim.router.shard_registry import ShardRegistry, read_preference_document
+from shardsim.router.shard_registry import ShardRegistry, config_pool, read_preference_document
 from shardsim.router.transactions import TransactionRouter
 from shardsim.router.writes import NamespaceGate
 from shardsim.core.client import Pool, parse_address
@@ -62,7 +62,8 @@ _LOCAL_AUTH_COMMANDS = frozenset({"saslStart", "saslContinue", "authenticate", "
 
 
 class RouterNode(Node):
-    """``python -m shardsim.router --configdb HOST:PORT``.
+    """``python -m shardsim.router --configdb HOST:PORT`` (or ``setName/HOST:PORT,...``: the
+    config server's replica set, reached at its primary through a monitor).
 
     Attributes other router modules use: ``catalog`` (:class:`router.catalog.CatalogCache`),
     ``config_pool`` (:class:`shardsim.core.client.Pool` to the config server), ``shards``
@@ -84,9 +85,7 @@ class RouterNode(Node):
     def __init__(self, *, configdb: str, **kw: Any) -> None:
         super().__init__(**kw)
         self.configdb = configdb
-        host, port = parse_address(configdb)
-        self.config_pool = Pool(host, port)
-        self.catalog = CatalogCache(self.config_pool, self.clock)
+        self.catalog = CatalogCache(None, self.clock)  # type: ignore[arg-type]
         # options rsm_heartbeat_ms / find_host_timeout_ms (the test kit sets a small heartbeat)
         self.shards = ShardRegistry(
             self.catalog,
@@ -94,6 +93,9 @@ class RouterNode(Node):
                               DEFAULT_HEARTBEAT_S * 1000) / 1000.0,
             find_host_timeout_ms=int(self.options.get("find_host_timeout_ms") or
                                      DEFAULT_FIND_HOST_TIMEOUT_MS))
+        # --configdb host:port: one pool; setName/h1,h2: the set's primary through a monitor
+        self.config_pool = config_pool(configdb, self.shards)
+        self.catalog.config_pool = self.config_pool
         self.catalog.primary_resolver = self._primary_address
         self._refresher: asyncio.Task | None = None
         self.transactions = TransactionRouter(self.clock)
@@ -367,6 +369,7 @@ class RouterNode(Node):
         if self._refresher is not None:
             self._refresher.cancel()
         self.shards.close()
+        self.config_pool.close()
 
     async def shutdown(self) -> None:
         """Stop refreshing, close the promise channels of change streams, stop the shards'

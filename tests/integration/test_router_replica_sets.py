@@ -338,3 +338,40 @@ async def _wait(pred: Any, timeout: float = 5.0) -> None:
     while not pred():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.01)
+
+
+def test_a_router_given_the_config_server_as_a_replica_set() -> None:
+    from shardsim.core.server import Server
+    from shardsim.router.node import RouterNode
+    from shardsim.router.shard_registry import PrimaryPool
+
+    async def main() -> None:
+        async with AsyncShardedCluster(shards=2, seed=7) as c:
+            config_addr = c.node("config").address
+            node = RouterNode(configdb=f"config/{config_addr}", host="127.0.0.1", port=0,
+                              test_commands=True, options={"rsm_heartbeat_ms": 100})
+            assert isinstance(node.config_pool, PrimaryPool)
+            server = Server(node)
+            await server.start()
+            client: Any = pymongo.AsyncMongoClient(node.address, directConnection=True)
+            try:
+                shards = (await client.admin.command("listShards"))["shards"]
+                assert [s["_id"] for s in shards] == c.shard_names
+                assert node.config_pool.monitor.primary == config_addr
+                await client.admin.command("shardCollection", "cfg.c", key={"_id": "hashed"})
+                async with await client.cfg.c.watch() as stream:
+                    await client.cfg.c.insert_many([{"_id": i} for i in range(4)])
+                    got = [(await stream.next())["documentKey"]["_id"] for _ in range(4)]
+                assert sorted(got) == [0, 1, 2, 3]
+                status = await client.admin.command("serverStatus")
+                assert status["sharding"]["configsvrConnectionString"] == f"config/{config_addr}"
+                # an error that says the primary moved: the next command finds it again
+                node.config_pool.monitor.update_host_with_status(
+                    config_addr, MongoError(10107, "not primary"))
+                assert node.config_pool.monitor.primary is None
+                assert [s["_id"] for s in (await client.admin.command("listShards"))["shards"]] \
+                    == c.shard_names
+            finally:
+                await client.close()
+                await server.close()
+    asyncio.run(main())
