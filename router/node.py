@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from bson.int64 import Int64
@@ -184,16 +185,19 @@ class RouterNode(Node):
                                raw: bool = False, check: bool = True,
                                timeout: float | None = None,
                                read_preference: ReadPreference | None = None,
-                               host: str | None = None) -> tuple[str, Any]:
+                               host: str | None = None,
+                               target_timeout_s: float | None = None) -> tuple[str, Any]:
         """:meth:`shard_command` returning ``(host, reply)``: the member that answered (where
-        the getMores of a cursor it opened must go)."""
+        the getMores of a cursor it opened must go). ``target_timeout_s`` bounds the wait for a
+        member (default ``defaultFindReplicaSetHostTimeoutMS``)."""
         if cmd.get("autocommit") is False:
             cmd = self.transactions.attach(shard, cmd)
             read_preference = None
         cmd = shard_versioning.attach(self, shard, db, cmd)
         registry = self.shards
         if host is None:
-            host, pool = await registry.target(shard, read_preference)
+            host, pool = await registry.target(shard, read_preference,
+                                               timeout_s=target_timeout_s)
             if read_preference is not None and read_preference.mode != "primary":
                 cmd = {**cmd, "$readPreference": read_preference_document(read_preference)}
         else:
@@ -215,14 +219,16 @@ class RouterNode(Node):
         answered, reply)``. A failure that says the member is not primary, unreachable or
         shutting down is retried on the member the monitor selects next, up to
         :data:`ESTABLISH_ATTEMPTS` attempts (``AsyncRequestsSender``'s
-        ``kMaxNumFailedHostRetryAttempts``); each selection waits up to
-        ``defaultFindReplicaSetHostTimeoutMS`` for a member (FailedToSatisfyReadPreference 133,
+        ``kMaxNumFailedHostRetryAttempts``), all within one ``defaultFindReplicaSetHostTimeoutMS``
+        (15 s) of waiting for a member, after which FailedToSatisfyReadPreference (133,
         ``RemoteCommandTargeterRS::findHost``). Other errors are raised at once. Safe to
         repeat: a cursor opened by a lost reply is never used and times out on the member."""
+        deadline = time.monotonic() + self.shards.find_host_timeout_ms / 1000.0
         for attempt in range(ESTABLISH_ATTEMPTS):
             try:
-                host, reply = await self.shard_command_at(shard, db, cmd, raw=raw,
-                                                          read_preference=read_preference)
+                host, reply = await self.shard_command_at(
+                    shard, db, cmd, raw=raw, read_preference=read_preference,
+                    target_timeout_s=max(0.0, deadline - time.monotonic()))
                 return self.shards.monitor(shard).pool(host), reply
             except MongoError as exc:
                 if exc.code not in _ESTABLISH_RETRY_CODES or attempt == ESTABLISH_ATTEMPTS - 1:

@@ -93,17 +93,18 @@ class ShardRegistry:
         return mon
 
     # -- targeting ----------------------------------------------------------------------------
-    async def target(self, shard: str,
-                     read_preference: ReadPreference | None = None) -> tuple[str, Any]:
-        """``(host, pool)`` of the member a command to ``shard`` goes to: the cached primary for a primary read preference, else a selection that may
-        wait (133 after ``defaultFindReplicaSetHostTimeoutMS``)."""
+    async def target(self, shard: str, read_preference: ReadPreference | None = None, *,
+                     timeout_s: float | None = None) -> tuple[str, Any]:
+        """``(host, pool)`` of the member a command to ``shard`` goes to: the cached primary
+        for a primary read preference, else a selection that may wait ``timeout_s`` (default
+        ``defaultFindReplicaSetHostTimeoutMS``), then FailedToSatisfyReadPreference (133)."""
         mon = self.monitor(shard)
         rp = read_preference or PRIMARY_ONLY
         if rp.mode == "primary":
             pool = mon.primary_pool()
             if pool is not None:
                 return mon.primary, pool  # type: ignore[return-value]
-        host = await mon.get_host(rp)
+        host = await mon.get_host(rp, timeout_s=timeout_s)
         return host, mon.pool(host)
 
     def primary_pool_or_seed(self, shard: str) -> Any:

@@ -299,6 +299,16 @@ def test_a_three_member_set_primary_changes_and_read_preferences_over_the_wire()
                     async with on(h2) as d:
                         assert await d.onrs.c.find_one({"_id": 2}) == {"_id": 2}
                     assert mon.primary == h2
+
+                    # h1 is elected again, unseen: opening a change stream's cursor on h2 gets
+                    # NotPrimaryNoSecondaryOk, and the establishment is retried on h1
+                    state.step(h1)
+                    state.refused.clear()
+                    async with await client.onrs.c.watch() as stream:
+                        await client.onrs.c.insert_one({"_id": 4})
+                        assert (await stream.next())["documentKey"] == {"_id": 4}
+                    assert state.refused[0] == (h2, "aggregate")
+                    assert mon.primary == h1
                     mon.heartbeat_s = 0.1
 
                     # the primary dies, h3 is elected: the write that finds out is retried there
