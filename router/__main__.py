@@ -20,7 +20,8 @@ from shardsim.core import server_version as server_version_mod
 @click.command(context_settings={"show_default": True})
 @click.option("--port", type=int, default=27017, help="TCP port (0 picks a free one).")
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
-@click.option("--configdb", required=True, help="The config server, HOST:PORT.")
+@click.option("--configdb", required=True,
+              help="The config server: HOST:PORT, or its replica set SETNAME/HOST:PORT,...")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
 @test_commands_options

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from bson.int64 import Int64
@@ -32,7 +33,7 @@ from shardsim.router.commands import FAMILIES
 from shardsim.router.forwarding import BIG_BATCH
 from shardsim.core.gossip import OPERATION_TIME, gossip_command
 from shardsim.router.read_concern import run_with_read_concern
-from shardsim.router.shard_registry import ShardRegistry, read_preference_document
+from shardsim.router.shard_registry import ShardRegistry, config_pool, read_preference_document
 from shardsim.router.transactions import TransactionRouter
 from shardsim.router.writes import NamespaceGate
 from shardsim.core.client import Pool, parse_address
@@ -62,7 +63,8 @@ _LOCAL_AUTH_COMMANDS = frozenset({"saslStart", "saslContinue", "authenticate", "
 
 
 class RouterNode(Node):
-    """``python -m shardsim.router --configdb HOST:PORT``.
+    """``python -m shardsim.router --configdb HOST:PORT`` (or ``setName/HOST:PORT,...``: the
+    config server's replica set, reached at its primary through a monitor).
 
     Attributes other router modules use: ``catalog`` (:class:`router.catalog.CatalogCache`),
     ``config_pool`` (:class:`shardsim.core.client.Pool` to the config server), ``shards``
@@ -84,9 +86,7 @@ class RouterNode(Node):
     def __init__(self, *, configdb: str, **kw: Any) -> None:
         super().__init__(**kw)
         self.configdb = configdb
-        host, port = parse_address(configdb)
-        self.config_pool = Pool(host, port)
-        self.catalog = CatalogCache(self.config_pool, self.clock)
+        self.catalog = CatalogCache(None, self.clock)  # type: ignore[arg-type]
         # options rsm_heartbeat_ms / find_host_timeout_ms (the test kit sets a small heartbeat)
         self.shards = ShardRegistry(
             self.catalog,
@@ -94,6 +94,9 @@ class RouterNode(Node):
                               DEFAULT_HEARTBEAT_S * 1000) / 1000.0,
             find_host_timeout_ms=int(self.options.get("find_host_timeout_ms") or
                                      DEFAULT_FIND_HOST_TIMEOUT_MS))
+        # --configdb host:port: one pool; setName/h1,h2: the set's primary through a monitor
+        self.config_pool = config_pool(configdb, self.shards)
+        self.catalog.config_pool = self.config_pool
         self.catalog.primary_resolver = self._primary_address
         self._refresher: asyncio.Task | None = None
         self.transactions = TransactionRouter(self.clock)
@@ -182,16 +185,19 @@ class RouterNode(Node):
                                raw: bool = False, check: bool = True,
                                timeout: float | None = None,
                                read_preference: ReadPreference | None = None,
-                               host: str | None = None) -> tuple[str, Any]:
+                               host: str | None = None,
+                               target_timeout_s: float | None = None) -> tuple[str, Any]:
         """:meth:`shard_command` returning ``(host, reply)``: the member that answered (where
-        the getMores of a cursor it opened must go)."""
+        the getMores of a cursor it opened must go). ``target_timeout_s`` bounds the wait for a
+        member (default ``defaultFindReplicaSetHostTimeoutMS``)."""
         if cmd.get("autocommit") is False:
             cmd = self.transactions.attach(shard, cmd)
             read_preference = None
         cmd = shard_versioning.attach(self, shard, db, cmd)
         registry = self.shards
         if host is None:
-            host, pool = await registry.target(shard, read_preference)
+            host, pool = await registry.target(shard, read_preference,
+                                               timeout_s=target_timeout_s)
             if read_preference is not None and read_preference.mode != "primary":
                 cmd = {**cmd, "$readPreference": read_preference_document(read_preference)}
         else:
@@ -213,14 +219,16 @@ class RouterNode(Node):
         answered, reply)``. A failure that says the member is not primary, unreachable or
         shutting down is retried on the member the monitor selects next, up to
         :data:`ESTABLISH_ATTEMPTS` attempts (``AsyncRequestsSender``'s
-        ``kMaxNumFailedHostRetryAttempts``); each selection waits up to
-        ``defaultFindReplicaSetHostTimeoutMS`` for a member (FailedToSatisfyReadPreference 133,
+        ``kMaxNumFailedHostRetryAttempts``), all within one ``defaultFindReplicaSetHostTimeoutMS``
+        (15 s) of waiting for a member, after which FailedToSatisfyReadPreference (133,
         ``RemoteCommandTargeterRS::findHost``). Other errors are raised at once. Safe to
         repeat: a cursor opened by a lost reply is never used and times out on the member."""
+        deadline = time.monotonic() + self.shards.find_host_timeout_ms / 1000.0
         for attempt in range(ESTABLISH_ATTEMPTS):
             try:
-                host, reply = await self.shard_command_at(shard, db, cmd, raw=raw,
-                                                          read_preference=read_preference)
+                host, reply = await self.shard_command_at(
+                    shard, db, cmd, raw=raw, read_preference=read_preference,
+                    target_timeout_s=max(0.0, deadline - time.monotonic()))
                 return self.shards.monitor(shard).pool(host), reply
             except MongoError as exc:
                 if exc.code not in _ESTABLISH_RETRY_CODES or attempt == ESTABLISH_ATTEMPTS - 1:
@@ -367,6 +375,7 @@ class RouterNode(Node):
         if self._refresher is not None:
             self._refresher.cancel()
         self.shards.close()
+        self.config_pool.close()
 
     async def shutdown(self) -> None:
         """Stop refreshing, close the promise channels of change streams, stop the shards'

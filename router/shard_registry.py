@@ -3,8 +3,9 @@
 
 One :class:`shardsim.core.replica_set_monitor.ReplicaSetMonitor` per shard, built from the
 shard's ``config.shards.host`` (``setName/host1,host2``) as the catalog cache last loaded it.
-(The config server is still reached through one pool to ``--configdb``: its monitor waits for
-the lead's multi-member config server, see docs/replication.md.) The registry follows the catalog: a shard
+The config server is reached through :func:`config_pool`: one pool for a plain
+``--configdb host:port``, a :class:`PrimaryPool` over a monitor for ``setName/host,...``.
+The registry follows the catalog: a shard
 removed from ``config.shards`` loses its monitor, a shard whose set name changed gets a new
 one, new seed hosts of a known set are only added (the monitor discovers the rest itself).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shardsim.core.client import Pool
 from shardsim.core.errors import MongoError
 from shardsim.core.replica_set_monitor import (
     DEFAULT_FIND_HOST_TIMEOUT_MS, DEFAULT_HEARTBEAT_S, NETWORK_CODES, NOT_PRIMARY_CODES,
@@ -77,6 +79,8 @@ class ShardRegistry:
                 if mon is not None:
                     mon.close()
                 self.monitors[name] = self._make(conn)
+                if self.closed:  # the router is stopping: a monitor that never checks
+                    self.monitors[name].close()
             self._strings[name] = conn
 
     def monitor(self, shard: str) -> ReplicaSetMonitor:
@@ -89,17 +93,18 @@ class ShardRegistry:
         return mon
 
     # -- targeting ----------------------------------------------------------------------------
-    async def target(self, shard: str,
-                     read_preference: ReadPreference | None = None) -> tuple[str, Any]:
-        """``(host, pool)`` of the member a command to ``shard`` goes to: the cached primary for a primary read preference, else a selection that may
-        wait (133 after ``defaultFindReplicaSetHostTimeoutMS``)."""
+    async def target(self, shard: str, read_preference: ReadPreference | None = None, *,
+                     timeout_s: float | None = None) -> tuple[str, Any]:
+        """``(host, pool)`` of the member a command to ``shard`` goes to: the cached primary
+        for a primary read preference, else a selection that may wait ``timeout_s`` (default
+        ``defaultFindReplicaSetHostTimeoutMS``), then FailedToSatisfyReadPreference (133)."""
         mon = self.monitor(shard)
         rp = read_preference or PRIMARY_ONLY
         if rp.mode == "primary":
             pool = mon.primary_pool()
             if pool is not None:
                 return mon.primary, pool  # type: ignore[return-value]
-        host = await mon.get_host(rp)
+        host = await mon.get_host(rp, timeout_s=timeout_s)
         return host, mon.pool(host)
 
     def primary_pool_or_seed(self, shard: str) -> Any:
@@ -141,6 +146,70 @@ class ShardRegistry:
     def describe(self) -> dict[str, Any]:
         """``{setName: {hosts: [...]}}`` of every monitor (``connPoolStats.replicaSets``)."""
         return {mon.name: mon.describe() for mon in self.monitors.values()}
+
+
+class PrimaryPool:
+    """A :class:`shardsim.core.client.Pool` look-alike whose commands go to the primary of a
+    replica set (the router's config server when ``--configdb`` is ``setName/h1,h2``, as
+    mongos' ``ShardRegistry`` keeps a ``ShardRemote`` for the config shard): each command
+    waits for a primary (133 after ``defaultFindReplicaSetHostTimeoutMS``) and tells the
+    monitor what its failure says. :meth:`pin` gives the pool of the current primary itself,
+    for a cursor whose getMores must reach the member that opened it."""
+
+    def __init__(self, monitor: ReplicaSetMonitor) -> None:
+        self.monitor = monitor
+
+    @property
+    def address(self) -> str:
+        """The primary's ``host:port`` when known, else the first seed's."""
+        return self.monitor.primary or self.monitor.seed_string.hosts[0]
+
+    @property
+    def host(self) -> str:
+        return self.address.rpartition(":")[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+    async def pin(self) -> Any:
+        """The pool of the primary now (waiting for one)."""
+        return self.monitor.pool(await self.monitor.get_host())
+
+    async def command(self, db: str, cmd: dict[str, Any], **kw: Any) -> Any:
+        """Run one command on the primary (see the class docstring)."""
+        mon = self.monitor
+        pool = mon.primary_pool()
+        host = mon.primary
+        if pool is None or host is None:
+            host = await mon.get_host()
+            pool = mon.pool(host)
+        try:
+            reply = await pool.command(db, cmd, **kw)
+        except MongoError as exc:
+            if exc.code in _TELLING:
+                mon.update_host_with_status(host, exc)
+            raise
+        if not reply.get("ok") and reply.get("code") in _TELLING:
+            mon.update_host_with_status(host, MongoError(int(reply["code"]),
+                                                         str(reply.get("errmsg", ""))))
+        return reply
+
+    def close(self) -> None:
+        """Stop the monitor and close its pools."""
+        self.monitor.close()
+
+
+def config_pool(configdb: str, registry: "ShardRegistry") -> Any:
+    """How the router reaches its config server: ``--configdb`` ``host:port`` -> one
+    :class:`shardsim.core.client.Pool` (a command to a config server that is down fails at once
+    with the network error); ``setName/host1:port1,...`` -> a :class:`PrimaryPool` over a
+    monitor of that set (FailedToParse 9 / BadValue 2 for a bad string)."""
+    conn = ConnectionString.parse(configdb)
+    if conn.set_name is None:
+        host, _, port = conn.hosts[0].rpartition(":")
+        return Pool(host, int(port))
+    return PrimaryPool(registry._make(conn))
 
 
 def read_preference_document(rp: ReadPreference) -> dict[str, Any]:

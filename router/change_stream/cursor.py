@@ -228,6 +228,9 @@ class RouterChangeStream:
         router = self.router
         if shard is None:
             pool = router.config_pool
+            pin = getattr(pool, "pin", None)
+            if pin is not None:  # a config server replica set: the cursor is on its primary
+                pool = await pin()
             reply = await gossip_command(router.clock, pool, db, cmd, raw=True)
         else:  # the member the stream's read preference selects, with retries (133 at worst)
             pool, reply = await router.establish_cursor(shard, db, cmd, raw=True,

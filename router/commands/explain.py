@@ -82,6 +82,11 @@ async def _targets(node: "RouterNode", sub: Request, name: str, ns: str) -> list
 
 
 def _connection_string(node: "RouterNode", shard: str) -> str:
+    """The shard's connection string as explain reports it: its ``config.shards.host``
+    (``setName/host1,host2,...``, the set's members)."""
+    conn = node.catalog.shard_connection_string(shard)
+    if conn:
+        return conn
     addr = node.catalog.shard_address(shard)
     return f"{shard}/{addr[0]}:{addr[1]}" if addr else shard
 

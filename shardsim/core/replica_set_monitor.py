@@ -321,7 +321,8 @@ class ReplicaSetMonitor:
             timeout_s = self.find_host_timeout_ms() / 1000.0
         deadline = time.monotonic() + timeout_s
         self.request_check()
-        assert self._changed is not None
+        if self._changed is None:  # closed before it ever started: fails below at once
+            self._changed = asyncio.Event()
         while True:
             host = self.select(rp, exclude)
             if host is not None:
@@ -433,10 +434,19 @@ class ReplicaSetMonitor:
         or at once when woken (``ServerDiscoveryMonitor``)."""
         streaming = False
         while not self.closed and host in self.members:
+            m = self.members.get(host)
+            sent = m.topology_version if m is not None else None
+            started = time.monotonic()
             ok = await self._check(host, awaitable=streaming)
             m = self.members.get(host)
             # streaming from the second reply with a topologyVersion on: the next hello waits
+            was_streaming = streaming
             streaming = bool(ok and m is not None and m.topology_version is not None)
+            if streaming and was_streaming and m is not None and m.topology_version == sent \
+                    and time.monotonic() - started < self.await_ms / 2000.0:
+                # an unchanged reply well before maxAwaitTimeMS: the member does not wait
+                # (no awaitable hello); poll it instead of asking again at once
+                streaming = False
             if streaming:
                 continue
             wake = self._wake.get(host)

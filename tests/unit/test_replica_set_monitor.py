@@ -397,3 +397,15 @@ def test_the_registry_follows_config_shards() -> None:
     cat.set([{"_id": "shard0", "host": "other/c:1"}])  # another set under the name: a new one
     assert reg.monitor("shard0") is not m0 and m0.closed
     reg.close()
+
+
+def test_a_closed_monitor_fails_selections_at_once() -> None:
+    async def main() -> None:
+        rs = FakeReplicaSet("rs0", 1)
+        mon = _monitor(rs)
+        mon.close()
+        with pytest.raises(MongoError) as info:
+            await mon.get_host(timeout_s=5)
+        assert info.value.code == 133
+        assert rs.hellos["h0:27017"] == 0
+    run(main())
