@@ -1,19 +1,30 @@
-"""Merged catch-up read of a 3-shard backlog through the router vs reading one shard directly.
+"""Merged catch-up read of a 3-shard backlog through the router vs reading one shard directly,
+and vs what the client and the loopback themselves cost for the same events.
 
 Inserts N documents spread over 3 shards, then reads the whole backlog as a change stream
 started at the cluster time before the inserts: (a) through the router (merged, N events),
-(b) directly from one shard (its N/3 events), and (c) the pymongo client's own ceiling
-(decoding the same events from raw BSON). Prints events/s and ratios against (b).
-Target (issue 7): (a) >= 100,000 events/s on a 2-core machine.
+(b) directly from one shard (its N/3 events), (c) the pymongo client's own decode ceiling
+(``bson.decode_all`` of the same events' raw BSON, best of ``--ceiling-reps`` timings; the
+events are the router's own bytes) and (d) the replay floor: the same pymongo read
+(``watch()`` + ``try_next()`` per event, as (a)) from a stub server in its own process that
+answers with the router's events pre-encoded (``bench/_replay_server.py``: no work per
+event), i.e. what the client and the loopback cost. Prints events/s, ratios against (b), and
+(a) as a fraction of (c) and (d) (issue 30: (a) >= 0.8x (c)).
+Targets: issue 7: (a) >= 100,000 events/s on a 2-core machine; issue 30: (a) >= 0.8x (c).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import bson
+from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
 from _common import (DB, cluster_time, cpu_seconds, direct_client, insert_backlog, machine, ratio,
@@ -25,6 +36,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--events", type=int, default=60_000)
     ap.add_argument("--reads", type=int, default=3, help="router reads of the same backlog")
+    ap.add_argument("--ceiling-reps", type=int, default=3,
+                    help="timings of the decode ceiling and the replay floor (best one counts)")
     args = ap.parse_args()
     print(f"# bench_catchup  {machine()}")
     with Cluster(shards=3) as cluster:
@@ -53,23 +66,61 @@ def main() -> None:
         per_shard = len(ids) // len(shards)
         sh = direct_client(hosts[shards[0]])
         got_d, t_d = read_events(sh[DB], per_shard, start_at_operation_time=start)
-        # client ceiling: decode the same number of raw change events
-        sample = []
-        with client[DB].watch(start_at_operation_time=start, batch_size=10000) as s:
-            for _ in range(min(10000, len(ids))):
-                sample.append(bson.encode(s.next()))
-        raw = b"".join(sample)
-        reps = max(1, len(ids) // len(sample))
-        t = time.perf_counter()
-        for _ in range(reps):
-            bson.decode_all(raw)
-        t_c = time.perf_counter() - t
-        rate_r, rate_d, rate_c = got_r / t_r, got_d / t_d, reps * len(sample) / t_c
+        # The router's own event bytes, all of them (a RawBSONDocument client keeps them as sent).
+        raw_client = MongoClient(cluster.router_uri, document_class=RawBSONDocument)
+        events = []
+        with raw_client[DB].watch(start_at_operation_time=start, batch_size=10000) as s:
+            while len(events) < len(ids):
+                ev = s.try_next()
+                if ev is not None:
+                    events.append(ev.raw)
+        raw_client.close()
+        raw = b"".join(events)
+        # (c) client decode ceiling: the best of several timings of decoding them all.
+        t_c = min(_timed(bson.decode_all, raw) for _ in range(args.ceiling_reps))
+        # (d) replay floor: the same pymongo read from a server that does no work per event.
+        rate_p = replay_floor(raw, len(events), args.ceiling_reps)
+        rate_r, rate_d, rate_c = got_r / t_r, got_d / t_d, len(events) / t_c
         print(f"router merged catch-up : {got_r:>8,} events in {t_r:6.2f} s = {rate_r:>10,.0f} ev/s "
               f"({ratio(rate_r, rate_d)} of direct; median of {args.reads} reads)")
         print(f"one shard direct (base): {got_d:>8,} events in {t_d:6.2f} s = {rate_d:>10,.0f} ev/s (1.00x)")
-        print(f"pymongo decode ceiling : {reps * len(sample):>8,} events in {t_c:6.2f} s = {rate_c:>10,.0f} ev/s "
-              f"({ratio(rate_c, rate_d)} of direct)")
+        print(f"pymongo decode ceiling : {len(events):>8,} events in {t_c:6.2f} s = {rate_c:>10,.0f} ev/s "
+              f"({ratio(rate_c, rate_d)} of direct; best of {args.ceiling_reps})")
+        print(f"replay floor (client + loopback, no server work): {rate_p:>10,.0f} ev/s "
+              f"({ratio(rate_p, rate_d)} of direct; best of {args.ceiling_reps})")
+        print(f"router / decode ceiling = {rate_r / rate_c:.2f}x (issue 30 target >= 0.80x); "
+              f"router / replay floor = {rate_r / rate_p:.2f}x")
+
+
+def _timed(fn, *a) -> float:
+    t = time.perf_counter()
+    fn(*a)
+    return time.perf_counter() - t
+
+
+def replay_floor(raw: bytes, n: int, reps: int) -> float:
+    """Events/s of the best of ``reps`` reads of ``raw``'s ``n`` events through pymongo's
+    ``watch()`` from ``bench/_replay_server.py`` (10,000 events per reply, as the router's
+    batches here)."""
+    with tempfile.NamedTemporaryFile(suffix=".bson", delete=False) as f:
+        f.write(raw)
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.Popen([sys.executable, os.path.join(here, "_replay_server.py"), f.name,
+                             f"{DB}.c0", "10000"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        host = line.strip().rsplit(" ", 1)[-1]
+        c = MongoClient(f"mongodb://{host}/?directConnection=true")
+        best = 0.0
+        for _ in range(reps):
+            got, secs = read_events(c[DB].c0, n)
+            best = max(best, got / secs)
+        c.close()
+        return best
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        os.unlink(f.name)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ sample (``idle``, the situation of ``bench_promise_modes.py``):
   ``bench_promise_modes.py`` split at the moment ``insert_one`` returns.
 
 Usage: ``python bench/bench_latency_breakdown.py [--samples N] [--gap-ms MS]``. Prints
-p50/p95/p99 per probe (ms) and the process CPU seconds the cluster used. Figures only.
+p50/p95/p99 per probe (ms), the CPU and the write system calls (``/proc/PID/io`` ``syscw``:
+one per message sent, about) per insert-to-event sample and process, and issue 30's ratios:
+the event's p50/p99 against the idle ``ping router`` p50 measured in the same run (targets
+<= 2x and <= 4x) and the router's CPU per sample (target < 0.7 ms). Figures only.
 """
 
 from __future__ import annotations
@@ -36,6 +39,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import cpu_seconds, insert_then_event, machine  # noqa: E402  (also puts the project root on sys.path)
 from shardsim.tools.launcher import Cluster  # noqa: E402
+
+
+def write_calls(pid: int) -> int:
+    """Write-family system calls ``pid`` has made so far (``/proc/PID/io`` ``syscw``; 0 where
+    unreadable): a role process writes each message it sends with one."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for ln in f:
+                if ln.startswith("syscw:"):
+                    return int(ln.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def pct(s: list[float], p: float) -> float:
@@ -67,7 +83,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=150)
     ap.add_argument("--gap-ms", type=float, default=250.0)
-    ap.add_argument("--event-only", action="store_true", help="only the insert-to-event probe")
+    ap.add_argument("--event-only", action="store_true",
+                    help="only the insert-to-event probe (and the idle router ping it is compared with)")
     ap.add_argument("--idle-s", type=float, default=10.0,
                     help="seconds of no writes to measure the background CPU")
     a = ap.parse_args()
@@ -101,11 +118,14 @@ def main() -> None:
                 ("insert router (unwatched)", lambda i: other.insert_one({"_id": i, "k": 0})),
             ]
             nxt = 0
-            for name, fn in ([] if a.event_only else probes):
-                for label, gap in (("b2b", 0.0), ("idle", g)):
+            ping_idle = None
+            for name, fn in (probes[:1] if a.event_only else probes):
+                for label, gap in ((("idle", g),) if a.event_only else (("b2b", 0.0), ("idle", g))):
                     xs = probe(fn, n, gap, rng, nxt)
                     nxt += n
                     print(line(f"{name} {label}", xs), flush=True)
+                    if name == "ping router" and label == "idle":
+                        ping_idle = pct(sorted(xs), 50)
             with lat.watch(max_await_time_ms=1000) as stream:
                 stream.try_next()
                 for label, gap in (() if a.event_only else (("b2b", 0.0), ("idle", g))):
@@ -126,6 +146,7 @@ def main() -> None:
                              for p in cluster.processes}
                 ins, gm, tot = [], [], []
                 per_proc0 = {p.name: cpu_seconds([p.pid]) for p in cluster.processes}
+                writes0 = {p.name: write_calls(p.pid) for p in cluster.processes}
                 t_run = time.perf_counter()
                 for i in range(nxt, nxt + n):
                     time.sleep(rng.random() * g / 1000)
@@ -138,11 +159,20 @@ def main() -> None:
                 per_proc = {p.name: (cpu_seconds([p.pid]) - per_proc0[p.name]
                                      - idle_rate[p.name] * t_run) / n * 1e6
                             for p in cluster.processes}
+                writes = {p.name: (write_calls(p.pid) - writes0[p.name]) / n
+                          for p in cluster.processes}
                 print(line("event: insert (idle)", ins))
                 print(line("event: getMore (idle)", gm))
                 print(line("event: total (idle)", tot))
                 print("CPU per insert-to-event sample, background subtracted (us): "
                       + ", ".join(f"{k} {v:.0f}" for k, v in per_proc.items()))
+                print("write system calls per sample (background included): "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in writes.items()))
+                st = sorted(tot)
+                if ping_idle:
+                    print(f"issue 30: event p50 / ping router idle p50 = {pct(st, 50) / ping_idle:.2f}x "
+                          f"(target <= 2x), p99 / ping p50 = {pct(st, 99) / ping_idle:.2f}x (target <= 4x); "
+                          f"router CPU per sample {per_proc.get('router', 0) / 1000:.2f} ms (target < 0.7)")
                 print("background CPU with the watcher open and no writes (ms/s): "
                       + ", ".join(f"{k} {v * 1000:.1f}" for k, v in idle_rate.items()))
                 print(f"cluster CPU during the probes: {cpu1 - cpu0:.2f} s "

@@ -299,6 +299,9 @@ class WriteExecutor:
             self.router.promise_requests.on_shard_write(shard, self.ns, reply.get("operationTime"))
             return reply
 
+        # change streams: ask idle shards for promises past this write's time now, so their
+        # promises travel while the write does (router/change_stream/promise_requests.py)
+        self.router.promise_requests.before_shard_write(run.shards, self.ns, len(run.ops))
         if len(run.shards) == 1:
             # The common targeted write: awaited in this task (gather would wrap it in a Task,
             # and the client's reply would wait a loop iteration behind whatever else is ready,

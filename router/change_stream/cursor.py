@@ -532,9 +532,11 @@ class RouterChangeStreamCursor(Cursor):
             if merge.merger.ready():
                 continue
             try:
-                await asyncio.wait_for(st.wake.wait(),
-                                       remaining if recheck is None else min(remaining, recheck))
-            except asyncio.TimeoutError:
+                # (asyncio.timeout, not wait_for: no Task wrapped around the wait per round)
+                async with asyncio.timeout(remaining if recheck is None
+                                           else min(remaining, recheck)):
+                    await st.wake.wait()
+            except TimeoutError:
                 if recheck is None or recheck >= remaining:
                     break
         st.schedule_getmores()  # first batch: start waiting on shards now; later: prefetch

@@ -58,6 +58,10 @@ log = logging.getLogger("shardsim.router.change_stream")
 
 # Ask idle shards for promises from the write path too (see PromiseRequests.on_shard_write).
 EARLY_PROMISE_REQUESTS = True
+# Requests sent before a write is forwarded (PromiseRequests.before_shard_write) ask for a
+# promise this many ticks past the router's clock plus one per statement: enough for the
+# write's own time when the written shard's clock is at most this far ahead of the router's.
+EARLY_TICKS = 4
 # A remote whose last reply carried events is busy and answers soon anyway: it is asked only
 # once its getMore has been out this long (ms).
 ACTIVE_REQUEST_DELAY_MS = 10
@@ -140,6 +144,42 @@ class PromiseRequests:
                 continue
             for r in st.merger.remotes:
                 if r.name == shard or r.closed or not r.in_flight:
+                    continue
+                addr = r.address
+                if not addr or sent.get(addr, -1) >= t:
+                    continue
+                if r.promise is not None and (token_ts_key(r.promise[0]) or 0) > t:
+                    continue
+                self.send(st.pools[r.rid], addr, t)
+
+    def before_shard_write(self, shards: Any, ns: str, statements: int) -> None:
+        """The router is about to forward a write of ``statements`` statements on ``ns`` to
+        ``shards``: for every open stream that can see ``ns``, ask its other remotes with a
+        getMore out (the idle shards and the config server) now, in parallel with the write,
+        for a promise past T' = the time the router's clock would tick to now (its cluster
+        time + 1, or the wall clock's second: ``HybridLogicalClock.next_tick_key``) +
+        ``statements`` + :data:`EARLY_TICKS` ticks, unless already asked for T' or later or
+        promised past it.
+
+        Why it is safe and what it buys: the write carries the router's cluster time to the
+        written shard, which stamps it (one tick per statement) with times up to T' while its
+        own clock is not ahead of the router's by more than :data:`EARLY_TICKS` ticks (and its
+        wall clock not ahead of the router's); an idle shard asked for T' moves its clock to T' (gossip, no oplog
+        entry) and so promises past T' honestly, as for any request
+        (``shard/change_stream/cursor.py`` ``advance_cluster_time``). Its promise then reaches
+        the router about when the write's reply and event do, instead of a round trip after
+        the reply (:meth:`on_shard_write`, which still asks when the write's time turns out
+        to be past T'). Only latency: the merge rule decides what is released. Never raises."""
+        streams = self.streams
+        if not streams or not EARLY_PROMISE_REQUESTS:
+            return
+        t = self.clock.next_tick_key() + statements + EARLY_TICKS
+        sent = self.sent
+        for st in list(streams):
+            if st.closed or not st.watches(ns):
+                continue
+            for r in st.merger.remotes:
+                if r.name in shards or r.closed or not r.in_flight:
                     continue
                 addr = r.address
                 if not addr or sent.get(addr, -1) >= t:

@@ -85,6 +85,18 @@ class HybridLogicalClock:
         self._last = first + ticks - 1
         return ts_from_key(first)
 
+    def next_tick_key(self) -> int:
+        """The ts key :meth:`tick` would reserve now (seconds caught up with the wall clock,
+        increment bumped), without reserving it: what a process whose clock equals this one
+        stamps its next write with (the router's early promise requests)."""
+        secs, inc = self._last >> 32, self._last & MAX_INC
+        wall_secs = int(self._wall())
+        if wall_secs > secs:
+            return (wall_secs << 32) | 1
+        if inc >= MAX_TIME_VALUE:
+            return (secs + 1) << 32 | 1
+        return (secs << 32) | (inc + 1)
+
     def check(self, ts: Timestamp, name: str = "$clusterTime") -> None:
         """Refuse a gossiped time as ``VectorClock::_ensurePassesRateLimiter`` does: seconds
         more than ``max_drift_s`` ahead of the wall clock -> ClusterTimeFailsRateLimiter (205);

@@ -51,7 +51,7 @@ def _missing(path: str) -> MongoError:
 
 def _check_signature(sig: Any) -> None:
     path = "$clusterTime.signature"
-    if not isinstance(sig, Mapping):
+    if type(sig) is not dict and not isinstance(sig, Mapping):  # (dict: no ABC check per command)
         raise _wrong_type(path, sig, "object")
     if "hash" not in sig:
         raise _missing(f"{path}.hash")
@@ -83,7 +83,7 @@ def parse_gossip(body: Mapping[str, Any]) -> Timestamp | None:
     if "$clusterTime" not in body:
         return None
     ct = body["$clusterTime"]
-    if not isinstance(ct, Mapping):
+    if type(ct) is not dict and not isinstance(ct, Mapping):
         raise _wrong_type("$clusterTime", ct, "object")
     if "clusterTime" not in ct:
         raise _missing("$clusterTime.clusterTime")

@@ -53,33 +53,43 @@ class LocalSessionCache:
     for :data:`SESSION_TIMEOUT` are dropped as new ones arrive (the server's reaper)."""
 
     def __init__(self, timeout: datetime.timedelta = SESSION_TIMEOUT) -> None:
-        self.records: dict[bytes, dict[str, Any]] = {}
+        # keyed by the whole LogicalSessionId (see vivify), least recently used first
+        self.records: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.timeout = timeout
 
     def vivify(self, lsid: Any, conn: Any) -> None:
         """Note the session of a command's ``lsid`` (ignored unless ``{id: UUID, ...}``);
-        ``lastUse`` becomes now, to the millisecond as BSON dates are."""
+        ``lastUse`` becomes now, to the millisecond as BSON dates are. Runs for every command
+        carrying an ``lsid``: no per-call work beyond the record itself."""
         if not isinstance(lsid, dict) or "id" not in lsid:
             return
         sid = lsid["id"]
-        users = _conn_users(conn)
+        users = _conn_users(conn) if getattr(conn, "auth", None) is not None else None
         uid = lsid.get("uid")
         if not isinstance(uid, (bytes, Binary)):
             uid = user_uid(*users[0]) if users else NO_AUTH_UID
+        uid_b = bytes(uid)
         # keyed by the whole LogicalSessionId: the same id of two users is two sessions
-        key = (bytes(sid.bytes) if hasattr(sid, "bytes") else repr(sid).encode()) + bytes(uid)
+        if type(sid) is Binary:
+            key: tuple[Any, ...] = (sid.subtype, bytes(sid), uid_b)
+        elif hasattr(sid, "bytes"):  # uuid.UUID (a client's uuidRepresentation)
+            key = (4, bytes(sid.bytes), uid_b)
+        else:
+            key = (None, repr(sid), uid_b)
         now = datetime.datetime.now(datetime.timezone.utc)
         now = now.replace(microsecond=now.microsecond // 1000 * 1000)
-        rec = {"_id": {"id": sid, "uid": Binary(bytes(uid), 0)}, "lastUse": now}
-        if users and bytes(uid) == bytes(user_uid(*users[0])):
+        uid_doc = uid if type(uid) is Binary and uid.subtype == 0 else Binary(uid_b, 0)
+        rec = {"_id": {"id": sid, "uid": uid_doc}, "lastUse": now}
+        if users and uid_b == bytes(user_uid(*users[0])):
             rec["user"] = {"name": f"{users[0][0]}@{users[0][1]}"}
-        self.records.pop(key, None)  # re-inserted last: the dict stays in lastUse order
-        self.records[key] = rec
-        while self.records:
-            oldest = next(iter(self.records))
-            if now - self.records[oldest]["lastUse"] < self.timeout:
+        records = self.records
+        records.pop(key, None)  # re-inserted last: the dict stays in lastUse order
+        records[key] = rec
+        while records:
+            oldest = next(iter(records))
+            if now - records[oldest]["lastUse"] < self.timeout:
                 break
-            del self.records[oldest]
+            del records[oldest]
 
     def list(self, spec: Any, conn: Any) -> list[dict[str, Any]]:
         """The records ``$listLocalSessions: spec`` returns (copies, in first-seen order)."""

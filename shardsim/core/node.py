@@ -211,27 +211,25 @@ class Node:
         errors to replies (roles extend: sessions on the shard, StaleConfig retries on the
         router)."""
         stats = self.stats
+        body = req.body
         try:
             self.gossip_in(req)
             handler = self.commands.lookup(req.name)
-            stats.command(self.commands.canonical(req.name), req.body)
+            canonical = self.commands.canonical(req.name)  # once per command
+            stats.command(canonical, body)
             if self.security.enabled:
                 await self.security.authorize(req)
-                await self.security.qualify_sessions(req, self.commands.canonical(req.name))
-            if "lsid" in req.body:
-                self.local_sessions.vivify(req.body["lsid"], req.conn)
+                await self.security.qualify_sessions(req, canonical)
+            if "lsid" in body:
+                self.local_sessions.vivify(body["lsid"], req.conn)
             # maxTimeMS, writeConcern and write batch shapes (shardsim/request_checks.py)
-            canonical = self.commands.canonical(req.name)
-            request_checks.check_request(canonical, req.body)
-            timed = canonical in max_time.TIMED_COMMANDS and "maxTimeMS" in req.body \
+            request_checks.check_request(canonical, body)
+            timed = "maxTimeMS" in body and canonical in max_time.TIMED_COMMANDS \
                 and not self.is_change_stream_request(req)
-            with max_time.deadline_scope(req.body["maxTimeMS"] if timed else None):
-                if ("let" in req.body or "collation" in req.body) and req.name != "bulkWrite":
-                    with expressions.let_scope(req.body.get("let")), \
-                            collation.collation_scope(req.body.get("collation")):
-                        reply = await self.invoke(handler, req)
-                else:
-                    reply = await self.invoke(handler, req)
+            if timed or (("let" in body or "collation" in body) and req.name != "bulkWrite"):
+                reply = await self._invoke_scoped(handler, req, timed)
+            else:  # the usual command: no deadline, let or collation scope to enter
+                reply = await self.invoke(handler, req)
             if "ok" not in reply:
                 reply["ok"] = 1.0
         except MongoError as exc:
@@ -250,6 +248,18 @@ class Node:
             stats.failed(internal=True)
         self.cluster_time_fields(req, reply)
         return reply
+
+    async def _invoke_scoped(self, handler: Any, req: Request, timed: bool) -> dict[str, Any]:
+        """:meth:`invoke` under the command's maxTimeMS deadline (when ``timed``) and its
+        ``let`` / ``collation`` scopes (not for ``bulkWrite``, whose operations carry their
+        own)."""
+        body = req.body
+        with max_time.deadline_scope(body["maxTimeMS"] if timed else None):
+            if ("let" in body or "collation" in body) and req.name != "bulkWrite":
+                with expressions.let_scope(body.get("let")), \
+                        collation.collation_scope(body.get("collation")):
+                    return await self.invoke(handler, req)
+            return await self.invoke(handler, req)
 
     async def invoke(self, handler: Any, req: Request) -> dict[str, Any]:
         """Run the command's handler (roles wrap it: readConcern on the router and shards)."""

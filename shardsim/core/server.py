@@ -436,9 +436,13 @@ def run_node(node: Node, host: str, port: int, *, ready_message: str | None = No
         runner(main())
         return
     # Profiling aid for bench work: SHARDSIM_PROFILE=DIR writes DIR/<role>-<pid>.prof (cProfile)
-    # when the process stops (SIGTERM/SIGINT), e.g. for bench/ runs.
+    # when the process stops (SIGTERM/SIGINT), e.g. for bench/ runs. cProfile times wall clock:
+    # a send that wakes another process on this core is charged the time that process runs
+    # first. SHARDSIM_PROFILE_TIMER=cpu times the thread's CPU instead (slower to profile).
     import cProfile
-    prof = cProfile.Profile()
+    import time
+    prof = (cProfile.Profile(time.thread_time)
+            if os.environ.get("SHARDSIM_PROFILE_TIMER") == "cpu" else cProfile.Profile())
     prof.enable()
     try:
         runner(main())

@@ -735,3 +735,56 @@ def test_promise_requests_one_at_a_time_coalesced_and_survive_a_closed_channel(h
     assert state.channels == {}
 
 
+
+
+def test_promise_requests_sent_before_a_write_is_forwarded(h):
+    """router/change_stream/promise_requests.py ``PromiseRequests.before_shard_write``: before
+    a write on a watched namespace goes to its shard, the stream's other remotes with a getMore
+    out (the idle shards and the config server) are asked for a promise past the time the
+    router's clock would tick to + statements + EARLY_TICKS; the written shard is not asked, a
+    namespace no stream watches asks nobody, and asking again for no newer time sends
+    nothing."""
+    from shardsim.router.change_stream.promise_requests import EARLY_TICKS
+    coll = h.client.db.coll
+    _gossip_all(h)
+    names = [sh.name for sh in h.shards + [h.config]]
+
+    def counts():
+        return h.do(lambda: {sh.name: len(sh.requests) for sh in h.shards + [h.config]})
+
+    with coll.watch(max_await_time_ms=3000) as stream:
+        stream.try_next()
+        waiter = threading.Thread(target=stream.try_next)  # a client getMore waiting: the
+        waiter.start()                                     # remotes have getMores out
+        try:
+            time.sleep(0.5)
+            state = h.router.promise_requests
+            before = counts()
+
+            async def early(ns, statements):
+                now = h.router.clock.next_tick_key()
+                state.before_shard_write([h.shards[0].name], ns, statements)
+                await asyncio.sleep(0.3)  # the requests reach the shards and are answered
+                return now
+
+            h.call(early, "other.coll", 1)  # no stream sees it
+            assert counts() == before
+            now = h.call(early, "db.coll", 3)
+            want = now + 3 + EARLY_TICKS
+            for sh in h.shards[1:] + [h.config]:
+                got = h.do(lambda: [ts_key(t) for t in sh.requests])
+                assert len(got) == before[sh.name] + 1 and got[-1] == want, (sh.name, got, want)
+            assert counts()[h.shards[0].name] == before[h.shards[0].name]
+            after = counts()
+            h.call(_noop_write, state, h)
+            assert counts() == after  # nothing newer to ask for: nothing sent
+            assert set(after) == set(names)
+        finally:
+            waiter.join(10)
+
+
+async def _noop_write(state, h) -> None:
+    """``before_shard_write`` for a write of no statements whose time was already asked for."""
+    state.sent = {k: v + (1 << 40) for k, v in state.sent.items()}  # asked for far later already
+    state.before_shard_write([h.shards[0].name], "db.coll", 0)
+    await asyncio.sleep(0.2)

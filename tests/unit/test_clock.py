@@ -50,3 +50,22 @@ def test_key_round_trip_and_carry():
     ts = Timestamp(123, 0xFFFFFFFF)
     assert ts_from_key(ts_key(ts)) == ts
     assert ts_add_ticks(ts) == Timestamp(124, 0)
+
+
+def test_next_tick_key_is_what_tick_reserves_without_reserving_it():
+    """``next_tick_key`` (the router's early promise requests) equals the key the next
+    ``tick`` returns, in the same second, when the wall clock moved on, and at the increment's
+    limit; it reserves nothing."""
+    from shardsim.core.clock import MAX_TIME_VALUE, ts_key
+    wall = [100.0]
+    c = HybridLogicalClock(wall=lambda: wall[0])
+    for _ in range(3):
+        k = c.next_tick_key()
+        assert c.next_tick_key() == k  # nothing reserved
+        assert ts_key(c.tick()) == k
+    wall[0] = 101.5
+    k = c.next_tick_key()
+    assert k == (101 << 32) | 1 and ts_key(c.tick()) == k
+    c = HybridLogicalClock(wall=lambda: 5.0, start=Timestamp(5, MAX_TIME_VALUE))
+    k = c.next_tick_key()
+    assert k == (6 << 32) | 1 and ts_key(c.tick()) == k
