@@ -228,3 +228,107 @@ def test_an_empty_let_on_write_helpers_is_accepted(coll):
     assert coll.find_one_and_delete({"_id": 5, "k": 2}, let={})["_id"] == 5
     assert coll.delete_many({"_id": {"$gt": 100}}, let={}).deleted_count == 0
     assert coll.count_documents({}) == 5
+
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+def child_batches(monkeypatch) -> list[int]:
+    """The encoded size (bytes) of every insert/update/delete child command the router sends
+    to a shard in this test (the router runs in this process)."""
+    import bson
+
+    from shardsim.router import writes
+    sizes: list[int] = []
+    original = writes.WriteExecutor._child_command
+
+    def recording(self, run):
+        cmd = original(self, run)
+        sizes.append(len(bson.encode(cmd)))
+        return cmd
+
+    monkeypatch.setattr(writes.WriteExecutor, "_child_command", recording)
+    return sizes
+
+
+def _big_docs(start: int, n: int = 20) -> list[dict[str, Any]]:
+    """``n`` documents of 1 MiB each (20 MiB together: one OP_MSG from pymongo, whose limit is
+    maxMessageSizeBytes 48,000,000), ``k`` on both sides of the split point."""
+    return [{"_id": start + i, "k": (i % 2) * 2 - 1, "s": "x" * MIB} for i in range(n)]
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_an_insert_many_over_16_mib_is_split_into_batches_the_shards_accept(
+        coll, ordered, child_batches):
+    """pymongo sends 20 MiB of documents in one message (a document sequence up to 48 MB, which
+    a shard accepts as mongod does); the router splits them into child batches of at most
+    16 MiB of documents (``BatchWriteOp::targetBatch``, ``wouldMakeBatchesTooBig``) so every
+    child command fits a shard's 16 MiB + 16 KiB command limit: everything is written."""
+    docs = _big_docs(1000)
+    assert len(coll.insert_many(docs, ordered=ordered).inserted_ids) == 20
+    assert coll.count_documents({"_id": {"$gte": 1000}}) == 20
+    assert coll.find_one({"_id": 1019})["s"] == "x" * MIB
+    if coll.name != "direct":  # through the router
+        assert len(child_batches) >= 2 and max(child_batches) <= 16 * MIB + 16 * 1024
+        assert sum(child_batches) > 20 * MIB  # every document went in some child batch
+    coll.delete_many({"_id": {"$gte": 1000}})
+
+
+def test_bulk_writes_over_16_mib_are_split(coll, child_batches):
+    """A collection ``bulk_write`` (insert, then update and replace commands) and a client
+    ``bulkWrite`` (8.0's command, through the router only) over 16 MiB."""
+    from pymongo import InsertOne, ReplaceOne, UpdateOne
+    reqs: list[Any] = [InsertOne(d) for d in _big_docs(2000)]
+    reqs += [UpdateOne({"_id": 2000 + i, "k": d["k"]}, {"$set": {"s": "y" * MIB}})
+             for i, d in enumerate(_big_docs(2000))]
+    reqs += [ReplaceOne({"_id": 2000 + i, "k": d["k"]}, {"k": d["k"], "s": "z" * MIB})
+             for i, d in enumerate(_big_docs(2000))]
+    res = coll.bulk_write(reqs, ordered=False)
+    assert (res.inserted_count, res.matched_count, res.modified_count) == (20, 40, 40)
+    assert coll.count_documents({"_id": {"$gte": 2000}, "s": "z" * MIB}) == 20
+    if coll.name != "direct":
+        assert len(child_batches) >= 3 and max(child_batches) <= 16 * MIB + 16 * 1024
+    coll.delete_many({"_id": {"$gte": 2000}})
+    if coll.name == "direct":
+        return
+    child_batches.clear()
+    client = coll.database.client
+    res = client.bulk_write([InsertOne(d, namespace=coll.full_name) for d in _big_docs(3000)])
+    assert res.inserted_count == 20
+    assert coll.count_documents({"_id": {"$gte": 3000}}) == 20
+    assert max(child_batches) <= 16 * MIB + 16 * 1024 and len(child_batches) >= 2
+    coll.delete_many({"_id": {"$gte": 3000}})
+
+
+def test_an_insert_many_over_16_mib_in_a_transaction(coll, child_batches):
+    """The same split inside a transaction: every child batch is a statement of it, and the
+    commit makes all 20 documents visible at once."""
+    client = coll.database.client
+    with client.start_session() as s:
+        with s.start_transaction():
+            coll.insert_many(_big_docs(4000), session=s)
+            assert coll.count_documents({"_id": {"$gte": 4000}}) == 0
+    assert coll.count_documents({"_id": {"$gte": 4000}}) == 20
+    if coll.name != "direct":
+        assert len(child_batches) >= 2 and max(child_batches) <= 16 * MIB + 16 * 1024
+    coll.delete_many({"_id": {"$gte": 4000}})
+
+
+def test_a_single_document_over_16_mib_is_refused_alone(coll):
+    """A document over 16 MiB (but within the 16 MiB + 16 KiB a command may have) goes to the
+    shard alone and is refused there (``fixDocumentForInsert``: BadValue 2 "object to insert
+    too large"); the other documents of an unordered insert are written. pymongo would refuse
+    it before sending (DocumentTooLarge), so the command is sent as such."""
+    huge = {"_id": 5000, "k": 1, "s": "h" * (16 * MIB - 10)}
+    import bson
+    size = len(bson.encode(huge))
+    reply = coll.database.command({"insert": coll.name, "ordered": False,
+                                   "documents": [{"_id": 5001, "k": -1}, huge,
+                                                 {"_id": 5002, "k": 1}]})
+    assert reply["n"] == 2
+    assert reply["writeErrors"] == [{"index": 1, "code": 2, "errmsg":
+                                     f"object to insert too large. size in bytes: {size}, "
+                                     f"max size: {16 * MIB}"}]
+    assert coll.count_documents({"_id": {"$gte": 5000}}) == 2
+    coll.delete_many({"_id": {"$gte": 5000}})
