@@ -332,3 +332,71 @@ def test_a_single_document_over_16_mib_is_refused_alone(coll):
                                      f"max size: {16 * MIB}"}]
     assert coll.count_documents({"_id": {"$gte": 5000}}) == 2
     coll.delete_many({"_id": {"$gte": 5000}})
+
+
+def _start_on_both_sides(coll) -> _Txn:
+    """A transaction with one document on each side of the split point (two participants
+    when the collection is sharded)."""
+    txn = _Txn(coll)
+    assert txn.run({"insert": coll.name, "documents": [{"_id": 300, "k": -300}]},
+                   startTransaction=True)["ok"] == 1.0
+    assert txn.run({"insert": coll.name, "documents": [{"_id": 301, "k": 301}]})["ok"] == 1.0
+    return txn
+
+
+def _assert_aborted_everywhere(txn: _Txn, coll) -> None:
+    """Statements on both participants and the commit get NoSuchTransaction (251) with
+    TransientTransactionError; nothing of the transaction was written."""
+    for k in (-300, 301):
+        after = txn.run({"find": coll.name, "filter": {"k": k}})
+        assert isinstance(after, OperationFailure) and after.code == 251, after
+        assert after.details["errorLabels"] == ["TransientTransactionError"]
+    commit = txn.commit()
+    assert isinstance(commit, OperationFailure) and commit.code == 251
+    assert "TransientTransactionError" in commit.details["errorLabels"]
+    txn.close()
+    assert coll.count_documents({"_id": {"$gte": 300, "$lt": 400}}) == 0
+
+
+@pytest.mark.parametrize("failure", ["command error", "write error"])
+def test_a_failed_statement_aborts_the_transaction_on_every_participant(coll, failure):
+    """A statement of a transaction that fails aborts the transaction: on a shard, mongod's
+    ``invokeWithSessionCheckedOut`` aborts it for any failed statement (reads too); through
+    the router, mongos' ``implicitlyAbortTransaction`` (``transaction_router.cpp``, from
+    ``invokeInTransactionRouter`` and ``ClusterWriteCmd::runImpl``) sends abortTransaction to
+    every participant, so a participant the failure never reached is aborted as well. The
+    error keeps its own labels (none for these); later statements and the commit get
+    NoSuchTransaction (251) with TransientTransactionError, and nothing is written."""
+    txn = _start_on_both_sides(coll)
+    if failure == "command error":  # fails on the k < 0 shard only
+        err = txn.run({"find": coll.name, "filter": {"k": -300, "$foo": 1}})
+        assert isinstance(err, OperationFailure) and err.code == 2
+    else:
+        err = txn.run({"insert": coll.name, "documents": [{"_id": 0, "k": -3}]})
+        assert isinstance(err, OperationFailure) and err.code == 11000
+    assert "TransientTransactionError" not in (err.details.get("errorLabels") or [])
+    _assert_aborted_everywhere(txn, coll)
+
+
+def test_a_write_error_of_the_router_aborts_the_transaction(cluster):
+    """An upsert the router cannot target (ShardKeyNotFound 61, a write error no shard saw)
+    aborts the transaction on both shards: a reply with ``writeErrors`` makes mongos'
+    ``ClusterWriteCmd::runImpl`` call ``implicitlyAbortTransaction``."""
+    coll = cluster.client()[DB]["sharded"]
+    coll.delete_many({})
+    txn = _start_on_both_sides(coll)
+    reply = txn.run({"update": coll.name, "updates": [
+        {"q": {"_id": 302}, "u": {"$set": {"x": 1}}, "upsert": True}]})
+    assert reply["ok"] == 1.0 and reply["writeErrors"][0]["code"] == 61
+    _assert_aborted_everywhere(txn, coll)
+
+
+def test_retryable_errors_leave_the_transaction_open():
+    """mongos does not abort on the errors it may retry (``invokeInTransactionRouter``: the
+    SnapshotError and NeedRetargettingError categories, StaleDbVersion, WouldChangeOwningShard,
+    ShardCannotRefreshDueToLocksHeld, ShardInvalidatedForTargeting); any other error aborts."""
+    from shardsim.router.commands.transactions import _aborts_transaction
+    for code in (13388, 150, 239, 246, 249, 283):
+        assert not _aborts_transaction(code), code
+    for code in (2, 11000, 61, 50, 112, 251, 6, 9001):
+        assert _aborts_transaction(code), code
