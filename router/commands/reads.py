@@ -218,11 +218,12 @@ async def distinct_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]
     replies = await asyncio.gather(*(node.shard_command(s, db, body) for s in shards))
     if len(replies) == 1:
         return {"values": replies[0]["values"]}
+    from shardsim.core import collation
     from shardsim.core.values import id_key
     seen: dict[Any, Any] = {}
     for rep in replies:
-        for v in rep["values"]:
-            seen.setdefault(id_key(v), v)
+        for v in rep["values"]:  # values equal under the command's collation: one
+            seen.setdefault(id_key(collation.fold(v)), v)
     return {"values": sorted(seen.values(), key=functools.cmp_to_key(compare))}
 
 

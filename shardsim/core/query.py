@@ -574,12 +574,18 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]], dat
     "Unrecognized pipeline stage name" (40324).
     """
     pipeline = [rewrite_stage(stage) for stage in pipeline]
-    if collation.active() and any("$match" in st for st in pipeline):
-        # mongomock's $match does not go through matches(): run the $match stages here
+    if collation.active() and any("$match" in st or "$sort" in st for st in pipeline):
+        # mongomock's $match and $sort do not go through matches()/sort_docs(): run them here,
+        # under the collation
         for i, st in enumerate(pipeline):
-            if "$match" in st:
+            if "$match" in st or "$sort" in st:
                 head = run_pipeline(docs, pipeline[:i], database) if i else docs
-                kept = [d for d in head if matches(st["$match"], d)]
+                if "$match" in st:
+                    kept = [d for d in head if matches(st["$match"], d)]
+                else:
+                    if not isinstance(st["$sort"], dict) or not st["$sort"]:
+                        break  # mongomock reports the bad specification
+                    kept = sort_docs(head, st["$sort"])
                 return run_pipeline(kept, pipeline[i + 1:], database)
     try:
         return list(mm_aggregate.process_pipeline(docs, database, pipeline, None))

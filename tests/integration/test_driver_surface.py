@@ -400,3 +400,71 @@ def test_retryable_errors_leave_the_transaction_open():
         assert not _aborts_transaction(code), code
     for code in (2, 11000, 61, 50, 112, 251, 6, 9001):
         assert _aborts_transaction(code), code
+
+
+WORDS = ["b", "A", "a", "B", "ä", "10", "9", "2", "a-b", "ab", "Résumé", "resume"]
+
+
+@pytest.fixture
+def words(coll) -> Any:
+    """``coll`` plus documents ``{_id: 500 + i, k: ±i, w}`` for :data:`WORDS` (both sides of
+    the split point of the sharded collection)."""
+    coll.insert_many([{"_id": 500 + i, "k": i if i % 2 else -i, "w": w}
+                      for i, w in enumerate(WORDS)])
+    yield coll
+    coll.delete_many({"_id": {"$gte": 500}})
+
+
+def _ws(cursor) -> list[str]:
+    return [d["w"] for d in cursor]
+
+
+def test_icu_collation_orders_and_compares_as_the_locale(words):
+    """A collation is an ICU collator (``collator_factory_icu.cpp``): ``en`` sorts lower case
+    before upper case and diacritics after the base letter (not code point order), on one
+    shard, and merged by the router over two; ``numericOrdering`` compares digit runs as
+    numbers; strength 1 and 2 make case (and diacritics) equal; ``alternate: shifted``
+    ignores punctuation; ``$regex`` ignores the collation, as mongod's."""
+    letters = {"w": {"$in": ["b", "A", "a", "B", "ä"]}}
+    en = {"locale": "en"}
+    assert _ws(words.find(letters, collation=en).sort("w", 1)) == ["a", "A", "ä", "b", "B"]
+    assert _ws(words.find(letters, collation=en).sort("w", -1)) == ["B", "b", "ä", "A", "a"]
+    assert _ws(words.find(letters).sort("w", 1)) == ["A", "B", "a", "b", "ä"]  # binary
+    assert _ws(words.aggregate([{"$match": letters}, {"$sort": {"w": 1}}], collation=en)) \
+        == ["a", "A", "ä", "b", "B"]
+    numbers = {"w": {"$in": ["10", "9", "2"]}}
+    assert _ws(words.find(numbers, collation={"locale": "en", "numericOrdering": True})
+               .sort("w", 1)) == ["2", "9", "10"]
+    assert _ws(words.find(numbers, collation=en).sort("w", 1)) == ["10", "2", "9"]
+    assert words.count_documents({"w": "a"}, collation={"locale": "en", "strength": 2}) == 2
+    assert words.count_documents({"w": "RESUME"}, collation={"locale": "fr", "strength": 1}) == 2
+    assert words.count_documents({"w": "RESUME"}, collation={"locale": "fr", "strength": 2}) == 1
+    assert words.count_documents({"w": {"$gt": "a", "$lt": "b"}}, collation=en) >= 3  # A, ä, ab
+    assert words.count_documents({"w": "ab"}, collation={"locale": "en",
+                                                        "alternate": "shifted"}) == 2
+    assert words.count_documents({"w": {"$regex": "^a"}}, collation={"locale": "en",
+                                                                    "strength": 1}) == 3
+    assert sorted(words.distinct("w", {"w": {"$in": ["a", "A", "ä"]}},
+                                 collation={"locale": "en", "strength": 1})) in (["a"], ["A"],
+                                                                                 ["ä"])
+    assert _ws(words.find({"w": {"$in": ["a", "A"]}},
+                          collation={"locale": "en", "caseFirst": "upper"}).sort("w", 1)) \
+        == ["A", "a"]
+
+
+@pytest.mark.parametrize("spec, code, msg", [
+    ({"locale": "xx"}, 2, "Field 'locale' is invalid in: { locale: \"xx\" }"),
+    ({"locale": "en_XX"}, 2, "Field 'locale' is invalid in: { locale: \"en_XX\" }. "
+                             "Did you mean 'en'?"),
+    ({"locale": "simple", "strength": 2}, 9, "If locale=simple, no other fields should be "
+                                             "present in: { locale: \"simple\", strength: 2 }"),
+    ({"locale": "en", "strength": 1, "backwards": True}, 2,
+     "'backwards' is invalid with 'strength' of 1 in: "
+     "{ locale: \"en\", strength: 1, backwards: true }"),
+])
+def test_a_bad_collation_is_refused_as_mongod_refuses_it(coll, spec, code, msg):
+    """``CollatorFactoryICU::makeFromBSON``: an unknown locale (with the locale ICU would use
+    as a hint), ``simple`` with options, options that cannot go together."""
+    with pytest.raises(OperationFailure) as exc:
+        coll.find_one({"k": 1}, collation=spec)
+    assert exc.value.code == code and exc.value.details["errmsg"] == msg
