@@ -41,6 +41,8 @@ from shardsim.core import server_version as server_version_mod
 @click.option("--sync", type=click.Choice(["normal", "full"]), default="normal",
               help="SQLite synchronous mode (normal survives process crashes; full also OS crashes).")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
+@click.option("--noscripting", is_flag=True, default=False,
+              help="No server-side JavaScript ($where, $function), as mongod --noscripting.")
 @security_options
 @test_commands_options
 @server_version_mod.click_option
@@ -48,8 +50,11 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
          promise_mode: str, oplog_size_mb: float, oplog_cache_mb: float, snapshot_history_mb: float,
          oplog_min_retention_hours: float,
          oplog_max_age_s: float | None, sync: str, test_commands: bool, log_level: str, server_version: str,
-         **security: Any) -> None:
+         noscripting: bool = False, **security: Any) -> None:
     """Run a shardsim shard (a mongod --shardsvr look-alike)."""
+    if noscripting:
+        from shardsim.core import javascript
+        javascript.set_enabled(False)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from shardsim.shard.node import ShardNode

@@ -63,7 +63,7 @@ async def _read_docs(coll: Collection | None, filt: dict[str, Any] | None,
     An index plan (:mod:`shard.planner`) reads only the keys of its intervals and, when the
     index gives the sort, stops after ``skip + limit`` documents (no blocking sort)."""
     if filt:
-        q.matches(filt, {})  # the filter's parse errors first, as a scan reports them
+        q.matches(q.strip_where(filt), {})  # the filter's parse errors first, as a scan reports them
     plan = find_plan(coll, filt, sort, hint)
     if plan is not None:
         q.sort_docs([], sort)  # the sort specification's errors

@@ -468,3 +468,90 @@ def test_a_bad_collation_is_refused_as_mongod_refuses_it(coll, spec, code, msg):
     with pytest.raises(OperationFailure) as exc:
         coll.find_one({"k": 1}, collation=spec)
     assert exc.value.code == code and exc.value.details["errmsg"] == msg
+
+
+def test_where_runs_javascript_on_each_document(coll):
+    """``$where`` (``expression_where.cpp``): a source string is the body of a function
+    returning it, a function source is called; ``this`` and ``obj`` are the document; it may
+    sit under ``$or``/``$and`` beside other clauses."""
+    from bson.code import Code
+    assert sorted(d["_id"] for d in coll.find({"$where": "this.t > 104"})) == [5, 6]
+    assert sorted(d["_id"] for d in coll.find(
+        {"$where": Code("function() { return obj.a.length == 3 && this.k < -1; }")})) == [0, 1]
+    assert sorted(d["_id"] for d in coll.find(
+        {"$or": [{"_id": 0}, {"$where": "this.t % 2 == 1 && this.k > 0"}]})) == [0, 5]
+    assert coll.count_documents({"k": {"$gte": 0}, "$where": "this.t < 104"}) == 1
+    assert [d["_id"] for d in coll.find({"$where": "this._id.toString() == '2'"})] == [2]
+
+
+def test_function_expression_returns_bson(coll):
+    """``$function`` (``expression_function.cpp``): ``args`` evaluated per document, numbers
+    come back as doubles, dates and ObjectIds as themselves; usable in ``$expr``."""
+    import datetime
+    out = list(coll.aggregate([
+        {"$match": {"_id": {"$lt": 3}}}, {"$sort": {"_id": 1}},
+        {"$project": {"d": {"$function": {"body": "function(t, a) { return t * 2 + a.length; }",
+                                          "args": ["$t", "$a"], "lang": "js"}},
+                      "when": {"$function": {"body": "function(x) { return new Date(x); }",
+                                             "args": [86400000], "lang": "js"}}}}]))
+    assert out == [{"_id": i, "d": float((100 + i) * 2 + 3),
+                    "when": datetime.datetime(1970, 1, 2)} for i in range(3)]
+    assert type(out[0]["d"]) is float
+    assert sorted(d["_id"] for d in coll.find({"$expr": {"$function": {
+        "body": "function(k) { return k == 2 || k == -2; }", "args": ["$k"], "lang": "js"}}})) \
+        == [1, 5]
+
+
+@pytest.mark.parametrize("spec, code", [
+    ({"body": "function() { return 1; }", "args": [], "lang": "py"}, 31419),
+    ({"body": "function() { return 1; }", "args": []}, 31418),
+    ({"args": [], "lang": "js"}, 31261),
+    ({"body": 5, "args": [], "lang": "js"}, 31262),
+    ({"body": "function() { return 1; }", "args": "$t", "lang": "js"}, 31266),
+    ("function() {}", 31260),
+])
+def test_a_malformed_function_expression_is_refused(coll, spec, code):
+    with pytest.raises(OperationFailure) as exc:
+        list(coll.aggregate([{"$project": {"x": {"$function": spec}}}]))
+    assert exc.value.code == code
+
+
+def test_javascript_errors_and_limits(coll):
+    """A JS exception or syntax error is JSInterpreterFailure (139) with the engine's message
+    (a syntax error also on an empty result, at parse time); a function running past
+    ``maxTimeMS`` is MaxTimeMSExpired (50); the heap is bounded (139 "out of memory")."""
+    from pymongo.errors import ExecutionTimeout
+    with pytest.raises(OperationFailure) as exc:
+        coll.find_one({"$where": "this.nothing.deeper == 1"})
+    assert exc.value.code == 139
+    assert exc.value.details["codeName"] == "JSInterpreterFailure"
+    assert exc.value.details["errmsg"].startswith("TypeError: cannot read property 'deeper'")
+    with pytest.raises(OperationFailure) as exc:
+        coll.find_one({"_id": -1, "$where": "function( {"})
+    assert exc.value.code == 139 and "SyntaxError" in exc.value.details["errmsg"]
+    with pytest.raises(ExecutionTimeout) as exc:
+        coll.find_one({"$where": "function() { while (true) {} }"}, max_time_ms=300)
+    assert exc.value.code == 50
+    with pytest.raises(OperationFailure) as exc:
+        list(coll.aggregate([{"$limit": 1}, {"$project": {"x": {"$function": {
+            "body": "function() { var a = []; while (true) a.push(new Array(1e5).fill(1)); }",
+            "args": [], "lang": "js"}}}}]))
+    assert exc.value.code == 139 and "out of memory" in exc.value.details["errmsg"]
+
+
+def test_with_scripting_off_javascript_is_refused(coll, monkeypatch):
+    """``--noscripting`` (``security.javascriptEnabled: false``): ``$where`` is 6108304 "no
+    globalScriptEngine in $where parsing" (``JsFunction::_init``), ``$function`` 31264
+    (``ExpressionContext::getJsExecWithScope``)."""
+    from shardsim.core import javascript
+    monkeypatch.setattr(javascript, "_enabled", False)
+    with pytest.raises(OperationFailure) as exc:
+        coll.find_one({"$where": "true"})
+    assert exc.value.code == 6108304
+    assert exc.value.details["errmsg"] == "no globalScriptEngine in $where parsing"
+    with pytest.raises(OperationFailure) as exc:
+        list(coll.aggregate([{"$project": {"x": {"$function": {
+            "body": "function() { return 1; }", "args": [], "lang": "js"}}}}]))
+    assert exc.value.code == 31264
+    assert exc.value.details["errmsg"] == ("Cannot run server-side javascript without the "
+                                           "javascript engine enabled")

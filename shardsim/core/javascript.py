@@ -1,0 +1,295 @@
+"""Server-side JavaScript: ``$where`` in queries and the ``$function`` aggregation expression
+(mongod 8.0 still runs them, deprecated), on an embedded QuickJS engine (the ``quickjs-ng``
+package: the maintained quickjs-ng fork, wheels for Linux, macOS and Windows, imported as
+``quickjs``). mongod uses SpiderMonkey (``src/mongo/scripting/mozjs/``).
+
+* **``$where``** (``src/mongo/db/matcher/expression_where.cpp``, ``JsFunction`` in
+  ``src/mongo/db/query/js_function.cpp``): a string or Code; a function source is called, any
+  other source is the body of ``function() { return <source>; }``; ``this`` and the global
+  ``obj`` are the document; the result's truthiness decides. Only at the top level of a
+  filter or under ``$and``/``$or``/``$nor`` (:func:`split_where`).
+* **``$function``** ``{body, args, lang: "js"}`` (``expression_function.cpp``): ``body`` a
+  string or Code, ``args`` an array expression (31266 otherwise), ``lang`` "js" (31418 /
+  31419); 31260 / 31261 / 31262 / 31263 for the other malformed forms; the result comes back
+  as BSON: JS numbers are doubles, Dates dates, ObjectIds ObjectIds.
+* Values cross as mongod's shell types do for the common ones: documents, arrays, strings,
+  numbers (int, long and double become JS numbers), booleans, null, dates (``Date``),
+  ObjectIds (an ``ObjectId`` object with ``str``, ``toString()``, ``equals()``); other BSON
+  types reach JS as their extended-JSON documents.
+* **Errors** (``JsExecution``/``MozJSImplScope``): a JS exception or syntax error is
+  JSInterpreterFailure (139) with the engine's message ("ReferenceError: x is not defined
+  :\n..."); a function that runs past the operation's ``maxTimeMS`` is MaxTimeMSExpired (50).
+* **Sandbox**: QuickJS without its ``std``/``os`` modules: no files, network, processes or
+  timers; each database has its own context (mongod pools a scope per database and user), with
+  :data:`MEMORY_LIMIT` bytes of heap (beyond: 139 "InternalError: out of memory") and
+  :data:`TIME_LIMIT_S` seconds of CPU per call, or the operation's remaining ``maxTimeMS``.
+* **Disabled** (``--noscripting``, mongod's ``security.javascriptEnabled: false``, or the
+  engine not installed): ``$where`` is 6108304 "no globalScriptEngine in $where parsing",
+  ``$function`` 31264 "Cannot run server-side javascript without the javascript engine
+  enabled" (``ExpressionContext::getJsExecWithScope``).
+
+Not built: ``$accumulator`` and ``mapReduce`` (NotImplemented 238), ``db``/``emit`` and the
+shell's other globals inside functions, Code with scope's variables (the scope is ignored).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+from typing import Any
+
+from bson import ObjectId
+from bson.code import Code
+from bson.int64 import Int64
+
+from shardsim.core import max_time
+from shardsim.core.errors import MongoError
+
+try:
+    import quickjs as _quickjs
+except ImportError:  # pragma: no cover - the pinned dependency is missing
+    _quickjs = None
+
+ENGINE_AVAILABLE = _quickjs is not None
+MEMORY_LIMIT = 64 * 1024 * 1024  # bytes of JS heap per database's context
+TIME_LIMIT_S = 30.0  # CPU seconds per call without a maxTimeMS
+_enabled = True
+_contexts: dict[tuple[int, str], Any] = {}
+_lock = threading.Lock()
+
+# The types and the conversions on the JS side: documents arrive as JSON with tagged
+# ObjectIds/dates, revived here; results leave as JSON with the same tags.
+_PRELUDE = r"""
+function ObjectId(hex) {
+    if (!(this instanceof ObjectId)) return new ObjectId(hex);
+    this.str = hex;
+}
+ObjectId.prototype.toString = function () { return 'ObjectId("' + this.str + '")'; };
+ObjectId.prototype.valueOf = function () { return this.str; };
+ObjectId.prototype.equals = function (o) { return o instanceof ObjectId && o.str === this.str; };
+ObjectId.prototype.toJSON = function () { return {$oid: this.str}; };
+function __ss_revive(k, v) {
+    if (v !== null && typeof v === 'object' && !Array.isArray(v)) {
+        var keys = Object.keys(v);
+        if (keys.length === 1 && keys[0] === '$oid') return new ObjectId(v.$oid);
+        if (keys.length === 1 && keys[0] === '$date') return new Date(v.$date);
+    }
+    return v;
+}
+function __ss_out(k, v) {
+    var raw = this[k];
+    if (raw instanceof Date) return {$date: raw.getTime()};
+    if (v === undefined) return null;
+    if (typeof v === 'number' && !isFinite(v)) return {$double: String(v)};
+    return v;
+}
+function __ss_call(fn, thisText, argsText) {
+    var self = thisText === null ? undefined : JSON.parse(thisText, __ss_revive);
+    globalThis.obj = self;
+    var result = fn.apply(self, JSON.parse(argsText, __ss_revive));
+    return JSON.stringify({r: result}, __ss_out);
+}
+"""
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn server-side JavaScript on or off for this process (``--noscripting``)."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def enabled() -> bool:
+    """True when JavaScript may run: the engine is installed and scripting is not off."""
+    return _enabled and ENGINE_AVAILABLE
+
+
+def _context(db: str) -> Any:
+    """The database's QuickJS context on this thread (created on first use)."""
+    key = (threading.get_ident(), db)
+    ctx = _contexts.get(key)
+    if ctx is None:
+        ctx = _quickjs.Context()
+        ctx.set_memory_limit(MEMORY_LIMIT)
+        ctx.set_max_stack_size(1024 * 1024)
+        ctx.eval(_PRELUDE)
+        with _lock:
+            _contexts[key] = ctx
+    return ctx
+
+
+def _to_json(value: Any) -> Any:
+    """A BSON value as JSON for JS (numbers as numbers; ObjectIds and dates tagged)."""
+    if isinstance(value, dict):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, Int64)):
+        return int(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return None
+        return value
+    if isinstance(value, ObjectId):
+        return {"$oid": str(value)}
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return {"$date": int(value.timestamp() * 1000)}
+    from bson import json_util
+    return json.loads(json_util.dumps(value))
+
+
+def _from_json(value: Any) -> Any:
+    """A JS result (parsed JSON) as BSON: numbers are doubles, tags become their types."""
+    if isinstance(value, dict):
+        if len(value) == 1:
+            if "$oid" in value:
+                return ObjectId(value["$oid"])
+            if "$date" in value:
+                return datetime.datetime(1970, 1, 1) + datetime.timedelta(
+                    milliseconds=value["$date"])
+            if "$double" in value:
+                return float(value["$double"])
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    return value
+
+
+def _source(code: Any) -> str:
+    """The function source of a ``$where``/``$function`` body: a function expression is used
+    as it is, anything else becomes ``function() { return <source>; }``."""
+    text = str(code).strip()
+    if text.startswith("function") or text.startswith("async function"):
+        return f"({text})"
+    return f"(function() {{ return {text}; }})"
+
+
+def _js_error(exc: Exception) -> MongoError:
+    """JSInterpreterFailure (139) "<error> :\n<where>" (the first frame of the user's code;
+    the engine's own frames are left out), or MaxTimeMSExpired (50) for a call interrupted
+    at the operation's deadline."""
+    msg = str(exc).rstrip("\n")
+    head, _, stack = msg.partition("\n")
+    if head == "InternalError: interrupted" and max_time.remaining() is not None:
+        return max_time.expired_error()
+    frame = stack.strip().split("\n")[0].strip() if stack else ""
+    return MongoError(139, f"{head} :\n{frame}" if frame else head)
+
+
+def call(db: str, body: Any, args: list[Any], this: Any = None) -> Any:
+    """Run the function ``body`` (source or Code) with ``args`` (BSON values) and ``this``
+    (a document or None) in the context of ``db``; returns the result as BSON. Raises
+    JSInterpreterFailure (139) for a JS error, MaxTimeMSExpired (50) past ``maxTimeMS``."""
+    ctx = _context(db)
+    left = max_time.remaining()
+    if left is not None and left <= 0:
+        raise max_time.expired_error()
+    ctx.set_time_limit(min(TIME_LIMIT_S, left) if left is not None else TIME_LIMIT_S)
+    try:
+        fn = ctx.eval(_source(body))
+        runner = ctx.get("__ss_call")
+        this_text = None if this is None else json.dumps(_to_json(this))
+        out = runner(fn, this_text, json.dumps([_to_json(a) for a in args]))
+    except MongoError:
+        raise
+    except Exception as exc:  # quickjs.JSException / StackOverflow
+        if _quickjs is not None and isinstance(exc, (_quickjs.JSException,
+                                                     _quickjs.StackOverflow)):
+            raise _js_error(exc) from None
+        raise
+    return _from_json(json.loads(out)["r"]) if out is not None else None
+
+
+# -- $where ------------------------------------------------------------------------------------
+
+def has_where(filt: Any) -> bool:
+    """True when the filter holds ``$where`` at its top level or under $and/$or/$nor."""
+    if not isinstance(filt, dict):
+        return False
+    for k, v in filt.items():
+        if k == "$where":
+            return True
+        if k in ("$and", "$or", "$nor") and isinstance(v, list) and any(has_where(x) for x in v):
+            return True
+    return False
+
+
+def check_where(code: Any) -> None:
+    """``$where``'s parse-time checks: the engine (6108304 when disabled or missing) and the
+    operand's type (a string or Code: BadValue 2 "$where got bad type")."""
+    if not enabled():
+        raise MongoError(6108304, "no globalScriptEngine in $where parsing")
+    if not isinstance(code, (str, Code)):
+        raise MongoError(2, "$where got bad type")
+
+
+def compile_where(db: str, code: Any) -> None:
+    """Parse-time ``$where``: :func:`check_where`, then compile the function (a syntax error
+    is 139, as ``JsFunction`` creating the function fails)."""
+    check_where(code)
+    ctx = _context(db)
+    ctx.set_time_limit(TIME_LIMIT_S)
+    try:
+        ctx.eval(_source(code))
+    except Exception as exc:
+        if _quickjs is not None and isinstance(exc, (_quickjs.JSException,
+                                                     _quickjs.StackOverflow)):
+            raise _js_error(exc) from None
+        raise
+
+
+def where(db: str, code: Any, doc: dict[str, Any]) -> bool:
+    """Does ``doc`` pass the ``$where`` function ``code``? (its result's JS truthiness)"""
+    check_where(code)
+    result = call(db, code, [], this=doc)
+    if isinstance(result, (dict, list)):
+        return True
+    return bool(result)
+
+
+# -- $function ---------------------------------------------------------------------------------
+
+def function_expression(db: str, parser: Any, spec: Any) -> Any:
+    """``$function`` inside mongomock's expression parser (``parser.parse`` evaluates the
+    ``args`` expression against the current document)."""
+    from shardsim.core.commands import bson_type_name
+    if not isinstance(spec, dict):
+        raise MongoError(31260, f"$function requires an object as an argument, found: "
+                                f"{bson_type_name(spec)}")
+    if "body" not in spec:
+        raise MongoError(31261, "The body function must be specified.")
+    body = spec["body"]
+    if isinstance(body, dict):
+        raise MongoError(31432, "The body function must be a constant expression")
+    if not isinstance(body, (str, Code)):
+        raise MongoError(31262, "The body function must evaluate to type string or code")
+    if "args" not in spec:
+        raise MongoError(31263, "The args field must be specified.")
+    if "lang" not in spec:
+        raise MongoError(31418, "The lang field must be specified.")
+    if spec["lang"] != "js":
+        raise MongoError(31419, "Currently the only supported language specifier is 'js'.")
+    if not enabled():
+        raise MongoError(31264, "Cannot run server-side javascript without the javascript "
+                                "engine enabled")
+    raw_args = spec["args"]
+    if isinstance(raw_args, list):  # an array literal: each element is an expression
+        args: Any = []
+        for item in raw_args:
+            try:
+                args.append(parser.parse(item))
+            except KeyError:  # a missing field: undefined in mongod, null here
+                args.append(None)
+    else:
+        args = parser.parse(raw_args)
+    if not isinstance(args, list):
+        raise MongoError(31266, "The args field must be of type array")
+    return call(db, body, args)
