@@ -555,3 +555,24 @@ def test_with_scripting_off_javascript_is_refused(coll, monkeypatch):
     assert exc.value.code == 31264
     assert exc.value.details["errmsg"] == ("Cannot run server-side javascript without the "
                                            "javascript engine enabled")
+
+
+def test_fsync_on_a_shard_and_through_the_router(cluster):
+    """``fsync`` (``fsync.cpp``; mongos' ``cluster_fsync_cmd.cpp``): ``{numFiles: 1}`` on a
+    shard, ``{numFiles: <sum>, all: {<shard>: reply}}`` through the router; admin only (13);
+    ``lock: true`` is not built (238)."""
+    router = cluster.client()
+    reply = router.admin.command("fsync")
+    assert reply["numFiles"] == len(cluster.shard_names)
+    assert sorted(reply["all"]) == sorted(cluster.shard_names)
+    assert all(r["numFiles"] == 1 and r["ok"] == 1.0 for r in reply["all"].values())
+    with pymongo.MongoClient(cluster.shard_address(cluster.primary_shard),
+                             directConnection=True) as shard:
+        assert shard.admin.command("fsync")["numFiles"] == 1
+        for client in (router, shard):
+            with pytest.raises(OperationFailure) as exc:
+                client[DB].command("fsync")
+            assert exc.value.code == 13
+        with pytest.raises(OperationFailure) as exc:
+            shard.admin.command("fsync", lock=True)
+        assert exc.value.code == 238
