@@ -211,7 +211,7 @@ class RouterNode(Node):
             raise MongoError(20, "Can't use 'local' database through mongos")
         if req.body.get("autocommit") is False:
             name = self.commands.canonical(req.name)
-            check_transaction_command(name, req.db)
+            check_transaction_command(name, req.db, req.body)
             if name not in txn_cmds.END_COMMANDS:
                 return await txn_cmds.invoke_in_transaction(
                     self, req, lambda: run_with_read_concern(self, handler, req))

@@ -16,7 +16,9 @@ booleans, ObjectIds, dates), never null/missing, arrays, subdocuments, regexes; 
 with a collation, partial indexes, hidden ones and the non-ascending/descending kinds are
 never chosen (a hinted one falls back to a collection scan), and no index is used while a
 collation is active. Without a sort the documents come back in ``$natural`` order (the record
-ids of the candidates), exactly as a collection scan returns them; with a sort an index whose
+ids of the candidates), exactly as a collection scan returns them, except for a hinted index
+read over one interval, which returns the index's order as mongod's IXSCAN (pymongo's
+``test_hint``: a hint of ``{num: -1}`` reads the highest ``num`` first); with a sort an index whose
 key pattern is the sort, or its fields after an equality prefix (all directions equal or all reversed, not multikey) gives the
 order, ties in ``$natural`` order as the stable in-memory sort leaves them, and a limit stops
 the scan early (no blocking SORT).
@@ -268,6 +270,10 @@ def choose(coll: Any, filt: dict[str, Any] | None, sort: dict[str, Any] | None =
         plan = Plan(idx, intervals, used, _count(idx.sorted, intervals))
         if rev is not None and len(intervals) <= 1:
             plan.sorted_by_index, plan.reverse = True, rev
+        elif hint_index is not None and not sort and len(intervals) <= 1:
+            # a hinted scan without a sort returns the index's order, as mongod's IXSCAN does
+            # (a hint of {num: -1} reads the highest num first)
+            plan.sorted_by_index, plan.reverse = True, False
         if best is None or _better(plan, best):
             best = plan
     return best

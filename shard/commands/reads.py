@@ -133,7 +133,8 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
         cursor = ListCursor(ns, q.project(q.sort_docs(docs, sort)[skip:][:limit or None], projection))
     elif tailable and (storage.get(req.db, name) is not None
                        and storage.get(req.db, name).options.get("capped")):
-        cursor = TailableCollectionCursor(node, req.db, name, filt, projection, await_data)
+        cursor = TailableCollectionCursor(node, req.db, name, filt, projection, await_data,
+                                          skip, limit)
     else:
         if tailable:
             raise MongoError(2, f"error processing query: ns={ns} tailable cursor requested on "

@@ -131,6 +131,8 @@ def folder(spec: Any) -> Callable[[str], str] | None:
     if not isinstance(spec, dict):
         raise MongoError(14, f"BSON field 'collation' is the wrong type "
                              f"'{bson_type_name(spec)}', expected type 'object'")
+    if not spec:  # an empty collation is no collation (mongod checks isEmpty() first)
+        return None
     try:
         cache_key = _freeze(spec)
         if cache_key in _CACHE:

@@ -15,7 +15,8 @@ package: the maintained quickjs-ng fork, wheels for Linux, macOS and Windows, im
 * Values cross as mongod's shell types do for the common ones: documents, arrays, strings,
   numbers (int, long and double become JS numbers), booleans, null, dates (``Date``),
   ObjectIds (an ``ObjectId`` object with ``str``, ``toString()``, ``equals()``); other BSON
-  types reach JS as their extended-JSON documents.
+  types reach JS as their extended-JSON documents. ``sleep(ms)`` is there, as in mongod's
+  engine (a busy wait here, ended by the call's time limit).
 * **Errors** (``JsExecution``/``MozJSImplScope``): a JS exception or syntax error is
   JSInterpreterFailure (139) with the engine's message ("ReferenceError: x is not defined
   :\n..."); a function that runs past the operation's ``maxTimeMS`` is MaxTimeMSExpired (50).
@@ -28,8 +29,9 @@ package: the maintained quickjs-ng fork, wheels for Linux, macOS and Windows, im
   ``$function`` 31264 "Cannot run server-side javascript without the javascript engine
   enabled" (``ExpressionContext::getJsExecWithScope``).
 
-Not built: ``$accumulator`` and ``mapReduce`` (NotImplemented 238), ``db``/``emit`` and the
-shell's other globals inside functions, Code with scope's variables (the scope is ignored).
+Code with scope is refused as mongod 4.4+ refuses it (``$where`` 2 "$where got bad type",
+``$function`` 31262). Not built: ``$accumulator`` and ``mapReduce`` (NotImplemented 238), and
+``db``/``emit`` and the shell's other globals inside functions.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ ObjectId.prototype.toString = function () { return 'ObjectId("' + this.str + '")
 ObjectId.prototype.valueOf = function () { return this.str; };
 ObjectId.prototype.equals = function (o) { return o instanceof ObjectId && o.str === this.str; };
 ObjectId.prototype.toJSON = function () { return {$oid: this.str}; };
+function sleep(ms) {  // the shell's sleep(): interruptible by the call's time limit
+    var end = Date.now() + ms;
+    while (Date.now() < end) {}
+}
 function __ss_revive(k, v) {
     if (v !== null && typeof v === 'object' && !Array.isArray(v)) {
         var keys = Object.keys(v);
@@ -227,8 +233,8 @@ def check_where(code: Any) -> None:
     operand's type (a string or Code: BadValue 2 "$where got bad type")."""
     if not enabled():
         raise MongoError(6108304, "no globalScriptEngine in $where parsing")
-    if not isinstance(code, (str, Code)):
-        raise MongoError(2, "$where got bad type")
+    if not isinstance(code, (str, Code)) or (isinstance(code, Code) and code.scope is not None):
+        raise MongoError(2, "$where got bad type")  # Code with scope too (gone since 4.4)
 
 
 def compile_where(db: str, code: Any) -> None:
@@ -269,7 +275,7 @@ def function_expression(db: str, parser: Any, spec: Any) -> Any:
     body = spec["body"]
     if isinstance(body, dict):
         raise MongoError(31432, "The body function must be a constant expression")
-    if not isinstance(body, (str, Code)):
+    if not isinstance(body, (str, Code)) or (isinstance(body, Code) and body.scope is not None):
         raise MongoError(31262, "The body function must evaluate to type string or code")
     if "args" not in spec:
         raise MongoError(31263, "The args field must be specified.")

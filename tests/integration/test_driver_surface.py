@@ -576,3 +576,43 @@ def test_fsync_on_a_shard_and_through_the_router(cluster):
         with pytest.raises(OperationFailure) as exc:
             shard.admin.command("fsync", lock=True)
         assert exc.value.code == 238
+
+
+def test_what_pymongos_own_tests_met(coll):
+    """Fixes from running pymongo's collection/cursor/database/bulk/session/transaction tests
+    against the kit: an empty collation is no collation (mongod checks ``isEmpty()``);
+    ``$where`` with Code with scope is "$where got bad type" (2, 4.4+); the shell's
+    ``sleep()`` exists and ends at maxTimeMS (50); getMore takes a snapshot session's
+    readConcern (``getmore_cmd.cpp``: the cursor's own applies); a bad
+    ``partialFilterExpression`` is refused (14, 2)."""
+    from bson.code import Code
+    from pymongo.errors import ExecutionTimeout
+    assert coll.count_documents({"k": 0}, collation={}) == 1
+    assert coll.delete_many({"_id": -5}, collation={}).deleted_count == 0
+    for code in (Code("this.k < 0", {}), Code("this.k < i", {"i": 3})):
+        with pytest.raises(OperationFailure) as exc:
+            coll.find_one({"$where": code})
+        assert exc.value.code == 2 and exc.value.details["errmsg"] == "$where got bad type"
+    with pytest.raises(ExecutionTimeout):
+        coll.find_one({"$where": "function() { sleep(5000); return true; }"}, max_time_ms=200)
+    with coll.database.client.start_session(snapshot=True) as s:
+        assert len(list(coll.find({}, batch_size=2, session=s))) == 7
+        assert len(list(coll.aggregate([{"$sort": {"_id": 1}}], batchSize=2, session=s))) == 7
+    for pfe, code in ((5, 14), ({"x": {"$asdasd": 3}}, 2), ({"$and": 5}, 2)):
+        with pytest.raises(OperationFailure) as exc:
+            coll.create_index("x", partialFilterExpression=pfe)
+        assert exc.value.code == code
+
+
+def test_out_and_merge_are_refused_in_a_transaction(coll):
+    """``Pipeline::validateCommon``: OperationNotSupportedInTransaction (263) "Stage not
+    supported inside of a multi-document transaction: $out"."""
+    txn = _Txn(coll)
+    assert txn.run({"find": coll.name, "filter": {}}, startTransaction=True)["ok"] == 1.0
+    for stage in ({"$out": "out_in_txn"}, {"$merge": {"into": "out_in_txn"}}):
+        err = txn.run({"aggregate": coll.name, "pipeline": [stage], "cursor": {}})
+        assert isinstance(err, OperationFailure) and err.code == 263
+        name = next(iter(stage))
+        assert err.details["errmsg"] == \
+            f"Stage not supported inside of a multi-document transaction: {name}"
+    txn.close()
