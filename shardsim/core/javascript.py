@@ -1,5 +1,5 @@
-"""Server-side JavaScript: ``$where`` in queries and the ``$function`` aggregation expression
-(mongod 8.0 still runs them, deprecated), on an embedded QuickJS engine (the ``quickjs-ng``
+"""Server-side JavaScript: ``$where`` in queries, the ``$function`` aggregation expression and
+the ``$accumulator`` group accumulator (mongod 8.0 still runs them, deprecated), on an embedded QuickJS engine (the ``quickjs-ng``
 package: the maintained quickjs-ng fork, wheels for Linux, macOS and Windows, imported as
 ``quickjs``). mongod uses SpiderMonkey (``src/mongo/scripting/mozjs/``).
 
@@ -29,9 +29,13 @@ package: the maintained quickjs-ng fork, wheels for Linux, macOS and Windows, im
   ``$function`` 31264 "Cannot run server-side javascript without the javascript engine
   enabled" (``ExpressionContext::getJsExecWithScope``).
 
+* **``$accumulator``** in ``$group`` (``accumulator_js_reduce.cpp``): :func:`install` lets
+  mongomock's ``$group`` hand those fields to :func:`accumulate_group` (init / accumulate /
+  finalize in one engine call per group; mongod's parse errors 4544701-4544712).
+
 Code with scope is refused as mongod 4.4+ refuses it (``$where`` 2 "$where got bad type",
-``$function`` 31262). Not built: ``$accumulator`` and ``mapReduce`` (NotImplemented 238), and
-``db``/``emit`` and the shell's other globals inside functions.
+``$function`` 31262). Not built: ``mapReduce`` (CommandNotFound), and ``db``/``emit`` and the
+shell's other globals inside functions.
 """
 
 from __future__ import annotations
@@ -299,3 +303,111 @@ def function_expression(db: str, parser: Any, spec: Any) -> Any:
     if not isinstance(args, list):
         raise MongoError(31266, "The args field must be of type array")
     return call(db, body, args)
+
+
+# -- $accumulator ------------------------------------------------------------------------------
+
+_ACC_FIELDS = ("init", "initArgs", "accumulate", "accumulateArgs", "merge", "finalize", "lang")
+
+
+def parse_accumulator(spec: Any) -> dict[str, Any]:
+    """``{$accumulator: {init, initArgs?, accumulate, accumulateArgs, merge, finalize?,
+    lang?}}`` checked as ``AccumulatorJs::parse`` (``accumulator_js_reduce.cpp``): 4544703 not
+    an object, 4544702 a function that is not a string or Code (4544701 an expression),
+    4544704 / 4544705 ``lang`` not the string "js", 4544706 an unknown field, 4544707-4544710
+    a missing ``init``/``accumulate``/``merge``/``accumulateArgs``."""
+    from shardsim.core.commands import bson_type_name
+    if not isinstance(spec, dict):
+        raise MongoError(4544703, f"$accumulator expects an object as an argument; found: "
+                                  f"{bson_type_name(spec)}")
+    for name, value in spec.items():
+        if name in ("init", "accumulate", "merge", "finalize"):
+            if isinstance(value, dict):
+                raise MongoError(4544701, f"$accumulator '{name}' must be a constant expression")
+            if not isinstance(value, (str, Code)) or (isinstance(value, Code)
+                                                      and value.scope is not None):
+                raise MongoError(4544702, f"$accumulator '{name}' must be a String or Code")
+        elif name == "lang":
+            if not isinstance(value, str):
+                raise MongoError(4544704, f"$accumulator lang must be a string; found: "
+                                          f"{bson_type_name(value)}")
+            if value != "js":
+                raise MongoError(4544705, "$accumulator only supports lang: 'js'")
+        elif name not in _ACC_FIELDS:
+            raise MongoError(4544706, f"$accumulator got an unexpected field: {name}")
+    for n, name in ((4544707, "init"), (4544708, "accumulate"), (4544709, "merge")):
+        if not spec.get(name):
+            raise MongoError(n, f"$accumulator missing required argument '{name}'")
+    if "accumulateArgs" not in spec:
+        raise MongoError(4544710, "$accumulator missing required argument 'accumulateArgs'")
+    return spec
+
+
+def accumulate_group(db: str, spec: dict[str, Any], docs: list[dict[str, Any]],
+                     evaluate: Any) -> Any:
+    """One group's ``$accumulator`` value: ``init(...initArgs)`` (``initArgs`` evaluated on the
+    group's first document, 4544711 unless an array), then ``accumulate(state,
+    ...accumulateArgs)`` per document (4544712 unless an array), then ``finalize(state)``, in
+    one call into the engine per group, as mongod batches its calls
+    (``AccumulatorJs::reduceMemoryConsumptionIfAble``). ``merge`` is parsed and not needed:
+    the group runs in one place here. ``evaluate(expr, doc)``: the pipeline's expression
+    evaluator."""
+    if not enabled():
+        raise MongoError(31264, "Cannot run server-side javascript without the javascript "
+                                "engine enabled")
+    init_args = evaluate(spec["initArgs"], docs[0]) if "initArgs" in spec and docs else []
+    if not isinstance(init_args, list):
+        raise MongoError(4544711, f"$accumulator initArgs must evaluate to an array: "
+                                  f"{init_args!r}")
+    pending = []
+    for doc in docs:
+        args = evaluate(spec["accumulateArgs"], doc)
+        if not isinstance(args, list):
+            raise MongoError(4544712, f"$accumulator accumulateArgs must evaluate to an array: "
+                                      f"{args!r}")
+        pending.append(args)
+    finalize = f"state = {_source(spec['finalize'])}(state);" if spec.get("finalize") else ""
+    body = (f"function(initArgs, pending) {{ var state = {_source(spec['init'])}"
+            f".apply(null, initArgs); var acc = {_source(spec['accumulate'])};"
+            f" for (var i = 0; i < pending.length; i++)"
+            f" state = acc.apply(null, [state].concat(pending[i])); {finalize} return state; }}")
+    return call(db, body, [init_args, pending])
+
+
+def install() -> None:
+    """Let mongomock's ``$group`` compute ``$accumulator`` fields (idempotent): they are taken
+    out of the stage's accumulators, mongomock computes the rest, and the output keeps the
+    specification's field order."""
+    from mongomock import aggregate as mm_aggregate
+    if getattr(mm_aggregate, "_shardsim_js", False):
+        return
+    orig = mm_aggregate._accumulate_group
+
+    def evaluate(expr: Any, doc: dict[str, Any]) -> Any:
+        if isinstance(expr, list):  # an array literal: each element is an expression
+            return [evaluate(x, doc) for x in expr]
+        try:
+            return mm_aggregate._parse_expression(expr, doc)
+        except KeyError:
+            return None
+
+    def _accumulate_group(output_fields: dict[str, Any], group_list: list[Any]) -> dict:
+        js = {f: v["$accumulator"] for f, v in output_fields.items()
+              if f != "_id" and isinstance(v, dict) and "$accumulator" in v}
+        if not js:
+            return orig(output_fields, group_list)
+        rest = {f: v for f, v in output_fields.items() if f not in js}
+        out = orig(rest, group_list) if len(rest) > 1 or "_id" not in rest else {}
+        from shardsim.core.commands import CURRENT_REQUEST
+        req = CURRENT_REQUEST.get()
+        db = req.db if req is not None else "test"
+        done = {f: accumulate_group(db, parse_accumulator(spec), group_list, evaluate)
+                for f, spec in js.items()}
+        return {f: done[f] if f in done else out[f] for f in output_fields
+                if f != "_id" and (f in done or f in out)}
+
+    mm_aggregate._accumulate_group = _accumulate_group
+    mm_aggregate._shardsim_js = True
+
+
+install()

@@ -616,3 +616,35 @@ def test_out_and_merge_are_refused_in_a_transaction(coll):
         assert err.details["errmsg"] == \
             f"Stage not supported inside of a multi-document transaction: {name}"
     txn.close()
+
+
+def test_accumulator_runs_javascript_per_group(coll):
+    """``$accumulator`` (``accumulator_js_reduce.cpp``): ``init(...initArgs)`` per group,
+    ``accumulate(state, ...accumulateArgs)`` per document, ``finalize(state)``; beside
+    mongomock's accumulators in the specification's order; mongod's parse errors."""
+    avg = {"init": "function() { return {c: 0, t: 0}; }",
+           "accumulate": "function(st, t) { return {c: st.c + 1, t: st.t + t}; }",
+           "accumulateArgs": ["$t"],
+           "merge": "function(a, b) { return {c: a.c + b.c, t: a.t + b.t}; }",
+           "finalize": "function(st) { return st.t / st.c; }", "lang": "js"}
+    out = list(coll.aggregate([
+        {"$group": {"_id": {"$cond": [{"$lt": ["$k", 0]}, "neg", "pos"]},
+                    "n": {"$sum": 1}, "avg": {"$accumulator": avg},
+                    "ids": {"$accumulator": {
+                        "init": "function(first) { return [first]; }", "initArgs": ["start"],
+                        "accumulate": "function(st, i) { st.push(i); return st; }",
+                        "accumulateArgs": ["$_id"],
+                        "merge": "function(a, b) { return a.concat(b); }", "lang": "js"}}}},
+        {"$sort": {"_id": 1}}]))
+    assert [list(d) for d in out] == [["_id", "n", "avg", "ids"]] * 2
+    assert [(d["_id"], d["n"], d["avg"]) for d in out] == [("neg", 3, 101.0), ("pos", 4, 104.5)]
+    assert [sorted(d["ids"][1:]) for d in out] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0, 6.0]]
+    assert all(d["ids"][0] == "start" for d in out)
+    for spec, code in (("x", 4544703), ({**avg, "lang": "py"}, 4544705),
+                       ({**avg, "extra": 1}, 4544706),
+                       ({k: v for k, v in avg.items() if k != "merge"}, 4544709),
+                       ({k: v for k, v in avg.items() if k != "accumulateArgs"}, 4544710),
+                       ({**avg, "accumulateArgs": "$t"}, 4544712)):
+        with pytest.raises(OperationFailure) as exc:
+            list(coll.aggregate([{"$group": {"_id": None, "a": {"$accumulator": spec}}}]))
+        assert exc.value.code == code, spec
