@@ -1,5 +1,5 @@
 """Server-side JavaScript: ``$where`` in queries, the ``$function`` aggregation expression and
-the ``$accumulator`` group accumulator (mongod 8.0 still runs them, deprecated), on an embedded QuickJS engine (the ``quickjs-ng``
+the ``$accumulator`` group accumulator, ``mapReduce`` (mongod 8.0 still runs them, deprecated), on an embedded QuickJS engine (the ``quickjs-ng``
 package: the maintained quickjs-ng fork, wheels for Linux, macOS and Windows, imported as
 ``quickjs``). mongod uses SpiderMonkey (``src/mongo/scripting/mozjs/``).
 
@@ -33,9 +33,14 @@ package: the maintained quickjs-ng fork, wheels for Linux, macOS and Windows, im
   mongomock's ``$group`` hand those fields to :func:`accumulate_group` (init / accumulate /
   finalize in one engine call per group; mongod's parse errors 4544701-4544712).
 
+* **``mapReduce``** (:func:`parse_map_reduce`, :func:`map_reduce`): ``map`` with ``emit``,
+  ``reduce``, ``finalize``, ``scope``; inline results or a replaced output collection (the
+  shard's and the router's ``mapReduce`` handlers).
+
 Code with scope is refused as mongod 4.4+ refuses it (``$where`` 2 "$where got bad type",
-``$function`` 31262). Not built: ``mapReduce`` (CommandNotFound), and ``db``/``emit`` and the
-shell's other globals inside functions.
+``$function`` 31262). Not built: the ``merge``/``reduce`` output modes of ``mapReduce`` (238),
+``db`` and the shell's other globals inside functions (``Array.sum``/``avg``, ``tojson``,
+``print``, ``sleep`` are there).
 """
 
 from __future__ import annotations
@@ -75,6 +80,17 @@ ObjectId.prototype.toString = function () { return 'ObjectId("' + this.str + '")
 ObjectId.prototype.valueOf = function () { return this.str; };
 ObjectId.prototype.equals = function (o) { return o instanceof ObjectId && o.str === this.str; };
 ObjectId.prototype.toJSON = function () { return {$oid: this.str}; };
+// a few helpers of mongod's server-side utils (Array.sum/avg, tojson, print...)
+Array.sum = function (arr) { var s = 0; for (var i = 0; i < arr.length; i++) s += arr[i]; return s; };
+Array.avg = function (arr) { return arr.length ? Array.sum(arr) / arr.length : undefined; };
+Array.contains = function (arr, x) { return arr.indexOf(x) >= 0; };
+Array.unique = function (arr) { return arr.filter(function (x, i) { return arr.indexOf(x) == i; }); };
+function tojson(x) { return JSON.stringify(x); }
+function isNumber(x) { return typeof x === 'number'; }
+function isString(x) { return typeof x === 'string'; }
+function isObject(x) { return typeof x === 'object' && x !== null; }
+function print() {}
+function printjson() {}
 function sleep(ms) {  // the shell's sleep(): interruptible by the call's time limit
     var end = Date.now() + ms;
     while (Date.now() < end) {}
@@ -411,3 +427,93 @@ def install() -> None:
 
 
 install()
+
+
+# -- mapReduce ---------------------------------------------------------------------------------
+
+_MR_FIELDS = frozenset({"mapReduce", "mapreduce", "map", "reduce", "out", "query", "sort",
+                        "limit", "finalize", "scope", "jsMode", "verbose",
+                        "bypassDocumentValidation", "collation", "writeConcern", "maxTimeMS",
+                        "readConcern", "comment", "lsid", "txnNumber", "$db", "$clusterTime",
+                        "$readPreference", "apiVersion", "apiStrict", "apiDeprecationErrors",
+                        "$client", "$audit", "shardVersion", "databaseVersion"})
+
+
+def parse_map_reduce(body: dict[str, Any]) -> dict[str, Any]:
+    """The options of a ``mapReduce`` command (``map_reduce.idl``): ``map``/``reduce`` (and
+    ``finalize``) string or Code (TypeMismatch 14 otherwise), ``out`` required (40414),
+    ``{inline: 1}``, a collection name or ``{replace: <name>[, db]}`` (``merge``/``reduce``
+    output modes and ``sharded`` are not built: NotImplemented 238), ``query``/``sort`` objects,
+    ``limit`` a number, ``scope`` an object. 40415 for an unknown field. Returns ``{map,
+    reduce, finalize, scope, query, sort, limit, out: None (inline) | (db or None, name)}``."""
+    from shardsim.core.commands import bson_type_name
+    for k in body:
+        if k not in _MR_FIELDS:
+            raise MongoError(40415, f"BSON field 'mapReduce.{k}' is an unknown field.")
+    for k in ("map", "reduce", "out"):
+        if k not in body:
+            raise MongoError(40414, f"BSON field 'mapReduce.{k}' is missing but a required "
+                                    f"field")
+    for k in ("map", "reduce", "finalize"):
+        if k in body and not isinstance(body[k], (str, Code)):
+            if k == "finalize" and body[k] is None:
+                continue
+            raise MongoError(14, f"BSON field 'mapReduce.{k}' is the wrong type "
+                                 f"'{bson_type_name(body[k])}', expected types "
+                                 f"'[javascript, string]'")
+    for k in ("query", "sort", "scope"):
+        if body.get(k) is not None and not isinstance(body[k], dict):
+            raise MongoError(14, f"BSON field 'mapReduce.{k}' is the wrong type "
+                                 f"'{bson_type_name(body[k])}', expected type 'object'")
+    out = body["out"]
+    target: tuple[str | None, str] | None
+    if isinstance(out, str):
+        target = (None, out)
+    elif isinstance(out, dict) and out.get("inline"):
+        target = None
+    elif isinstance(out, dict) and isinstance(out.get("replace"), str):
+        db = out.get("db")
+        target = (db if isinstance(db, str) else None, out["replace"])
+    elif isinstance(out, dict) and ("merge" in out or "reduce" in out):
+        raise MongoError(238, "mapReduce output modes 'merge' and 'reduce' are not supported "
+                              "by shardsim")
+    else:
+        raise MongoError(2, f"'out' must be a string or an object with 'inline', 'replace', "
+                            f"'merge' or 'reduce', found: {out!r}")
+    limit = body.get("limit") or 0
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0:
+        raise MongoError(2, f"'limit' must be a non-negative number: {limit!r}")
+    return {"map": body["map"], "reduce": body["reduce"], "finalize": body.get("finalize"),
+            "scope": body.get("scope") or {}, "query": body.get("query") or {},
+            "sort": body.get("sort") or None, "limit": int(limit), "out": target}
+
+
+def map_reduce(db: str, docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """``[{_id: key, value}]`` of a mapReduce over ``docs`` (``spec`` from
+    :func:`parse_map_reduce`), in ascending ``_id`` order: ``map`` called with ``this`` each
+    document and an ``emit(key, value)`` global, ``reduce(key, values)`` for each key emitted
+    more than once (a key emitted once keeps its value, as mongod), ``finalize(key, value)``;
+    ``scope``'s fields are globals. One engine call for the whole job. 31264 when JavaScript is
+    off; 139 for a JS error."""
+    if not enabled():
+        raise MongoError(31264, "Cannot run server-side javascript without the javascript "
+                                "engine enabled")
+    fin = f"var fin = {_source(spec['finalize'])};" if spec.get("finalize") else "var fin = null;"
+    body = (
+        "function(docs, scope) {"
+        " for (var name in scope) globalThis[name] = scope[name];"
+        f" var map = {_source(spec['map'])}; var reduce = {_source(spec['reduce'])}; {fin}"
+        " var order = [], groups = {};"
+        " globalThis.emit = function(k, v) { var s = JSON.stringify(k === undefined ? null : k);"
+        "   if (!(s in groups)) { groups[s] = {k: k === undefined ? null : k, v: []};"
+        "     order.push(s); }"
+        "   groups[s].v.push(v === undefined ? null : v); };"
+        " for (var i = 0; i < docs.length; i++) map.call(docs[i]);"
+        " var out = [];"
+        " for (var j = 0; j < order.length; j++) { var g = groups[order[j]];"
+        "   var v = g.v.length == 1 ? g.v[0] : reduce(g.k, g.v);"
+        "   if (fin) v = fin(g.k, v); out.push({_id: g.k, value: v}); }"
+        " return out; }")
+    results = call(db, body, [docs, spec.get("scope") or {}])
+    from shardsim.core.query import sort_docs
+    return sort_docs(results or [], {"_id": 1})

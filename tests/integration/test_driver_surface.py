@@ -648,3 +648,30 @@ def test_accumulator_runs_javascript_per_group(coll):
         with pytest.raises(OperationFailure) as exc:
             list(coll.aggregate([{"$group": {"_id": None, "a": {"$accumulator": spec}}}]))
         assert exc.value.code == code, spec
+
+
+def test_map_reduce_inline_and_into_a_collection(coll):
+    """``mapReduce``: ``emit`` from ``map`` (``this`` the document), ``reduce`` for keys
+    emitted more than once, ``finalize``, ``scope`` globals, ``query``; inline ``{results:
+    [{_id, value}]}`` in ``_id`` order or a replaced output collection (``{result}``)."""
+    from bson.code import Code
+    db = coll.database
+    cmd = {"mapReduce": coll.name, "map": Code("function() { emit(this.k < 0, this.t); }"),
+           "reduce": Code("function(key, values) { return Array.sum(values); }"),
+           "out": {"inline": 1}}
+    assert db.command(cmd)["results"] == [{"_id": False, "value": 418.0},
+                                          {"_id": True, "value": 303.0}]
+    out = db.command({**cmd, "query": {"k": {"$gte": 3}}, "scope": {"bonus": 10},
+                      "finalize": "function(key, v) { return v + bonus; }"})["results"]
+    assert out == [{"_id": False, "value": 116.0}]  # one emit: not reduced, finalized
+    name = f"mr_{coll.name}"
+    reply = db.command({**cmd, "out": name})
+    assert reply["result"] == name
+    assert list(db[name].find().sort("_id", 1)) == [{"_id": False, "value": 418.0},
+                                                     {"_id": True, "value": 303.0}]
+    assert db.command({**cmd, "out": {"replace": name}})["result"] == name
+    assert db[name].count_documents({}) == 2
+    db.drop_collection(name)
+    with pytest.raises(OperationFailure) as exc:
+        db.command({"mapReduce": coll.name, "map": "function() {}", "out": {"inline": 1}})
+    assert exc.value.code == 40414
