@@ -435,7 +435,10 @@ class _SortKey:
         self.v = v
 
     def __lt__(self, other: "_SortKey") -> bool:
-        return mm_filtering.bson_compare(operator.lt, self.v, other.v)
+        a, b = self.v, other.v
+        if a is _EMPTY or b is _EMPTY:  # [] sorts before everything, equal to itself
+            return a is _EMPTY and b is not _EMPTY
+        return mm_filtering.bson_compare(operator.lt, a, b)
 
 
 def _sort_value(doc: dict[str, Any], path: str, desc: bool) -> Any:

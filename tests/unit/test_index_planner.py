@@ -174,10 +174,34 @@ def test_no_index_where_the_result_could_differ() -> None:
     c.add_index({"v": 2, "key": {"b": 1}, "name": "b_p", "partialFilterExpression": {"b": 1}})
     c.add_index({"v": 2, "key": {"b": -1}, "name": "b_s", "sparse": True})
     c.add_index({"v": 2, "key": {"c": 1}, "name": "c_coll", "collation": {"locale": "fr"}})
-    assert planner.choose(c, {"b": 1}).index.name == "b_s"
+    assert planner.choose(c, {"b": 2}).index.name == "b_s"  # {b: 2} does not imply {b: 1}
     assert planner.choose(c, {}, {"b": -1}) is None  # a sparse index misses documents
     assert planner.choose(c, {"c": "x"}) is None
-    assert planner.choose(c, {"b": 1}, hint_index=c.indexes["b_p"]) is None
+    assert planner.choose(c, {"b": 2}, hint_index=c.indexes["b_p"]) is None
+    # a partial index serves a filter that implies its partialFilterExpression
+    assert planner.choose(c, {"b": 1}, hint_index=c.indexes["b_p"]).index.name == "b_p"
+
+
+def test_a_partial_index_serves_the_filters_that_imply_it() -> None:
+    """pymongo's ``test_index_filter``: ``{x: 1}`` with ``partialFilterExpression: {a: {$lte:
+    1.5}}`` is used for ``{x: 6, a: 1}``, ``{x: {$gt: 1}, a: 1}``, ``{x: 6, a: {$lte: 1}}``,
+    not for ``{x: 6, a: {$lte: 1.6}}`` or ``{x: 6}`` (mongod's ``isSubsetOf``); the result is
+    the collection scan's."""
+    docs = [{"x": i % 7, "a": (i % 5) / 2} for i in range(40)]
+    plain = _coll(docs, None)
+    c = _coll(docs, None)
+    c.add_index({"v": 2, "key": {"x": 1}, "name": "ix", "partialFilterExpression":
+                 {"a": {"$lte": 1.5}}})
+    for filt, used in (({"x": 6, "a": 1}, True), ({"x": {"$gt": 1}, "a": 1}, True),
+                       ({"x": 6, "a": {"$lte": 1}}, True), ({"x": 6, "a": {"$lt": 1.5}}, True),
+                       ({"x": 6, "a": {"$lte": 1.6}}, False), ({"x": 6}, False),
+                       ({"x": 6, "a": "1"}, False)):
+        plan = planner.choose(c, filt)
+        assert (plan is not None and plan.index.name == "ix") == used, filt
+        assert _find(c, filt, None, 0, 0) == _scan(plain, filt, None, 0, 0), filt
+    assert not planner.implies({"a": 1}, {"a": {"$exists": False}})
+    assert planner.implies({"a": 1}, {"a": {"$exists": True}})
+    assert planner.implies({"a": {"$gt": 3}}, {"$and": [{"a": {"$gte": 3}}]})
 
 
 def test_multikey_bounds_are_not_intersected() -> None:
