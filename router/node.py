@@ -30,6 +30,7 @@ from shardsim.router import shard_versioning
 from shardsim.router.catalog import CatalogCache
 from shardsim.router.change_stream.promise_requests import PromiseRequests
 from shardsim.router.commands import FAMILIES
+from shardsim.router.commands import transactions as txn_cmds
 from shardsim.router.forwarding import BIG_BATCH
 from shardsim.core.gossip import OPERATION_TIME, gossip_command
 from shardsim.router.read_concern import run_with_read_concern
@@ -313,7 +314,11 @@ class RouterNode(Node):
         if req.db == "local" and self.commands.canonical(req.name) not in _LOCAL_AUTH_COMMANDS:
             raise MongoError(20, "Can't use 'local' database through mongos")
         if req.body.get("autocommit") is False:
-            check_transaction_command(self.commands.canonical(req.name), req.db)
+            name = self.commands.canonical(req.name)
+            check_transaction_command(name, req.db, req.body)
+            if name not in txn_cmds.END_COMMANDS:
+                return await txn_cmds.invoke_in_transaction(
+                    self, req, lambda: run_with_read_concern(self, handler, req))
         return await run_with_read_concern(self, handler, req)
 
     def cluster_time_fields(self, req: Request | None, reply: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from shardsim.core.commands import Request
-from shardsim.core.read_concern import attach_cluster_time, parse
+from shardsim.core.read_concern import CURSOR_COMMANDS, attach_cluster_time, parse
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.node import RouterNode
@@ -21,7 +21,11 @@ if TYPE_CHECKING:  # pragma: no cover
 async def run_with_read_concern(node: "RouterNode", handler: Callable[[Request], Awaitable[dict]],
                                 req: Request) -> dict[str, Any]:
     """Run ``handler(req)``; for a snapshot read, pin ``atClusterTime`` first and report it."""
-    rc = parse(req.body, node.commands.canonical(req.name), node.clock.now(),
+    name = node.commands.canonical(req.name)
+    if name in CURSOR_COMMANDS:  # any readConcern, checked for its shape and ignored
+        parse(req.body, name, node.clock.now(), snapshot_ok=True)
+        return await handler(req)
+    rc = parse(req.body, name, node.clock.now(),
                snapshot_ok=node.commands.spec(req.name).snapshot)
     if rc is None or not rc.snapshot or req.body.get("autocommit") is False:
         return await handler(req)

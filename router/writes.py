@@ -34,6 +34,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import bson
 from bson import ObjectId
 
 from shardsim.router.forwarding import forwardable, reply_body
@@ -54,6 +55,20 @@ _BATCH_OPTS = ("bypassDocumentValidation", "writeConcern", "let", "comment", "ma
                "lsid", "txnNumber", "autocommit", "startTransaction", "readConcern")
 # One targeted statement: (client index, shards, broadcast).
 Target = tuple[int, list[str], bool]
+
+# Child batch limits, as mongos' ``BatchWriteOp::targetBatch`` keeps them
+# (``src/mongo/s/write_ops/batch_write_op.cpp`` ``wouldMakeBatchesTooBig`` /
+# ``getWriteSizeBytes``; constants of ``src/mongo/db/ops/write_ops.h``): a child batch holds at
+# most ``kMaxWriteBatchSize`` statements and its statements' estimated sizes add up to at most
+# ``BSONObjMaxUserSize``; the first statement of a batch always fits (an oversized document goes
+# alone, and the shard answers for it).
+MAX_CHILD_BATCH_OPS = 100_000  # write_ops::kMaxWriteBatchSize
+MAX_CHILD_BATCH_BYTES = 16 * 1024 * 1024  # BSONObjMaxUserSize
+ARRAY_ELEMENT_OVERHEAD = 7  # kWriteCommandBSONArrayPerElementOverheadBytes
+# A request at most this large (its body and document sequences) cannot make a child batch
+# reach the limits by size, whatever the split: the statements are not measured.
+UNMEASURED_REQUEST_BYTES = 8 * 1024 * 1024
+_ADDED_ID_BYTES = 17  # an ObjectId _id element: type, "_id\0", 12 bytes
 
 
 @dataclass
@@ -79,7 +94,10 @@ class WriteExecutor:
     child batches (:class:`Run`) and merges the shards' replies (:meth:`execute`). Like mongos'
     ``BatchWriteExec`` (``src/mongo/s/write_ops/batch_write_exec.cpp``)."""
 
-    def __init__(self, router: "RouterNode", req: Request, kind: str) -> None:
+    def __init__(self, router: "RouterNode", req: Request, kind: str,
+                 sizes: list[int] | None = None) -> None:
+        """``sizes``: the statements' BSON sizes in bytes when the caller knows them (the
+        ``bulkWrite`` command from its raw ops); otherwise :meth:`statement_sizes` finds them."""
         self.router = router
         self.req = req
         self.kind = kind
@@ -91,6 +109,9 @@ class WriteExecutor:
         self.retryable = rw.is_retryable(req.body)
         self.batch_size = 0  # the client's statements (execute)
         self._snapshot: Any = None  # the CollectionInfo of the last targeting round
+        self.sizes = sizes  # statement sizes (bytes), None: not measured (a small request)
+        self._added_ids: set[int] = set()  # inserts given an _id by statements()
+        self._sizes: list[int] | None = None  # statement sizes by client index (execute)
 
     # -- targeting ----------------------------------------------------------------------------
     async def find_owner(self, q: Any, shards: list[str], extra: dict[str, Any]) -> str | None:
@@ -274,7 +295,7 @@ class WriteExecutor:
                 runs[-1].ops.append(op)
             else:
                 runs.append(Run(shards, [i], [op], broadcast, info=self._snapshot))
-        return runs
+        return self._split(runs)
 
     async def _send_plain_once(self, run: Run, catch_stale: bool = False
                                ) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
@@ -356,9 +377,10 @@ class WriteExecutor:
             raise MongoError(73, f"Invalid namespace specified '{self.db}.{self.coll}'")
         if self.kind == "insert":
             fixed = []
-            for d in ops:
+            for i, d in enumerate(ops):
                 if isinstance(d, dict) and "_id" not in d:
                     d = {"_id": ObjectId(), **d}
+                    self._added_ids.add(i)
                 fixed.append(d)
             ops = fixed
         return ops
@@ -385,6 +407,55 @@ class WriteExecutor:
                 if self.ordered:
                     break
         return targets, errors
+
+    def statement_sizes(self, ops: list[Any]) -> list[int] | None:
+        """Each statement's BSON size in bytes, for splitting child batches
+        (:meth:`_split`): the raw size of a statement from an OP_MSG document sequence (plus
+        the ``_id`` :meth:`statements` added), else the encoded size. None when the whole
+        request is at most :data:`UNMEASURED_REQUEST_BYTES` (no child batch can reach the size
+        limit then, so nothing is measured or encoded)."""
+        if self.sizes is not None and len(self.sizes) == len(ops):
+            return self.sizes
+        raw = self.req.sequences.get(_FIELD[self.kind])
+        if raw is not None and len(raw) == len(ops):
+            return [len(r) + (_ADDED_ID_BYTES if i in self._added_ids else 0)
+                    for i, r in enumerate(raw)]
+        total = len(self.req.raw) + sum(len(r) for seq in self.req.sequences.values()
+                                        for r in seq)
+        if self.req.raw and total <= UNMEASURED_REQUEST_BYTES:
+            return None
+        return [len(bson.encode(op)) if isinstance(op, dict) else 0 for op in ops]
+
+    def _split(self, runs: list[Run]) -> list[Run]:
+        """Split child batches over mongos' limits (``BatchWriteOp::targetBatch`` with
+        ``wouldMakeBatchesTooBig``): at most :data:`MAX_CHILD_BATCH_OPS` statements and at most
+        :data:`MAX_CHILD_BATCH_BYTES` of estimated statement sizes per batch, each statement
+        counted with :data:`ARRAY_ELEMENT_OVERHEAD` (twice plus 4 bytes with ``txnNumber``,
+        for its ``stmtIds`` entry). A statement alone in a batch always goes, however large: a
+        document over 16 MiB is refused by the shard (BadValue 2, "object to insert too
+        large"). The pieces of one batch keep their order."""
+        sizes = self._sizes
+        out: list[Run] = []
+        extra = ARRAY_ELEMENT_OVERHEAD + (ARRAY_ELEMENT_OVERHEAD + 4
+                                          if "txnNumber" in self.req.body else 0)
+        for run in runs:
+            if run.broadcast or (len(run.idx) <= MAX_CHILD_BATCH_OPS and sizes is None):
+                out.append(run)
+                continue
+            piece = Run(run.shards, broadcast=run.broadcast, info=run.info)
+            used = 0
+            for i, op in zip(run.idx, run.ops):
+                size = (sizes[i] if sizes is not None else 0) + extra
+                if piece.idx and (len(piece.idx) >= MAX_CHILD_BATCH_OPS
+                                  or used + size > MAX_CHILD_BATCH_BYTES):
+                    out.append(piece)
+                    piece = Run(run.shards, broadcast=run.broadcast, info=run.info)
+                    used = 0
+                piece.idx.append(i)
+                piece.ops.append(op)
+                used += size
+            out.append(piece)
+        return out
 
     def _group(self, ops: list[Any], targets: list[Target | None]) -> list[Run]:
         """The child batches: for an ordered batch, consecutive statements for the same shard
@@ -414,7 +485,7 @@ class WriteExecutor:
                     run.idx.append(i)
                     run.ops.append(ops[i])
             runs.extend(by_shard.values())
-        return runs
+        return self._split(runs)
 
     async def execute(self) -> dict[str, Any]:
         """Target and run every statement; returns the reply body ``{n, [nModified],
@@ -429,6 +500,7 @@ class WriteExecutor:
         ``writeErrors`` next to the counts of what was applied."""
         ops = self.statements()
         self.batch_size = len(ops)
+        self._sizes = self.statement_sizes(ops)
         # Untargetable statements become write errors.
         targets, errors = await self._target_all(ops)
         runs = self._group(ops, targets)
@@ -460,8 +532,34 @@ class WriteExecutor:
                 if errs:
                     break
         else:
-            results = await asyncio.gather(*(self._send(r) for r in runs), return_exceptions=True)
-            for run, res in zip(runs, results):
+            # One lane per shard: a shard's child batches one after another (mongos sends one
+            # batch per shard per round), the shards' lanes concurrently; a broadcast alone.
+            lanes: dict[Any, list[Run]] = {}
+            for n, run in enumerate(runs):
+                lanes.setdefault(n if run.broadcast else tuple(run.shards), []).append(run)
+
+            async def lane(batches: list[Run]) -> list[tuple[Run, Any]]:
+                done: list[tuple[Run, Any]] = []
+                for run in batches:
+                    try:
+                        done.append((run, await self._send(run)))
+                    except MongoError as exc:
+                        if self.in_txn:
+                            raise
+                        done.append((run, exc))
+                return done
+
+            if len(lanes) == 1:
+                outcome: list[Any] = [await lane(next(iter(lanes.values())))]
+            else:
+                outcome = await asyncio.gather(*(lane(b) for b in lanes.values()),
+                                               return_exceptions=True)
+            results: list[tuple[Run, Any]] = []
+            for res in outcome:
+                if isinstance(res, BaseException):
+                    raise res
+                results.extend(res)
+            for run, res in results:
                 if isinstance(res, MongoError):
                     if self.in_txn:
                         raise res

@@ -54,6 +54,8 @@ from shardsim.core import server_version as server_version_mod
 @click.option("--heartbeat-timeout-ms", type=click.IntRange(min=1), default=10000,
               help="With --members: heartbeatTimeoutSecs, in ms.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
+@click.option("--noscripting", is_flag=True, default=False,
+              help="No server-side JavaScript ($where, $function), as mongod --noscripting.")
 @security_options
 @test_commands_options
 @server_version_mod.click_option
@@ -63,8 +65,11 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
          oplog_max_age_s: float | None, sync: str, members: str | None, initiate: bool,
          election_timeout_ms: int, heartbeat_interval_ms: int, heartbeat_timeout_ms: int,
          test_commands: bool, log_level: str, server_version: str,
-         **security: Any) -> None:
+         noscripting: bool = False, **security: Any) -> None:
     """Run a shardsim shard (a mongod --shardsvr look-alike)."""
+    if noscripting:
+        from shardsim.core import javascript
+        javascript.set_enabled(False)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from shardsim.shard.node import ShardNode

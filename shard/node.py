@@ -55,6 +55,10 @@ ID_INDEX_SPEC = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 ELECTION_ID = ObjectId("7fffffff0000000000000001")
 
 
+# Errors after which a transaction statement leaves the transaction open on a shard:
+# CommandOnShardedViewNotSupportedOnMongod (169) and WouldChangeOwningShard (283).
+_KEEPS_TXN_OPEN = (169, 283)
+
 class ShardNode(Node):
     """A shard. ``options``: ``shard_name``, ``dbpath`` (None = in memory),
     ``noop_interval_ms``, ``promise_mode`` (``clock``|``mongod``), ``oplog_size_mb``,
@@ -341,6 +345,21 @@ class ShardNode(Node):
         """The handler under the request's readConcern (:mod:`shard.read_concern`), with
         ``$currentDate: {$type: "timestamp"}`` ticking this shard's clock."""
         update_ops.set_timestamp_source(self.clock.tick)
+        if id(req) in self._req_txn:
+            async def in_transaction(r: Request) -> dict[str, Any]:
+                # mongod's invokeWithSessionCheckedOut (service_entry_point_common.cpp): a
+                # statement whose command fails aborts the transaction (the scope guard's
+                # abortActiveUnpreparedOrStashPreparedTransaction), reads included; a view for
+                # the router to resolve (169) and WouldChangeOwningShard (283) leave it open.
+                # Errors of the checks before the command runs (writeConcern, readConcern,
+                # request shape: ExecCommandDatabase::_initiateCommand) do not abort.
+                try:
+                    return await handler(r)
+                except MongoError as exc:
+                    if exc.code not in _KEEPS_TXN_OPEN:
+                        self.sessions.abort_on_error(r)
+                    raise
+            return await run_with_read_concern(self, in_transaction, req)
         return await run_with_read_concern(self, handler, req)
 
     def flush(self) -> None:

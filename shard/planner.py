@@ -13,10 +13,13 @@ document FETCHed is matched against the whole filter again), and an index is use
 that superset is provable: the operands are plain scalars (numbers other than NaN, strings,
 booleans, ObjectIds, dates), never null/missing, arrays, subdocuments, regexes; ``$or``,
 ``$not``, ``$elemMatch``, ``$exists``... constrain no bounds (they are still matched). Indexes
-with a collation, partial indexes, hidden ones and the non-ascending/descending kinds are
-never chosen (a hinted one falls back to a collection scan), and no index is used while a
+with a collation, hidden ones and the non-ascending/descending kinds are never chosen (a
+hinted one falls back to a collection scan); a partial index only when the filter implies its
+``partialFilterExpression`` (:func:`implies`: it then holds every matching document), and no index is used while a
 collation is active. Without a sort the documents come back in ``$natural`` order (the record
-ids of the candidates), exactly as a collection scan returns them; with a sort an index whose
+ids of the candidates), exactly as a collection scan returns them, except for a hinted index
+read over one interval, which returns the index's order as mongod's IXSCAN (pymongo's
+``test_hint``: a hint of ``{num: -1}`` reads the highest ``num`` first); with a sort an index whose
 key pattern is the sort, or its fields after an equality prefix (all directions equal or all reversed, not multikey) gives the
 order, ties in ``$natural`` order as the stable in-memory sort leaves them, and a limit stops
 the scan early (no blocking SORT).
@@ -215,10 +218,95 @@ def _base(docs: Any) -> IndexedDocs | None:
     return None  # a transaction's or a snapshot's documents: no index of them
 
 
-def _usable(idx: Any, hinted: bool) -> bool:
+def _usable(idx: Any, hinted: bool, filt: dict[str, Any] | None = None) -> bool:
     spec = idx.spec
-    return idx.sorted is not None and idx.partial is None and not spec.get("collation") and \
-        (hinted or not spec.get("hidden"))
+    return idx.sorted is not None and not spec.get("collation") and \
+        (hinted or not spec.get("hidden")) and \
+        (idx.partial is None or implies(filt or {}, idx.partial))
+
+
+_BOUND_OPS = ("$eq", "$gt", "$gte", "$lt", "$lte")
+
+
+def _comparable(a: Any, b: Any) -> bool:
+    num = (int, float)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return False
+    return (isinstance(a, num) and isinstance(b, num)) or (type(a) is str and type(b) is str)
+
+
+def _query_bounds(cond: Any) -> list[tuple[str, Any]] | None:
+    """A query condition on one field as ``[(op, value)]`` with ops of :data:`_BOUND_OPS`
+    (a plain scalar is ``$eq``), or None when it is anything else."""
+    if isinstance(cond, dict):
+        if not cond or not all(k in _BOUND_OPS for k in cond):
+            return None
+        out = list(cond.items())
+    else:
+        out = [("$eq", cond)]
+    if any(isinstance(v, (dict, list)) or v is None or (isinstance(v, float) and v != v)
+           for _, v in out):
+        return None
+    return out
+
+
+def _implies_op(bounds: list[tuple[str, Any]], op: str, c: Any) -> bool:
+    """Does a field constrained by ``bounds`` (all of them hold) satisfy ``{op: c}``?"""
+    for qop, v in bounds:
+        if not _comparable(v, c):
+            continue
+        if op == "$eq" and qop == "$eq" and v == c:
+            return True
+        if op in ("$lte", "$lt"):
+            if qop == "$eq" and (v <= c if op == "$lte" else v < c):
+                return True
+            if qop == "$lt" and v <= c:
+                return True
+            if qop == "$lte" and (v <= c if op == "$lte" else v < c):
+                return True
+        if op in ("$gte", "$gt"):
+            if qop == "$eq" and (v >= c if op == "$gte" else v > c):
+                return True
+            if qop == "$gt" and v >= c:
+                return True
+            if qop == "$gte" and (v >= c if op == "$gte" else v > c):
+                return True
+    return False
+
+
+def implies(filt: dict[str, Any], pfe: Any) -> bool:
+    """Does every document matching ``filt`` match the partial index's ``pfe``? (mongod's
+    ``expression::isSubsetOf``, for the simple forms: a top-level AND of fields compared with
+    ``$eq``/``$gt``/``$gte``/``$lt``/``$lte`` or ``$exists: true``, each implied by the query's
+    equality or range on that field of the same type bracket; anything else: no, and the
+    partial index is not used.)"""
+    if not isinstance(pfe, dict) or not pfe or not isinstance(filt, dict):
+        return False
+    clauses: list[tuple[str, Any]] = []
+    for k, v in pfe.items():
+        if k == "$and" and isinstance(v, list) and all(isinstance(x, dict) for x in v):
+            clauses.extend(item for x in v for item in x.items())
+        elif k.startswith("$"):
+            return False
+        else:
+            clauses.append((k, v))
+    for field, cond in clauses:
+        if field.startswith("$"):
+            return False
+        bounds = _query_bounds(filt.get(field)) if field in filt else None
+        if bounds is None:
+            return False
+        ops = cond.items() if isinstance(cond, dict) else [("$eq", cond)]
+        for op, c in ops:
+            if op == "$exists":
+                if c is not True:
+                    return False
+                continue
+            if op not in _BOUND_OPS or isinstance(c, (dict, list)) or c is None:
+                return False
+            if not _implies_op(bounds, op, c):
+                return False
+    return True
 
 
 def _sort_match(idx: Any, sort: dict[str, Any] | None, eq: int = 0) -> bool | None:
@@ -254,9 +342,9 @@ def choose(coll: Any, filt: dict[str, Any] | None, sort: dict[str, Any] | None =
         return None
     filt = filt or {}
     if hint_index is not None:
-        cands = [hint_index] if _usable(hint_index, True) else []
+        cands = [hint_index] if _usable(hint_index, True, filt) else []
     else:
-        cands = [i for i in coll.indexes.values() if _usable(i, False)]
+        cands = [i for i in coll.indexes.values() if _usable(i, False, filt)]
     best: Plan | None = None
     for idx in cands:
         intervals, used, eq = intervals_for(idx, filt)
@@ -268,6 +356,10 @@ def choose(coll: Any, filt: dict[str, Any] | None, sort: dict[str, Any] | None =
         plan = Plan(idx, intervals, used, _count(idx.sorted, intervals))
         if rev is not None and len(intervals) <= 1:
             plan.sorted_by_index, plan.reverse = True, rev
+        elif hint_index is not None and not sort and len(intervals) <= 1:
+            # a hinted scan without a sort returns the index's order, as mongod's IXSCAN does
+            # (a hint of {num: -1} reads the highest num first)
+            plan.sorted_by_index, plan.reverse = True, False
         if best is None or _better(plan, best):
             best = plan
     return best

@@ -23,7 +23,7 @@ from bson.timestamp import Timestamp
 
 from shardsim.shard.prepare_conflicts import wait_for_prepared
 from shardsim.core.commands import Request
-from shardsim.core.read_concern import attach_cluster_time, parse
+from shardsim.core.read_concern import CURSOR_COMMANDS, attach_cluster_time, parse
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
@@ -45,7 +45,11 @@ async def run_with_read_concern(node: "ShardNode", handler: Callable[[Request], 
                                 req: Request) -> dict[str, Any]:
     """Run ``handler(req)`` under the request's readConcern (see the module doc). Errors are
     :func:`shardsim.core.read_concern.parse`'s and SnapshotTooOld (239)."""
-    rc = parse(req.body, node.commands.canonical(req.name), node.clock.now(),
+    name = node.commands.canonical(req.name)
+    if name in CURSOR_COMMANDS:  # any readConcern, checked for its shape and ignored
+        parse(req.body, name, node.clock.now(), snapshot_ok=True)
+        return await handler(req)
+    rc = parse(req.body, name, node.clock.now(),
                snapshot_ok=node.commands.spec(req.name).snapshot)
     if rc is None or req.body.get("autocommit") is False:
         return await handler(req)

@@ -140,3 +140,38 @@ async def validate(node: "RouterNode", req: Request) -> dict[str, Any]:
         out = {"valid": valid}
     out["raw"] = raw
     return out
+
+
+@commands.handler("fsync", privileges=priv.on_cluster("fsync"))
+async def fsync(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``fsync`` through the router (mongos' ``FsyncCommand``,
+    ``src/mongo/s/commands/cluster_fsync_cmd.cpp``): sent to every shard; ``{numFiles: <sum>,
+    all: {<shard>: <reply>}}``, ``ok: 0`` with ``cause`` (the failing shard's reply) when one
+    fails. Unauthorized (13) on another database than ``admin``; ``lock: true`` is not built
+    (238, the shards' answer)."""
+    if req.db != "admin":
+        raise MongoError(13, "fsync may only be run against the admin database.")
+    shards = [s[0] for s in node.catalog.shards()]
+    body = forwardable(req.body)
+    replies = await asyncio.gather(*(node.shard_command(s, "admin", body, check=False)
+                                     for s in shards), return_exceptions=True)
+    out: dict[str, Any] = {}
+    all_: dict[str, Any] = {}
+    num_files = 0
+    ok = True
+    for shard, reply in zip(shards, replies):
+        if isinstance(reply, BaseException):
+            err = reply if isinstance(reply, MongoError) else MongoError(6, str(reply))
+            reply = err.to_reply()
+        data = {k: v for k, v in reply.items() if k not in _GOSSIP}
+        all_[shard] = data
+        if not data.get("ok"):
+            if ok:
+                out["cause"] = data
+            ok = False
+        num_files += int(data.get("numFiles", 0) or 0)
+    out["numFiles"] = num_files
+    out["all"] = all_
+    if not ok:
+        out["ok"] = 0.0
+    return out

@@ -222,12 +222,22 @@ async def _run_group(router: "RouterNode", req: Request, group: Group, ordered: 
         # retried op from its first execution instead of applying it again.
         body["stmtIds"] = list(group.idx)
     child = Request(group.kind, db, body, req.conn)
+    # The ops' sizes for the child batches' size limit (writes.WriteExecutor._split): the raw
+    # op of the document sequence (a little more than its document or update entry); an op
+    # list sent in the body (at most 16 MiB) is not measured unless the body is large.
+    raw_ops = req.sequences.get("ops")
+    if raw_ops is not None and len(raw_ops) == len(req.body.get("ops") or []):
+        sizes: list[int] | None = [len(raw_ops[i]) for i in group.idx]
+    elif len(req.raw) <= writes.UNMEASURED_REQUEST_BYTES:
+        sizes = [0] * len(group.idx)
+    else:
+        sizes = None  # measured by the executor
     db_gate, gate = writes.gate_for(router, db), writes.gate_for(router, group.ns)
     await db_gate.enter()
     try:
         await gate.enter()
         try:
-            reply = await writes.WriteExecutor(router, child, group.kind).execute()
+            reply = await writes.WriteExecutor(router, child, group.kind, sizes).execute()
         except MongoError as exc:
             if exc.code in NETWORK_ERRORS or exc.code in (251, 263) or req.get("autocommit") is False:
                 raise

@@ -225,11 +225,12 @@ async def distinct_on_shards(node: "RouterNode", req: Request) -> dict[str, Any]
                                      for s in shards))
     if len(replies) == 1:
         return {"values": replies[0]["values"]}
+    from shardsim.core import collation
     from shardsim.core.values import id_key
     seen: dict[Any, Any] = {}
     for rep in replies:
-        for v in rep["values"]:
-            seen.setdefault(id_key(v), v)
+        for v in rep["values"]:  # values equal under the command's collation: one
+            seen.setdefault(id_key(collation.fold(v)), v)
     return {"values": sorted(seen.values(), key=functools.cmp_to_key(compare))}
 
 
@@ -391,3 +392,33 @@ async def run_resolved_view(node: "RouterNode", req: Request, name: str,
         return await node.cursor_reply(ns, docs, req, req.get("batchSize"),
                                        bool(req.get("singleBatch")))
     return await node.cursor_reply(ns, docs, req, (req.get("cursor") or {}).get("batchSize"))
+
+
+@commands.handler("mapReduce", "mapreduce", versioned=True, reads=True,
+                  privileges=priv.on_coll("find"))
+async def map_reduce(node: "RouterNode", req: Request) -> dict[str, Any]:
+    """``mapReduce`` through the router (mongos' ``cluster_map_reduce_agg.cpp`` runs it as an
+    aggregation over the shards): the documents of ``query``/``sort``/``limit`` are read from
+    the shards (an aggregate), mapped and reduced here on the JavaScript engine
+    (:func:`shardsim.core.javascript.map_reduce`); inline results ``{results: [{_id,
+    value}]}``, or the output collection replaced through the router (as ``$out``:
+    :func:`router.aggregate_write.run_out`) and ``{result: <name>}``."""
+    from shardsim.core import javascript
+    spec = javascript.parse_map_reduce(req.body)
+    db, coll = namespace(req)
+    pipeline: list[dict[str, Any]] = [{"$match": spec["query"]}]
+    if spec["sort"]:
+        pipeline.append({"$sort": spec["sort"]})
+    if spec["limit"]:
+        pipeline.append({"$limit": spec["limit"]})
+    body = {"aggregate": coll, "pipeline": pipeline, "cursor": {}, "$db": db}
+    for k in ("collation", "readConcern", "lsid", "maxTimeMS"):
+        if k in req.body:
+            body[k] = req.body[k]
+    docs = await _read_all(node, Request("aggregate", db, body, req.conn))
+    results = javascript.map_reduce(db, docs, spec)
+    if spec["out"] is None:
+        return {"results": results}
+    out_db, out_name = spec["out"]
+    await aggregate_write.run_out(node, req, results, {"db": out_db or db, "coll": out_name})
+    return {"result": {"db": out_db, "collection": out_name} if out_db else out_name}

@@ -34,6 +34,66 @@ if TYPE_CHECKING:  # pragma: no cover
 
 commands = CommandFamily("transactions")
 
+# The commands that end a transaction: never aborted implicitly (they end it themselves).
+END_COMMANDS = frozenset({"commitTransaction", "abortTransaction",
+                          "coordinateCommitTransaction"})
+# A statement failing with one of these does not abort the transaction (mongos'
+# ``invokeInTransactionRouter``, ``src/mongo/s/service_entry_point_router_role.cpp``: "Don't
+# abort on possibly retryable errors"): the SnapshotError and NeedRetargettingError categories,
+# StaleDbVersion (249), WouldChangeOwningShard (283, the router goes on with the move),
+# ShardCannotRefreshDueToLocksHeld and ShardInvalidatedForTargeting.
+_NO_ABORT_NAMES = frozenset({"StaleDbVersion", "WouldChangeOwningShard",
+                             "ShardCannotRefreshDueToLocksHeld", "ShardInvalidatedForTargeting"})
+_WRITE_COMMANDS = frozenset({"insert", "update", "delete", "bulkWrite"})
+
+
+def _aborts_transaction(code: int) -> bool:
+    """False for the errors after which mongos leaves the transaction open (above)."""
+    from shardsim.core.error_codes import codes_in_category
+    from shardsim.core.errors import CODE_NAMES
+    return not (code in codes_in_category("SnapshotError")
+                or code in codes_in_category("NeedRetargettingError")
+                or CODE_NAMES.get(code) in _NO_ABORT_NAMES)
+
+
+async def invoke_in_transaction(node: "RouterNode", req: Request, run: Any) -> dict[str, Any]:
+    """Run the statement ``req`` of a transaction (``run()``: the handler) as mongos'
+    ``invokeInTransactionRouter`` does: when it fails (a MongoError other than the retryable
+    ones of :func:`_aborts_transaction`), or when a write answers with ``writeErrors``
+    (``ClusterWriteCmd::runImpl``: ``response.toStatus()`` not OK; ``nErrors`` of a
+    ``bulkWrite``), the router aborts the transaction on every participant
+    (:func:`implicitly_abort`) before the client gets the reply. The error itself is returned
+    as it was (the shards' labels, TransientTransactionError where due, are added by
+    ``RouterNode.error_labels``); a later statement on a participant gets NoSuchTransaction
+    (251, TransientTransactionError) and the commit fails the same way."""
+    try:
+        reply = await run()
+    except MongoError as exc:
+        if _aborts_transaction(exc.code):
+            await implicitly_abort(node, req)
+        raise
+    name = node.commands.canonical(req.name)
+    if name in _WRITE_COMMANDS and isinstance(reply, dict) and \
+            (reply.get("writeErrors") or reply.get("nErrors")):
+        await implicitly_abort(node, req)
+    return reply
+
+
+async def implicitly_abort(node: "RouterNode", req: Request) -> None:
+    """``TransactionRouter::Router::implicitlyAbortTransaction``
+    (``src/mongo/s/transaction_router.cpp``): ``abortTransaction`` with the default write
+    concern to every participant of ``req``'s transaction, concurrently, responses and errors
+    ignored; nothing when the router knows no participant or a commit was begun (it may have
+    been handed to the coordinator: commit types two-phase / recover-with-token). The
+    participants are kept, as mongos keeps them: a later ``abortTransaction`` from the client
+    still goes to them (and gets their NoSuchTransaction)."""
+    txn = node.transactions.get(req)
+    if txn is None or not txn.participants or txn.commit_started:
+        return
+    cmd = {"abortTransaction": 1, **_session(req), "writeConcern": {"w": 1, "wtimeout": 0}}
+    await asyncio.gather(*(node.shard_command(s, "admin", dict(cmd))
+                           for s in list(txn.participants)), return_exceptions=True)
+
 
 def _session(req: Request) -> dict[str, Any]:
     return {"lsid": req.get("lsid"), "txnNumber": req.get("txnNumber"), "autocommit": False}

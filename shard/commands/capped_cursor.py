@@ -36,8 +36,13 @@ class TailableCollectionCursor(Cursor):
     tailable = True
 
     def __init__(self, node: "ShardNode", db: str, name: str, filt: dict[str, Any],
-                 projection: dict[str, Any] | None, await_data: bool) -> None:
+                 projection: dict[str, Any] | None, await_data: bool, skip: int = 0,
+                 limit: int = 0) -> None:
+        """``skip``: matching documents passed over first; ``limit``: documents returned in
+        all before the cursor ends (0: no limit), as a find's ``skip``/``limit``."""
         super().__init__(f"{db}.{name}")
+        self.skip_left = max(0, int(skip or 0))
+        self.limit_left = int(limit) if limit else None
         self.node = node
         self.db, self.name = db, name
         self.coll = node.storage.get(db, name)
@@ -69,11 +74,16 @@ class TailableCollectionCursor(Cursor):
                 break
             self.last_rid, self.last_key = rids[k], k
             if q.matches(self.filt, doc):
+                if self.skip_left:
+                    self.skip_left -= 1
+                    continue
                 out.append(doc)
         return out
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
         limit = batch_size if batch_size else (101 if first else 1 << 62)
+        if self.limit_left is not None:
+            limit = min(limit, self.limit_left)
         found = self._scan(limit)
         if found is None:
             return Batch([], exhausted=True)
@@ -92,5 +102,9 @@ class TailableCollectionCursor(Cursor):
                 found = self._scan(limit)
                 if found is None:
                     return Batch([], exhausted=True)
+        done = False
+        if self.limit_left is not None:
+            self.limit_left -= len(found)
+            done = self.limit_left <= 0
         return Batch(q.project(found, self.projection) if self.projection else found,
-                     exhausted=False)
+                     exhausted=done)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
 
-from shardsim.core.commands import GENERIC_FIELDS, CommandFamily, Request, check_type
+from shardsim.core import query as q
+from shardsim.core.commands import GENERIC_FIELDS, CommandFamily, Request, bson_type_name, check_type
 from shardsim.core.errors import MongoError
 from shardsim.shard.collection_kinds import apply_unique_options, normalize_create_options
 from shardsim.shard import uncommitted_catalog, validation
@@ -305,12 +306,28 @@ def _index_specs(specs: list[Any]) -> list[dict[str, Any]]:
             raise MongoError(9, "The 'name' field is a required property of an index specification")
         if not isinstance(iname, str) or not iname:
             raise MongoError(67, "The index name cannot be empty")
+        if "partialFilterExpression" in spec:
+            _check_partial_filter(spec["partialFilterExpression"])
         full = {"v": 2, "key": dict(key), "name": iname}
         for k, v in spec.items():
             if k not in ("key", "name", "v", "ns"):
                 full[k] = v
         prepared.append(full)
     return prepared
+
+
+def _check_partial_filter(pfe: Any) -> None:
+    """A ``partialFilterExpression`` as ``index_key_validate.cpp`` checks it: a document
+    (TypeMismatch 14 "The field 'partialFilterExpression' must be an object, but got <type>"),
+    then a filter that parses (the matcher's errors, BadValue 2 for an unknown operator or
+    ``$and: 5``)."""
+    if not isinstance(pfe, dict):
+        raise MongoError(14, f"The field 'partialFilterExpression' must be an object, but got "
+                             f"{bson_type_name(pfe)}")
+    for k in ("$and", "$or", "$nor"):
+        if k in pfe and not isinstance(pfe[k], list):
+            raise MongoError(2, f"{k} must be an array")
+    q.matches(pfe, {})
 
 
 def _new_indexes(coll: Collection, prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -63,7 +63,7 @@ async def _read_docs(coll: Collection | None, filt: dict[str, Any] | None,
     An index plan (:mod:`shard.planner`) reads only the keys of its intervals and, when the
     index gives the sort, stops after ``skip + limit`` documents (no blocking sort)."""
     if filt:
-        q.matches(filt, {})  # the filter's parse errors first, as a scan reports them
+        q.matches(q.strip_where(filt), {})  # the filter's parse errors first, as a scan reports them
     plan = find_plan(coll, filt, sort, hint)
     if plan is not None:
         q.sort_docs([], sort)  # the sort specification's errors
@@ -133,7 +133,8 @@ async def find(node: ShardNode, req: Request) -> dict[str, Any]:
         cursor = ListCursor(ns, q.project(q.sort_docs(docs, sort)[skip:][:limit or None], projection))
     elif tailable and (storage.get(req.db, name) is not None
                        and storage.get(req.db, name).options.get("capped")):
-        cursor = TailableCollectionCursor(node, req.db, name, filt, projection, await_data)
+        cursor = TailableCollectionCursor(node, req.db, name, filt, projection, await_data,
+                                          skip, limit)
     else:
         if tailable:
             raise MongoError(2, f"error processing query: ns={ns} tailable cursor requested on "
@@ -318,3 +319,42 @@ class _EmptyFirst(Cursor):
     async def close(self) -> None:
         """Close the wrapped cursor."""
         await self.inner.close()
+
+
+@commands.handler("mapReduce", "mapreduce", reads=True, privileges=priv.on_coll("find"))
+async def map_reduce(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``mapReduce`` on a shard (``map_reduce_agg.cpp``; JavaScript in
+    :func:`shardsim.core.javascript.map_reduce`): the documents matching ``query`` (``sort``,
+    ``limit``) are mapped, reduced and finalized; ``out: {inline: 1}`` answers ``{results:
+    [{_id, value}]}``, a collection name or ``{replace, db?}`` replaces that collection's
+    documents (a delete and an insert here, so change streams see those) and answers
+    ``{result: <name>}`` (``{result: {db, collection}}`` with ``db``). Errors:
+    :func:`shardsim.core.javascript.parse_map_reduce`'s, 26 never (a missing collection maps
+    nothing), 139 / 50 from the engine."""
+    from shardsim.core import javascript
+    spec = javascript.parse_map_reduce(req.body)
+    name = coll_name(req)
+    coll = node.storage.get(req.db, name)
+    docs = [d for _, d in await q.select_paced(coll, spec["query"])] if coll is not None else []
+    if spec["sort"]:
+        docs = await q.sort_docs_paced(docs, spec["sort"])
+    if spec["limit"]:
+        docs = docs[:spec["limit"]]
+    results = javascript.map_reduce(req.db, docs, spec)
+    if spec["out"] is None:
+        return {"results": results}
+    out_db, out_name = spec["out"]
+    db = out_db or req.db
+    for cmd in ({"delete": out_name, "deletes": [{"q": {}, "limit": 0}]},
+                {"insert": out_name, "documents": results} if results else
+                {"create": out_name}):
+        cmd["$db"] = db
+        if "writeConcern" in req.body:
+            cmd["writeConcern"] = req.body["writeConcern"]
+        reply = await node.run_command(Request(next(iter(cmd)), db, cmd, req.conn))
+        if not reply.get("ok") and reply.get("code") != 48:
+            raise MongoError(int(reply.get("code", 8)), str(reply.get("errmsg", "")))
+        if reply.get("writeErrors"):
+            e = reply["writeErrors"][0]
+            raise MongoError(int(e["code"]), e.get("errmsg", ""))
+    return {"result": {"db": db, "collection": out_name} if out_db else out_name}

@@ -124,3 +124,17 @@ async def validate(node: "ShardNode", req: Request) -> dict[str, Any]:
             raise view_error(f"{req.db}.{name}")
         raise MongoError(26, f"Collection '{req.db}.{name}' does not exist to validate.")
     return validate_collection(node, coll, full, background)
+
+
+@commands.handler("fsync", privileges=priv.on_cluster("fsync"))
+async def fsync(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """``{fsync: 1}`` on ``admin`` (mongod's ``FSyncCommand``, ``src/mongo/db/commands/fsync.cpp``):
+    writes what a durable shard (``--dbpath``) has not committed yet, then ``{numFiles: 1}``.
+    Unauthorized (13) on another database; ``lock: true`` (fsyncLock, blocking every write
+    until fsyncUnlock) is not built: NotImplemented (238)."""
+    if req.db != "admin":
+        raise MongoError(13, "fsync may only be run against the admin database.")
+    if req.get("lock"):
+        raise MongoError(238, "fsync with lock: true (fsyncLock) is not supported by shardsim")
+    node.flush()
+    return {"numFiles": 1}

@@ -193,7 +193,17 @@ def _bson_size(parser: Any, spec: Any) -> Any:
     return len(bson.encode(value))
 
 
-_OPERATORS = {"$type": _type_of, "$mergeObjects": _merge_objects, "$bsonSize": _bson_size}
+def _function(parser: Any, spec: Any) -> Any:
+    """``$function``: JavaScript (:func:`shardsim.core.javascript.function_expression`), in
+    the context of the command's database."""
+    from shardsim.core import javascript
+    from shardsim.core.commands import CURRENT_REQUEST
+    req = CURRENT_REQUEST.get()
+    return javascript.function_expression(req.db if req is not None else "test", parser, spec)
+
+
+_OPERATORS = {"$type": _type_of, "$mergeObjects": _merge_objects, "$bsonSize": _bson_size,
+              "$function": _function}
 
 
 def install() -> None:

@@ -25,7 +25,8 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from bson import Code, MaxKey, MinKey, Regex, Timestamp
 
-from shardsim.core import bucket_auto, collation, expressions, fast_match, max_time, regex_limits
+from shardsim.core import bucket_auto, collation, expressions, fast_match, javascript, max_time, \
+    regex_limits
 from shardsim.core.errors import MongoError
 from shardsim.core.search_indexes import check_search_stages
 from shardsim.core.values import id_key
@@ -117,9 +118,13 @@ def translate_error(exc: Exception) -> MongoError:
 
 
 def matches(filt: dict[str, Any] | None, doc: dict[str, Any]) -> bool:
-    """True if ``doc`` satisfies the query ``filt``; BadValue (2) for an invalid query."""
+    """True if ``doc`` satisfies the query ``filt``; BadValue (2) for an invalid query.
+    ``$where`` clauses run on the JavaScript engine (:mod:`shardsim.core.javascript`)."""
     if not filt:
         return True
+    if "$where" in filt or (("$and" in filt or "$or" in filt or "$nor" in filt)
+                            and javascript.has_where(filt)):
+        return _matches_with_where(filt, doc)
     if collation.active():
         filt, doc = collation.fold(filt), collation.fold(doc)
     try:
@@ -132,12 +137,58 @@ def matches(filt: dict[str, Any] | None, doc: dict[str, Any]) -> bool:
         raise translate_error(exc) from None
 
 
+def _current_db() -> str:
+    from shardsim.core.commands import CURRENT_REQUEST
+    req = CURRENT_REQUEST.get()
+    return req.db if req is not None else "test"
+
+
+def _matches_with_where(filt: dict[str, Any], doc: dict[str, Any]) -> bool:
+    """:func:`matches` for a filter holding ``$where``: the clauses without it go to the
+    matcher, ``$where`` to JavaScript (``this`` the document), ``$and``/``$or``/``$nor`` over
+    clauses that hold it evaluated here."""
+    rest: dict[str, Any] = {}
+    for k, v in filt.items():
+        if k == "$where":
+            if not javascript.where(_current_db(), v, doc):
+                return False
+        elif k in ("$and", "$or", "$nor") and isinstance(v, list) and javascript.has_where(
+                {k: v}):
+            results = (matches(x, doc) if isinstance(x, dict) else False for x in v)
+            ok = all(results) if k == "$and" else any(results)
+            if ok == (k == "$nor"):
+                return False
+        else:
+            rest[k] = v
+    return matches(rest, doc) if rest else True
+
+
+def strip_where(filt: Any) -> Any:
+    """``filt`` without its ``$where`` clauses, each checked as mongod parses it (engine on,
+    a string or Code operand, a function that compiles: 6108304, 2, 139), for the parse-error
+    pass of a query that scans nothing."""
+    if not isinstance(filt, dict) or not javascript.has_where(filt):
+        return filt
+    out: dict[str, Any] = {}
+    for k, v in filt.items():
+        if k == "$where":
+            javascript.compile_where(_current_db(), v)
+        elif k in ("$and", "$or", "$nor") and isinstance(v, list):
+            kept = [strip_where(x) for x in v]
+            kept = [x for x in kept if x != {}]
+            if kept:
+                out[k] = kept
+        else:
+            out[k] = v
+    return out
+
+
 def query_matcher(filt: dict[str, Any] | None) -> Any:
     """``(filt, doc) -> bool`` for the documents of one query: :func:`matches`, with the simple
     forms compiled once into closures (:mod:`shardsim.core.fast_match`) when no collation is
     active. The compiled closures check the operation's deadline (maxTimeMS 50) every 512
     documents, as mongomock's matcher does at each."""
-    if collation.active():
+    if collation.active() or javascript.has_where(filt):
         return matches
     return fast_match.matcher(filt, matches, max_time.check)
 
@@ -211,7 +262,7 @@ def select(coll: Any, filt: dict[str, Any] | None, *,
     if exact and isinstance(value, str) and collation.active():
         exact = False  # a string _id may equal others under the collation: scan
     if not exact and filt:
-        matches(filt, {})  # parse errors surface even when nothing is scanned (as mongod)
+        matches(strip_where(filt), {})  # parse errors surface even when nothing is scanned
     if coll is None:
         return
     if exact:
@@ -384,7 +435,10 @@ class _SortKey:
         self.v = v
 
     def __lt__(self, other: "_SortKey") -> bool:
-        return mm_filtering.bson_compare(operator.lt, self.v, other.v)
+        a, b = self.v, other.v
+        if a is _EMPTY or b is _EMPTY:  # [] sorts before everything, equal to itself
+            return a is _EMPTY and b is not _EMPTY
+        return mm_filtering.bson_compare(operator.lt, a, b)
 
 
 def _sort_value(doc: dict[str, Any], path: str, desc: bool) -> Any:
@@ -574,12 +628,18 @@ def run_pipeline(docs: list[dict[str, Any]], pipeline: list[dict[str, Any]], dat
     "Unrecognized pipeline stage name" (40324).
     """
     pipeline = [rewrite_stage(stage) for stage in pipeline]
-    if collation.active() and any("$match" in st for st in pipeline):
-        # mongomock's $match does not go through matches(): run the $match stages here
+    if collation.active() and any("$match" in st or "$sort" in st for st in pipeline):
+        # mongomock's $match and $sort do not go through matches()/sort_docs(): run them here,
+        # under the collation
         for i, st in enumerate(pipeline):
-            if "$match" in st:
+            if "$match" in st or "$sort" in st:
                 head = run_pipeline(docs, pipeline[:i], database) if i else docs
-                kept = [d for d in head if matches(st["$match"], d)]
+                if "$match" in st:
+                    kept = [d for d in head if matches(st["$match"], d)]
+                else:
+                    if not isinstance(st["$sort"], dict) or not st["$sort"]:
+                        break  # mongomock reports the bad specification
+                    kept = sort_docs(head, st["$sort"])
                 return run_pipeline(kept, pipeline[i + 1:], database)
     try:
         return list(mm_aggregate.process_pipeline(docs, database, pipeline, None))

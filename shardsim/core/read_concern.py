@@ -8,7 +8,8 @@
   cluster time (72).
 * ``snapshot`` outside a transaction is only for ``find``, ``aggregate`` and ``distinct``
   (5.0+); any other command fails with InvalidOptions (72) "Command X does not support
-  { readConcern: ... }".
+  { readConcern: ... }", but ``getMore``/``killCursors`` (:data:`CURSOR_COMMANDS`), which take
+  any level and ignore it (the cursor keeps its creator's).
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from bson.timestamp import Timestamp
 from shardsim.core.errors import MongoError
 
 LEVELS = ("local", "majority", "linearizable", "available", "snapshot")
+# Commands that take any readConcern and ignore it: a cursor "uses the readConcern setting from
+# whatever created the cursor" (getmore_cmd.cpp / killcursors: supportsReadConcern answers
+# allSupportedAndDefaultPermitted); drivers send a snapshot session's readConcern on getMore.
+CURSOR_COMMANDS = frozenset({"getMore", "killCursors"})
 # Commands that accept readConcern level snapshot outside a transaction (5.0+) declare
 # ``snapshot=True`` (shardsim.core.commands.CommandSpec); callers pass ``snapshot_ok``.
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from shardsim.core.commands import bson_type_name
 from shardsim.core.errors import MongoError
-from shardsim.core.txn_rules import check_transaction_write_concern
+from shardsim.core.txn_rules import check_transaction_command, check_transaction_write_concern
 
 MAX_TIME_MS = 2**31 - 1
 MAX_WRITE_BATCH = 100_000
@@ -97,5 +97,7 @@ def check_request(name: str, body: dict[str, Any]) -> None:
     check_max_time_ms(body.get("maxTimeMS"))
     check_write_concern(body.get("writeConcern"))
     check_transaction_write_concern(name, body)
+    if name == "aggregate" and body.get("autocommit") is False:  # stages not allowed (263)
+        check_transaction_command(name, "", body)
     if name in _STATEMENTS:
         check_write_batch(name, body)

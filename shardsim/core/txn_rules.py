@@ -20,10 +20,21 @@ TXN_ADMIN_COMMANDS = frozenset({"abortTransaction", "commitTransaction",
                                 "coordinateCommitTransaction", "prepareTransaction", "bulkWrite"})
 
 
-def check_transaction_command(name: str, db: str) -> None:
+# Aggregation stages whose constraints say TransactionRequirement::kNotAllowed.
+NO_TXN_STAGES = ("$out", "$merge", "$collStats", "$currentOp", "$indexStats", "$listSessions",
+                 "$listLocalSessions", "$planCacheStats")
+
+
+def check_transaction_command(name: str, db: str, body: dict | None = None) -> None:
     """Raise OperationNotSupportedInTransaction (263) when command ``name`` on database ``db``
-    may not run inside a transaction (``count`` has its own message). No labels: the error is
-    not transient."""
+    may not run inside a transaction (``count`` has its own message), or an ``aggregate``
+    (``body``) has a stage that may not (``Pipeline::validateCommon``: "Stage not supported
+    inside of a multi-document transaction: $out"). No labels: the error is not transient."""
+    if name == "aggregate" and body is not None and isinstance(body.get("pipeline"), list):
+        for stage in body["pipeline"]:
+            if isinstance(stage, dict) and len(stage) == 1 and next(iter(stage)) in NO_TXN_STAGES:
+                raise MongoError(263, f"Stage not supported inside of a multi-document "
+                                      f"transaction: {next(iter(stage))}")
     if name == "count":
         raise MongoError(263, "Cannot run 'count' in a multi-document transaction. Please see "
                               "http://dochub.mongodb.org/core/transaction-count for a recommended "

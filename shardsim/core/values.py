@@ -48,6 +48,8 @@ def id_key(value: Any) -> Any:
             return ("n", int(d))
         f = float(d)
         return ("n", f) if decimal.Decimal(f) == d else ("n", d.normalize())
+    if isinstance(value, str):  # a string under a collation (core.collation.CollationKey)
+        return value
     return ("x", bson.encode({"": value}))
 
 

@@ -340,3 +340,19 @@ def test_pymongo_exhaust_cursor_receives_every_document(target, compressor):
     finally:
         client.drop_database(name)
         client.close()
+
+
+def test_tailable_cursor_with_skip_and_limit(target):
+    """A tailable find honours ``skip`` and ``limit`` (pymongo's ``cursor[1:2]`` on a capped
+    collection), and a limit reached ends the cursor."""
+    client = pymongo.MongoClient(target, serverSelectionTimeoutMS=10000)
+    db = client[_name("tailskip")]
+    db.create_collection("c", capped=True, size=4096, max=10)
+    db.c.insert_many([{"x": i} for i in range(4, 7)])
+    for kind in (pymongo.CursorType.TAILABLE, pymongo.CursorType.TAILABLE_AWAIT):
+        assert [d["x"] for d in db.c.find(cursor_type=kind)[1:2]] == [5]
+        assert [d["x"] for d in db.c.find(cursor_type=kind)[2:3]] == [6]
+        cursor = db.c.find(cursor_type=kind, skip=1, limit=1)
+        assert [d["x"] for d in cursor] == [5] and not cursor.alive
+    client.drop_database(db.name)
+    client.close()

@@ -8,7 +8,7 @@ authentication on (``shardsim spec --auth``), where no test may be skipped for w
 
 Every test that runs must pass, but for the tests pymongo itself fails against any server
 (``DRIVER_FAILURES``, each with its cause). A skip must be the spec's own requirement (server
-version, topology, authentication) or server-side JavaScript, which shardsim does not run.
+version, topology, authentication); server-side JavaScript (mapReduce) runs since issue 31.
 ``shardsim spec --suite all`` prints the same as tables (docs/spec-tests.md)."""
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ DRIVER_FAILURES = {
     "client-bulkWrite-partialResults: partialResult is unset when first operation fails "
     "during an ordered bulk write (summary)",
 }
-SKIP_REASONS = ("needs server", "needs topology", "needs authentication enabled",
-                "not supported: mapReduce (server-side JavaScript)")
+SKIP_REASONS = ("needs server", "needs topology", "needs authentication enabled")
 
 pytestmark = pytest.mark.skipif(not SUITES, reason="spec suites not available in ../shared/specs "
                                                    "(run `make fetch-specs`)")

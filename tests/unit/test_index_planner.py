@@ -84,9 +84,23 @@ def test_index_gives_the_scan_result(docs: list[dict[str, Any]], filt: dict[str,
     expected = _error(lambda: _scan(plain, filt, sort, skip, limit))
     assert _error(lambda: _find(plain, filt, sort, skip, limit)) == expected
     assert _error(lambda: _find(indexed, filt, sort, skip, limit)) == expected
-    assert _error(lambda: _find(indexed, filt, sort, skip, limit, "ix")) == expected
+    hinted = expected
+    if sort is None:  # a hinted one-interval scan returns the index's order (mongod's IXSCAN)
+        plan = _error(lambda: planner.choose(indexed, filt, None, indexed.indexes["ix"]))
+        if not isinstance(plan, tuple) and plan is not None and plan.sorted_by_index:
+            hinted = _error(lambda: _scan(plain, filt, key, skip, limit))
+    assert _error(lambda: _find(indexed, filt, sort, skip, limit, "ix")) == hinted
     assert _error(lambda: [k[1] for k, _ in q.select(indexed, filt)]) == \
         _error(lambda: [k[1] for k, _ in q.select(plain, filt)])
+
+
+def test_a_hint_without_a_sort_reads_in_index_order() -> None:
+    """pymongo's ``test_hint``: ``find().hint([("num", -1)])`` returns the highest ``num``
+    first, as mongod's IXSCAN; without the hint the collection scan's order."""
+    c = _coll([{"a": 2}, {"a": 1}, {"a": 3}], {"a": -1})
+    assert _find(c, {}, None, 0, 0, "ix") == [2, 0, 1]
+    assert _find(c, {}, None, 0, 0) == [0, 1, 2]
+    assert _find(c, {}, None, 1, 1, "ix") == [0]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
@@ -95,7 +109,12 @@ def test_hinted_sparse_index_skips_documents_without_the_field(
         docs: list[dict[str, Any]], filt: dict[str, Any]) -> None:
     c = _coll(docs, {"a": 1}, sparse=True)
     expected = _error(lambda: [i for i in _scan(c, filt, None, 0, 0) if "a" in c.docs[("n", i)]])
-    assert _error(lambda: _find(c, filt, None, 0, 0, "ix")) == expected
+    found = _error(lambda: _find(c, filt, None, 0, 0, "ix"))
+    plan = _error(lambda: planner.choose(c, filt, None, c.indexes["ix"]))
+    if not isinstance(plan, tuple) and plan is not None and plan.sorted_by_index and \
+            not isinstance(found, tuple) and not isinstance(expected, tuple):
+        found, expected = sorted(found), sorted(expected)  # index order (tested above)
+    assert found == expected
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -155,10 +174,34 @@ def test_no_index_where_the_result_could_differ() -> None:
     c.add_index({"v": 2, "key": {"b": 1}, "name": "b_p", "partialFilterExpression": {"b": 1}})
     c.add_index({"v": 2, "key": {"b": -1}, "name": "b_s", "sparse": True})
     c.add_index({"v": 2, "key": {"c": 1}, "name": "c_coll", "collation": {"locale": "fr"}})
-    assert planner.choose(c, {"b": 1}).index.name == "b_s"
+    assert planner.choose(c, {"b": 2}).index.name == "b_s"  # {b: 2} does not imply {b: 1}
     assert planner.choose(c, {}, {"b": -1}) is None  # a sparse index misses documents
     assert planner.choose(c, {"c": "x"}) is None
-    assert planner.choose(c, {"b": 1}, hint_index=c.indexes["b_p"]) is None
+    assert planner.choose(c, {"b": 2}, hint_index=c.indexes["b_p"]) is None
+    # a partial index serves a filter that implies its partialFilterExpression
+    assert planner.choose(c, {"b": 1}, hint_index=c.indexes["b_p"]).index.name == "b_p"
+
+
+def test_a_partial_index_serves_the_filters_that_imply_it() -> None:
+    """pymongo's ``test_index_filter``: ``{x: 1}`` with ``partialFilterExpression: {a: {$lte:
+    1.5}}`` is used for ``{x: 6, a: 1}``, ``{x: {$gt: 1}, a: 1}``, ``{x: 6, a: {$lte: 1}}``,
+    not for ``{x: 6, a: {$lte: 1.6}}`` or ``{x: 6}`` (mongod's ``isSubsetOf``); the result is
+    the collection scan's."""
+    docs = [{"x": i % 7, "a": (i % 5) / 2} for i in range(40)]
+    plain = _coll(docs, None)
+    c = _coll(docs, None)
+    c.add_index({"v": 2, "key": {"x": 1}, "name": "ix", "partialFilterExpression":
+                 {"a": {"$lte": 1.5}}})
+    for filt, used in (({"x": 6, "a": 1}, True), ({"x": {"$gt": 1}, "a": 1}, True),
+                       ({"x": 6, "a": {"$lte": 1}}, True), ({"x": 6, "a": {"$lt": 1.5}}, True),
+                       ({"x": 6, "a": {"$lte": 1.6}}, False), ({"x": 6}, False),
+                       ({"x": 6, "a": "1"}, False)):
+        plan = planner.choose(c, filt)
+        assert (plan is not None and plan.index.name == "ix") == used, filt
+        assert _find(c, filt, None, 0, 0) == _scan(plain, filt, None, 0, 0), filt
+    assert not planner.implies({"a": 1}, {"a": {"$exists": False}})
+    assert planner.implies({"a": 1}, {"a": {"$exists": True}})
+    assert planner.implies({"a": {"$gt": 3}}, {"$and": [{"a": {"$gte": 3}}]})
 
 
 def test_multikey_bounds_are_not_intersected() -> None:

@@ -445,6 +445,19 @@ def collection_op(ctx: "TestContext", coll: Collection, name: str, a: Args) -> O
         kw = a.kwargs({"comment": "comment", "maxTimeMS": "maxTimeMS"})
         a.done()
         return OpResult(coll.estimated_document_count(**kw))
+    if name == "mapReduce":
+        # pymongo 4 has no map_reduce helper: the command, as drivers send it (not retried)
+        cmd: dict[str, Any] = {"mapReduce": coll.name, "map": a.req("map"),
+                               "reduce": a.req("reduce"), "out": a.req("out")}
+        for opt in ("query", "sort", "limit", "finalize", "scope", "jsMode", "verbose",
+                    "bypassDocumentValidation", "collation"):
+            if a.opt(opt) is not None:
+                cmd[opt] = a.opt(opt)
+        kw = a.kwargs(_COMMON)
+        a.done()
+        reply = coll.database.command(cmd, read_preference=coll.read_preference,
+                                      codec_options=coll.codec_options, **kw)
+        return OpResult(reply["results"] if "results" in reply else reply.get("result"))
     if name == "distinct":
         key = a.req("fieldName")
         flt = a.req("filter")

@@ -476,9 +476,7 @@ class Runner(EntitySetup, Expectations):
 
 # Operations whose server feature shardsim does not have (docs/spec-tests.md, "Not supported"):
 # the tests using them are skipped with this reason rather than failed.
-UNSUPPORTED_OPERATIONS = {
-    "mapReduce": "mapReduce (server-side JavaScript) is not supported by shardsim",
-}
+UNSUPPORTED_OPERATIONS: dict[str, str] = {}  # mapReduce runs since issue 31 (core/javascript.py)
 
 
 def unsupported_feature(test: Mapping) -> str | None:
