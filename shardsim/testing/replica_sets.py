@@ -195,6 +195,14 @@ class ReplicaSetMembers:
                 x.node.repl.cut({x.node.repl.config.members[
                     [m.host for m in x.node.repl.config.members].index(y.address)].id})
 
+    async def freeze(self, host: str, secs: int) -> None:
+        """``replSetFreeze: secs`` on the member at ``host``: it does not stand for election
+        for ``secs`` s (0 unfreezes). Raises MongoError NotSecondary 95 on a primary
+        (``repl_set_commands.cpp`` ``CmdReplSetFreeze``)."""
+        member = self._member_at(host)
+        await run_as(member.name, self.command, member.name,  # type: ignore[attr-defined]
+                     {"replSetFreeze": secs})
+
     async def heal(self) -> None:
         """Restore every link cut by :meth:`isolate`."""
         for members in self.replsets.values():

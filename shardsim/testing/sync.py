@@ -261,6 +261,10 @@ class ReplicaSet:
     def heal(self) -> None:
         self._call(self.rs.heal())
 
+    def freeze(self, host: str, secs: int) -> None:
+        """``replSetFreeze: secs`` on the member at ``host`` (0 unfreezes)."""
+        self._call(self.rs.freeze(host, secs))
+
     def node(self, host: str) -> Any:
         """The member's node (read its storage and oplog directly after a fault)."""
         return self.rs.node(host)
