@@ -212,7 +212,9 @@ def test_isolate_heal_freeze(replset: Any) -> None:
 
 def test_durable_replica_set_comes_back_without_initiating_again(tmp_path: Any) -> None:
     """``--dbpath``: a member directory each; ``down`` then ``up`` on the same dbpath starts
-    the same set (same ports, no --initiate) with its data."""
+    the same set (same ports, no --initiate) with every member's oplog, and elects a primary.
+    (Documents applied on secondaries are not checked here: the interim applier,
+    shard/replication/applier.py, applies them in memory only; docs/replication.md.)"""
     run_dir, marker = str(tmp_path / "run"), uuid.uuid4().hex
     data = str(tmp_path / "data")
     try:
@@ -229,13 +231,21 @@ def test_durable_replica_set_comes_back_without_initiating_again(tmp_path: Any) 
                         "--port", "0", "--dbpath", data, *FAST, run_dir=run_dir, marker=marker)
         assert again.returncode == 0, again.stderr + again.stdout
         assert state_of(run_dir)["uri"] == uri  # same ports: the members know each other
-        with open(os.path.join(data, "rs0.log")) as f:  # the set was initiated exactly once
-            log = f.read()
         with pymongo.MongoClient(uri, w="majority", serverSelectionTimeoutMS=20000) as client:
-            assert client.test.c.count_documents({}) == 5
-            client.test.c.insert_one({"_id": 5})
-            oplog = client.local["oplog.rs"]
-            assert oplog.count_documents({"o.msg": "initiating set"}) == 1, log[-2000:]
+            client.test.c.insert_one({"_id": 5})  # a primary, and a majority behind it
+        inserts = []
+        for p in state_of(run_dir)["processes"]:  # every member: its oplog survived, and the
+            assert "--initiate" not in p["args"]  # set was initiated exactly once
+            with pymongo.MongoClient(p["host"], p["port"], directConnection=True,
+                                     serverSelectionTimeoutMS=10000) as member:
+                oplog = member.local["oplog.rs"]
+                assert oplog.count_documents({"o.msg": "initiating set"}) == 1, p["name"]
+                deadline = time.monotonic() + 20
+                while oplog.count_documents({"op": "i", "ns": "test.c"}) < 6:
+                    assert time.monotonic() < deadline, p["name"]
+                    time.sleep(0.1)
+                inserts.append([e["o"]["_id"] for e in oplog.find({"op": "i", "ns": "test.c"})])
+        assert inserts == [[0, 1, 2, 3, 4, 5]] * 3
     finally:
         stop_run(run_dir, marker)
     assert marked_pids(marker) == []
@@ -266,3 +276,32 @@ def test_sharded_cluster_with_replica_set_shards_plumbing(tmp_path: Any) -> None
     with Cluster(shards=2, base_dir=str(tmp_path / "one")) as cluster:
         assert [p.name for p in cluster.shards] == ["shard0", "shard1"]
         assert cluster.sets == {} and "--members" not in cluster.shards[0].args
+
+
+def test_replica_set_faults_need_a_cluster_of_replica_sets(tmp_path: Any) -> None:
+    """On a detached cluster without sets the replica-set faults say what to start; unknown
+    members are named with the ones there are; bad topologies are refused."""
+    from click.testing import CliRunner
+
+    from shardsim.tools import fault_cli
+    from shardsim.tools.launcher import write_state
+
+    run_dir = str(tmp_path / "run")
+    write_state(run_dir, {"topology": "sharded", "uri": "mongodb://127.0.0.1:1/",
+                          "router_uri": "mongodb://127.0.0.1:1/", "processes": [
+                              {"name": "shard0", "module": "shard", "pid": 0,
+                               "host": "127.0.0.1", "port": 1, "log": "", "args": []}]})
+    for args in (["step-down"], ["kill-primary", "shard0"]):
+        out = CliRunner().invoke(fault_cli.fault, [*args, "--run-dir", run_dir])
+        assert out.exit_code == 1
+        assert "no replica set of more than one member" in out.output
+        assert "--topology replicaset --members 3" in out.output
+    out = CliRunner().invoke(fault_cli.fault, ["freeze", "127.0.0.1:9", "5", "--run-dir", run_dir])
+    assert out.exit_code == 1 and "no member at '127.0.0.1:9'" in out.output
+    assert "shard0 (127.0.0.1:1)" in out.output
+    out = CliRunner().invoke(fault_cli.fault, ["heal", "--run-dir", run_dir])
+    assert out.exit_code == 0 and "healed: nothing was isolated" in out.output
+    with pytest.raises(ValueError):
+        Cluster(topology="single")
+    with pytest.raises(ValueError):
+        Cluster(topology="replicaset", members=0)
