@@ -165,6 +165,7 @@ def _start(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, 
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     p["pid"] = proc.pid
+    p.pop("isolated", None)  # a new process: whatever isolate stopped is gone
     write_state(run_dir, state)
     return {"address": proc.address, "pid": p["pid"]}
 
