@@ -8,6 +8,10 @@ roles, ``configureFailPoint``, ``setParameter``, ``_shardsimTruncateOplog``,
 member itself, e.g. ``kill``: the kit drops its sockets and crashes its node, the CLI sends
 SIGKILL to its process).
 
+The faults on replica-set members are :data:`REPLICA_SET_FAULTS` (methods of
+:class:`shardsim.testing.AsyncReplicaSet` / :class:`shardsim.testing.ReplicaSet`, and
+``shardsim fault`` commands) until the sharded kit offers them too.
+
 Three runtimes iterate :data:`FAULTS`:
 
 * :class:`shardsim.testing.AsyncShardedCluster`: one method per record (the record's
@@ -246,10 +250,72 @@ FAULTS: tuple[Fault, ...] = (
           done="{member}: {name} {mode_text} (was entered {count} times)"),
 )
 
+_SET = Param("name", "set", default=None,
+             help="The replica set: rs0, or a shard's name (the kit: a seeded random one when "
+                  "None; the CLI: the only set when omitted).")
+_MEMBER = Param("host", "member", help="The member: host:port (the CLI also takes its name, "
+                "e.g. rs0-1).")
+_CUT = Action("cut-off", "drop every replication message and client command to and from the "
+              "member, without a reply (node.repl.isolate()); its own timers run, so a cut-off "
+              "primary steps down after the election timeout",
+              "SIGSTOP to its process: it neither answers nor sends, its timers stop too (a "
+              "paused primary learns of the new term when it wakes, and steps down then)")
+_RECONNECT = Action("reconnect", "node.repl.heal() on every member: every link cut by isolate "
+                    "or partition is back", "SIGCONT to every member 'isolate' stopped")
+
+#: The faults on replica-set members (issue 24/25): methods of
+#: :class:`shardsim.testing.AsyncReplicaSet` and :class:`shardsim.testing.ReplicaSet` (and
+#: ``shardsim fault`` commands on a detached ``shardsim up --members N`` or ``--topology
+#: replicaset`` cluster). Kept apart from :data:`FAULTS` until the sharded kit
+#: (:class:`AsyncShardedCluster`) has them too; tests/testkit/test_faults_as_data.py checks them
+#: against the replica-set kit and the CLI.
+REPLICA_SET_FAULTS: tuple[Fault, ...] = (
+    Fault("step_down", "step-down", "replica set",
+          "replSetStepDown (force) on the set's primary, as a rolling upgrade does: its writes "
+          "get 11602, w waiters 189, reads and cursors carry on; waits for a new primary.",
+          (_SET, Param("secs", "secs", default=10, option="--secs", cli_default=10,
+                       help="Seconds the old primary may not stand again.")),
+          apply=(Send({"replSetStepDown": Arg("secs"), "force": True}),),
+          done="{name}: {old} stepped down; new primary {new}"),
+    Fault("kill_primary", "kill-primary", "replica set",
+          "kill -9 the set's primary; the others elect a new one within the election timeout.",
+          (_SET,), apply=(_KILL,), undo=(_START,), undone_by="restart_member",
+          done="{name}: primary {host} killed"),
+    Fault("restart_member", "restart-member", "member",
+          "Start the member again on the same port and dbpath (killed first if it runs); it "
+          "rejoins as a secondary and catches up (without a dbpath: empty, replaying the "
+          "oplog from its sync source).",
+          (_MEMBER,), apply=(_START,), done="{host} restarted on {address} (pid {pid})"),
+    Fault("isolate", "isolate", "member",
+          "Cut the member off from everything until heal: the others elect a new primary "
+          "when it was the primary.",
+          (_MEMBER,), apply=(_CUT,), undo=(_RECONNECT,), undone_by="heal",
+          done="{host} isolated"),
+    Fault("partition", None, "members",
+          "Cut the link between two members both ways (replication only; clients reach both) "
+          "until heal.",
+          (Param("host_a", "member", help="One member."),
+           Param("host_b", "member", help="Another member.")),
+          apply=(Action("cut-link", "drop the replication messages between the two members "
+                        "(node.repl.cut({_id}) on each)", "(not offered: no per-link cut "
+                        "between processes)"),),
+          undone_by="heal", notes=("in-process only",)),
+    Fault("heal", "heal", "replica set",
+          "Restore every link cut by isolate (and, in the kit, partition).",
+          apply=(_RECONNECT,), done="healed: {healed}"),
+    Fault("freeze", "freeze", "member",
+          "replSetFreeze: the member does not stand for election for SECS seconds (0 "
+          "unfreezes); NotSecondary 95 on a primary.",
+          (_MEMBER, Param("secs", "secs", help="Seconds (0 unfreezes).")),
+          apply=(Send({"replSetFreeze": Arg("secs")}),), done="{host} frozen for {secs} s"),
+)
+
 #: The records by the kit's method name.
 BY_METHOD: dict[str, Fault] = {f.method: f for f in FAULTS}
-#: The records offered by ``shardsim fault``, by command name.
-BY_COMMAND: dict[str, Fault] = {f.command: f for f in FAULTS if f.command}
+#: The replica-set records by the replica-set kit's method name.
+RS_BY_METHOD: dict[str, Fault] = {f.method: f for f in REPLICA_SET_FAULTS}
+#: The records offered by ``shardsim fault``, by command name (both tuples).
+BY_COMMAND: dict[str, Fault] = {f.command: f for f in FAULTS + REPLICA_SET_FAULTS if f.command}
 
 
 def _step_text(step: Step) -> str:
@@ -275,12 +341,13 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def markdown_table() -> str:
-    """The faults table of docs/testing.md: one row per record (kit method and arguments, CLI
-    command, target, what it does, the apply and undo steps)."""
+def markdown_table(records: tuple[Fault, ...] | None = None) -> str:
+    """A faults table of docs/testing.md: one row per record of ``records`` (default
+    :data:`FAULTS`; :data:`REPLICA_SET_FAULTS` has its own table) with the kit method and
+    arguments, CLI command, target, what it does, the apply and undo steps."""
     rows = ["| kit method | `shardsim fault` | target | what it does | apply | undo |",
             "| --- | --- | --- | --- | --- | --- |"]
-    for f in FAULTS:
+    for f in FAULTS if records is None else records:
         params = ", ".join(p.name if p.default is REQUIRED else f"{p.name}={p.default!r}"
                            for p in f.params)
         apply = "; ".join(_step_text(s) for s in f.apply)
@@ -293,4 +360,5 @@ def markdown_table() -> str:
 
 
 __all__ = ["Action", "Arg", "BY_COMMAND", "BY_METHOD", "FAULTS", "Fault", "Param", "REQUIRED",
-           "Send", "Step", "build", "fill", "markdown_table"]
+           "REPLICA_SET_FAULTS", "RS_BY_METHOD", "Send", "Step", "build", "fill",
+           "markdown_table"]

@@ -199,7 +199,8 @@ class ReplicaSetMembers:
 
     async def freeze(self, host: str, secs: int) -> None:
         """``replSetFreeze: secs`` on the member at ``host``: it does not stand for election
-        for ``secs`` seconds (0 unfreezes); NotSecondary 95 on a primary."""
+        for ``secs`` s (0 unfreezes). Raises MongoError NotSecondary 95 on a primary
+        (``repl_set_commands.cpp`` ``CmdReplSetFreeze``)."""
         member = self._member_at(host)
         await run_as(member.name, self.command, member.name,  # type: ignore[attr-defined]
                      {"replSetFreeze": secs})

@@ -311,12 +311,15 @@ class ReplicaSet:
         self._call(self.rs.heal())
 
     def freeze(self, host: str, secs: int) -> None:
+        """``replSetFreeze: secs`` on the member at ``host`` (0 unfreezes)."""
         self._call(self.rs.freeze(host, secs))
 
     def lag(self, host: str, ms: float) -> None:
+        """The secondary at ``host`` applies ``ms`` late (see ``AsyncReplicaSet.lag``)."""
         self._call(self.rs.lag(host, ms))
 
     def hold_commit_point(self) -> None:
+        """Hold the set's commit point until :meth:`heal` (``hold_commit_point``)."""
         self._call(self.rs.hold_commit_point(self.rs.name))
 
     def node(self, host: str) -> Any:

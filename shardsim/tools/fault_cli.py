@@ -38,7 +38,25 @@ restart of the process, :data:`ACTIONS`):
 ``fail-point MEMBER NAME``  ``configureFailPoint`` on ``router``, ``configsvr`` or a shard:
                             ``--mode`` (``alwaysOn``/``off`` or JSON such as ``{"times": 2}``)
                             and ``--data`` (JSON)
+``step-down [SET]``         ``replSetStepDown: --secs`` (10), ``force: true``, on the set's
+                            primary (found by ``hello`` on each member); waits for a new one
+``kill-primary [SET]``      SIGKILL to the set's primary
+``restart-member HOST``     start the member (``host:port`` or its name, e.g. ``rs0-1``) again
+                            with the same arguments (never ``--initiate``)
+``isolate HOST``            SIGSTOP to the member: the closest honest whole-member cut between
+                            processes. Unlike the kit's ``isolate`` (links cut, the member
+                            itself running), the stopped member's timers stop too: a stopped
+                            primary does not step down by itself, it learns of the new term
+                            when it wakes; it takes no write while stopped (only ``w: 1``
+                            writes it took just before, that no other member has, roll back
+                            when it wakes). Marked in the state file for ``heal``
+``heal``                    SIGCONT to every member ``isolate`` stopped
+``freeze HOST SECS``        ``replSetFreeze: SECS`` on the member
 ==========================  ==================================================================
+
+The replica-set commands work on a cluster started with ``--members N`` (every shard a set
+named after the shard) or ``--topology replicaset`` (one set, ``rs0``); SET may be left out
+when there is one set. ``partition`` is in-process only (no per-link cut between processes).
 
 The members are reached directly (``directConnection=true``); a cluster started with
 ``--auth`` or TLS is not supported here (the state file holds no credentials).
@@ -49,6 +67,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from typing import Any
 
 import click
@@ -139,19 +158,39 @@ def _start(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, 
     if pid_is(p["pid"], p["module"]):
         os.kill(p["pid"], signal.SIGCONT)
         os.kill(p["pid"], signal.SIGKILL)
-    proc = FileRoleProcess(p["module"], p["args"], name=p["name"], log_path=p["log"])
+    args = [a for a in p["args"] if a != "--initiate"]  # a set is initiated once, never again
+    proc = FileRoleProcess(p["module"], args, name=p["name"], log_path=p["log"])
     try:
         proc.start()
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     p["pid"] = proc.pid
+    p.pop("isolated", None)  # a new process: whatever isolate stopped is gone
     write_state(run_dir, state)
     return {"address": proc.address, "pid": p["pid"]}
 
 
+def _cut_off(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
+    """``isolate``: SIGSTOP, and the member marked ``isolated`` in the state file (``heal``
+    wakes the marked ones)."""
+    _signal(p, signal.SIGSTOP)
+    p["isolated"] = True
+    write_state(run_dir, state)
+    return {}
+
+
+def _reconnect(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
+    """``heal``: SIGCONT to an isolated member, its mark removed."""
+    if pid_is(p["pid"], p["module"]):
+        os.kill(p["pid"], signal.SIGCONT)
+    p.pop("isolated", None)
+    write_state(run_dir, state)
+    return {}
+
+
 #: The CLI's handler of each :class:`faults.Action` name (the kit's are its ``_act_*``).
 ACTIONS = {"stop-answering": _stop_answering, "answer-again": _answer_again, "kill": _kill,
-           "start": _start}
+           "start": _start, "cut-off": _cut_off, "reconnect": _reconnect}
 
 
 def _run(fault_: Fault, targets: list[dict[str, Any]], args: dict[str, Any], run_dir: str,
@@ -259,19 +298,124 @@ def _on_a_shard(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
     click.echo(fault_.done.format(**{**reply, **args}))
 
 
+# -- replica-set members (faults.REPLICA_SET_FAULTS) ---------------------------------------
+PRIMARY_WAIT_S = 60.0  # the server's election timeout is 10 s; catch-up and no-op come on top
+
+
+def _set_members(state: dict[str, Any], name: str | None) -> tuple[str, list[dict[str, Any]]]:
+    """The set ``name`` (the only one when None) and its members' state entries."""
+    sets = state.get("sets") or {}
+    if not sets:
+        raise click.ClickException("the detached cluster has no replica set of more than one "
+                                   "member; start one with 'shardsim up --detach --topology "
+                                   "replicaset --members 3' (or --members 3 for the shards)")
+    if name is None:
+        if len(sets) > 1:
+            raise click.ClickException(f"several replica sets ({', '.join(sets)}): name one")
+        name = next(iter(sets))
+    if name not in sets:
+        raise click.ClickException(f"no replica set named {name!r} (there are: "
+                                   f"{', '.join(sets)})")
+    return name, [_member(state, m) for m in sets[name]]
+
+
+def _member_at(state: dict[str, Any], host: str) -> dict[str, Any]:
+    """A member by ``host:port`` or by name."""
+    for p in state["processes"]:
+        if host in (p["name"], f"{p['host']}:{p['port']}"):
+            return p
+    raise click.ClickException(f"no member at {host!r} (there are: " + ", ".join(
+        f"{p['name']} ({p['host']}:{p['port']})" for p in state["processes"]) + ")")
+
+
+def _address(p: dict[str, Any]) -> str:
+    return f"{p['host']}:{p['port']}"
+
+
+def _hello(p: dict[str, Any]) -> dict[str, Any] | None:
+    """The member's ``hello``, or None when it is down, stopped or does not answer at once."""
+    import pymongo
+    if not pid_is(p["pid"], p["module"]) or p.get("isolated"):
+        return None
+    client: Any = pymongo.MongoClient(p["host"], p["port"], directConnection=True,
+                                      serverSelectionTimeoutMS=1000, connectTimeoutMS=1000,
+                                      socketTimeoutMS=2000)
+    try:
+        return client.admin.command("hello")
+    except Exception:
+        return None
+    finally:
+        client.close()
+
+
+def _wait_primary(name: str, members: list[dict[str, Any]], other_than: str | None = None,
+                  timeout: float = PRIMARY_WAIT_S) -> dict[str, Any]:
+    """The member that is writable primary (by its ``hello``), waiting up to ``timeout`` s
+    for one (other than ``other_than``, an address)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for p in members:
+            hello = _hello(p)
+            if hello and hello.get("isWritablePrimary") and _address(p) != other_than:
+                return p
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"{name}: no {'new ' if other_than else ''}primary "
+                                       f"after {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def _step_down(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+               run_dir: str) -> None:
+    name, members = _set_members(state, args["name"])
+    args["name"] = name
+    primary = _wait_primary(name, members)
+    _run(fault_, [primary], args, run_dir, state)
+    new = _wait_primary(name, members, other_than=_address(primary))
+    click.echo(fault_.done.format(**args, old=_address(primary), new=_address(new)))
+
+
+def _kill_primary(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+                  run_dir: str) -> None:
+    name, members = _set_members(state, args["name"])
+    args["name"] = name
+    primary = _wait_primary(name, members)
+    _run(fault_, [primary], args, run_dir, state)
+    click.echo(fault_.done.format(**args, host=_address(primary)))
+
+
+def _on_a_member(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+                 run_dir: str) -> None:
+    """restart-member, isolate, freeze: one member, by host:port or name."""
+    p = _member_at(state, args["host"])
+    args["host"] = _address(p)
+    reply = _run(fault_, [p], args, run_dir, state)
+    click.echo(fault_.done.format(**{**reply, **args}))
+
+
+def _heal(fault_: Fault, state: dict[str, Any], args: dict[str, Any], run_dir: str) -> None:
+    cut = [p for p in state["processes"] if p.get("isolated")]
+    for p in cut:
+        _run(fault_, [p], args, run_dir, state)
+    click.echo(fault_.done.format(healed=", ".join(p["name"] for p in cut) or "nothing was "
+                                  "isolated"))
+
+
 HANDLERS = {"truncate_oplog": _truncate_oplog, "set_noop_interval": _noop_interval,
             "slow_promises": _slow_promises, "configure_fail_point": _fail_point,
-            "same_cluster_time": _same_cluster_time}
+            "same_cluster_time": _same_cluster_time, "step_down": _step_down,
+            "kill_primary": _kill_primary, "restart_member": _on_a_member,
+            "isolate": _on_a_member, "freeze": _on_a_member, "heal": _heal}
 
 
 # -- the commands, built from the records ---------------------------------------------------
-_TYPES: dict[str, Any] = {"interval_ms": click.IntRange(min=1), "ms": click.FloatRange(min=0)}
+_TYPES: dict[str, Any] = {"interval_ms": click.IntRange(min=1), "ms": click.FloatRange(min=0),
+                          "secs": click.IntRange(min=0)}
 
 
 def _click_param(p: Param) -> click.Parameter:
     kind = _TYPES.get(p.kind, str)
-    if p.option is None:
-        return click.Argument([p.name], type=kind)
+    if p.option is None:  # a set may be left out: the cluster's only one
+        return click.Argument([p.name], type=kind, required=p.kind != "set")
     return click.Option([p.option, p.name], type=kind, default=p.cli_default,
                         show_default=p.cli_default is not None, help=p.help)
 
@@ -294,7 +438,7 @@ def fault() -> None:
     """Faults on demand for a running 'shardsim up --detach' cluster."""
 
 
-for _record in faults.FAULTS:
+for _record in faults.FAULTS + faults.REPLICA_SET_FAULTS:
     if _record.command:
         fault.add_command(_make_command(_record))
 del _record

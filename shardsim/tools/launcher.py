@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -107,7 +108,18 @@ class Cluster:
     off by default, as ``shardsim up`` and mongod/mongos are; ``server_version`` — the release
     every process behaves as (``--server-version``, :mod:`shardsim.core.server_version`; 8.0).
 
-    Attributes after :meth:`start`: ``router_uri`` (``mongodb://127.0.0.1:P/``, the first
+    ``members`` — members per replica set (default 1: every shard is one process, as before);
+    with N > 1 every shard is a replica set of N member processes named ``shard0``,
+    ``shard0-1``, ``shard0-2``... (``python -m shardsim.shard --members h1,h2,h3``, member 0 with
+    ``--initiate`` at its first start only), added as ``shard0/h1,h2,h3``; ``topology`` —
+    ``"sharded"`` (default) or ``"replicaset"``: one plain replica set of ``members`` members
+    named ``set_name`` (``rs0``), no config server and no router, the first member on ``port``
+    (0: a free one); ``repl_args`` — the members' timing options (``--election-timeout-ms``,
+    ``--heartbeat-interval-ms``, ``--heartbeat-timeout-ms``; the server's defaults when empty).
+
+    Attributes after :meth:`start`: ``uri`` (what a client connects to: the first router's, or
+    ``mongodb://h1,h2,h3/?replicaSet=rs0`` for a replica set), ``sets`` (``{set name: [member
+    RoleProcess]}`` of every set of more than one member), ``router_uri`` (``mongodb://127.0.0.1:P/``, the first
     router), ``router``, ``config``, ``shards`` (RoleProcess list; ``.name`` is the shard name);
     with ``routers=N`` N routers share the config server (``router_uris``: every router's URI,
     the first being ``router_uri``; ``routers_uri``: one ``mongodb://h:p1,h:p2/`` for a client
@@ -121,9 +133,21 @@ class Cluster:
                  detach: bool = False, start_timeout: float = 30.0,
                  auth: tuple[str, str] | None = None, tls: dict[str, str] | None = None,
                  tls_mode: str = "requireTLS", routers: int = 1,
-                 test_commands: bool = False, server_version: str = "8.0") -> None:
+                 test_commands: bool = False, server_version: str = "8.0",
+                 members: int = 1, topology: str = "sharded", set_name: str = "rs0",
+                 repl_args: Sequence[str] = ()) -> None:
         from shardsim.core import server_version as versions
         self.server_version = versions.get(server_version).name  # ValueError when unknown
+        if topology not in ("sharded", "replicaset"):
+            raise ValueError(f"unknown topology {topology!r} (sharded or replicaset)")
+        if members < 1:
+            raise ValueError("a replica set needs at least one member")
+        self.topology = topology
+        self.num_members = int(members)
+        self.set_name = set_name
+        self.repl_args = list(repl_args)
+        self.sets: dict[str, list[RoleProcess]] = {}
+        self._shard_names: list[str] = []
         self.num_shards = shards
         self.num_routers = max(1, int(routers))
         self.extra_routers: list[RoleProcess] = []
@@ -186,7 +210,7 @@ class Cluster:
         for k in ("username", "password", "authSource"):
             kw.pop(k, None)
         client: pymongo.MongoClient = pymongo.MongoClient(
-            self.router_uri, serverSelectionTimeoutMS=30000, directConnection=True, **kw)
+            self.uri, serverSelectionTimeoutMS=30000, **self._direct(), **kw)
         try:
             client.admin.command("createUser", self.auth[0], pwd=self.auth[1],
                                  roles=[{"role": "root", "db": "admin"}])
@@ -194,6 +218,20 @@ class Cluster:
             client.close()
 
     # -- properties -------------------------------------------------------------------------
+    @property
+    def uri(self) -> str:
+        """What a client connects to: :attr:`router_uri` for a sharded cluster,
+        ``mongodb://h1,h2,h3/?replicaSet=<set_name>`` for a replica set (one member:
+        ``mongodb://h:p/?directConnection=true``)."""
+        if self.topology == "sharded":
+            return self.router_uri
+        members = self.sets.get(self.set_name) or self.shards
+        assert members and all(m.port for m in members), "replica set not started"
+        if len(members) == 1:
+            return f"mongodb://{members[0].address}/?directConnection=true"
+        return (f"mongodb://{','.join(m.address for m in members)}/"
+                f"?replicaSet={self.set_name}")
+
     @property
     def router_uri(self) -> str:
         assert self.router is not None and self.router.port, "cluster not started"
@@ -254,6 +292,10 @@ class Cluster:
                 json.dump({p.name: p.port for p in self.processes
                        if p is not self.router and p not in self.extra_routers}, f)
 
+    def _direct(self) -> dict[str, Any]:
+        """``directConnection=True`` for a router; a replica set's URI says it itself."""
+        return {"directConnection": True} if self.topology == "sharded" else {}
+
     def _start(self, proc: RoleProcess) -> RoleProcess:
         proc.spawn()
         return self._ready(proc)
@@ -267,6 +309,8 @@ class Cluster:
             raise ClusterError(str(exc)) from None
         if "--port" in proc.args:
             proc.args[proc.args.index("--port") + 1] = str(proc.port)
+        if "--initiate" in proc.args:  # only ever at a set's first start, never on a restart
+            proc.args.remove("--initiate")
         return proc
 
     def start(self) -> "Cluster":
@@ -275,6 +319,9 @@ class Cluster:
             if self.port and port_in_use(self.port, self.host):
                 raise ClusterError(f"port {self.port} is already in use on {self.host}: stop "
                                    f"whatever listens there or choose another --port")
+            if self.topology == "replicaset":
+                self._start_replica_set()
+                return self
             # Every process is put on the cluster *before* it starts, so that stop() (on any
             # exception, also a KeyboardInterrupt during the ready wait) reaches it.
             # Most of a start is the child's imports, so the processes start at the same time:
@@ -286,7 +333,8 @@ class Cluster:
                 "configsvr")
             self.config.spawn()
             for _ in range(self.num_shards):
-                self._new_shard().spawn()
+                for proc in self._new_shard_members():
+                    proc.spawn()
             self._ready(self.config)
             self.router = self._proc(
                 "router", ["--port", str(self.port), "--host", self.host,
@@ -302,19 +350,124 @@ class Cluster:
                 extra.spawn()
             for proc in (*self.shards, self.router, *self.extra_routers):
                 self._ready(proc)
+            for members in self.sets.values():
+                self._wait_primary(members)
             if self.auth is not None and not self._has_users():
                 self._create_root_user()
-            for shard in self.shards:
-                self._add_shard(shard)
+            for name in self._shard_names:
+                self._add_shard_named(name)
             self._save_ports()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _new_shard(self) -> RoleProcess:
-        """The next shard's process, put on the cluster (not started)."""
-        name = f"shard{len(self.shards)}"  # shards are only ever appended
+    def _start_replica_set(self) -> None:
+        """``topology="replicaset"``: the members of :attr:`set_name`, started together; then a
+        primary (called from :meth:`start`, which stops everything on failure)."""
+        members = self._new_set(self.set_name, first_port=self.port)
+        for proc in members:
+            proc.spawn()
+        for proc in members:
+            self._ready(proc)
+        if len(members) > 1:
+            self._wait_primary(members)
+        if self.auth is not None and not self._has_users():
+            self._create_root_user()
+        self._save_ports()
+
+    def _new_shard_members(self) -> list[RoleProcess]:
+        """The next shard's processes (one, or its set's members), put on the cluster (not
+        started)."""
+        name = f"shard{len(self._shard_names)}"  # shards are only ever appended
+        self._shard_names.append(name)
+        if self.num_members == 1:
+            return [self._new_shard(name)]
+        return self._new_set(name)
+
+    def _new_set(self, name: str, first_port: int = 0) -> list[RoleProcess]:
+        """The member processes of replica set ``name`` (not started), put on the cluster:
+        ``name``, ``name-1``, ``name-2``...; every member must know every address before it
+        starts, so the ports are chosen now (held together, so N distinct ones; the first on
+        ``first_port`` when given; a durable cluster's kept ports). Member 0 gets
+        ``--initiate`` when the set is new (no data in its dbpath yet): mongod's
+        ``replSetInitiate``, once. A one-member "set" is a plain shard process."""
+        names = [name if i == 0 else f"{name}-{i}" for i in range(self.num_members)]
+        ports = [int(self._saved_port(n)) for n in names]
+        if first_port and not ports[0]:
+            ports[0] = first_port
+        socks = []
+        try:
+            for i, port in enumerate(ports):
+                if not port:
+                    sock = socket.socket()
+                    sock.bind((self.host, 0))
+                    socks.append(sock)
+                    ports[i] = sock.getsockname()[1]
+        finally:
+            for sock in socks:
+                sock.close()
+        hosts = ",".join(f"{self.host}:{p}" for p in ports)
+        procs = []
+        for i, mname in enumerate(names):
+            dbpath = self._dbpath(mname)
+            fresh = not dbpath or not os.listdir(dbpath[1])
+            args = ["--port", str(ports[i]), "--host", self.host, "--shard-name", name]
+            if self.num_members > 1:
+                args += ["--members", hosts, *(["--initiate"] if i == 0 and fresh else []),
+                         *self.repl_args]
+            proc = self._proc("shard", [*args, *dbpath, *self.shard_args,
+                                        *self._security_args()], mname)
+            self.shards.append(proc)
+            procs.append(proc)
+        if self.num_members > 1:
+            self.sets[name] = procs
+        return procs
+
+    def _wait_primary(self, members: list[RoleProcess], timeout: float | None = None) -> str:
+        """Wait for a writable primary among ``members`` (``hello`` on each); returns its
+        ``host:port``. A new set with the server's 10 s election timeout would wait that long
+        for its first election, so the initiating member is asked to ``replSetStepUp`` at once,
+        as the server's own test harness does (``ReplSetTest.initiate`` ->
+        ``_initiateWithNodeZeroAsPrimary`` / ``stepUp``, ``src/mongo/shell/replsettest.js``);
+        when that fails the natural election is awaited. ClusterError after ``timeout`` s
+        (default: ``start_timeout``)."""
+        deadline = time.monotonic() + (timeout or self.start_timeout)
+        next_step_up = time.monotonic()
+        while True:
+            hellos = [self._member_command(m, {"hello": 1}) for m in members]
+            for m, hello in zip(members, hellos):
+                if hello and hello.get("isWritablePrimary"):
+                    return m.address
+            # Only while no member is (becoming) primary: a stepUp can then only help.
+            if time.monotonic() >= next_step_up and not any(
+                    h and h.get("primary") for h in hellos):
+                next_step_up = time.monotonic() + 2.0
+                self._member_command(members[0], {"replSetStepUp": 1})
+            if time.monotonic() > deadline:
+                raise ClusterError(f"replica set {members[0].name} elected no primary in "
+                                   f"{timeout or self.start_timeout:.0f} s")
+            time.sleep(0.1)
+
+    def _member_command(self, proc: RoleProcess, cmd: dict[str, Any]) -> dict[str, Any] | None:
+        """``cmd`` on one member directly; None when it fails or does not answer."""
+        import pymongo
+        import pymongo.errors
+        kw = self.client_options()
+        for k in ("username", "password", "authSource"):
+            kw.pop(k, None)
+        client: Any = pymongo.MongoClient(proc.host, proc.port, directConnection=True,
+                                          serverSelectionTimeoutMS=2000,
+                                          connectTimeoutMS=2000, **kw)
+        try:
+            return client.admin.command(cmd)
+        except pymongo.errors.PyMongoError:
+            return None
+        finally:
+            client.close()
+
+    def _new_shard(self, name: str) -> RoleProcess:
+        """Shard ``name``'s single process, put on the cluster (not started)."""
         proc = self._proc("shard", ["--port", self._saved_port(name), "--host", self.host,
                                     "--shard-name", name,
                                     *self._dbpath(name), *self.shard_args,
@@ -322,14 +475,29 @@ class Cluster:
         self.shards.append(proc)
         return proc
 
-    def _start_shard(self) -> RoleProcess:
-        return self._start(self._new_shard())
+    def _start_shard(self) -> str:
+        """Start the next shard's processes (and wait for its primary); returns its name."""
+        procs = self._new_shard_members()
+        for proc in procs:
+            proc.spawn()
+        for proc in procs:
+            self._ready(proc)
+        if len(procs) > 1:
+            self._wait_primary(procs)
+        return self._shard_names[-1]
+
+    def shard_connection_string(self, name: str) -> str:
+        """What ``addShard`` gets for shard ``name``: ``host:port``, or
+        ``name/h1:p1,h2:p2,h3:p3`` for a replica set (as mongos is given a set)."""
+        if name in self.sets:
+            return f"{name}/" + ",".join(m.address for m in self.sets[name])
+        return self.shard(name).address
 
     def admin_command(self, cmd: dict[str, Any], timeout_ms: int = 30000) -> dict[str, Any]:
-        """Run an admin command on the router with pymongo."""
+        """Run an admin command on the router (a replica set: its primary) with pymongo."""
         import pymongo
         client: pymongo.MongoClient = pymongo.MongoClient(
-            self.router_uri, serverSelectionTimeoutMS=timeout_ms, directConnection=True,
+            self.uri, serverSelectionTimeoutMS=timeout_ms, **self._direct(),
             **self.client_options())
         try:
             return client.admin.command(cmd)
@@ -348,19 +516,26 @@ class Cluster:
         except pymongo.errors.OperationFailure:
             return False
 
-    def _add_shard(self, shard: RoleProcess) -> None:
+    def _add_shard_named(self, name: str) -> None:
         import pymongo.errors
+        target = self.shard_connection_string(name)
         try:
-            self.admin_command({"addShard": shard.address, "name": shard.name})
+            self.admin_command({"addShard": target, "name": name})
         except pymongo.errors.PyMongoError as exc:
-            raise ClusterError(f"addShard {shard.name} ({shard.address}) failed: {exc}") from None
+            raise ClusterError(f"addShard {name} ({target}) failed: {exc}") from None
+
+    def _add_shard(self, shard: RoleProcess) -> None:
+        self._add_shard_named(shard.name)
 
     def add_shard(self) -> str:
-        """Start one more shard and add it to the cluster; returns its name."""
-        proc = self._start_shard()
-        self._add_shard(proc)
+        """Start one more shard (``members`` processes) and add it to the cluster; returns
+        its name."""
+        if self.topology != "sharded":
+            raise ClusterError("a replica set has no shards to add")
+        name = self._start_shard()
+        self._add_shard_named(name)
         self._save_ports()
-        return proc.name
+        return name
 
     def shard(self, name: str) -> RoleProcess:
         """The shard process named ``name``."""
@@ -401,14 +576,28 @@ class Cluster:
     def state(self) -> dict[str, Any]:
         """What ``shardsim status``/``down``/``fault`` need: the router URI and every process
         (``args``: its command line after ``-m module``, ports pinned, for a restart)."""
+        out: dict[str, Any] = {"topology": self.topology, "uri": self.uri}
+        if self.topology == "sharded":
+            out["router_uri"] = self.router_uri
+        if self.sets:
+            out["sets"] = {name: [m.name for m in ms] for name, ms in self.sets.items()}
         return {
-            "router_uri": self.router_uri,
+            **out,
             "base_dir": self.base_dir,
             "started": time.time(),
             "processes": [{"name": p.name, "module": p.module, "pid": p.pid, "host": p.host,
-                           "port": p.port, "log": p.log_path, "args": list(p.args)}
+                           "port": p.port, "log": p.log_path, "args": list(p.args),
+                           **({"set": self._set_of(p)} if self._set_of(p) else {})}
                           for p in self.processes],
         }
+
+
+    def _set_of(self, proc: RoleProcess) -> str | None:
+        """The name of the set (of more than one member) ``proc`` is a member of, or None."""
+        for name, members in self.sets.items():
+            if proc in members:
+                return name
+        return None
 
 
 # -- state files of detached clusters (shardsim up --detach / status / down) -------------------

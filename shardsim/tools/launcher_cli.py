@@ -1,6 +1,8 @@
 """``shardsim up`` / ``shardsim status`` / ``shardsim down``: the local mini cluster from a shell.
 
-``up`` starts a config server, N shards and a router (:class:`shardsim.tools.launcher.Cluster`),
+``up`` starts a config server, N shards and a router (:class:`shardsim.tools.launcher.Cluster`)
+(``--members M``: every shard a replica set of M member processes; ``--topology replicaset``:
+one plain replica set of M members, no router),
 prints the connection string and one status line per process, and stops everything on Ctrl-C
 (or SIGTERM) at any moment, also during start-up (exit 130 then), with no child left behind. ``up --detach`` leaves the cluster running and writes ``cluster.json`` (pids,
 ports, log files) in the run directory; ``status`` and ``down`` read it from any shell.
@@ -24,9 +26,12 @@ from shardsim.tools.launcher import (Cluster, ClusterError, check_owner, default
 
 
 def _status_line(name: str, module: str, host: str | None, port: int | None, pid: int | None,
-                 alive: bool) -> str:
+                 alive: bool, member_state: str | None = None) -> str:
     role = {"configsvr": "config server", "shard": "shard", "router": "router"}.get(module, module)
-    state = "running" if alive else "DOWN"
+    if member_state is not None:
+        role = "member"
+    state = ("running" if alive else "DOWN") + (f" {member_state}" if member_state and alive
+                                               else "")
     return f"  {name:<10} {role:<13} {host}:{port:<6} pid {pid or '-':<8} {state}"
 
 
@@ -123,14 +128,23 @@ def _stop_all(cluster: Cluster | None) -> None:
 
 
 def _print_cluster(cluster: Cluster) -> None:
-    click.echo(f"shardsim cluster ready: {cluster.router_uri}")
-    for uri in cluster.router_uris[1:]:
+    if cluster.topology == "replicaset":
+        click.echo(f"shardsim replica set ready: {cluster.uri}")
+    else:
+        click.echo(f"shardsim cluster ready: {cluster.router_uri}")
+    for uri in cluster.router_uris[1:] if cluster.topology == "sharded" else ():
         click.echo(f"another router: {uri}")
+    if cluster.topology == "sharded" and cluster.sets:
+        click.echo("note: the shards are replica sets, added as " + ", ".join(
+            cluster.shard_connection_string(n) for n in cluster.sets) + "; until the router "
+            "targets replica sets it sends everything to the first host of each (see "
+            "docs/replication.md)")
     if cluster.auth is not None:
         click.echo(f"authentication on: user '{cluster.auth[0]}' (root, authSource admin); "
                    f"key file {cluster.key_file}")
     for p in cluster.processes:
-        click.echo(_status_line(p.name, p.module, p.host, p.port, p.pid, p.alive()))
+        click.echo(_status_line(p.name, p.module, p.host, p.port, p.pid, p.alive(),
+                                "" if cluster._set_of(p) else None))
 
 
 run_dir_option = click.option(
@@ -176,14 +190,41 @@ def resolve_run_dir(run_dir: str | None, port: int | None = None) -> str:
                    "commands; needed by 'shardsim fault'); off by default, as in mongod.")
 @click.option("--setParameter", "set_parameter", multiple=True, metavar="enableTestCommands=1",
               help="mongod's spelling of --enable-test-commands.")
+@click.option("--topology", type=click.Choice(["sharded", "replicaset"]), default="sharded",
+              show_default=True,
+              help="sharded: config server, shards and routers; replicaset: one plain replica "
+                   "set of --members members (no router), the first on --port.")
+@click.option("--members", type=click.IntRange(1, 50), default=1, show_default=True,
+              help="Members per replica set: every shard (or the replica set of --topology "
+                   "replicaset) is that many processes; 1 = one process per shard, as before.")
+@click.option("--set-name", default="rs0", show_default=True,
+              help="The replica set's name (--topology replicaset).")
+@click.option("--election-timeout-ms", type=click.IntRange(min=1), default=None,
+              help="The members' electionTimeoutMillis [default: the server's, 10000].")
+@click.option("--heartbeat-interval-ms", type=click.IntRange(min=1), default=None,
+              help="The members' heartbeatIntervalMillis [default: the server's, 2000].")
+@click.option("--heartbeat-timeout-ms", type=click.IntRange(min=1), default=None,
+              help="The members' heartbeatTimeoutSecs, in ms [default: the server's, 10000].")
 @server_version_mod.click_option
 @run_dir_option
 def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | None,
        auth: bool = False, tls_cert: str | None = None, tls_ca: str | None = None,
        routers: int = 1, test_commands: bool = False, set_parameter: tuple[str, ...] = (),
-       server_version: str = "8.0") -> None:
-    """Start a local cluster: config server, SHARDS shards and a router on 127.0.0.1:PORT."""
+       server_version: str = "8.0", topology: str = "sharded", members: int = 1,
+       set_name: str = "rs0", election_timeout_ms: int | None = None,
+       heartbeat_interval_ms: int | None = None,
+       heartbeat_timeout_ms: int | None = None) -> None:
+    """Start a local cluster: config server, SHARDS shards and a router on 127.0.0.1:PORT
+    (--topology replicaset: a replica set of MEMBERS members, the first on PORT)."""
     global _stopping
+    repl_args: list[str] = []
+    for flag, value in (("--election-timeout-ms", election_timeout_ms),
+                        ("--heartbeat-interval-ms", heartbeat_interval_ms),
+                        ("--heartbeat-timeout-ms", heartbeat_timeout_ms)):
+        if value is not None:
+            repl_args += [flag, str(value)]
+    if topology == "replicaset" and routers != 1:
+        raise click.BadParameter("a replica set has no routers", param_hint="--routers")
     for item in set_parameter:
         name, _, value = item.partition("=")
         if name != "enableTestCommands" or value.lower() not in ("0", "1", "true", "false"):
@@ -195,7 +236,7 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
         state = read_state(run_dir)
         if state and any(pid_is(p["pid"], p["module"]) for p in state["processes"]):
             raise click.ClickException(
-                f"a detached cluster is already running ({state['router_uri']}); "
+                f"a detached cluster is already running ({state_uri(state)}); "
                 f"run 'shardsim down' first (state: {state_path(run_dir)})")
     base_dir = dbpath or (os.path.join(run_dir, "cluster") if detach else None)
     # SIGTERM behaves like Ctrl-C: stop everything. Installed before the first child exists.
@@ -215,7 +256,9 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
         tls = {"cert": tls_cert, "ca": tls_ca or tls_cert} if tls_cert else None
         cluster = Cluster(shards=shards, base_dir=base_dir, durable=dbpath is not None,
                           port=port, detach=detach, auth=creds, tls=tls, routers=routers,
-                          test_commands=test_commands, server_version=server_version)
+                          test_commands=test_commands, server_version=server_version,
+                          members=members, topology=topology, set_name=set_name,
+                          repl_args=repl_args)
         try:
             cluster.start()
         except ClusterError as exc:
@@ -270,6 +313,29 @@ def _ping(host: str, port: int) -> bool:
         return False
 
 
+def state_uri(state: dict[str, Any]) -> str:
+    """A detached cluster's connection string from its state file (``uri``; older files:
+    ``router_uri``)."""
+    return state.get("uri") or state.get("router_uri", "?")
+
+
+def _member_state(host: str, port: int) -> str | None:
+    """A replica-set member's state as its ``hello`` says: PRIMARY, SECONDARY, or OTHER."""
+    import pymongo
+    try:
+        client: Any = pymongo.MongoClient(host, port, directConnection=True,
+                                          serverSelectionTimeoutMS=1500, connectTimeoutMS=1500)
+        try:
+            hello = client.admin.command("hello")
+        finally:
+            client.close()
+    except Exception:
+        return None
+    if hello.get("isWritablePrimary"):
+        return "PRIMARY"
+    return "SECONDARY" if hello.get("secondary") else "OTHER"
+
+
 @click.command()
 @run_dir_option
 @port_option
@@ -281,11 +347,16 @@ def status(run_dir: str | None, port: int | None = None) -> None:
         click.echo(f"no detached cluster (no {state_path(run_dir)})")
         sys.exit(1)
     ok = True
-    click.echo(f"shardsim cluster: {state['router_uri']}")
+    kind = "replica set" if state.get("topology") == "replicaset" else "cluster"
+    click.echo(f"shardsim {kind}: {state_uri(state)}")
     for p in state["processes"]:
         alive = pid_is(p["pid"], p["module"]) and _ping(p["host"], p["port"])
+        member_state = _member_state(p["host"], p["port"]) if alive and p.get("set") else None
         ok = ok and alive
-        click.echo(_status_line(p["name"], p["module"], p["host"], p["port"], p["pid"], alive))
+        if p.get("set"):  # a replica-set member: its state, as its hello says
+            member_state = (member_state or "?") if alive else ""
+        click.echo(_status_line(p["name"], p["module"], p["host"], p["port"], p["pid"], alive,
+                                member_state))
     sys.exit(0 if ok else 1)
 
 

@@ -73,6 +73,9 @@ def _uri(uri: str | None, run_dir: str | None) -> str:
     state = read_state(run_dir)
     if state is None:
         raise click.ClickException(f"no --uri and no detached cluster (no {state_path(run_dir)})")
+    if "router_uri" not in state:
+        raise click.ClickException(f"the detached cluster is a replica set ({state.get('uri')}) "
+                                   f"without a router; 'shardsim top' shows a router's cursors")
     return state["router_uri"]
 
 

@@ -8,7 +8,8 @@ import os
 
 from click.testing import CliRunner
 
-from shardsim.testing import AsyncShardedCluster, ShardedCluster, faults
+from shardsim.testing import (AsyncReplicaSet, AsyncShardedCluster, ReplicaSet,
+                              ShardedCluster, faults)
 from shardsim.tools import fault_cli
 
 NOT_FAULTS = {"start", "stop", "command", "client", "shard_address", "node",
@@ -48,6 +49,28 @@ def test_the_cli_offers_one_command_per_record_that_names_one() -> None:
         help_text = CliRunner().invoke(fault_cli.fault, [name, "--help"]).output
         for p in record.params:
             assert (p.option or p.name.upper()) in help_text
+
+
+def test_the_replica_set_kit_offers_one_method_per_replica_set_record() -> None:
+    """REPLICA_SET_FAULTS are methods of AsyncReplicaSet (same parameters as the record) and
+    of the blocking ReplicaSet; none is (yet) a record of the sharded kit."""
+    for record in faults.REPLICA_SET_FAULTS:
+        method = getattr(AsyncReplicaSet, record.method)
+        assert inspect.iscoroutinefunction(method), record.method
+        params = list(inspect.signature(method).parameters.values())[1:]
+        assert [p.name for p in params] == [p.name for p in record.params], record.method
+        for p, param in zip(record.params, params):
+            expected = inspect.Parameter.empty if p.default is faults.REQUIRED else p.default
+            assert param.default == expected, (record.method, p.name)
+        assert callable(getattr(ReplicaSet, record.method)), record.method
+        assert record.method not in faults.BY_METHOD
+        for step in record.apply + record.undo:
+            if isinstance(step, faults.Action) and record.command:
+                assert step.name in fault_cli.ACTIONS, (record.method, step.name)
+        if record.undone_by:
+            assert record.undone_by in faults.RS_BY_METHOD
+        if record.command is None:
+            assert "in-process only" in record.notes
 
 
 def test_every_action_has_a_handler_in_the_kit_and_every_cli_action_in_the_cli() -> None:
@@ -90,4 +113,6 @@ def test_a_send_step_may_build_a_declared_internal_request() -> None:
 
 def test_the_docs_faults_table_is_the_records_table() -> None:
     with open(DOCS) as f:
-        assert faults.markdown_table() in f.read()
+        text = f.read()
+    assert faults.markdown_table() in text
+    assert faults.markdown_table(faults.REPLICA_SET_FAULTS) in text

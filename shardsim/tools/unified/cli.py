@@ -1,9 +1,11 @@
 """``shardsim spec``: run the unified change-stream spec tests against shardsim (or any URI).
 
 Without ``--uri`` it starts what it tests: a mini sharded cluster
-(:class:`shardsim.tools.launcher.Cluster`) for ``--topology sharded``, or one ``python -m shardsim.shard``
-process (a one-member replica set, connected with ``directConnection=true``) for
-``--topology replicaset``; both are stopped on exit. It prints a table of every test with its
+(:class:`shardsim.tools.launcher.Cluster`) for ``--topology sharded``, or for ``--topology
+replicaset`` a replica set of ``--members`` member processes (3 by default, as ``shardsim up
+--topology replicaset --members 3``; connected with ``replicaSet=rs0``, so the driver discovers
+the set), or with ``--members 1`` one ``python -m shardsim.shard`` process (a one-member
+replica set, connected with ``directConnection=true``); both are stopped on exit. It prints a table of every test with its
 result and, for skips, the reason (from ``runOnRequirements``), then the summary line
 ``N passed, N failed, N skipped`` alone on a line. The exit status is 1 if any test failed.
 """
@@ -113,7 +115,7 @@ def with_credentials(uri: str, user: str, password: str, auth_source: str = "adm
 @contextlib.contextmanager
 def deployment(topology: str, uri: str | None, shards: int,
                mongoses: int = 1, auth: tuple[str, str] | None = None,
-               server_version: str = "8.0") -> Iterator[str]:
+               server_version: str = "8.0", members: int = 1) -> Iterator[str]:
     """Yield a connection string for ``topology``; start (and always stop) processes if
     needed. A started sharded cluster has ``mongoses`` routers, all listed in the URI (tests
     whose clients set ``useMultipleMongoses: true`` need at least two). ``auth``: ``(user,
@@ -121,9 +123,17 @@ def deployment(topology: str, uri: str | None, shards: int,
     ``root`` on ``admin``; the URI carries the credentials. With ``uri`` it is ignored (put
     the credentials in the URI). ``server_version``: the release the started processes behave
     as (``--server-version``, shardsim/core/server_version.py), so that ``runOnRequirements``
-    selects the tests a real server of that release runs."""
+    selects the tests a real server of that release runs. ``members``: the replica set's
+    members for ``replicaset`` (more than one: ``mongodb://h1,h2,h3/?replicaSet=rs0``, the
+    server's timing defaults)."""
     if uri:
         yield uri
+        return
+    if topology == "replicaset" and members > 1:
+        from shardsim.tools.launcher import Cluster
+        with Cluster(topology="replicaset", members=members, auth=auth, test_commands=True,
+                     server_version=server_version) as rs:
+            yield with_credentials(rs.uri, *auth) if auth else rs.uri
         return
     if topology == "sharded":
         from shardsim.tools.launcher import Cluster
@@ -244,6 +254,9 @@ def render_table(results: list[TestResult], console: object) -> None:
 @click.option("--filter", "name_filter", default=None,
               help="Only tests whose '<file>: <description>' contains this (case-insensitive).")
 @click.option("--shards", default=2, show_default=True, help="Shards of the started cluster.")
+@click.option("--members", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="Members of the started replica set (--topology replicaset); 1: one "
+                   "process, connected directly.")
 @click.option("--mongoses", default=2, show_default=True,
               help="Routers of the started sharded cluster (useMultipleMongoses tests need 2).")
 @click.option("--auth", is_flag=True,
@@ -257,7 +270,8 @@ def render_table(results: list[TestResult], console: object) -> None:
 @server_version_mod.click_option
 def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], suites: tuple[str, ...],
          name_filter: str | None, shards: int, mongoses: int, auth: bool,
-         iterate_timeout: float, verbose: bool, server_version: str = "8.0") -> None:
+         iterate_timeout: float, verbose: bool, server_version: str = "8.0",
+         members: int = 3) -> None:
     """Run unified spec tests (default: change streams) with pymongo and print
     passed/failed/skipped; with --suite, a table per suite."""
     from rich.console import Console
@@ -286,7 +300,7 @@ def spec(uri: str | None, topology: str, spec_dirs: tuple[Path, ...], suites: tu
                 raise click.ClickException("--server-version chooses what shardsim starts; the "
                                            "deployment at --uri reports its own version")
             target = stack.enter_context(deployment(topology, uri, shards, mongoses, creds,
-                                                    server_version))
+                                                    server_version, members))
             runner = stack.enter_context(Runner(target, iterate_timeout=iterate_timeout))
         except (RuntimeError, PyMongoError) as exc:
             raise click.ClickException(f"cannot start or reach the deployment: {exc}") from None
