@@ -135,10 +135,8 @@ def _print_cluster(cluster: Cluster) -> None:
     for uri in cluster.router_uris[1:] if cluster.topology == "sharded" else ():
         click.echo(f"another router: {uri}")
     if cluster.topology == "sharded" and cluster.sets:
-        click.echo("note: the shards are replica sets, added as " + ", ".join(
-            cluster.shard_connection_string(n) for n in cluster.sets) + "; until the router "
-            "targets replica sets it sends everything to the first host of each (see "
-            "docs/replication.md)")
+        click.echo("the shards are replica sets: " + ", ".join(
+            cluster.shard_connection_string(n) for n in cluster.sets))
     if cluster.auth is not None:
         click.echo(f"authentication on: user '{cluster.auth[0]}' (root, authSource admin); "
                    f"key file {cluster.key_file}")
