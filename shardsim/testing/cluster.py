@@ -278,6 +278,10 @@ class AsyncShardedCluster(ReplicaSetMembers):
             return self.config
         if name in self.shards:
             return self.shards[name]
+        for members in self.replsets.values():  # a replica-set shard's other members
+            for m in members:
+                if m.name == name:
+                    return m
         raise KeyError(f"no member named {name!r} (shards: {self.shard_names})")
 
     def _shard(self, name: str | None) -> Member:
