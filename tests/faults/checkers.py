@@ -185,14 +185,16 @@ class FailoverObserved:
     """What a failover trial saw beside :class:`Observed`: the ``_id``\\ s the ``w: 1``
     writer sent to a primary about to be cut off (``w1_sent``) and those it got an answer for
     (``w1_acked``), those not in the final documents (``rolled_back``: the rollback undid
-    them, or they never applied), the stream's events, and the members whose own documents
-    differ from their primary's after the set settled (``diverged``, one line each)."""
+    them, or they never applied), the stream's events, the members whose own documents
+    differ from their primary's after the set settled (``diverged``, one line each), and the
+    fault that could not complete (``stuck``: no new primary in time, a timeout)."""
 
     w1_sent: set[int] = field(default_factory=set)
     w1_acked: set[int] = field(default_factory=set)
     rolled_back: set[int] = field(default_factory=set)
     events: list[dict[str, Any]] = field(default_factory=list)
     diverged: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
 
 
 def no_rolled_back_event(o: FailoverObserved) -> list[str]:
@@ -208,9 +210,15 @@ def members_agree(o: FailoverObserved) -> list[str]:
     return list(o.diverged)
 
 
+def failover_completes(o: FailoverObserved) -> list[str]:
+    """The fault's failover completed: a new primary within the kit's deadline (15 s)."""
+    return list(o.stuck)
+
+
 FAILOVER_CHECKERS: dict[str, Callable[[FailoverObserved], list[str]]] = {
     "rolled_back_event": no_rolled_back_event,
     "member_diverged": members_agree,
+    "no_primary": failover_completes,
 }
 
 
