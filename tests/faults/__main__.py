@@ -54,7 +54,7 @@ def _summary(results: list[TrialResult]) -> str:
     ran = [r for r in results if r.role in ALL]
     checkers = [c for c in checkers if any(c in r.violations for r in ran)]  # the checkers run
     cols = ["role", "first seed", "trials", "failed", "acked writes", "ambiguous", "events",
-            *checkers, "s/trial"]
+            *checkers, "writer stalled", "s/trial"]
     rows = []
     for role in ALL:
         rs = [r for r in results if r.role == role]
@@ -65,6 +65,7 @@ def _summary(results: list[TrialResult]) -> str:
         rows.append([role, min(r.seed for r in rs), len(rs), sum(not r.ok for r in rs),
                      sum(r.acked for r in rs), sum(r.ambiguous for r in rs),
                      sum(r.events for r in rs), *cells,
+                     sum(any("did not finish" in n for n in r.notes) for r in rs),
                      f"{sum(r.seconds for r in rs) / len(rs):.1f}"])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] if rows else []
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]

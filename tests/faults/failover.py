@@ -40,10 +40,11 @@ from pymongo.errors import PyMongoError
 
 from shardsim.core.shard_key import KeyPattern, compare_keys
 from shardsim.testing import ShardedCluster
+from shardsim.testing.replica_sets import NoPrimary
 
 from .checkers import (FAILOVER_CHECKERS, WRITER_SPAN, FailoverObserved, Observed, check,
                        check_failover)
-from .harness import DB, TrialResult, _expected_events, _retrying, _Watcher, wait_until
+from .harness import DB, TrialResult, _expected_events, _retrying, _Watcher
 
 FAILOVER_ROLES = ("stepdown", "kill-primary", "partition-rollback", "lagging-secondary")
 W1_BASE = 9 * WRITER_SPAN  # the w:1 writer's _ids (partition-rollback)
@@ -132,7 +133,13 @@ def _members_diverged(cluster: ShardedCluster, name: str, notes: list[str],
             continue
         deadline = time.time() + timeout
         while True:
-            primary = cluster.primary_of(shard)
+            try:
+                primary = cluster.primary_of(shard)
+            except NoPrimary:
+                if time.time() > deadline:
+                    out.append(f"{shard} lost its primary again")
+                    break
+                continue
             want = cluster._call(_docs_of(cluster, primary, DB, name))
             got = {h: cluster._call(_docs_of(cluster, h, DB, name))
                    for h in cluster.members_of(shard) if h != primary}
@@ -150,6 +157,19 @@ def _members_diverged(cluster: ShardedCluster, name: str, notes: list[str],
                 break
             time.sleep(0.1)
     return out
+
+
+def _wait(cond: Any, timeout: float) -> bool:
+    """Poll ``cond()`` every 50 ms for ``timeout`` s; an exception (NoPrimary) is "not yet"."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if cond():
+                return True
+        except Exception:
+            pass
+        time.sleep(0.05)
+    return False
 
 
 def _rollbacks(cluster: ShardedCluster) -> int:
@@ -196,13 +216,14 @@ def _fault(cluster: ShardedCluster, role: str, rng: random.Random, shard: str, n
             if h != old:
                 cluster.partition(old, h)
         node = cluster.member_node(old)
-        if not wait_until(lambda: cluster.primary_of(shard) != old and not node.repl.writable,
-                          20):
-            notes.append("the old primary did not step down in 20 s")
+        if not _wait(lambda: cluster.primary_of(shard, 0.5) != old and not node.repl.writable,
+                     20):
+            raise NoPrimary(f"{shard}: no new primary, or the old one still primary, 20 s "
+                            f"after the cut")
         time.sleep(rng.uniform(0.0, 1.0))
         writer.finish()
         cluster.heal()
-        if not wait_until(lambda: _rollbacks(cluster) > before, 20):
+        if not _wait(lambda: _rollbacks(cluster) > before, 20):
             notes.append("no rollback in 20 s")
         notes.append(f"w1 acked {len(writer.acked)}")
         return f"{shard}:{old}"
@@ -262,8 +283,8 @@ def run_failover_trial(cluster: ShardedCluster, role: str, seed: int,
     o = Observed()
     uri = cluster.uri + "?w=majority&wtimeoutMS=20000"
     work = Workload(uri, DB, name, ops, o, notes=notes, transactions=transactions).start()
-    wait_until(lambda: len(o.acked_inserts) >= trigger or
-               not any(t.is_alive() for t in work.threads), 60)
+    _wait(lambda: len(o.acked_inserts) >= trigger or
+          not any(t.is_alive() for t in work.threads), 60)
     w1: list[W1Writer] = []
     fo = FailoverObserved()
     try:
