@@ -42,7 +42,7 @@ from shardsim.core.shard_key import KeyPattern, compare_keys
 from shardsim.testing import ShardedCluster
 from shardsim.testing.replica_sets import NoPrimary
 
-from .checkers import (FAILOVER_CHECKERS, WRITER_SPAN, FailoverObserved, Observed, check,
+from .checkers import (CHECKERS, FAILOVER_CHECKERS, WRITER_SPAN, FailoverObserved, Observed, check,
                        check_failover)
 from .harness import DB, TrialResult, _expected_events, _retrying, _Watcher
 
@@ -296,8 +296,16 @@ def run_failover_trial(cluster: ShardedCluster, role: str, seed: int,
             writer.finish()
         cluster.heal()
     notes += work.join(120)
-    with pymongo.MongoClient(cluster.uri, serverSelectionTimeoutMS=30000) as reader:
-        docs = _retrying(lambda: list(reader[DB][name].find({})))
+    try:
+        with pymongo.MongoClient(cluster.uri, serverSelectionTimeoutMS=30000) as reader:
+            docs = _retrying(lambda: list(reader[DB][name].find({})))
+    except PyMongoError as exc:  # e.g. 133: the router finds no primary for 30 s
+        watcher.finish()
+        violations = {c: [] for c in CHECKERS}
+        violations.update(check_failover(FailoverObserved(
+            stuck=[*fo.stuck, f"the router could not read the collection for 30 s: {exc}"])))
+        return TrialResult(seed=seed, role=role, victim=victim, violations=violations,
+                           seconds=time.time() - started, notes=notes)
     o.docs = {d["_id"]: d for d in docs}
     for writer in w1:  # w:1 writes: applied or rolled back, never acknowledged w:majority
         o.ambiguous_inserts.update(writer.sent)
