@@ -18,7 +18,8 @@ def test_repl_error_survives_a_context_manager_and_compares_by_value() -> None:
 
     with pytest.raises(ReplError) as info:
         with scope():
-            raise ReplError(13436, "NotPrimaryOrSecondary", "node is not in primary or recovering state")
+            raise ReplError(13436, "NotPrimaryOrSecondary",
+                            "node is not in primary or recovering state")
     assert info.value.to_doc()["code"] == 13436
     assert info.value == ReplError(13436, "NotPrimaryOrSecondary",
                                    "node is not in primary or recovering state")
