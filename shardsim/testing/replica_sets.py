@@ -86,6 +86,14 @@ def connection_string(name: str, members: list[Member]) -> str:
     return f"{name}/" + ",".join(m.address for m in members)
 
 
+def _term(member: Member) -> int:
+    """The member's current election term (-1: not running, or not a replica-set member)."""
+    node = member.node
+    if not member.running or node is None or node.repl is None:
+        return -1
+    return int(node.repl.core.term)
+
+
 class ReplicaSetMembers:
     """Replica-set queries and faults of a cluster with ``replsets`` (``{set name: [Member]}``),
     a ``_tracker`` (:class:`TaskTracker`) and ``_seed_fail_points``."""
@@ -151,12 +159,15 @@ class ReplicaSetMembers:
     async def step_down(self, name: str | None = None, secs: int = 10) -> str:
         """``replSetStepDown: secs`` with ``force`` on the primary of ``name`` (a seeded random
         set when None), as every rolling upgrade does: its writes get 11602, ``w`` waiters
-        189, reads and cursors carry on; waits for a new primary. Returns the old primary's
+        189, reads and cursors carry on; waits for a primary elected after it (another
+        member, or the same one again once ``secs`` have passed: with no secondary caught up,
+        mongod's stepped-down primary may win the next election). Returns the old primary's
         ``host:port``."""
         name, member = await self._wait_primary_member(name)
+        term = _term(member)
         await run_as(member.name, self.command, member.name,  # type: ignore[attr-defined]
                      {"replSetStepDown": secs, "force": True})
-        await self._wait_new_primary(name, member.address)
+        await self._wait_new_primary(name, member.address, term=term)
         return member.address
 
     async def kill_primary(self, name: str | None = None) -> str:
@@ -236,12 +247,14 @@ class ReplicaSetMembers:
         primary = await self.primary_of(name)
         return name, self._member_at(primary)
 
-    async def _wait_new_primary(self, name: str, old: str, timeout: float = 15.0) -> str:
+    async def _wait_new_primary(self, name: str, old: str, timeout: float = 15.0,
+                                term: int | None = None) -> str:
+        """A primary other than ``old``, or (``term`` given) one elected in a later term."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             primary = await self.primary_of(name, timeout=max(0.1, deadline - loop.time()))
-            if primary != old:
+            if primary != old or (term is not None and _term(self._member_at(primary)) > term):
                 return primary
             if loop.time() > deadline:
                 raise NoPrimary(f"{name}: no new primary after {timeout} s")

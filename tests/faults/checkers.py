@@ -178,6 +178,54 @@ def check(o: Observed) -> dict[str, list[str]]:
     return {name: fn(o) for name, fn in CHECKERS.items()}
 
 
+
+# -- failover trials (tests/faults/failover.py): replica-set shards fail over ---------------
+@dataclass
+class FailoverObserved:
+    """What a failover trial saw beside :class:`Observed`: the ``_id``\\ s the ``w: 1``
+    writer sent to a primary about to be cut off (``w1_sent``) and those it got an answer for
+    (``w1_acked``), those not in the final documents (``rolled_back``: the rollback undid
+    them, or they never applied), the stream's events, the members whose own documents
+    differ from their primary's after the set settled (``diverged``, one line each), and the
+    fault that could not complete (``stuck``: no new primary in time, a timeout)."""
+
+    w1_sent: set[int] = field(default_factory=set)
+    w1_acked: set[int] = field(default_factory=set)
+    rolled_back: set[int] = field(default_factory=set)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    diverged: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+
+
+def no_rolled_back_event(o: FailoverObserved) -> list[str]:
+    """No event of a write the cluster rolled back: a change stream returns majority-committed
+    events only (:func:`invariants.rolled_back_events`)."""
+    keys = [e["documentKey"]["_id"] for e in o.events]
+    return [f"{o.events[i]['operationType']} event of rolled-back {keys[i]}"
+            for i in invariants.rolled_back_events(keys, o.rolled_back)]
+
+
+def members_agree(o: FailoverObserved) -> list[str]:
+    """Every live member of every shard holds exactly its primary's documents."""
+    return list(o.diverged)
+
+
+def failover_completes(o: FailoverObserved) -> list[str]:
+    """The fault's failover completed: a new primary within the kit's deadline (15 s)."""
+    return list(o.stuck)
+
+
+FAILOVER_CHECKERS: dict[str, Callable[[FailoverObserved], list[str]]] = {
+    "rolled_back_event": no_rolled_back_event,
+    "member_diverged": members_agree,
+    "no_primary": failover_completes,
+}
+
+
+def check_failover(o: FailoverObserved) -> dict[str, list[str]]:
+    """``{invariant: violations}`` for every failover checker."""
+    return {name: fn(o) for name, fn in FAILOVER_CHECKERS.items()}
+
 # -- the ``txn`` trial (tests/faults/txn_trial.py): the coordinator killed, a delayed retry ------
 _PYTHON_TEXT = re.compile(r"\b(Traceback|KeyError|TypeError|AttributeError|ValueError|"
                           r"IndexError|AssertionError|RuntimeError)\b")

@@ -161,10 +161,12 @@ class FailedAttempts(monitoring.CommandListener):
 class Workload:
     """The writers of one trial on ``faults.<name>`` through ``uri``: :meth:`start` them,
     :meth:`join` them (bounded). ``bulk_api`` (``"bulkWrite"``/``"insert_many"``) turns writer
-    0 into the batch writer. Writers 1 and 2 write ``ops // 3`` and ``ops // 10`` times."""
+    0 into the batch writer. Writers 1 and 2 write ``ops // 3`` and ``ops // 10`` times;
+    ``transactions=False`` leaves writer 2 out."""
 
     def __init__(self, uri: str, db: str, name: str, ops: int, o: Observed,
-                 bulk_api: str | None = None, notes: list[str] | None = None) -> None:
+                 bulk_api: str | None = None, notes: list[str] | None = None,
+                 transactions: bool = True) -> None:
         self.attempts = FailedAttempts()
         self.notes = notes if notes is not None else []
         self.bulk_api = bulk_api
@@ -181,9 +183,11 @@ class Workload:
             threading.Thread(target=first[0], args=first[1:], daemon=True),
             threading.Thread(target=inserts_and_deletes, args=(colls[1], max(1, ops // 3), o),
                              daemon=True),
-            threading.Thread(target=transactions,
+            threading.Thread(target=globals()["transactions"],
                              args=(self.clients[2], colls[2], max(1, ops // 10), o),
                              daemon=True)]
+        if not transactions:  # writer 2 left out (its client stays unused)
+            self.threads.pop()
 
     def start(self) -> "Workload":
         for t in self.threads:

@@ -31,10 +31,12 @@ class MemberState(IntEnum):
         return "(not reachable/healthy)" if self is MemberState.DOWN else self.name
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: re-raising sets __traceback__ (contextlib.contextmanager does)
 class ReplError(Exception):
     """A MongoDB error produced by the core: ``code``, ``code_name`` and ``errmsg`` match what
     mongod sends for the same situation (src/mongo/base/error_codes.yml)."""
+
+    __hash__ = Exception.__hash__  # equal by value, hashable as any exception
 
     code: int
     code_name: str
