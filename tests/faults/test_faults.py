@@ -190,9 +190,7 @@ def test_one_failover_trial_per_role(replica_set_cluster, role: str) -> None:
     """One bounded trial per failover role (:mod:`.failover`; ``make faults`` runs 100 each):
     about 4 s each on an idle 2-core machine."""
     seed = random.SystemRandom().randrange(1, 10**6)
-    # the transaction writer is left out: secondaries do not apply transactions yet (the
-    # interim shard/replication/applier.py; a committed transaction is lost at a failover)
-    result = run_failover_trial(replica_set_cluster, role, seed, ops=10, transactions=False)
+    result = run_failover_trial(replica_set_cluster, role, seed, ops=10, transactions=True)
     assert result.ok, (f"replay: python -m tests.faults --role {role} --seed {seed} "
-                       f"--trials 1 --ops 10 --no-txn", result.violations, result.notes)
+                       f"--trials 1 --ops 10", result.violations, result.notes)
     assert result.acked > 0 and result.events > 0
