@@ -103,12 +103,17 @@ class Coordinators:
         return self.node.ensure_collection(*COORDINATORS_NS)
 
     def _save(self, doc: dict[str, Any]) -> None:
+        """Write the coordinator document, logged (replicated: a new primary of this shard
+        finds it and finishes the coordination, as the server's coordinator documents are
+        majority-written, ``TransactionCoordinatorService::onStepUp``)."""
         coll = self._coll()
         key = id_key(doc["_id"])
         if key in coll.docs:
             coll.replace(key, doc)
+            self.node.log_op("u", coll, doc, {"_id": doc["_id"]})
         else:
             coll.insert(doc)
+            self.node.log_op("i", coll, doc)
         self.node.storage.note_doc(coll, key, doc)
         self.node.flush()
 
@@ -117,6 +122,7 @@ class Coordinators:
         key = id_key(_id)
         if key in coll.docs:
             coll.delete(key)
+            self.node.log_op("d", coll, {"_id": _id})
             self.node.storage.note_doc(coll, key, None)
             self.node.flush()
 
