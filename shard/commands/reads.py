@@ -321,7 +321,7 @@ class _EmptyFirst(Cursor):
         await self.inner.close()
 
 
-@commands.handler("mapReduce", "mapreduce", reads=True, privileges=priv.on_coll("find"))
+@commands.handler("mapReduce", "mapreduce", versioned=True, reads=True, secondary="optIn", privileges=priv.on_coll("find"))
 async def map_reduce(node: "ShardNode", req: Request) -> dict[str, Any]:
     """``mapReduce`` on a shard (``map_reduce_agg.cpp``; JavaScript in
     :func:`shardsim.core.javascript.map_reduce`): the documents matching ``query`` (``sort``,

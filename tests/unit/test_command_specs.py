@@ -15,7 +15,8 @@ from shardsim.router.node import RouterNode
 from shardsim.shard.node import ShardNode
 from bson.timestamp import Timestamp
 
-VERSIONED = {"insert", "update", "delete", "findAndModify", "find", "count", "distinct", "aggregate"}
+VERSIONED = {"insert", "update", "delete", "findAndModify", "find", "count", "distinct", "aggregate",
+             "mapReduce"}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def test_router_and_shard_declare_the_same_properties(tables):
     # Command::supportsReadConcern: snapshot outside a transaction for these three only
     assert router.with_property("snapshot") == {"find", "aggregate", "distinct"}
     assert router.with_property("retryable_write") == {"insert", "update", "delete", "findAndModify"}
-    assert shard.with_property("reads") == {"find", "count", "distinct", "aggregate"}
+    assert shard.with_property("reads") == {"find", "count", "distinct", "aggregate", "mapReduce"}
 
 
 def test_aliases_and_case_find_the_declaration(tables):
