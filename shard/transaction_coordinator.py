@@ -140,8 +140,12 @@ class Coordinators:
         delay = 0.05
         while True:
             try:
-                return await self.targets.command(self.node.clock, host, "admin", cmd,
-                                                  timeout=30.0)
+                reply = await self.targets.command(self.node.clock, host, "admin", cmd,
+                                                   timeout=30.0)
+                wce = reply.get("writeConcernError")
+                if wce:  # ran, but a majority may not have it: not an answer yet
+                    raise MongoError(int(wce.get("code", 64)), str(wce.get("errmsg", "")))
+                return reply
             except MongoError as exc:
                 if not retry or exc.code not in _RETRY_CODES:
                     raise
@@ -203,20 +207,33 @@ class Coordinators:
         _id = doc["_id"]
         return {"lsid": _id["lsid"], "txnNumber": Int64(_id["txnNumber"]), "autocommit": False}
 
+    async def _majority(self) -> None:
+        """On a replica-set member: wait until this shard's last write (the coordinator
+        document) is majority-committed, as the server writes the participant list and the
+        decision with ``w: "majority"`` (``persistParticipantsList``, ``persistDecision``);
+        PrimarySteppedDown 189 (or 64) when it cannot be: the new primary recovers."""
+        if self.node.repl is not None:
+            wce = await self.node.repl.write_concern_error({"w": "majority"})
+            if wce is not None:
+                raise MongoError(wce["code"], wce["errmsg"])
+
     async def _run(self, doc: dict[str, Any]) -> dict[str, Any]:
         decision = doc.get("decision")
         if decision is None:
+            await self._majority()  # the participant list
             decision = await self._prepare_all(doc)
             await self._pause_while_set(self.hang_before_decision)
             doc = dict(doc, decision=decision)
             self._save(doc)
+            await self._majority()
         await self._pause_while_set(self.hang_before_delivery)
         await self._deliver(doc, decision)
         self._delete(doc["_id"])
         return decision
 
     async def _prepare_all(self, doc: dict[str, Any]) -> dict[str, Any]:
-        cmd = {"prepareTransaction": 1, **self._txn_fields(doc)}
+        cmd = {"prepareTransaction": 1, **self._txn_fields(doc),
+               "writeConcern": {"w": "majority"}}  # sendPrepare: a majority has the prepare
 
         async def prepare(p: dict[str, Any]) -> Timestamp:
             reply = await self._send(p, cmd, retry=True)
@@ -248,6 +265,7 @@ class Coordinators:
         TransactionCommitted 256 for a commit). The document is deleted only after that, so
         no participant is left prepared by a decision that did not reach it."""
         fields = self._txn_fields(doc)
+        fields["writeConcern"] = {"w": "majority"}  # sendCommit / sendAbort
         if decision["decision"] == "commit":
             cmd = {"commitTransaction": 1, "commitTimestamp": decision["commitTimestamp"], **fields}
             acks = {251, 225, 256}
