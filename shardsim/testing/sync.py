@@ -223,52 +223,18 @@ class ReplicaSet:
 
     def __init__(self, members: int = 3, *, timeout: float = 60.0, **options: Any) -> None:
         from shardsim.testing.replica_sets import AsyncReplicaSet
-        self.rs = AsyncReplicaSet(members, **options)
+        self.rs = self.cluster = AsyncReplicaSet(members, **options)
         self.timeout = timeout
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._clients: list[Any] = []
 
+    # the loop thread and its life: the same as the sharded cluster's, on ``self.cluster``
     _call = ShardedCluster._call
-
-    def start(self) -> "ReplicaSet":
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name="shardsim-testkit-rs",
-                                        daemon=True)
-        self._thread.start()
-        try:
-            self._call(self.rs.start())
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        """Stop the set, its tasks, loop and thread; close clients from :meth:`client`."""
-        for client in self._clients:
-            client.close()
-        self._clients.clear()
-        loop, thread = self._loop, self._thread
-        if loop is None:
-            return
-        try:
-            self._call(self.rs.stop())
-            self._call(_cancel_all_tasks())
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            if thread is not None:
-                thread.join(10)
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-            self._loop = None
-            self._thread = None
-
-    def __enter__(self) -> "ReplicaSet":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+    start = ShardedCluster.start
+    stop = ShardedCluster.stop
+    __enter__ = ShardedCluster.__enter__
+    __exit__ = ShardedCluster.__exit__
 
     @property
     def uri(self) -> str:
