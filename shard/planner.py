@@ -380,31 +380,18 @@ def execute(plan: Plan, coll: Any, filt: dict[str, Any] | None, matcher: Any,
     """``(storage key, document)`` of the matching documents the plan finds: in index order
     when it gives the sort (stopping after ``limit``), else in ``$natural`` order. ``matcher``
     (filter, doc) -> bool re-checks every fetched document. Counters are updated on ``plan``."""
-    docs = coll.docs
-    base = _base(docs)
-    seen: set[Any] = set()
     if plan.sorted_by_index:
-        for _kb, _rid, key in plan.entries():
+        keys: Iterator[Any] = _index_order_keys(plan)
+    else:
+        found: dict[Any, int] = {}
+        for _kb, rid, key in plan.entries():
             plan.keys_examined += 1
-            if key in seen:
-                continue
-            seen.add(key)
-            doc = docs.get(key)
-            if doc is None:
-                continue
-            plan.docs_examined += 1
-            if not filt or matcher(filt, doc):
-                plan.n_returned += 1
-                yield key, doc
-                if limit and plan.n_returned >= limit:
-                    return
-        return
-    found: dict[Any, int] = {}
-    for _kb, rid, key in plan.entries():
-        plan.keys_examined += 1
-        found.setdefault(key, rid)
-    rids = base.rids if base is not None else {}
-    for key in sorted(found, key=lambda k: rids.get(k, 0)):
+            found.setdefault(key, rid)
+        base = _base(coll.docs)
+        rids = base.rids if base is not None else {}
+        keys = iter(sorted(found, key=lambda k: rids.get(k, 0)))
+    docs = coll.docs
+    for key in keys:
         doc = docs.get(key)
         if doc is None:
             continue
@@ -414,6 +401,17 @@ def execute(plan: Plan, coll: Any, filt: dict[str, Any] | None, matcher: Any,
             yield key, doc
             if limit and plan.n_returned >= limit:
                 return
+
+
+def _index_order_keys(plan: Plan) -> Iterator[Any]:
+    """The storage keys of ``plan``'s index entries in index order, each once (a multikey
+    index has several entries per document), counting ``keys_examined`` as they are read."""
+    seen: set[Any] = set()
+    for _kb, _rid, key in plan.entries():
+        plan.keys_examined += 1
+        if key not in seen:
+            seen.add(key)
+            yield key
 
 
 def planned_select(coll: Any, filt: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]] | None:
