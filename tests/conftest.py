@@ -92,3 +92,58 @@ def cluster_factory(tmp_path: Any) -> Iterator[Callable[..., Cluster]]:
     finally:
         for c in started:
             c.stop()
+
+
+# -- running the suite on several workers (pytest-xdist, `make test`) ------------------------------
+# `make test` runs `pytest -n auto-ish --dist loadgroup --no-loadscope-reorder`: the unit of work a
+# worker takes is a group, and the groups go out in the order of the collected items. The suite
+# waits far more than it computes (clusters starting, elections, timeouts), so several workers on
+# two cores finish in about half the serial time.
+# * A module with a module- or class-scoped fixture is one group (its fixture is built once).
+# * The Docker tests are one group: they share one image build and publish fixed ports.
+# * Every other test is a group of its own.
+# Groups are handed out longest first (LONG_FIRST, measured with --durations; only the order
+# depends on it, so a stale entry costs wall time, never a result), so no worker starts a long
+# module when the others are nearly done.
+LONG_FIRST = (
+    "tests/docker/",
+    "tests/integration/test_router_change_stream_property.py",
+    "tests/integration/test_router_change_stream.py::test_twenty_thousand_ops",
+    "tests/spec/test_official_suites.py",
+    "tests/load/test_load_cli.py",
+    "tests/integration/test_launcher_replset.py",
+    "tests/faults/",
+    "tests/integration/test_retryable_writes.py",
+    "tests/integration/test_migration_recovery.py",
+    "tests/spec/",
+    "tests/sim/",
+    "tests/integration/test_fault_cli",
+    "tests/testkit/test_pytest_plugin.py",
+)
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    path = item.nodeid.split("::", 1)[0]
+    if path.startswith("tests/docker/"):
+        return "docker"
+    defs = getattr(item, "_fixtureinfo", None)
+    for fixturedefs in (defs.name2fixturedefs.values() if defs else ()):
+        if any(d.scope in ("module", "class", "package") for d in fixturedefs):
+            return path
+    return item.nodeid
+
+
+def _rank(nodeid: str) -> int:
+    for i, prefix in enumerate(LONG_FIRST):
+        if nodeid.startswith(prefix):
+            return i
+    return len(LONG_FIRST)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist (``-n``): mark each test with its group and put the long groups first."""
+    if not config.pluginmanager.has_plugin("xdist") or not getattr(config.option, "numprocesses", None):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+    items.sort(key=lambda item: _rank(item.nodeid))  # stable: a group's tests stay together

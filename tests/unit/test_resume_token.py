@@ -84,7 +84,7 @@ VALUES = [
     0, 1, -1, 127, 128, -129, 2**31 - 1, -2**31, Int64(2**40), Int64(-2**62), Int64(2**63 - 1),
     0.5, -0.25, 1.5, -2.75, 1e-300, 5e-324, 1e300, -1e300, 123456.789, float("inf"), -float("inf"),
     "", "a", "a\x00b", "ünïcode", ObjectId("67fba6470d168b18625cc73e"), Binary(b"\x01" * 300, 0),
-    Binary(uuid.uuid4().bytes, 4), True, False, None, Timestamp(5, 6),
+    Binary(uuid.UUID("92adb671-84b1-4649-9539-9f3c6e2d7a10").bytes, 4), True, False, None, Timestamp(5, 6),
     {"a": 1, "b": [1, "x", {"c": None}]}, [], {}, Decimal128("2.5"), Decimal128("0"),
 ]
 
