@@ -84,18 +84,22 @@ class ShardRegistry:
                     self.monitors[name].close()
             self._strings[name] = conn
 
-    def member_state(self, shard: str | None, host: str, config_pool: Any = None) -> str:
+    def member_state(self, shard: str | None, host: str, config_pool: Any = None) -> str | None:
         """The router's view of member ``host`` of ``shard`` (None: the config server, through
         ``config_pool``), from its monitor's last ``hello``: ``PRIMARY``, ``SECONDARY``,
         ``OTHER`` (reachable, neither: ROLLBACK, RECOVERING, STARTUP2 look alike from
-        ``hello``), ``UNKNOWN`` (its last check failed, or no monitor knows it) or
-        ``STANDALONE``. Shown beside a remote cursor's ``host`` in ``$currentOp``
+        ``hello``), ``UNKNOWN`` (its last check failed: down, or the link is cut; or the set's
+        monitor does not list it) or ``STANDALONE``; None when no monitor watches it (a config
+        server given to ``--configdb`` as a plain ``host:port`` is reached through a plain
+        pool). Shown beside a remote cursor's ``host`` in ``$currentOp``
         (:mod:`router.change_stream.current_op`)."""
         if shard is None:
             mon = getattr(config_pool, "monitor", None)
         else:
             mon = self.monitors.get(shard)
-        member = mon.members.get(host) if mon is not None else None
+        if mon is None:
+            return None
+        member = mon.members.get(host)
         if member is None:
             return "UNKNOWN"
         return _STATE_WORDS.get(member.kind, "UNKNOWN")

@@ -25,7 +25,8 @@
   ``readPreference`` selected when it was opened, as mongos' ARM keeps each remote's
   ``HostAndPort``, ``async_results_merger.h`` ``RemoteCursorData::shardHostAndPort``) and
   ``state`` that member's state as the router's monitor last saw it (``PRIMARY``,
-  ``SECONDARY``, ``OTHER``, ``UNKNOWN``: :meth:`router.shard_registry.ShardRegistry.member_state`).
+  ``SECONDARY``, ``OTHER``, ``UNKNOWN``; null when no monitor watches it, e.g. a config server
+  given as a plain ``host:port``: :meth:`router.shard_registry.ShardRegistry.member_state`).
 
 mongos' own ``$currentOp`` (``localOps: true``) reports an idle router cursor as a
 ``GenericCursor`` (``cursor: {cursorId, createdDate, lastAccessDate, nDocsReturned, ...}``)
@@ -76,14 +77,14 @@ def waiting_for(merger: Merger, now: Timestamp) -> tuple[Any, list[Remote]]:
 
 
 def remote_entry(remote: Remote, now: Timestamp, state: str | None = None) -> dict[str, Any]:
-    """The per-remote document (module docstring); ``state``: its member's state (None:
-    ``UNKNOWN``)."""
+    """The per-remote document (module docstring); ``state``: its member's state (None: not
+    monitored)."""
     pts = _promise_ts(remote)
     lag = None if pts is None else max(0, now.time - (pts >> 32)) * 1000
     return {
         "name": remote.name,
         "host": remote.address,
-        "state": state or "UNKNOWN",
+        "state": state,
         "ns": remote.ns,
         "cursorId": Int64(remote.cursor_id),
         "postBatchResumeToken": remote.promise_token,
@@ -98,7 +99,8 @@ def remote_entry(remote: Remote, now: Timestamp, state: str | None = None) -> di
 
 
 def change_stream_report(merger: Merger, now: Timestamp,
-                         state_of: Callable[[Remote], str] | None = None) -> dict[str, Any]:
+                         state_of: Callable[[Remote], str | None] | None = None
+                         ) -> dict[str, Any]:
     """The ``changeStream`` sub-document for a stream whose merger is ``merger`` at the router's
     cluster time ``now`` (module docstring); ``state_of(remote)`` gives its member's state."""
     held, blocking = waiting_for(merger, now)

@@ -443,7 +443,7 @@ class RouterChangeStreamCursor(Cursor):
         st = self.stream
         router = st.router
 
-        def state_of(remote: Any) -> str:
+        def state_of(remote: Any) -> str | None:
             return router.shards.member_state(None if remote.is_config else remote.name,
                                               remote.address, router.config_pool)
         return {"changeStream": change_stream_report(st.merger, router.clock.now(), state_of)}

@@ -123,10 +123,8 @@ class ReplicationCoordinator:
         from shardsim.core.failpoints import FailPoint
         self.fp_delay_apply = FailPoint(DELAY_APPLY)
         self.fp_stop_producer = FailPoint(STOP_REPL_PRODUCER)
-        fps = getattr(node, "failpoints", None)
-        if fps is not None:
-            fps.add(self.fp_delay_apply)
-            fps.add(self.fp_stop_producer)
+        node.failpoints.add(self.fp_delay_apply)
+        node.failpoints.add(self.fp_stop_producer)
         self._paused_ms = 0
         self._last_real = 0
         self._applying = False  # the fetcher is appending entries the core counted already
@@ -203,6 +201,7 @@ class ReplicationCoordinator:
         self.node.oplog_term = Int64(max(self.core.term, 0))
         self.core.start(now)
         self.node.oplog.add_listener(self._on_append)
+        LINKS.listeners.append(self.links_changed)
         loop = asyncio.get_running_loop()
         self._loop_task = loop.create_task(self._run())
         self._fetch_task = loop.create_task(self._fetcher())
@@ -224,6 +223,7 @@ class ReplicationCoordinator:
     async def stop(self) -> None:
         """Stop the tasks and close the member pools (shutdown)."""
         self._stopping = True
+        self._forget_links()
         self._wake.set()
         tasks = [t for t in (self._loop_task, self._fetch_task, self.rollback_task, *self._tasks)
                  if t is not None]
@@ -246,6 +246,7 @@ class ReplicationCoordinator:
         """``kill -9``: the tasks stop at once; nothing is flushed (the state file is written
         before every vote's reply already)."""
         self._stopping = True
+        self._forget_links()
         self._wake.set()
         for t in (self._loop_task, self._fetch_task, self.rollback_task, *self._tasks):
             if t is not None:
@@ -427,6 +428,12 @@ class ReplicationCoordinator:
         if LINKS.cut and 0 <= mid < len(self.config.members):
             return LINKS.is_cut(self.config.members[mid].host)
         return False
+
+    def _forget_links(self) -> None:
+        try:
+            LINKS.listeners.remove(self.links_changed)
+        except ValueError:
+            pass
 
     def links_changed(self) -> None:
         """``_shardsimCutLinks`` changed the cut hosts: close the pools to cut members and

@@ -42,7 +42,7 @@ enableTestCommands=1``; CommandNotFound 59 otherwise): :func:`install`.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from shardsim.core.auth import privileges as priv
 from shardsim.core.commands import CommandFamily
@@ -67,6 +67,9 @@ class Links:
     def __init__(self) -> None:
         self.cut: set[str] = set()
         self._conns: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        #: called after every change (a replica-set member's coordinator closes its pools to
+        #: cut members and wakes its timers)
+        self.listeners: list[Callable[[], None]] = []
 
     def is_cut(self, address: str) -> bool:
         """The link to ``address`` (``host:port``) is cut."""
@@ -100,8 +103,8 @@ commands = CommandFamily("links")
 
 @commands.handler(COMMAND, secondary="always", privileges=priv.NO_AUTH)
 async def cut_links(node: Any, req: Any) -> dict[str, Any]:
-    """``_shardsimCutLinks`` (module docstring); on a replica-set member the set's
-    coordinator is woken so that its fetcher and heartbeats see the change at once."""
+    """``_shardsimCutLinks`` (module docstring); the listeners of :data:`LINKS` are told
+    (a replica-set member's coordinator, so that its heartbeats see the change at once)."""
     verb = req.arg
     hosts = req.body.get("hosts")
     if hosts is not None and (not isinstance(hosts, list)
@@ -116,9 +119,8 @@ async def cut_links(node: Any, req: Any) -> dict[str, Any]:
         LINKS.heal(hosts)
     else:
         raise MongoError(2, f"{COMMAND} must be 'cut' or 'heal', not {verb!r}")
-    repl = getattr(node, "repl", None)
-    if repl is not None:
-        repl.links_changed()
+    for listener in list(LINKS.listeners):
+        listener()
     return {"cut": sorted(LINKS.cut)}
 
 

@@ -56,7 +56,7 @@ def table(entries: list[dict[str, Any]]) -> Any:
             lag = r.get("lagMillis")
             t.add_row(str(e["cursor"]["cursorId"]) if first else "",
                       e.get("ns", "") if first else "",
-                      r["name"], r.get("host") or "", r.get("state") or "",
+                      r["name"], r.get("host") or "", r.get("state") or "-",
                       _ts(r.get("promiseClusterTime")),
                       "-" if lag is None else str(lag), str(r.get("bufferedEvents", 0)),
                       "out" if r.get("inFlight") else "",
