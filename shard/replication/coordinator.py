@@ -23,7 +23,11 @@ the core asks of its caller, as the server's ``ReplicationCoordinatorImpl`` does
   and ``local.system.rollback.id`` on mongod).
 
 The test kit's faults act here too: :meth:`isolate` cuts every replication link of the member
-both ways (the kit also refuses its client connections), :meth:`heal` restores them.
+both ways (the kit also refuses its client connections), :meth:`heal` restores them. Between
+processes (``shardsim fault`` on a detached cluster) the links are cut with the test command
+``_shardsimCutLinks`` (:mod:`shardsim.core.links`; :meth:`link_down` reads it), and the lag and
+hold faults are the fail points ``shardsimDelayApply`` and mongod's ``stopReplProducer``
+(:attr:`lag_ms`, :attr:`fetch_held`).
 """
 
 from __future__ import annotations

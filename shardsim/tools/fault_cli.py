@@ -442,9 +442,15 @@ def _heal(fault_: Fault, state: dict[str, Any], args: dict[str, Any], run_dir: s
     """Every running process: its links back, and on members the lag and hold fail points
     off. Says which members were isolated."""
     cut = [p["name"] for p in state["processes"] if p.get("isolated")]
+    failed = []
     for p in _running(state):
-        _run(fault_, [p], args, run_dir, state)
+        try:
+            _run(fault_, [p], args, run_dir, state)
+        except click.ClickException as exc:  # e.g. a paused shard: heal the others first
+            failed.append(exc.message)
     click.echo(fault_.done.format(healed=", ".join(cut) or "nothing was isolated"))
+    if failed:
+        raise click.ClickException("not healed: " + "; ".join(failed))
 
 
 def _partition(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
