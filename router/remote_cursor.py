@@ -36,6 +36,18 @@ class RemoteCursor(Cursor):
         self.tailable = tailable
         self.await_data = await_data
 
+    def current_op_extra(self) -> dict[str, Any]:
+        """``{remote: {shard, host, state, cursorId}}`` in this cursor's ``$currentOp`` entry
+        (``localOps: true``): the shard cursor it is tied to, the member it is on and that
+        member's state as the router's monitor sees it (``PRIMARY``, ``SECONDARY``...:
+        :meth:`router.shard_registry.ShardRegistry.member_state`). shardsim's own field: a
+        mongos ``GenericCursor`` does not list its remotes."""
+        host = self.host or ""
+        return {"remote": {"shard": self.shard, "host": host,
+                           "state": self.node.shards.member_state(self.shard, host)
+                           if host else "UNKNOWN",
+                           "cursorId": Int64(self.remote_id)}}
+
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
         if first or self.pending:
             docs, self.pending = self.pending, []

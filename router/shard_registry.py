@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from shardsim.core.client import Pool
 from shardsim.core.errors import MongoError
 from shardsim.core.replica_set_monitor import (
-    DEFAULT_FIND_HOST_TIMEOUT_MS, DEFAULT_HEARTBEAT_S, NETWORK_CODES, NOT_PRIMARY_CODES,
-    PRIMARY_ONLY, SHUTDOWN_CODES, ConnectionString, ReadPreference, ReplicaSetMonitor)
+    DEFAULT_FIND_HOST_TIMEOUT_MS, DEFAULT_HEARTBEAT_S, NETWORK_CODES, NOT_PRIMARY_CODES, OTHER,
+    PRIMARY, PRIMARY_ONLY, SECONDARY, SHUTDOWN_CODES, STANDALONE, UNKNOWN, ConnectionString,
+    ReadPreference, ReplicaSetMonitor)
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.router.catalog import CatalogCache
@@ -82,6 +83,26 @@ class ShardRegistry:
                 if self.closed:  # the router is stopping: a monitor that never checks
                     self.monitors[name].close()
             self._strings[name] = conn
+
+    def member_state(self, shard: str | None, host: str, config_pool: Any = None) -> str | None:
+        """The router's view of member ``host`` of ``shard`` (None: the config server, through
+        ``config_pool``), from its monitor's last ``hello``: ``PRIMARY``, ``SECONDARY``,
+        ``OTHER`` (reachable, neither: ROLLBACK, RECOVERING, STARTUP2 look alike from
+        ``hello``), ``UNKNOWN`` (its last check failed: down, or the link is cut; or the set's
+        monitor does not list it) or ``STANDALONE``; None when no monitor watches it (a config
+        server given to ``--configdb`` as a plain ``host:port`` is reached through a plain
+        pool). Shown beside a remote cursor's ``host`` in ``$currentOp``
+        (:mod:`router.change_stream.current_op`)."""
+        if shard is None:
+            mon = getattr(config_pool, "monitor", None)
+        else:
+            mon = self.monitors.get(shard)
+        if mon is None:
+            return None
+        member = mon.members.get(host)
+        if member is None:
+            return "UNKNOWN"
+        return _STATE_WORDS.get(member.kind, "UNKNOWN")
 
     def monitor(self, shard: str) -> ReplicaSetMonitor:
         """The monitor of ``shard``; ShardNotFound (70) when the catalog does not list it."""
@@ -146,6 +167,11 @@ class ShardRegistry:
     def describe(self) -> dict[str, Any]:
         """``{setName: {hosts: [...]}}`` of every monitor (``connPoolStats.replicaSets``)."""
         return {mon.name: mon.describe() for mon in self.monitors.values()}
+
+
+# SDAM server types -> the words of a member state (replSetGetStatus stateStr where one fits)
+_STATE_WORDS = {PRIMARY: "PRIMARY", SECONDARY: "SECONDARY", OTHER: "OTHER",
+                STANDALONE: "STANDALONE", UNKNOWN: "UNKNOWN"}
 
 
 class PrimaryPool:

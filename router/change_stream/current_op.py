@@ -14,13 +14,25 @@
   promise or holding the lowest promise while it is behind the router's cluster time (an event
   written now would wait for them). Empty when nothing waits (or an error is pending);
 * ``remotes`` — one document per remote, shards and the config server (``name: "config"``) in
-  the merger's order: ``{name, host, ns, cursorId, postBatchResumeToken (its promise, or null),
+  the merger's order: ``{name, host, state, ns, cursorId, postBatchResumeToken (its promise, or null),
   promiseClusterTime (the Timestamp in that token, or null), lagMillis, bufferedEvents,
   inFlight, exhausted, closed, error}``. ``lagMillis`` is how far the promise is behind the
   router's cluster time, in ms (cluster times count whole seconds, so it moves in steps of
   1000; null without a promise); ``bufferedEvents`` counts events received and not yet
   returned to the client (the merger's buffer and release queue); ``inFlight`` says a getMore
-  to it is outstanding; ``error`` is the code of the error it reported, or null.
+  to it is outstanding; ``error`` is the code of the error it reported, or null. ``host`` is
+  the member the remote cursor is on (its getMores go there: the member the stream's
+  ``readPreference`` selected when it was opened, as mongos' ARM keeps each remote's
+  ``HostAndPort``, ``async_results_merger.h`` ``RemoteCursorData::shardHostAndPort``) and
+  ``state`` that member's state as the router's monitor last saw it (``PRIMARY``,
+  ``SECONDARY``, ``OTHER``, ``UNKNOWN``; null when no monitor watches it, e.g. a config server
+  given as a plain ``host:port``: :meth:`router.shard_registry.ShardRegistry.member_state`).
+
+mongos' own ``$currentOp`` (``localOps: true``) reports an idle router cursor as a
+``GenericCursor`` (``cursor: {cursorId, createdDate, lastAccessDate, nDocsReturned, ...}``)
+without its remotes; the shard side of a remote cursor is seen with ``$currentOp`` without
+``localOps`` (each shard's entry carries ``shard`` and ``host``). The ``changeStream``
+sub-document, ``host`` and ``state`` included, is shardsim's addition.
 
 Pure: reads the stream's state (:class:`router.change_stream.cursor.RouterChangeStream`),
 changes nothing (apart from :meth:`Merger.ready`'s move of ready events to the release queue,
@@ -29,7 +41,7 @@ which changes no outcome).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
@@ -64,13 +76,15 @@ def waiting_for(merger: Merger, now: Timestamp) -> tuple[Any, list[Remote]]:
     return None, [r for r in live if r.promise == lowest]
 
 
-def remote_entry(remote: Remote, now: Timestamp) -> dict[str, Any]:
-    """The per-remote document (module docstring)."""
+def remote_entry(remote: Remote, now: Timestamp, state: str | None = None) -> dict[str, Any]:
+    """The per-remote document (module docstring); ``state``: its member's state (None: not
+    monitored)."""
     pts = _promise_ts(remote)
     lag = None if pts is None else max(0, now.time - (pts >> 32)) * 1000
     return {
         "name": remote.name,
         "host": remote.address,
+        "state": state,
         "ns": remote.ns,
         "cursorId": Int64(remote.cursor_id),
         "postBatchResumeToken": remote.promise_token,
@@ -84,16 +98,19 @@ def remote_entry(remote: Remote, now: Timestamp) -> dict[str, Any]:
     }
 
 
-def change_stream_report(merger: Merger, now: Timestamp) -> dict[str, Any]:
+def change_stream_report(merger: Merger, now: Timestamp,
+                         state_of: Callable[[Remote], str | None] | None = None
+                         ) -> dict[str, Any]:
     """The ``changeStream`` sub-document for a stream whose merger is ``merger`` at the router's
-    cluster time ``now`` (module docstring)."""
+    cluster time ``now`` (module docstring); ``state_of(remote)`` gives its member's state."""
     held, blocking = waiting_for(merger, now)
     return {
         "clusterTime": now,
         "highWaterMark": merger.hwm_token,
         "heldEvent": held,
         "waitingFor": [r.name for r in blocking],
-        "remotes": [remote_entry(r, now) for r in merger.remotes],
+        "remotes": [remote_entry(r, now, state_of(r) if state_of else None)
+                    for r in merger.remotes],
     }
 
 

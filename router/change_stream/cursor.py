@@ -441,7 +441,12 @@ class RouterChangeStreamCursor(Cursor):
         :mod:`router.change_stream.current_op`)."""
         from shardsim.router.change_stream.current_op import change_stream_report
         st = self.stream
-        return {"changeStream": change_stream_report(st.merger, st.router.clock.now())}
+        router = st.router
+
+        def state_of(remote: Any) -> str | None:
+            return router.shards.member_state(None if remote.is_config else remote.name,
+                                              remote.address, router.config_pool)
+        return {"changeStream": change_stream_report(st.merger, router.clock.now(), state_of)}
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
         """One batch: every event that is ready (up to ``batch_size`` / 16 MiB). The first

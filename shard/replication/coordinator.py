@@ -23,7 +23,11 @@ the core asks of its caller, as the server's ``ReplicationCoordinatorImpl`` does
   and ``local.system.rollback.id`` on mongod).
 
 The test kit's faults act here too: :meth:`isolate` cuts every replication link of the member
-both ways (the kit also refuses its client connections), :meth:`heal` restores them.
+both ways (the kit also refuses its client connections), :meth:`heal` restores them. Between
+processes (``shardsim fault`` on a detached cluster) the links are cut with the test command
+``_shardsimCutLinks`` (:mod:`shardsim.core.links`; :meth:`link_down` reads it), and the lag and
+hold faults are the fail points ``shardsimDelayApply`` and mongod's ``stopReplProducer``
+(:attr:`lag_ms`, :attr:`fetch_held`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from bson.int64 import Int64
 
 from shardsim.core.client import Pool, parse_address
 from shardsim.core.errors import MongoError
+from shardsim.core.links import LINKS
 from shardsim.core.protocol import repl as wire
 from shardsim.core.repl.config import MemberConfig, ReplSetConfig
 from shardsim.core.repl.member_state import MemberState, ReplError
@@ -59,6 +64,11 @@ PROMISE_NOOP = {"msg": "promise"}  # shardsim's no-op for a promise request (pro
 # How long a member command may take before the link counts as down (ms of the config's
 # heartbeat interval: the server's heartbeat times out after heartbeatTimeoutSecs).
 FETCH_BATCH = 500
+#: The lag fault's fail point: ``data: {delayMs}``, every fetched batch is applied that late.
+DELAY_APPLY = "shardsimDelayApply"
+#: mongod's fail point that stops the oplog fetcher (``bgsync.cpp``; jstests'
+#: ``stopServerReplication``): the hold_commit_point fault sets it on every secondary.
+STOP_REPL_PRODUCER = "stopReplProducer"
 
 
 def member_error(err: ReplError) -> MongoError:
@@ -112,8 +122,13 @@ class ReplicationCoordinator:
         self.stall_tolerant = bool(settings.get("stall_tolerant"))
         # clock promise mode asked for: promise requests write a no-op (promise_noop)
         self.promise_noops = str(node.options.get("promise_mode") or "clock") == "clock"
-        self.lag_ms = 0  # the kit's lag fault (ms before a fetched batch is applied)
-        self.fetch_held = False  # the kit's hold_commit_point fault: this member fetches nothing
+        # the lag and hold_commit_point faults, as fail points (configureFailPoint on the
+        # member, test commands on): shardsimDelayApply {delayMs}, mongod's stopReplProducer
+        from shardsim.core.failpoints import FailPoint
+        self.fp_delay_apply = FailPoint(DELAY_APPLY)
+        self.fp_stop_producer = FailPoint(STOP_REPL_PRODUCER)
+        node.failpoints.add(self.fp_delay_apply)
+        node.failpoints.add(self.fp_stop_producer)
         self._paused_ms = 0
         self._last_real = 0
         self._applying = False  # the fetcher is appending entries the core counted already
@@ -190,6 +205,7 @@ class ReplicationCoordinator:
         self.node.oplog_term = Int64(max(self.core.term, 0))
         self.core.start(now)
         self.node.oplog.add_listener(self._on_append)
+        LINKS.listeners.append(self.links_changed)
         loop = asyncio.get_running_loop()
         self._loop_task = loop.create_task(self._run())
         self._fetch_task = loop.create_task(self._fetcher())
@@ -211,6 +227,7 @@ class ReplicationCoordinator:
     async def stop(self) -> None:
         """Stop the tasks and close the member pools (shutdown)."""
         self._stopping = True
+        self._forget_links()
         self._wake.set()
         tasks = [t for t in (self._loop_task, self._fetch_task, self.rollback_task, *self._tasks)
                  if t is not None]
@@ -233,6 +250,7 @@ class ReplicationCoordinator:
         """``kill -9``: the tasks stop at once; nothing is flushed (the state file is written
         before every vote's reply already)."""
         self._stopping = True
+        self._forget_links()
         self._wake.set()
         for t in (self._loop_task, self._fetch_task, self.rollback_task, *self._tasks):
             if t is not None:
@@ -240,6 +258,37 @@ class ReplicationCoordinator:
         self._tasks.clear()
         for p in self.pools.values():
             p.close()
+
+    # -- the lag and hold faults (fail points) ------------------------------------------------
+    @property
+    def lag_ms(self) -> float:
+        """The lag fault: ms before each fetched batch is applied (0: none). Set by the kit's
+        ``lag`` or ``configureFailPoint: "shardsimDelayApply", mode: "alwaysOn", data:
+        {delayMs}``."""
+        fp = self.fp_delay_apply
+        if not fp.active:
+            return 0.0
+        try:
+            return max(0.0, float(fp.data.get("delayMs", 0)))
+        except (TypeError, ValueError):
+            return 0.0
+
+    @lag_ms.setter
+    def lag_ms(self, ms: float) -> None:
+        if ms:
+            self.fp_delay_apply.configure("alwaysOn", {"delayMs": ms})
+        else:
+            self.fp_delay_apply.configure("off", None)
+
+    @property
+    def fetch_held(self) -> bool:
+        """The hold_commit_point fault: this member fetches nothing (mongod's
+        ``stopReplProducer`` fail point, ``bgsync.cpp``)."""
+        return self.fp_stop_producer.active
+
+    @fetch_held.setter
+    def fetch_held(self, on: bool) -> None:
+        self.fp_stop_producer.configure("alwaysOn" if on else "off", None)
 
     # -- what the node asks ----------------------------------------------------------------------
     @property
@@ -376,8 +425,27 @@ class ReplicationCoordinator:
 
     # -- messages --------------------------------------------------------------------------------
     def link_down(self, mid: int) -> bool:
-        """The link to member ``mid`` is cut (isolate / partition faults)."""
-        return self.isolated or mid in self._cut
+        """The link to member ``mid`` is cut: the kit's isolate / partition faults, or
+        ``_shardsimCutLinks`` naming its host (:mod:`shardsim.core.links`)."""
+        if self.isolated or mid in self._cut:
+            return True
+        if LINKS.cut and 0 <= mid < len(self.config.members):
+            return LINKS.is_cut(self.config.members[mid].host)
+        return False
+
+    def _forget_links(self) -> None:
+        try:
+            LINKS.listeners.remove(self.links_changed)
+        except ValueError:
+            pass
+
+    def links_changed(self) -> None:
+        """``_shardsimCutLinks`` changed the cut hosts: close the pools to cut members and
+        wake the timer loop (heartbeats go out again at once after a heal)."""
+        for mid, pool in self.pools.items():
+            if self.link_down(mid):
+                pool.close()
+        self._wake.set()
 
     async def _send(self, mid: int, msg: Any) -> None:
         """Send one core message to member ``mid`` and feed its reply back."""

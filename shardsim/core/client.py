@@ -17,6 +17,7 @@ from bson.raw_bson import RawBSONDocument
 
 from shardsim.core import large_messages, wire
 from shardsim.core.errors import MongoError
+from shardsim.core.links import CUT_REASON, LINKS
 from shardsim.core.node import CODEC, decode
 
 RAW_CODEC = CodecOptions(document_class=RawBSONDocument)
@@ -62,6 +63,10 @@ class Connection:
         return f"{self.host}:{self.port}"
 
     async def connect(self, timeout: float = 5.0) -> None:
+        if LINKS.is_cut(self.address):  # a test cut the link (shardsim.core.links)
+            self.broken = True
+            raise MongoError(6, f"Couldn't connect to server {self.address} :: caused by :: "
+                                f"{CUT_REASON}")
         try:
             self._reader, self._writer = await asyncio.wait_for(
                 asyncio.open_connection(self.host, self.port, limit=2 ** 20,
@@ -72,6 +77,7 @@ class Connection:
                                 f"{exc or type(exc).__name__}") from None
         if INTERNAL.key is not None:
             await self._authenticate(INTERNAL.key, timeout)
+        LINKS.track(self)
 
     async def _authenticate(self, key: str, timeout: float) -> None:
         """SCRAM-SHA-256 as ``__system@local`` (keyFile internal authentication); the
@@ -114,7 +120,8 @@ class Connection:
         time (no lock is taken). Returns False, and closes the connection, when it is not
         connected or the peer has closed it."""
         w = self._writer
-        if w is None or self.broken or w.is_closing() or self.peer_closed():
+        if w is None or self.broken or w.is_closing() or self.peer_closed() or \
+                (LINKS.cut and LINKS.is_cut(self.address)):
             self.close()
             return False
         try:
@@ -136,6 +143,10 @@ class Connection:
         if self._reader is None or self._writer is None:
             self.broken = True
             raise MongoError(9001, f"not connected to {self.address}")
+        if LINKS.cut and LINKS.is_cut(self.address):
+            self.close()
+            raise MongoError(9001, f"network error while contacting {self.address} :: caused "
+                                   f"by :: {CUT_REASON}")
         try:
             if timeout is None:
                 raw_header, header, payload = await self._exchange(msg)

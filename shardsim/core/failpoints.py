@@ -343,7 +343,8 @@ class FailCommandHook:
 def install(node: Any) -> FailPoints:
     """Attach fail points to ``node`` (a :class:`shardsim.core.node.Node`; sets ``node.failpoints``).
 
-    With ``node.test_commands`` true: installs the ``configureFailPoint`` family, the
+    With ``node.test_commands`` true: installs the ``configureFailPoint`` family (and
+    ``_shardsimCutLinks``, :mod:`shardsim.core.links`), the
     failCommand hook (:attr:`Node.command_hooks`) and the failGetMoreAfterCursorCheckout check
     (:attr:`CursorManager.get_more_checks`). Without test commands nothing is wired and
     ``configureFailPoint`` stays unknown (CommandNotFound, 59)."""
@@ -352,6 +353,8 @@ def install(node: Any) -> FailPoints:
     if not node.test_commands:
         return fps
     node.commands.install(node, commands)
+    from shardsim.core import links
+    links.install(node)  # _shardsimCutLinks: gated like configureFailPoint
     node.command_hooks.append(FailCommandHook(fps))
     node.cursors.get_more_checks.append(
         lambda cursor: fps.check_get_more(cursor, CURRENT_REQUEST.get()))

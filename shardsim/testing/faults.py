@@ -258,10 +258,14 @@ _MEMBER = Param("host", "member", help="The member: host:port (the CLI also take
 _CUT = Action("cut-off", "drop every replication message and client command to and from the "
               "member, without a reply (node.repl.isolate()); its own timers run, so a cut-off "
               "primary steps down after the election timeout",
-              "SIGSTOP to its process: it neither answers nor sends, its timers stop too (a "
-              "paused primary learns of the new term when it wakes, and steps down then)")
+              "`{_shardsimCutLinks: \"cut\", hosts: [every other process]}` on the member and "
+              "`{_shardsimCutLinks: \"cut\", hosts: [<host>]}` on every other process (members, "
+              "config server, routers): the member runs on, cut off from the cluster (a client "
+              "connecting to it directly still reaches it)")
 _RECONNECT = Action("reconnect", "node.repl.heal() on every member: every link cut by isolate "
-                    "or partition is back", "SIGCONT to every member 'isolate' stopped")
+                    "or partition is back, lag and the held commit point end",
+                    "`{_shardsimCutLinks: \"heal\"}` on every process; the fail points "
+                    "stopReplProducer and shardsimDelayApply off on every member")
 
 #: The faults on replica-set members (issue 24/25): methods of
 #: :class:`shardsim.testing.AsyncReplicaSet` and :class:`shardsim.testing.ReplicaSet` (and
@@ -291,17 +295,38 @@ REPLICA_SET_FAULTS: tuple[Fault, ...] = (
           "when it was the primary.",
           (_MEMBER,), apply=(_CUT,), undo=(_RECONNECT,), undone_by="heal",
           done="{host} isolated"),
-    Fault("partition", None, "members",
-          "Cut the link between two members both ways (replication only; clients reach both) "
-          "until heal.",
-          (Param("host_a", "member", help="One member."),
-           Param("host_b", "member", help="Another member.")),
+    Fault("partition", "partition", "members",
+          "Cut the link between two hosts both ways, replies and replication alike, until "
+          "heal (the kit: two members, replication only; the CLI: any two processes, a "
+          "router or the config server too).",
+          (Param("host_a", "member", help="One host (the CLI also takes its name)."),
+           Param("host_b", "member", help="Another host.")),
           apply=(Action("cut-link", "drop the replication messages between the two members "
-                        "(node.repl.cut({_id}) on each)", "(not offered: no per-link cut "
-                        "between processes)"),),
-          undone_by="heal", notes=("in-process only",)),
+                        "(node.repl.cut({_id}) on each)",
+                        "`{_shardsimCutLinks: \"cut\", hosts: [<other>]}` on each of the two "
+                        "processes"),),
+          undo=(_RECONNECT,), undone_by="heal", done="{host_a} <-/-> {host_b}: link cut"),
+    Fault("lag", "lag", "member",
+          "The secondary applies every fetched batch MS milliseconds late (0 ends it): its "
+          "optimes fall behind; with two lagging members the commit point too.",
+          (_MEMBER, Param("ms", "ms", help="Milliseconds.")),
+          apply=(Send({"configureFailPoint": "shardsimDelayApply", "mode": "alwaysOn",
+                       "data": {"delayMs": Arg("ms")}}),),
+          undo=(Send({"configureFailPoint": "shardsimDelayApply", "mode": "off"}),),
+          undone_by="heal", done="{host}: applies {ms} ms late"),
+    Fault("hold_commit_point", "hold-commit-point", "replica set",
+          "Hold the set's majority commit point: its secondaries stop fetching (mongod's "
+          "stopReplProducer), w: majority writes wait (64 after wtimeout) and change streams "
+          "release nothing newer, until heal.",
+          (Param("name", "set", help="The replica set (a shard's name; the CLI: the only set "
+                 "when omitted)."),),
+          apply=(Send({"configureFailPoint": "stopReplProducer", "mode": "alwaysOn"},
+                      to="each"),),
+          undo=(Send({"configureFailPoint": "stopReplProducer", "mode": "off"}, to="each"),),
+          undone_by="heal", done="{name}: commit point held ({members} stopped fetching)"),
     Fault("heal", "heal", "replica set",
-          "Restore every link cut by isolate (and, in the kit, partition).",
+          "Restore every link cut by isolate and partition; end lag and the held commit "
+          "point.",
           apply=(_RECONNECT,), done="healed: {healed}"),
     Fault("freeze", "freeze", "member",
           "replSetFreeze: the member does not stand for election for SECS seconds (0 "

@@ -43,20 +43,33 @@ restart of the process, :data:`ACTIONS`):
 ``kill-primary [SET]``      SIGKILL to the set's primary
 ``restart-member HOST``     start the member (``host:port`` or its name, e.g. ``rs0-1``) again
                             with the same arguments (never ``--initiate``)
-``isolate HOST``            SIGSTOP to the member: the closest honest whole-member cut between
-                            processes. Unlike the kit's ``isolate`` (links cut, the member
-                            itself running), the stopped member's timers stop too: a stopped
-                            primary does not step down by itself, it learns of the new term
-                            when it wakes; it takes no write while stopped (only ``w: 1``
-                            writes it took just before, that no other member has, roll back
-                            when it wakes). Marked in the state file for ``heal``
-``heal``                    SIGCONT to every member ``isolate`` stopped
+``isolate HOST``            every link between the member and the other processes of the
+                            cluster (members, config server, routers) cut at both ends with
+                            the test command ``_shardsimCutLinks`` (:mod:`shardsim.core.links`):
+                            the member runs on, its timers too, so a cut-off primary steps
+                            down after the election timeout while the others elect a new one;
+                            its ``w: 1`` writes in between roll back when it rejoins. A client
+                            connecting to it directly (this CLI too) still reaches it. Marked
+                            in the state file
+``partition A B``           the link between two processes (members by ``host:port`` or name;
+                            a router or the config server too) cut both ways, replies and
+                            replication alike (``_shardsimCutLinks`` on both)
+``lag HOST MS``             the secondary applies every fetched batch MS ms late (fail point
+                            ``shardsimDelayApply``, ``data: {delayMs: MS}``; 0 ends it)
+``hold-commit-point [SET]`` mongod's ``stopReplProducer`` fail point on every member but the
+                            primary: nothing new reaches a majority, ``w: "majority"`` waits
+                            (64 WriteConcernFailed after ``wtimeout``), change streams release
+                            nothing newer
+``heal``                    on every running process ``_shardsimCutLinks: "heal"``; on every
+                            member the two fail points off: every fault above ends
 ``freeze HOST SECS``        ``replSetFreeze: SECS`` on the member
 ==========================  ==================================================================
 
 The replica-set commands work on a cluster started with ``--members N`` (every shard a set
 named after the shard) or ``--topology replicaset`` (one set, ``rs0``); SET may be left out
-when there is one set. ``partition`` is in-process only (no per-link cut between processes).
+when there is one set. ``isolate``, ``partition``, ``lag``, ``hold-commit-point`` and ``heal``
+need test commands (``--enable-test-commands``). No choice here is random: every fault names
+its target, or acts on the set's primary (or its secondaries) as ``hello`` reports it.
 
 The members are reached directly (``directConnection=true``); a cluster started with
 ``--auth`` or TLS is not supported here (the state file holds no credentials).
@@ -132,17 +145,20 @@ def _command(p: dict[str, Any], cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- the actions of the records, done to processes ------------------------------------------
-def _stop_answering(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
+def _stop_answering(p: dict[str, Any], run_dir: str, state: dict[str, Any],
+                    targets: Any = None) -> dict[str, Any]:
     _signal(p, signal.SIGSTOP)
     return {}
 
 
-def _answer_again(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
+def _answer_again(p: dict[str, Any], run_dir: str, state: dict[str, Any],
+                  targets: Any = None) -> dict[str, Any]:
     _signal(p, signal.SIGCONT)
     return {}
 
 
-def _kill(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
+def _kill(p: dict[str, Any], run_dir: str, state: dict[str, Any],
+          targets: Any = None) -> dict[str, Any]:
     _signal(p, signal.SIGKILL)
     try:
         os.waitpid(p["pid"], 0)
@@ -151,7 +167,8 @@ def _kill(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, A
     return {}
 
 
-def _start(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
+def _start(p: dict[str, Any], run_dir: str, state: dict[str, Any],
+           targets: Any = None) -> dict[str, Any]:
     if "args" not in p:
         raise click.ClickException("the state file has no start arguments (written by an "
                                    "older shardsim); restart the cluster")
@@ -170,27 +187,56 @@ def _start(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, 
     return {"address": proc.address, "pid": p["pid"]}
 
 
-def _cut_off(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
-    """``isolate``: SIGSTOP, and the member marked ``isolated`` in the state file (``heal``
-    wakes the marked ones)."""
-    _signal(p, signal.SIGSTOP)
+def _cut(p: dict[str, Any], hosts: list[str]) -> None:
+    """``{_shardsimCutLinks: "cut", hosts}`` on process ``p`` (:mod:`shardsim.core.links`)."""
+    _command(p, {"_shardsimCutLinks": "cut", "hosts": hosts})
+
+
+def _running(state: dict[str, Any]) -> list[dict[str, Any]]:
+    return [q for q in state["processes"] if pid_is(q["pid"], q["module"])]
+
+
+def _cut_off(p: dict[str, Any], run_dir: str, state: dict[str, Any],
+             targets: Any = None) -> dict[str, Any]:
+    """``isolate``: the links between the member and every other running process of the
+    cluster cut at both ends; the member marked ``isolated`` in the state file (for ``heal``'s
+    message and for the primary look-ups, which skip it)."""
+    others = [q for q in _running(state) if q is not p]
+    _cut(p, [_address(q) for q in others])
+    for q in others:
+        _cut(q, [_address(p)])
     p["isolated"] = True
     write_state(run_dir, state)
     return {}
 
 
-def _reconnect(p: dict[str, Any], run_dir: str, state: dict[str, Any]) -> dict[str, Any]:
-    """``heal``: SIGCONT to an isolated member, its mark removed."""
-    if pid_is(p["pid"], p["module"]):
-        os.kill(p["pid"], signal.SIGCONT)
+def _cut_link(p: dict[str, Any], run_dir: str, state: dict[str, Any],
+              targets: Any = None) -> dict[str, Any]:
+    """``partition``: the link between the two target processes cut at both ends."""
+    a, b = targets
+    _cut(a, [_address(b)])
+    _cut(b, [_address(a)])
+    return {}
+
+
+def _reconnect(p: dict[str, Any], run_dir: str, state: dict[str, Any],
+               targets: Any = None) -> dict[str, Any]:
+    """``heal`` on one running process: every link back; on a replica-set member the lag and
+    hold fail points off too; its ``isolated`` mark removed."""
+    _command(p, {"_shardsimCutLinks": "heal"})
+    if p.get("set"):
+        for name in ("stopReplProducer", "shardsimDelayApply"):
+            _command(p, {"configureFailPoint": name, "mode": "off"})
     p.pop("isolated", None)
     write_state(run_dir, state)
     return {}
 
 
-#: The CLI's handler of each :class:`faults.Action` name (the kit's are its ``_act_*``).
+#: The CLI's handler of each :class:`faults.Action` name (the kit's are its ``_act_*``); each
+#: is called with the first target, the run directory, the state and every target.
 ACTIONS = {"stop-answering": _stop_answering, "answer-again": _answer_again, "kill": _kill,
-           "start": _start, "cut-off": _cut_off, "reconnect": _reconnect}
+           "start": _start, "cut-off": _cut_off, "cut-link": _cut_link,
+           "reconnect": _reconnect}
 
 
 def _run(fault_: Fault, targets: list[dict[str, Any]], args: dict[str, Any], run_dir: str,
@@ -204,7 +250,7 @@ def _run(fault_: Fault, targets: list[dict[str, Any]], args: dict[str, Any], run
             for p in (targets if step.to == "each" else targets[:1]):
                 out.update(_command(p, cmd))
         else:
-            out.update(ACTIONS[step.name](targets[0], run_dir, state))
+            out.update(ACTIONS[step.name](targets[0], run_dir, state, targets))
     return out
 
 
@@ -393,18 +439,62 @@ def _on_a_member(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
 
 
 def _heal(fault_: Fault, state: dict[str, Any], args: dict[str, Any], run_dir: str) -> None:
-    cut = [p for p in state["processes"] if p.get("isolated")]
-    for p in cut:
-        _run(fault_, [p], args, run_dir, state)
-    click.echo(fault_.done.format(healed=", ".join(p["name"] for p in cut) or "nothing was "
-                                  "isolated"))
+    """Every running process: its links back, and on members the lag and hold fail points
+    off. Says which members were isolated."""
+    cut = [p["name"] for p in state["processes"] if p.get("isolated")]
+    failed = []
+    for p in _running(state):
+        try:
+            _run(fault_, [p], args, run_dir, state)
+        except click.ClickException as exc:  # e.g. a paused shard: heal the others first
+            failed.append(exc.message)
+    click.echo(fault_.done.format(healed=", ".join(cut) or "nothing was isolated"))
+    if failed:
+        raise click.ClickException("not healed: " + "; ".join(failed))
+
+
+def _partition(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+               run_dir: str) -> None:
+    a, b = _member_at(state, args["host_a"]), _member_at(state, args["host_b"])
+    if a is b:
+        raise click.BadParameter("two different hosts are needed")
+    args["host_a"], args["host_b"] = _address(a), _address(b)
+    for p in (a, b):
+        if not pid_is(p["pid"], p["module"]):
+            raise click.ClickException(f"{p['name']} is not running (pid {p['pid']})")
+    _run(fault_, [a, b], args, run_dir, state)
+    click.echo(fault_.done.format(**args))
+
+
+def _lag(fault_: Fault, state: dict[str, Any], args: dict[str, Any], run_dir: str) -> None:
+    p = _member_at(state, args["host"])
+    if not p.get("set"):
+        raise click.ClickException(f"{p['name']} is not a member of a replica set of more "
+                                   f"than one member")
+    ms = args["ms"]
+    args["ms"] = int(ms) if ms == int(ms) else ms
+    args["host"] = _address(p)
+    _run(fault_, [p], args, run_dir, state)
+    click.echo(fault_.done.format(**args))
+
+
+def _hold_commit_point(fault_: Fault, state: dict[str, Any], args: dict[str, Any],
+                       run_dir: str) -> None:
+    """stopReplProducer on every member but the primary (as the kit's hold_commit_point)."""
+    name, members = _set_members(state, args["name"])
+    args["name"] = name
+    primary = _wait_primary(name, members)
+    others = [p for p in members if p is not primary]
+    _run(fault_, others, args, run_dir, state)
+    click.echo(fault_.done.format(**args, members=", ".join(_address(p) for p in others)))
 
 
 HANDLERS = {"truncate_oplog": _truncate_oplog, "set_noop_interval": _noop_interval,
             "slow_promises": _slow_promises, "configure_fail_point": _fail_point,
             "same_cluster_time": _same_cluster_time, "step_down": _step_down,
             "kill_primary": _kill_primary, "restart_member": _on_a_member,
-            "isolate": _on_a_member, "freeze": _on_a_member, "heal": _heal}
+            "isolate": _on_a_member, "freeze": _on_a_member, "heal": _heal,
+            "partition": _partition, "lag": _lag, "hold_commit_point": _hold_commit_point}
 
 
 # -- the commands, built from the records ---------------------------------------------------

@@ -3,7 +3,9 @@
 Every second (``--interval``) it runs, on the router,
 ``aggregate: 1, pipeline: [{$currentOp: {idleCursors: true, localOps: true}}, {$match:
 {changeStream: {$exists: true}}}]`` (see :mod:`router.current_op`) and shows one table: per
-router change-stream cursor, one row per remote (shards and config server) with its promise's
+router change-stream cursor, one row per remote (shards and config server) with the member its
+cursor is on (``host``) and that member's state as the router sees it (``PRIMARY``,
+``SECONDARY``, ``UNKNOWN`` when unreachable...), its promise's
 cluster time, its lag behind the router's cluster time, the events it has buffered, whether a
 getMore to it is outstanding, and whether it holds the stream back right now (``waitingFor``).
 ``--once`` prints the table once and exits (exit 0), for scripts and tests.
@@ -43,7 +45,7 @@ def table(entries: list[dict[str, Any]]) -> Any:
     t = Table(title=f"shardsim change streams ({len(entries)} cursor"
                     f"{'' if len(entries) == 1 else 's'})", expand=False)
     for col, justify in (("cursor", "left"), ("ns", "left"), ("remote", "left"),
-                         ("promise", "right"), ("lag ms", "right"), ("buffered", "right"),
+                         ("host", "left"), ("state", "left"), ("promise", "right"), ("lag ms", "right"), ("buffered", "right"),
                          ("getMore", "center"), ("holds back", "left")):
         t.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for e in entries:
@@ -54,13 +56,14 @@ def table(entries: list[dict[str, Any]]) -> Any:
             lag = r.get("lagMillis")
             t.add_row(str(e["cursor"]["cursorId"]) if first else "",
                       e.get("ns", "") if first else "",
-                      r["name"], _ts(r.get("promiseClusterTime")),
+                      r["name"], r.get("host") or "", r.get("state") or "-",
+                      _ts(r.get("promiseClusterTime")),
                       "-" if lag is None else str(lag), str(r.get("bufferedEvents", 0)),
                       "out" if r.get("inFlight") else "",
                       "[bold red]WAITING[/]" if r["name"] in waiting else "")
             first = False
         if first:  # no remote (not expected): still show the cursor
-            t.add_row(str(e["cursor"]["cursorId"]), e.get("ns", ""), "", "", "", "", "", "")
+            t.add_row(str(e["cursor"]["cursorId"]), e.get("ns", ""), *[""] * 8)
     if not entries:
         t.caption = "no change-stream cursor open on the router"
     return t
@@ -93,7 +96,7 @@ def top(uri: str | None, once: bool, interval: float, run_dir: str | None) -> No
     from rich.live import Live
     client: Any = pymongo.MongoClient(_uri(uri, run_dir), serverSelectionTimeoutMS=5000)
     # not a terminal (a pipe, a file): wide enough for cursor ids and timestamps
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     try:
         if once:
             console.print(table(change_stream_cursors(client)))

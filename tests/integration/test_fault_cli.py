@@ -6,74 +6,24 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
-import uuid
 from typing import Any
 
 import pymongo
 import pytest
 
+from detached_kit import detached_cluster, run_cli
 from shardsim.testing.helpers import read_events, split_over_two_shards
 from pymongo.errors import OperationFailure
 
 pytestmark = pytest.mark.timeout(180)
 
-SHARDSIM = [sys.executable, "-m", "shardsim.tools.cli"]
-MARK = "SHARDSIM_TEST_RUN"
-
-
-def run_cli(*args: str, run_dir: str, marker: str, timeout: float = 60) -> Any:
-    env = dict(os.environ, **{MARK: marker})
-    return subprocess.run([*SHARDSIM, *args, "--run-dir", run_dir], capture_output=True,
-                          text=True, timeout=timeout, env=env)
-
-
-def marked_pids(marker: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if f"{MARK}={marker}".encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        out.append(int(entry))
-    return out
-
-
 @pytest.fixture
 def detached(tmp_path: Any) -> Any:
-    run_dir, marker = str(tmp_path / "run"), uuid.uuid4().hex
-    try:
-        up = run_cli("up", "--detach", "--shards", "2", "--port", "0", "--dbpath",
-                     str(tmp_path / "data"), "--enable-test-commands", run_dir=run_dir,
-                     marker=marker)
-        assert up.returncode == 0, up.stderr + up.stdout
-        uri = re.search(r"mongodb://[\d.]+:\d+/", up.stdout).group(0)
-        yield run_dir, marker, uri
-    finally:
-        state_file = os.path.join(run_dir, "cluster.json")
-        if os.path.exists(state_file):
-            for p in json.load(open(state_file))["processes"]:
-                try:
-                    os.kill(p["pid"], signal.SIGCONT)  # a paused member must be able to stop
-                except OSError:
-                    pass
-        run_cli("down", run_dir=run_dir, marker=marker)
-        for pid in marked_pids(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-    assert marked_pids(marker) == []
+    with detached_cluster(tmp_path, "--shards", "2", "--dbpath", str(tmp_path / "data"),
+                          "--enable-test-commands") as run:
+        uri = re.search(r"mongodb://[\d.]+:\d+/", run.stdout).group(0)
+        yield run.run_dir, run.marker, uri
 
 
 def test_pause_top_resume_kill_restart(detached: Any) -> None:

@@ -5,12 +5,8 @@ may be left running: every process carries a marker in its environment)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from typing import Any, Iterator
@@ -18,106 +14,20 @@ from typing import Any, Iterator
 import pymongo
 import pytest
 
+from detached_kit import (FAST, count_on, detached_cluster, marked_pids, member_state, run_cli,
+                          state_of, stop_run)
 from shardsim.tools.launcher import Cluster
 
 pytestmark = pytest.mark.timeout(240)
 
-SHARDSIM = [sys.executable, "-m", "shardsim.tools.cli"]
-MARK = "SHARDSIM_TEST_RUN"
-# Small timeouts so that a failover takes about a second (the server's: 10 s election).
-FAST = ["--election-timeout-ms", "1000", "--heartbeat-interval-ms", "200",
-        "--heartbeat-timeout-ms", "2000"]
-
-
-def run_cli(*args: str, run_dir: str, marker: str, timeout: float = 90) -> Any:
-    env = dict(os.environ, **{MARK: marker})
-    return subprocess.run([*SHARDSIM, *args, "--run-dir", run_dir], capture_output=True,
-                          text=True, timeout=timeout, env=env)
-
-
-def marked_pids(marker: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if f"{MARK}={marker}".encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        out.append(int(entry))
-    return out
-
-
-def stop_run(run_dir: str, marker: str) -> None:
-    """``shardsim down`` (stopped members woken first), then SIGKILL anything left."""
-    state_file = os.path.join(run_dir, "cluster.json")
-    if os.path.exists(state_file):
-        with open(state_file) as f:
-            for p in json.load(f)["processes"]:
-                try:
-                    os.kill(p["pid"], signal.SIGCONT)
-                except OSError:
-                    pass
-    run_cli("down", run_dir=run_dir, marker=marker)
-    for pid in marked_pids(marker):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def state_of(run_dir: str) -> dict[str, Any]:
-    with open(os.path.join(run_dir, "cluster.json")) as f:
-        return json.load(f)
-
-
-def member_state(address: str) -> str:
-    host, port = address.rsplit(":", 1)
-    client: Any = pymongo.MongoClient(host, int(port), directConnection=True,
-                                      serverSelectionTimeoutMS=3000)
-    try:
-        hello = client.admin.command("hello")
-    finally:
-        client.close()
-    return "PRIMARY" if hello.get("isWritablePrimary") else \
-        "SECONDARY" if hello.get("secondary") else "OTHER"
-
-
-def count_on(address: str, coll: str, timeout: float = 20.0, want: int | None = None) -> int:
-    """Documents of ``test.<coll>`` on one member (secondary reads allowed), waiting up to
-    ``timeout`` s for ``want`` of them."""
-    host, port = address.rsplit(":", 1)
-    client: Any = pymongo.MongoClient(host, int(port), directConnection=True,
-                                      readPreference="secondaryPreferred",
-                                      serverSelectionTimeoutMS=5000)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            n = client.test[coll].count_documents({})
-            if want is None or n == want or time.monotonic() > deadline:
-                return n
-            time.sleep(0.1)
-    finally:
-        client.close()
-
 
 @pytest.fixture
 def replset(tmp_path: Any) -> Iterator[tuple[str, str, str]]:
-    run_dir, marker = str(tmp_path / "run"), uuid.uuid4().hex
-    try:
-        up = run_cli("up", "--detach", "--topology", "replicaset", "--members", "3",
-                     "--port", "0", *FAST, run_dir=run_dir, marker=marker)
-        assert up.returncode == 0, up.stderr + up.stdout
-        uri = re.search(r"mongodb://\S+\?replicaSet=rs0", up.stdout).group(0)
-        yield run_dir, marker, uri
-    finally:
-        stop_run(run_dir, marker)
-    assert marked_pids(marker) == []
+    # test commands on: isolate and heal cut and restore links with _shardsimCutLinks
+    with detached_cluster(tmp_path, "--topology", "replicaset", "--members", "3",
+                          "--enable-test-commands", *FAST) as run:
+        uri = re.search(r"mongodb://\S+\?replicaSet=rs0", run.stdout).group(0)
+        yield run.run_dir, run.marker, uri
 
 
 def test_replica_set_up_status_failover_restart_step_down(replset: Any) -> None:

@@ -61,6 +61,7 @@ def test_paused_shard_is_named_in_waiting_for_and_events_arrive_in_order(cluster
         assert remotes[other]["postBatchResumeToken"]["_data"] < cs["heldEvent"]["_data"]
         assert remotes[other]["lagMillis"] % 1000 == 0 and remotes[other]["lagMillis"] >= 0
         assert remotes[primary]["host"] == cluster.shard_address(primary)
+        assert remotes[primary]["state"] == "PRIMARY"  # the router's monitor's view of it
         cluster.resume_shard(other)
         blocked.join(10)
         events = read_events(stream, 3, 10)
