@@ -6,12 +6,18 @@ Every role process is started with a ``sitecustomize`` (on ``PYTHONPATH``, writt
 directory; the project's code is not changed) that wraps ``Server._respond`` (``in``/``out``:
 a request parsed / its reply about to be written) and ``Connection._exchange`` (``->``/``<-``: a
 command sent to another process / its reply read; ``Connection.write_request`` is a ``->`` too), recording ``time.monotonic_ns()`` (the same
-clock in every process) in memory; each process writes its records when it exits. The bench
+clock in every process) and the thread's CPU time (``time.thread_time_ns()``) in memory; each process writes its records when it exits. The bench
 records the client's own marks (``CLIENT insert done`` / ``CLIENT event``). A label seen twice
 in one sample gets ``#2``; labels seen in fewer than half the samples are not shown.
 
+After the timeline it prints, per process and command, the median CPU from the request's
+``in`` to its ``out`` (the handler's own work, plus whatever the process's loop ran while the
+handler awaited): a long wall time with little CPU there is waiting, not work.
+
 Usage: ``python bench/bench_latency_trace.py [--samples N] [--gap-ms MS] [--show K]`` (``--show``
-prints the full timeline of the first K samples). Figures only; the wrappers add a few µs per
+prints the full timeline of the first K samples; ``--steps`` also marks steps inside the
+router: ``RouterChangeStreamCursor.fetch`` start/end, ``PromiseRequests._apply``,
+``RouterChangeStream.schedule_getmores``). Figures only; the wrappers add a few µs per
 message.
 """
 
@@ -43,6 +49,7 @@ _DIR = os.environ.get("SHARDSIM_LATENCY_TRACE")
 if _DIR:
     _REC = []
     _ns = time.monotonic_ns
+    _cpu = time.thread_time_ns
 
     def _name(buf, start):
         end = buf.find(b"\0", start)
@@ -55,11 +62,11 @@ if _DIR:
     async def _traced_respond(self, msg, conn):
         body = getattr(msg, "body", None)
         name = _name(body, 5) if isinstance(body, (bytes, bytearray, memoryview)) else "?"
-        _REC.append((_ns(), "in", name))
+        _REC.append((_ns(), _cpu(), "in", name))
         try:
             return await _respond(self, msg, conn)
         finally:
-            _REC.append((_ns(), "out", name))
+            _REC.append((_ns(), _cpu(), "out", name))
 
     _server.Server._respond = _traced_respond
 
@@ -67,21 +74,51 @@ if _DIR:
 
     async def _traced_exchange(self, msg):
         if msg is not None:  # None: written earlier by write_request
-            _REC.append((_ns(), "->", self.port, _name(msg, 26)))
+            _REC.append((_ns(), _cpu(), "->", self.port, _name(msg, 26)))
         try:
             return await _exchange(self, msg)
         finally:
-            _REC.append((_ns(), "<-", self.port, ""))
+            _REC.append((_ns(), _cpu(), "<-", self.port, ""))
 
     _client.Connection._exchange = _traced_exchange
 
     _write_request = _client.Connection.write_request
 
     def _traced_write_request(self, body):
-        _REC.append((_ns(), "->", self.port, _name(body, 5)))
+        _REC.append((_ns(), _cpu(), "->", self.port, _name(body, 5)))
         return _write_request(self, body)
 
     _client.Connection.write_request = _traced_write_request
+
+    # Steps inside a process (label "fn NAME start"/"fn NAME end"): the router's change-stream
+    # getMore (fetch) and its promise replies applied; the shard's event building.
+    def _wrap_steps():
+        import asyncio, importlib
+        steps = (("shardsim.router.change_stream.cursor", "RouterChangeStreamCursor", "fetch"),
+                 ("shardsim.router.change_stream.promise_requests", "PromiseRequests", "_apply"),
+                 ("shardsim.router.change_stream.cursor", "RouterChangeStream", "schedule_getmores"))
+        for mod_name, cls_name, fn_name in steps:
+            try:
+                cls = getattr(importlib.import_module(mod_name), cls_name)
+            except Exception:
+                continue
+            fn = getattr(cls, fn_name)
+            label = f"{cls_name}.{fn_name}"
+            if asyncio.iscoroutinefunction(fn):
+                async def wrapped(*a, _fn=fn, _label=label, **k):
+                    _REC.append((_ns(), _cpu(), "fn", _label + " start"))
+                    try:
+                        return await _fn(*a, **k)
+                    finally:
+                        _REC.append((_ns(), _cpu(), "fn", _label + " end"))
+            else:
+                def wrapped(*a, _fn=fn, _label=label, **k):
+                    _REC.append((_ns(), _cpu(), "fn", _label))
+                    return _fn(*a, **k)
+            setattr(cls, fn_name, wrapped)
+
+    if os.environ.get("SHARDSIM_LATENCY_TRACE_STEPS"):
+        _wrap_steps()
 
     def _dump():
         with open(os.path.join(_DIR, f"{os.getpid()}.jsonl"), "w") as f:
@@ -92,7 +129,7 @@ if _DIR:
 '''
 
 
-def run(samples: int, gap_ms: float, show: int) -> None:
+def run(samples: int, gap_ms: float, show: int, steps: bool = False) -> None:
     tdir = tempfile.mkdtemp(prefix="shardsim-trace-")
     site = os.path.join(tdir, "site")
     out = os.path.join(tdir, "out")
@@ -100,9 +137,12 @@ def run(samples: int, gap_ms: float, show: int) -> None:
     os.makedirs(out)
     with open(os.path.join(site, "sitecustomize.py"), "w") as f:
         f.write(SITECUSTOMIZE)
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "SHARDSIM_LATENCY_TRACE")}
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "SHARDSIM_LATENCY_TRACE",
+                                            "SHARDSIM_LATENCY_TRACE_STEPS")}
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, saved["PYTHONPATH"]) if p)
     os.environ["SHARDSIM_LATENCY_TRACE"] = out
+    if steps:
+        os.environ["SHARDSIM_LATENCY_TRACE_STEPS"] = "1"
     marks = []
     rng = random.Random(7)
     try:
@@ -127,7 +167,7 @@ def run(samples: int, gap_ms: float, show: int) -> None:
             with open(path) as f:
                 for line in f:
                     r = json.loads(line)
-                    records.append((r[0], proc, r[1:]))
+                    records.append((r[0], proc, r[2:], r[1]))
     finally:
         for k, v in saved.items():
             if v is None:
@@ -138,13 +178,23 @@ def run(samples: int, gap_ms: float, show: int) -> None:
     records.sort()
     stamps = [r[0] for r in records]
     per_label: dict[str, list[float]] = collections.defaultdict(list)
+    # CPU of the process's thread from a request's "in" to its "out" (us): the handler's own
+    # work plus whatever else the process's loop ran while the handler awaited.
+    cpu_in_out: dict[str, list[float]] = collections.defaultdict(list)
     for k, (t0, t1, t2) in enumerate(marks):
         seen: collections.Counter[str] = collections.Counter()
         lines = []
-        for t, proc, r in records[bisect.bisect_left(stamps, t0):bisect.bisect_right(stamps, t2)]:
+        opened: dict[tuple[str, str], int] = {}
+        for t, proc, r, cpu in records[bisect.bisect_left(stamps, t0):bisect.bisect_right(stamps, t2)]:
             kind = r[0]
             if kind in ("in", "out"):
                 label = f"{proc} {kind:3s} {r[1]}"
+                if kind == "in":
+                    opened[(proc, r[1])] = cpu
+                elif (proc, r[1]) in opened:
+                    cpu_in_out[f"{proc} {r[1]}"].append((cpu - opened.pop((proc, r[1]))) / 1000)
+            elif kind == "fn":
+                label = f"{proc} {r[1]}"
             else:
                 label = f"{proc} {kind} {ports.get(r[1], r[1])} {r[2]}".rstrip()
             seen[label] += 1
@@ -162,6 +212,10 @@ def run(samples: int, gap_ms: float, show: int) -> None:
                   if len(v) >= len(marks) / 2)
     for med, label, n in rows:
         print(f"{med:8.0f} us  {label}  (n={n})")
+    print("CPU from a request's in to its out, medians (us; includes what the loop ran meanwhile)")
+    for label, v in sorted(cpu_in_out.items()):
+        if len(v) >= len(marks) / 2:
+            print(f"{statistics.median(v):8.0f} us  {label}  (n={len(v)})")
     tot = sorted((t2 - t0) / 1e6 for t0, _, t2 in marks)
     print(f"insert-to-event p50 {tot[len(tot) // 2]:.2f} ms, p95 {tot[int(len(tot) * .95)]:.2f} ms")
 
@@ -171,9 +225,12 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=150)
     ap.add_argument("--gap-ms", type=float, default=250.0)
     ap.add_argument("--show", type=int, default=0)
+    ap.add_argument("--steps", action="store_true",
+                    help="also mark steps inside the router: its change-stream getMore (fetch), "
+                         "promise replies applied, remote getMores scheduled")
     a = ap.parse_args()
     print(f"machine: {machine()}  load: {os.getloadavg()[0]:.2f}", flush=True)
-    run(a.samples, a.gap_ms, a.show)
+    run(a.samples, a.gap_ms, a.show, a.steps)
 
 
 if __name__ == "__main__":

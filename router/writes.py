@@ -320,9 +320,14 @@ class WriteExecutor:
             self.router.promise_requests.on_shard_write(shard, self.ns, reply.get("operationTime"))
             return reply
 
-        # change streams: ask idle shards for promises past this write's time now, so their
-        # promises travel while the write does (router/change_stream/promise_requests.py)
-        self.router.promise_requests.before_shard_write(run.shards, self.ns, len(run.ops))
+        # change streams: ask idle shards for promises past this write's time, so their
+        # promises travel while the write does (router/change_stream/promise_requests.py);
+        # from the loop, once this task has written the write and waits for its reply: the
+        # write leaves first (the requests wake three processes on a machine of few cores)
+        promises = self.router.promise_requests
+        if promises.streams:
+            asyncio.get_running_loop().call_soon(
+                promises.before_shard_write, run.shards, self.ns, len(run.ops))
         if len(run.shards) == 1:
             # The common targeted write: awaited in this task (gather would wrap it in a Task,
             # and the client's reply would wait a loop iteration behind whatever else is ready,

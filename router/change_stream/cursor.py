@@ -70,6 +70,10 @@ RESUME_CHECK_WAIT_MS = 2000
 # batchSize of the router's getMores to shards: a backlog then comes in slices, so shards build
 # the next slice while the router merges this one and the client reads the previous one.
 REMOTE_BATCH_SIZE = 5000
+# A client batch taking at least this many bytes of events at once sends the remote getMores
+# it makes possible before the reply is built (RouterChangeStreamCursor.fetch); a smaller one
+# (the live case: an event or a few) answers the client first.
+EARLY_REMOTE_GETMORE_BYTES = 256 * 1024
 # Aggregate fields the router does not pass on to shards (it sets its own cursor/needsMerge).
 _NOT_FORWARDED = frozenset({"aggregate", "pipeline", "cursor", "$db", "$clusterTime", "lsid",
                             "txnNumber", "$readPreference", "maxAwaitTimeMS", "maxTimeMS",
@@ -266,12 +270,13 @@ class RouterChangeStream:
             raise _labelled(exc, "getMore", router.profile) from None
 
     # -- remote getMores ----------------------------------------------------------------------
-    def schedule_getmores(self, nudge: bool = False) -> None:
+    def schedule_getmores(self, nudge: bool = False) -> bool:
         """``_scheduleGetMores``: one getMore per remote that has nothing buffered and no
-        request outstanding. Tasks run in a fresh context (they outlive client operations)."""
+        request outstanding. Tasks run in a fresh context (they outlive client operations).
+        Returns whether any was scheduled."""
         polls = self.merger.remotes_to_poll()
         if not polls:
-            return
+            return False
         # (An event held back only by promises is handled by the promise requests, which also
         # cut short the getMores already waiting.) When a client getMore starts, a remote whose
         # promise is older than the router's cluster time can promise more right away (our
@@ -290,6 +295,7 @@ class RouterChangeStream:
             r.in_flight = True
             asyncio.get_running_loop().create_task(self._remote_getmore(r, short),
                                                    context=contextvars.Context())
+        return True
 
     def watches(self, ns: str) -> bool:
         """Can a write to ``ns`` ("db.coll") produce an event for this stream?"""
@@ -482,7 +488,15 @@ class RouterChangeStreamCursor(Cursor):
         command = "aggregate" if first else "getMore"
         while n_out < limit:
             st.wake.clear()  # before looking: a reply arriving from now on wakes the wait below
+            before = size
             outputs, tok, size = merge.take(limit - n_out, BATCH_BYTES_LIMIT, n_out, size)
+            if outputs and size - before >= EARLY_REMOTE_GETMORE_BYTES:
+                # A large take (a backlog read): the remote getMores it makes possible, and
+                # those scheduled when the remotes' replies came in, go out before this reply is
+                # built and written, so the shards read their next batches meanwhile instead of
+                # after it (a getMore task runs only once this task yields the loop).
+                st.schedule_getmores()
+                await asyncio.sleep(0)
             if outputs:  # the plain events of a run, without the general path's per-event work
                 for o in outputs:
                     if type(o) is Block:

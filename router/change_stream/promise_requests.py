@@ -18,9 +18,12 @@ because other remotes have not promised past T, it sends each of those shards
 - a ``mongod``-mode shard answers the waiting getMore when its next oplog entry (the periodic
   no-op) passes T, as its promise is still only its newest oplog time.
 
-The same request is sent from the write path (:meth:`PromiseRequests.on_shard_write`): when a
-shard acknowledges a write on a namespace an open stream watches, that stream's other remotes
-are asked at once, so their promises reach the router about when the write's event does.
+The same request is sent from the write path (:meth:`PromiseRequests.ask_watchers`): right
+after a write on a namespace an open stream watches is forwarded
+(:meth:`PromiseRequests.before_shard_write`), and when a shard acknowledges it at a later time
+than that request asked for (:meth:`PromiseRequests.on_shard_write`), that stream's other
+remotes are asked at once, so their promises reach the router about when the write's event
+does.
 
 Latency only: what is released, and when it may be, is still decided by the merge rule (an
 event is released only once every remote has promised past it); a lost or ignored request
@@ -31,7 +34,7 @@ State: one :class:`PromiseRequests` per router (``RouterNode.promise_requests``)
 its streams. A stream it serves is any object with ``closed``, ``merger`` (a
 :class:`~router.change_stream.async_results_merger.Merger`), ``pools`` (remote id -> Pool),
 ``wake`` (asyncio.Event), ``idle`` / ``sent_at`` (remote id -> its last reply had no events /
-monotonic time its getMore was sent) and ``watches(ns)``:
+monotonic time its getMore was sent), ``watches(ns)`` and ``schedule_getmores()``:
 :class:`router.change_stream.cursor.RouterChangeStream`.
 """
 
@@ -129,57 +132,62 @@ class PromiseRequests:
     def on_shard_write(self, shard: str, ns: str, op_time: Any) -> None:
         """The router got ``shard``'s reply to a write on ``ns`` (``op_time`` = its
         operationTime, the write's oplog time T; anything but a Timestamp is ignored). For
-        every open stream that can see ``ns``, the other remotes with a getMore out that have
-        not promised past T are asked right away for a promise past T (no reply awaited, the
-        newest T wins), so the idle shards' promises reach the router about when the write's
-        event does, instead of a round trip after it. Called by ``router/writes.py`` for every
-        shard write reply: returns at once while no stream is open. Never raises."""
-        streams = self.streams
-        if not streams or not EARLY_PROMISE_REQUESTS or not isinstance(op_time, Timestamp):
+        every open stream that can see ``ns``, the other remotes that have not promised past T
+        are asked right away for a promise past T (no reply awaited, the newest T wins), so
+        the idle shards' promises reach the router about when the write's event does, instead
+        of a round trip after it (:meth:`ask_watchers`). Called by ``router/writes.py`` for
+        every shard write reply: returns at once while no stream is open. Never raises."""
+        if not self.streams or not EARLY_PROMISE_REQUESTS or not isinstance(op_time, Timestamp):
             return
-        t = ts_key(op_time)
-        sent = self.sent
-        for st in list(streams):
-            if st.closed or not st.watches(ns):
-                continue
-            for r in st.merger.remotes:
-                if r.name == shard or r.closed or not r.in_flight:
-                    continue
-                addr = r.address
-                if not addr or sent.get(addr, -1) >= t:
-                    continue
-                if r.promise is not None and (token_ts_key(r.promise[0]) or 0) > t:
-                    continue
-                self.send(st.pools[r.rid], addr, t)
+        self.ask_watchers(ns, ts_key(op_time), (shard,))
 
     def before_shard_write(self, shards: Any, ns: str, statements: int) -> None:
         """The router is about to forward a write of ``statements`` statements on ``ns`` to
-        ``shards``: for every open stream that can see ``ns``, ask its other remotes with a
-        getMore out (the idle shards and the config server) now, in parallel with the write,
-        for a promise past T' = the time the router's clock would tick to now (its cluster
-        time + 1, or the wall clock's second: ``HybridLogicalClock.next_tick_key``) +
-        ``statements`` + :data:`EARLY_TICKS` ticks, unless already asked for T' or later or
-        promised past it.
+        ``shards``: for every open stream that can see ``ns``, ask its other remotes (the idle
+        shards and the config server), in parallel with the write, for a promise past T' = the
+        time the router's clock would tick to now (its cluster time + 1, or the wall clock's
+        second: ``HybridLogicalClock.next_tick_key``) + ``statements`` + :data:`EARLY_TICKS`
+        ticks, unless already asked for T' or later or promised past it
+        (:meth:`ask_watchers`). ``router/writes.py`` calls it from the loop right after the
+        write is written to the shard (``loop.call_soon``), so the write leaves first.
 
         Why it is safe and what it buys: the write carries the router's cluster time to the
         written shard, which stamps it (one tick per statement) with times up to T' while its
         own clock is not ahead of the router's by more than :data:`EARLY_TICKS` ticks (and its
-        wall clock not ahead of the router's); an idle shard asked for T' moves its clock to T' (gossip, no oplog
-        entry) and so promises past T' honestly, as for any request
+        wall clock not ahead of the router's); an idle shard asked for T' moves its clock to
+        T' (gossip, no oplog entry) and so promises past T' honestly, as for any request
         (``shard/change_stream/cursor.py`` ``advance_cluster_time``). Its promise then reaches
         the router about when the write's reply and event do, instead of a round trip after
         the reply (:meth:`on_shard_write`, which still asks when the write's time turns out
         to be past T'). Only latency: the merge rule decides what is released. Never raises."""
-        streams = self.streams
-        if not streams or not EARLY_PROMISE_REQUESTS:
+        if not self.streams or not EARLY_PROMISE_REQUESTS:
             return
-        t = self.clock.next_tick_key() + statements + EARLY_TICKS
+        self.ask_watchers(ns, self.clock.next_tick_key() + statements + EARLY_TICKS, shards)
+
+    def ask_watchers(self, ns: str, t: int, written: Any) -> None:
+        """The write-path promise step shared by :meth:`before_shard_write` and
+        :meth:`on_shard_write`: for every open stream that can see ``ns``, ask each remote not
+        on a ``written`` shard (a container of shard names) for a promise past the time key
+        ``t``, unless its shard address was already asked for ``t`` or later (by any stream)
+        or the remote promised past ``t`` already.
+
+        A stream with a remote whose getMore is not out (its last one ended with nothing while
+        the client was between getMores) first schedules its remote getMores
+        (:meth:`RouterChangeStream.schedule_getmores`, the step the client's next getMore would
+        take): a request reaches only a shard cursor with a getMore waiting or to come (the
+        shard keeps the request), and without one the event would wait for the client's next
+        getMore and a round trip to that remote after it. Never raises."""
         sent = self.sent
-        for st in list(streams):
+        for st in list(self.streams):
             if st.closed or not st.watches(ns):
                 continue
-            for r in st.merger.remotes:
-                if r.name in shards or r.closed or not r.in_flight:
+            remotes = st.merger.remotes
+            for r in remotes:
+                if not r.in_flight and not r.closed:
+                    st.schedule_getmores()  # polls only remotes with nothing buffered
+                    break
+            for r in remotes:
+                if r.name in written or r.closed or not r.in_flight:
                     continue
                 addr = r.address
                 if not addr or sent.get(addr, -1) >= t:

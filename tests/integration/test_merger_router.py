@@ -788,3 +788,36 @@ async def _noop_write(state, h) -> None:
     state.sent = {k: v + (1 << 40) for k, v in state.sent.items()}  # asked for far later already
     state.before_shard_write([h.shards[0].name], "db.coll", 0)
     await asyncio.sleep(0.2)
+
+
+def test_write_schedules_the_getmores_of_remotes_with_none_out(h):
+    """router/change_stream/promise_requests.py ``PromiseRequests.ask_watchers``: when a write
+    on a watched namespace comes while remotes have no getMore out (their last one ended with
+    nothing while the client was between getMores), the stream's remote getMores are scheduled
+    at once (as the client's next getMore would) and the idle remotes are asked for a promise,
+    instead of waiting for the client's next getMore and a round trip after it."""
+    coll = h.client.db.coll
+    _gossip_all(h)
+    with coll.watch(max_await_time_ms=200) as stream:
+        stream.try_next()
+        state = h.router.promise_requests
+        st = next(iter(state.streams))
+        deadline = time.time() + 5
+        while any(r.in_flight for r in st.merger.remotes) and time.time() < deadline:
+            time.sleep(0.05)  # the remotes' 200 ms getMores end; no client getMore is waiting
+        before = h.do(lambda: {r.rid: r.batches for r in st.merger.remotes})
+        asked = h.do(lambda: {sh.name: len(sh.requests) for sh in h.shards + [h.config]})
+        assert not any(r.in_flight for r in st.merger.remotes)
+
+        async def write_comes():
+            state.before_shard_write([h.shards[0].name], "db.coll", 1)
+            flying = [r.in_flight for r in st.merger.remotes]
+            await asyncio.sleep(0.15)
+            return flying
+
+        assert all(h.call(write_comes))  # every remote's getMore was scheduled at once
+        after = h.do(lambda: {r.rid: r.batches for r in st.merger.remotes})
+        for sh in h.shards[1:] + [h.config]:  # the idle ones were asked and answered at once
+            assert len(sh.requests) == asked[sh.name] + 1, sh.name
+        idle = [r for r in st.merger.remotes if r.name != h.shards[0].name]
+        assert all(after[r.rid] == before[r.rid] + 1 for r in idle), (before, after)
