@@ -7,7 +7,12 @@ STAMP  := $(VENV)/.installed
 SPEC_COMMIT ?= 92b3c0b9
 SPEC_CACHE  ?= .cache/specs
 COMPOSE := $(shell if docker compose version >/dev/null 2>&1; then echo "docker compose"; elif command -v docker-compose >/dev/null 2>&1; then echo docker-compose; else echo "docker compose"; fi)
-COMPOSE_FILE := deploy/docker-compose.yml
+# MEMBERS=3 (make up / down / logs): the cluster of replica-set shards, every member its own
+# container (deploy/docker-compose.members.yml: 2 shards x 3 members); MEMBERS=1 (default): one
+# container per shard (deploy/docker-compose.yml).
+MEMBERS ?= 1
+COMPOSE_FILE := $(if $(filter 3,$(MEMBERS)),deploy/docker-compose.members.yml,deploy/docker-compose.yml)
+AUTH_FILE := $(if $(filter 3,$(MEMBERS)),,-f deploy/docker-compose.auth.yml)
 
 .PHONY: install run test unit integration spec load bench faults fetch-specs up up-auth down logs docker-base docker-build clean
 
@@ -62,7 +67,7 @@ docker-build: $(STAMP)
 	bash deploy/build-image.sh
 
 up: docker-build
-	bash deploy/up.sh
+	MEMBERS=$(MEMBERS) bash deploy/up.sh
 
 # The compose cluster with authentication: a root user from MONGO_INITDB_ROOT_USERNAME /
 # MONGO_INITDB_ROOT_PASSWORD (default root / root) and a key file shared by the members.
@@ -70,7 +75,7 @@ up-auth: docker-build
 	SHARDSIM_AUTH=1 bash deploy/up.sh
 
 down:
-	$(COMPOSE) -f $(COMPOSE_FILE) -f deploy/docker-compose.auth.yml down -v --remove-orphans
+	$(COMPOSE) -f $(COMPOSE_FILE) $(AUTH_FILE) down -v --remove-orphans
 
 logs:
 	$(COMPOSE) -f $(COMPOSE_FILE) logs --tail=200

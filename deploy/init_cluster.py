@@ -11,7 +11,9 @@ shards. --make-key-file writes a random 756-character base64 key (mode 0400) unl
 exists, and exits.
 
 Waits (up to --timeout-s seconds) until the router answers `ping`, reads `listShards`, and runs
-`addShard: "HOST:PORT", name: NAME` for each shard not yet in the cluster, so running it again
+`addShard: "HOST:PORT", name: NAME` for each shard not yet in the cluster (HOST:PORT may be a
+replica set, `SET/H1:P1,H2:P2,...`: that one is retried until the deadline while the set has no
+primary yet), so running it again
 (`docker compose up` on an existing cluster) changes nothing. Exits 0 on success, 1 with the
 server's error otherwise. The command shapes are mongos' (router-command-surface.md: addShard,
 listShards).
@@ -58,6 +60,20 @@ def ensure_root_user(client: MongoClient) -> None:
     print(f"init: created root user {user}", flush=True)
 
 
+def add_shard(client: MongoClient, name: str, shard_host: str, deadline: float) -> dict:
+    """``addShard: shard_host, name: name``; a replica-set shard (``set/h1,h2,h3``) may have no
+    primary yet right after its members start, so a failure is retried every second until
+    ``deadline`` (time.monotonic()), then re-raised with the server's error."""
+    while True:
+        try:
+            return client.admin.command("addShard", shard_host, name=name)
+        except PyMongoError as exc:
+            if "/" not in shard_host or time.monotonic() > deadline:
+                raise
+            print(f"init: addShard {name} not yet: {exc}", flush=True)
+            time.sleep(1.0)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--router", default="router:27017")
@@ -94,7 +110,7 @@ def main() -> int:
             if name in existing:
                 print(f"init: {name} already added", flush=True)
                 continue
-            reply = client.admin.command("addShard", shard_host, name=name)
+            reply = add_shard(client, name, shard_host, deadline)
             print(f"init: added {reply.get('shardAdded', name)} at {shard_host}", flush=True)
         shards = client.admin.command("listShards").get("shards", [])
         print("init: cluster has shards " + ", ".join(s["_id"] for s in shards), flush=True)

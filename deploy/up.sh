@@ -5,7 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
-files=(-f deploy/docker-compose.yml)
+# MEMBERS=3 (make up MEMBERS=3): 2 shards of 3 members each, every member its own container
+# (deploy/docker-compose.members.yml); MEMBERS=1 (default): one container per shard.
+case "${MEMBERS:-1}" in
+    1) files=(-f deploy/docker-compose.yml) ;;
+    3) files=(-f deploy/docker-compose.members.yml)
+       if [[ -n ${SHARDSIM_AUTH:-} ]]; then
+           echo "up: MEMBERS=3 has no authentication overlay yet (use MEMBERS=1 for up-auth)" >&2; exit 2
+       fi ;;
+    *) echo "up: MEMBERS must be 1 or 3, not ${MEMBERS}" >&2; exit 2 ;;
+esac
 # SHARDSIM_AUTH=1 (make up-auth): key file, --keyFile on every member, a root user from
 # MONGO_INITDB_ROOT_USERNAME / MONGO_INITDB_ROOT_PASSWORD (deploy/docker-compose.auth.yml).
 [[ -n ${SHARDSIM_AUTH:-} ]] && files+=(-f deploy/docker-compose.auth.yml)

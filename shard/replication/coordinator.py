@@ -203,6 +203,10 @@ class ReplicationCoordinator:
         self.core = ReplNode(self.config, self.self_id, self._load_durable(),
                              self.last_applied(), now=now, rng=self.rng)
         self.node.oplog_term = Int64(max(self.core.term, 0))
+        if not self.node.options.get("repl_initiate") and len(self.node.oplog) == 0:
+            # Not initiated here and nothing replicated yet: no candidacy until the first
+            # entry arrives from an initiated member (ReplNode.unelectable_reason).
+            self.core.initiated = False
         self.core.start(now)
         self.node.oplog.add_listener(self._on_append)
         LINKS.listeners.append(self.links_changed)
@@ -310,6 +314,8 @@ class ReplicationCoordinator:
         """Every oplog append: a primary's write counts as applied and durable at once (the
         journal is committed before the reply); the source's fetchers wake."""
         core = self.core
+        if core is not None and not core.initiated:
+            core.initiated = True  # replicated from an initiated member: may stand now
         if core is not None and not self._applying:
             core.note_applied(optime_of(entry), self.now())
             self.after_core()

@@ -169,14 +169,23 @@ class ComposeCluster:
 
 
 @pytest.fixture(scope="session")
-def compose_cluster() -> Iterator[ComposeCluster]:
-    """The compose cluster for the whole session: images built (the base image too when it is
-    missing and no registry is reachable), `up`, init finished. Always torn down with
-    `down -v`, pass or fail; tests that kill services restart them themselves."""
+def shardsim_image() -> str:
+    """The shardsim image, built once per session for every compose test (the base image too
+    when it is missing and no registry is reachable): its tag, ``$SHARDSIM_IMAGE`` or
+    ``shardsim:local``. Skips (the only skip of these tests) when there is no usable Docker
+    engine; a failed build is an error."""
     reason = docker_unavailable()
     if reason:
         pytest.skip(f"no usable Docker engine: {reason}")
     build_images()
+    return os.environ.get("SHARDSIM_IMAGE", "shardsim:local")
+
+
+@pytest.fixture(scope="session")
+def compose_cluster(shardsim_image: str) -> Iterator[ComposeCluster]:
+    """The compose cluster for the whole session: image built (``shardsim_image``), `up`, init
+    finished. Always torn down with `down -v`, pass or fail; tests that kill services restart
+    them themselves."""
     yield from running(ComposeCluster(free_port()))
 
 

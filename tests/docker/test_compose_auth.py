@@ -11,18 +11,14 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
-from conftest import AUTH_COMPOSE_FILE, ComposeCluster, build_images, docker_unavailable, running
+from conftest import AUTH_COMPOSE_FILE, ComposeCluster, running
 from shardsim.tools.procs import free_port
 
 USER, PASSWORD = "admin", "s3cret-" + secrets.token_hex(4)
 
 
 @pytest.fixture(scope="module")
-def auth_cluster() -> Iterator[ComposeCluster]:
-    reason = docker_unavailable()
-    if reason:
-        pytest.skip(f"no usable Docker engine: {reason}")
-    build_images()
+def auth_cluster(shardsim_image: str) -> Iterator[ComposeCluster]:
     yield from running(ComposeCluster(free_port(), extra_files=(AUTH_COMPOSE_FILE,),
                                       env={"MONGO_INITDB_ROOT_USERNAME": USER,
                                            "MONGO_INITDB_ROOT_PASSWORD": PASSWORD}))

@@ -177,6 +177,28 @@ def test_priority_zero_never_stands():
     assert exc.value.code == 125 and exc.value.errmsg == "Election failed."
 
 
+def test_members_not_initiated_wait_for_the_initiated_one_but_vote_for_it():
+    """Members started without the set's initiation and with no oplog (``initiated`` False,
+    set by the shard wiring) never stand, however long the initiating member takes to start;
+    they vote for it once it does, and its entries (the 'initiating set' one) are kept."""
+    h = Harness()
+    h.down.add(0)  # the initiating member has not started yet
+    for i in (1, 2):
+        h.nodes[i].initiated = False
+    h.advance(10_000)
+    assert h.primary() is None and h.nodes[1].term == 0 and h.nodes[2].term == 0
+    assert h.nodes[1].unelectable_reason(h.now) == "NotInitiated"
+    with pytest.raises(ReplError) as exc:
+        h.nodes[2].step_up(h.now)
+    assert exc.value.code == 125
+    h.append(0, -1, {"msg": "initiating set"})
+    h.down.discard(0)
+    h.advance(h.now + 3000)
+    assert h.primary() == 0
+    for i in range(3):  # the shard wiring clears `initiated` on a member's first entry
+        assert h.oplogs[i][0]["o"] == {"msg": "initiating set"}
+
+
 def test_step_down_without_a_caught_up_secondary_fails_with_262_after_the_catch_up_period():
     h, p = elected()
     node = h.nodes[p]

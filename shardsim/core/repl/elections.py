@@ -88,7 +88,15 @@ class ElectionsMixin:
                 self._reset_election_timer(now)
 
     def unelectable_reason(self, now: int) -> Optional[str]:
-        """Why this member may not stand now (``_getMyUnelectableReason``), or None."""
+        """Why this member may not stand now (``_getMyUnelectableReason``), or None.
+        ``NotInitiated``: a member started without the set's initiation and with an empty
+        oplog. In mongod such a member has no replica-set config yet (STARTUP, no election
+        timer: ``ReplicationCoordinatorImpl::_startLoadLocalConfig`` finds none) until the
+        initiated member's heartbeat brings it; shardsim's members all know the config from
+        ``--members``, so without this a set whose initiating member starts last would elect
+        an empty member and roll the 'initiating set' entry back."""
+        if not self.initiated:
+            return "NotInitiated"
         if not self.me.voter:
             return "NotAVoter"
         if not self.me.electable:

@@ -84,6 +84,10 @@ class ReplNode(ElectionsMixin, StepDownMixin):
         self.first_op_of_term = MAX_OPTIME
         self.writable = False
         self.stepdown_until = 0
+        # False for a member that was not given the set's initiation and has no oplog yet:
+        # it may vote but not stand until it has replicated from an initiated member (the
+        # shard wiring clears it on the first oplog entry; see unelectable_reason).
+        self.initiated = True
         self.election_deadline: Optional[int] = None
         self.rollback_deadline: Optional[int] = None
         self.next_heartbeat = {mid: now for mid in self.views}
