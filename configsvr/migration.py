@@ -80,7 +80,7 @@ async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | N
             "chunks": [{"min": d["min"], "max": d["max"], "lastmod": d["lastmod"],
                         "shard": d["shard"]} for d in chunk_docs],
             "shards": {s["_id"]: s["host"] for s in shard_docs},
-            "configsvr": node.address}
+            "configsvr": node.connection_string}
     for shard in names:
         try:
             await node.on_shard(shard, db, shrq.SetFilteringMetadata(ns, meta).to_command())
