@@ -5,10 +5,12 @@ config member's own storage; the primary-only jobs on the primary only."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import pymongo
+import pymongo.errors
 import pytest
 
 from shardsim.testing import ShardedCluster
@@ -132,3 +134,53 @@ def test_a_stream_ddl_and_add_shard_across_config_failovers(cluster: ShardedClus
     wait_for(lambda: [h for h in running_config_hosts(cluster)
                       if cluster.member_node(h).primary_jobs] == [primary],
              what="the jobs on the primary only")
+
+
+def test_a_new_config_primary_completes_a_migration_its_predecessor_left(
+        cluster: ShardedCluster) -> None:
+    """The config primary dies inside a migration's critical section
+    (``moveChunkHangAtStep5``): the member elected next recovers it on step-up
+    (``migration_util::resumeMigrationCoordinationsOnStepUp``), so the donor's writes go on,
+    no coordination is left on the shards, and every document sits once on its chunk's
+    owner."""
+    client = cluster.client()
+    coll = client.get_database("cfgmig", write_concern=MAJORITY).c
+    donor, recipient = split_over_two_shards(client, "cfgmig.c", middle=1000)
+    coll.insert_many([{"_id": x, "x": x} for x in range(20)])
+    cluster.configure_fail_point("config", "moveChunkHangAtStep5", "alwaysOn")
+    errors: list[BaseException] = []
+
+    def move() -> None:
+        try:
+            client.admin.command("moveChunk", "cfgmig.c", find={"x": 0}, to=recipient)
+        except pymongo.errors.PyMongoError as exc:
+            errors.append(exc)
+    thread = threading.Thread(target=move, daemon=True)
+    thread.start()
+    wait_for(lambda: cluster.configure_fail_point(
+        "config", "moveChunkHangAtStep5", "alwaysOn")["count"] > 0, what="the critical section")
+    killed = cluster.kill_primary("config")
+    thread.join(30)
+    assert not thread.is_alive()
+    new = cluster.primary_of("config")
+    assert new != killed
+
+    def settled() -> bool:
+        for shard in cluster.shard_names:
+            with pymongo.MongoClient(cluster.primary_of(shard), directConnection=True) as d:
+                if d.config.migrationCoordinators.count_documents({}):
+                    return False
+        return True
+    wait_for(settled, what="the migration completed by the new config primary")
+    coll.insert_one({"_id": 100, "x": 100})  # the donor's critical section is released
+    uuid = client.config.collections.find_one({"_id": "cfgmig.c"})["uuid"]
+    owner = client.config.chunks.find_one({"uuid": uuid, "max": {"x": 1000}})["shard"]
+    seen: dict[int, str] = {}
+    for shard in cluster.shard_names:
+        with pymongo.MongoClient(cluster.primary_of(shard), directConnection=True) as d:
+            for doc in d.cfgmig.c.find({}):
+                assert doc["_id"] not in seen
+                seen[doc["_id"]] = shard
+    assert sorted(seen) == list(range(20)) + [100]
+    assert set(seen.values()) == {owner}  # [MinKey, 1000) is one chunk: on its owner only
+    cluster.restart_member(killed)
