@@ -21,8 +21,9 @@ import click
 
 from shardsim.core import server_version as server_version_mod
 
-from shardsim.tools.launcher import (CONFIG_SET_NAME, Cluster, ClusterError, check_owner, default_run_dir, pid_is,
-                               read_state, state_path, stop_pid, write_state)
+from shardsim.tools.launcher import (CONFIG_SET_NAME, Cluster, ClusterError, check_owner,
+                                     default_run_dir, pid_is, read_state, state_path, stop_pid,
+                                     write_state)
 
 
 def _status_line(name: str, module: str, host: str | None, port: int | None, pid: int | None,
