@@ -79,7 +79,8 @@ class AsyncShardedCluster(ReplicaSetMembers):
     ``config``; the routers get ``--configdb config/h1,h2,h3`` and the shards' ``shardIdentity``
     that string; ``primary_of("config")``, ``step_down("config")``, ``kill_primary("config")``
     and the other replica-set faults act on it; ``node("config")``/``command("config", ...)``
-    reach its current primary). ``noop_interval_ms`` defaults to 1000, 200 with ``members`` > 1.
+    reach its current primary). ``noop_interval_ms`` defaults to 1000, 200 with ``members`` or
+    ``config_members`` > 1.
 
     ``uri`` is the router's ``mongodb://host:port/`` once started. Use ``async with`` or
     :meth:`start` / :meth:`stop` (stop always leaves no socket or task of the cluster behind).
@@ -124,7 +125,8 @@ class AsyncShardedCluster(ReplicaSetMembers):
         # replica-set shards release events at the commit point, idle ones as their no-ops
         # commit (the mongod promise mode): a shorter interval keeps the merged stream quick
         self.noop_interval_ms = int(noop_interval_ms if noop_interval_ms is not None
-                                    else 1000 if members == 1 else 200)
+                                    else 1000 if max(members, self.num_config_members) == 1
+                                    else 200)
         self.host = host
         self.port = port
         self.shard_options = dict(shard_options or {})
