@@ -122,6 +122,12 @@ def test_a_stream_ddl_and_add_shard_across_config_failovers(cluster: ShardedClus
         {"uuid": client.config.collections.find_one({"_id": "cfgfail.d"})["uuid"]})}
     assert added in chunks
     assert added in [s["_id"] for s in client.admin.command("listShards")["shards"]]
+    # a shard that lost its filtering metadata (a restart) reads it again from the config
+    # primary of now, through the set's connection string of its shard identity
+    node = cluster.member_node(cluster.primary_of(cluster.shard_names[0]))
+    known = node.sharding.metadata.pop("cfgfail.d")
+    cluster._call(node.sharding.refresh_if_unknown("cfgfail.d", known.shard_version()))
+    assert node.sharding.metadata["cfgfail.d"].shard_version() == known.shard_version()
     # the killed member comes back empty and replays the config oplog: every member's own
     # catalog is the primary's
     cluster.restart_member(killed)
