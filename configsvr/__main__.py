@@ -1,4 +1,6 @@
-"""``python -m shardsim.configsvr --port P [--host H] [--dbpath DIR] [--oplog-size-mb MB]``: run the config server.
+"""``python -m shardsim.configsvr --port P [--host H] [--dbpath DIR] [--oplog-size-mb MB]
+[--members h1:p1,h2:p2,h3:p3 [--initiate] [--set-name config]]``: run the config server, alone
+or as one member of a config server replica set (CSRS, ``mongod --configsvr --replSet``).
 
 Prints ``shardsim configsvr ready on HOST:PORT`` once listening (see :func:`shardsim.core.server.ready_line`).
 """
@@ -34,13 +36,30 @@ from shardsim.core import server_version as server_version_mod
               help="MiB of document history kept for snapshot reads (oldest dropped first).")
 @click.option("--oplog-min-retention-hours", type=click.FloatRange(min=0), default=0.0,
               help="Entries younger than this are kept even over the size cap (hours).")
+@click.option("--set-name", default="config",
+              help="The config server replica set's name (hello setName, replSetGetConfig _id; "
+                   "routers give it in --configdb NAME/h1,h2,h3).")
+@click.option("--members", default=None,
+              help="Every member of the config server replica set, host:port,... in _id order, "
+                   "this one included (shardsim's replSetInitiate at start-up; one node when "
+                   "omitted).")
+@click.option("--initiate", is_flag=True,
+              help="With --members: this member initiates the set (give it to one member, once).")
+@click.option("--election-timeout-ms", type=click.IntRange(min=1), default=10000,
+              help="With --members: electionTimeoutMillis.")
+@click.option("--heartbeat-interval-ms", type=click.IntRange(min=1), default=2000,
+              help="With --members: heartbeatIntervalMillis.")
+@click.option("--heartbeat-timeout-ms", type=click.IntRange(min=1), default=10000,
+              help="With --members: heartbeatTimeoutSecs, in ms.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @security_options
 @test_commands_options
 @server_version_mod.click_option
 def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_size_mb: float,
          oplog_cache_mb: float, snapshot_history_mb: float,
-         oplog_min_retention_hours: float, test_commands: bool, log_level: str, server_version: str,
+         oplog_min_retention_hours: float, set_name: str, members: str | None, initiate: bool,
+         election_timeout_ms: int, heartbeat_interval_ms: int, heartbeat_timeout_ms: int,
+         test_commands: bool, log_level: str, server_version: str,
          **security: Any) -> None:
     """Run the shardsim config server (a mongod --configsvr look-alike holding the catalog)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
@@ -48,17 +67,26 @@ def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_
     from shardsim.configsvr.node import ConfigServerNode
     sec_options, tls = apply_security("configsvr", **security)
     from shardsim.shard.durable_integrity import EXIT_CORRUPTION, StorageCorruption
+    options: dict[str, Any] = {
+        "dbpath": dbpath, "noop_interval_ms": noop_interval_ms, "oplog_size_mb": oplog_size_mb,
+        "oplog_cache_mb": oplog_cache_mb, "snapshot_history_mb": snapshot_history_mb,
+        "oplog_min_retention_hours": oplog_min_retention_hours, "server_version": server_version,
+        "set_name": set_name, **sec_options}
+    if members:
+        hosts = [h.strip() for h in members.split(",") if h.strip()]
+        options.update({"repl_hosts": hosts, "repl_initiate": initiate,
+                        "election_timeout_ms": election_timeout_ms,
+                        "heartbeat_interval_ms": heartbeat_interval_ms,
+                        "heartbeat_timeout_ms": heartbeat_timeout_ms})
     try:
         node = ConfigServerNode(host=host, port=port, test_commands=test_commands,
-                                options={"dbpath": dbpath, "noop_interval_ms": noop_interval_ms,
-                                         "oplog_size_mb": oplog_size_mb,
-                                         "oplog_cache_mb": oplog_cache_mb,
-                                         "snapshot_history_mb": snapshot_history_mb,
-                                         "oplog_min_retention_hours": oplog_min_retention_hours,
-                                         "server_version": server_version, **sec_options})
+                                options=options)
     except StorageCorruption as exc:  # one line, like mongod's fatal start-up messages
         click.echo(f"shardsim configsvr: {exc}", err=True)
         sys.exit(EXIT_CORRUPTION)
+    except RuntimeError as exc:  # e.g. DBPathInUse: exit like mongod does (code 100)
+        click.echo(f"shardsim configsvr: {exc}", err=True)
+        sys.exit(100)
     run_node(node, host, port, ready_message=ready_line("configsvr"), tls=tls)
 
 

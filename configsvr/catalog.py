@@ -7,6 +7,7 @@ documents (``{field: value}``), compared as key tuples (``shardsim.core.shard_ke
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from bson import Binary, ObjectId
@@ -16,6 +17,14 @@ from shardsim.core.shard_key import Chunk, ChunkMap, KeyPattern, compare_keys, h
 from shardsim.core.client import parse_address
 from shardsim.core.commands import Request
 from shardsim.core.errors import MongoError
+
+
+def date_now() -> datetime.datetime:
+    """Now as a BSON date holds it (UTC, naive, whole milliseconds): a catalog document's
+    date is then the same on the primary (the stored object) and on the members that applied
+    it from the oplog (decoded from BSON), as every mongod stores ``Date_t``."""
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
 def shard_host(entry: dict[str, Any]) -> tuple[str, int]:

@@ -35,7 +35,6 @@ gets the whole routing table, which post-image look-ups use: :mod:`shard.shardin
 
 from __future__ import annotations
 
-import datetime
 import logging
 import uuid as uuid_mod
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ from bson import Binary, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from shardsim.configsvr import catalog
 from shardsim.configsvr import placement_history
 from shardsim.configsvr.migration_recovery import UNREACHABLE
 from shardsim.core.errors import MongoError
@@ -80,7 +80,7 @@ async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | N
             "chunks": [{"min": d["min"], "max": d["max"], "lastmod": d["lastmod"],
                         "shard": d["shard"]} for d in chunk_docs],
             "shards": {s["_id"]: s["host"] for s in shard_docs},
-            "configsvr": node.address}
+            "configsvr": node.connection_string}
     for shard in names:
         try:
             await node.on_shard(shard, db, shrq.SetFilteringMetadata(ns, meta).to_command())
@@ -98,7 +98,7 @@ async def log_change(node: "ConfigServerNode", shard: str, what: str, ns: str,
     (``details: {min, max, from, to, counts}``, as ``MigrationSourceManager::
     commitChunkMetadataOnConfig``); ``counts`` holds only ``cloned`` faithfully. A failure to
     log is not an error of the operation (as in the server)."""
-    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    now = catalog.date_now()
     server = f"{shard}-{now.isoformat()}-{ObjectId()}"
     try:
         await node.insert("changelog", [{"_id": server, "server": shard, "shard": shard,

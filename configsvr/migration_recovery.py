@@ -158,7 +158,12 @@ class MigrationRecovery:
 
     def kick(self) -> None:
         """Complete the coordinations in the background (under the DDL lock), again every
-        :data:`RETRY_S` seconds while one is left; one such task at a time."""
+        :data:`RETRY_S` seconds while one is left; one such task at a time. Not on a member
+        of a config server replica set that is not the writable primary: the next primary
+        does it on step-up."""
+        repl = getattr(self.node, "repl", None)
+        if repl is not None and not repl.writable:
+            return
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._loop())
 

@@ -49,6 +49,7 @@ from shardsim.core.errors import MongoError
 __all__ = ["CONFIG_SHARD_NAME", "ConfigServerNode", "shard_host", "split_ns"]
 
 CONFIG_SHARD_NAME = "config"
+_CATALOG_WRITES = frozenset({"insert", "update", "delete", "findAndModify"})
 _INTERNAL_CONN = ConnectionInfo(id=0, peer="internal", auth=AuthSession(users=[SYSTEM_USER]))
 
 
@@ -72,15 +73,79 @@ class ConfigServerNode(ShardNode):
         self.migration_recovery = MigrationRecovery(self)
         self.migration_recovery.install_fail_points()
         self.commands.install(self, *FAMILIES)
+        # the jobs only a primary runs (balancer, recoveries, keys): a replica-set member
+        # starts them on step-up and stops them on step-down; primary_jobs says they run
+        self.primary_jobs = False
+        self._jobs_gen = 0
+        self._jobs_lock = asyncio.Lock()
+        self._job_tasks: set[asyncio.Task] = set()
 
     async def startup(self) -> None:
-        """As a shard; with authentication on, also make and hand out the HMAC keys
-        (:mod:`configsvr.keys`)."""
+        """As a shard; then the primary-only jobs (:meth:`_start_primary_jobs`): at once on a
+        one-member config server, on each step-up on a member of a config server replica set
+        (:meth:`on_became_writable_primary`)."""
         await super().startup()
-        await cluster_keys.start(self)
-        self.migration_recovery.kick()  # the migrations a restart interrupted
-        resharding_recovery.start(self)  # the reshardings a restart interrupted
-        self.balancer.start()
+        if self.repl is None:
+            await self._start_primary_jobs()
+
+    @property
+    def connection_string(self) -> str:
+        """How shards and routers reach this config server: ``setName/h1,h2,h3`` for a
+        replica set (every member, the ``configsvrConnectionString`` of a shard's
+        ``shardIdentity`` and mongos' ``--configdb``), else ``host:port``."""
+        hosts = self.options.get("repl_hosts")
+        if self.repl is not None and hosts:
+            return f"{self.set_name}/" + ",".join(hosts)
+        return self.address
+
+    def on_became_writable_primary(self) -> None:
+        """As a shard's new primary; a member of a config server replica set then starts the
+        jobs only the primary runs, as mongod's ``ShardingCatalogManager`` /
+        ``Balancer::onStepUpComplete`` / ``KeysCollectionManager`` / ``ReshardingCoordinator``
+        services do on step-up (``ReplicationCoordinatorExternalStateImpl::
+        onTransitionToPrimary`` -> ``ShardingInitializationMongoD``, ``PrimaryOnlyService``):
+        the interrupted migrations and reshardings are recovered as after a restart."""
+        super().on_became_writable_primary()
+        if self.repl is not None:
+            self._jobs_gen += 1
+            self._spawn_job(self._start_primary_jobs(self._jobs_gen))
+
+    def on_lost_writable_primary(self) -> None:
+        """A member of a config server replica set that stops being primary stops the balancer,
+        the recoveries and the key hand-out (``Balancer::onStepDownFromPrimary``,
+        ``PrimaryOnlyServiceRegistry::onStepDown``); the new primary takes them over."""
+        self._jobs_gen += 1
+        self._spawn_job(self._stop_primary_jobs())
+
+    def _spawn_job(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._job_tasks.add(task)
+        task.add_done_callback(self._job_tasks.discard)
+
+    async def _start_primary_jobs(self, gen: int | None = None) -> None:
+        """The HMAC keys (made when missing, handed out: :mod:`configsvr.keys`), the
+        migrations and reshardings an earlier primary (or a restart) interrupted, the
+        balancer (with the auto-merger and the drains). ``gen``: skipped when the member
+        stepped down since it was asked."""
+        async with self._jobs_lock:
+            if gen is not None and (gen != self._jobs_gen or self.repl is None
+                                    or not self.repl.writable):
+                return
+            await cluster_keys.start(self)
+            self.migration_recovery.kick()  # the migrations a restart or a failover interrupted
+            resharding_recovery.start(self)  # the reshardings a restart or failover interrupted
+            self.balancer.start()
+            self.primary_jobs = True
+
+    async def _stop_primary_jobs(self) -> None:
+        """Stop what :meth:`_start_primary_jobs` started (stepdown, shutdown)."""
+        async with self._jobs_lock:
+            cluster_keys.stop(self)
+            await self.balancer.stop()
+            await self.migration_recovery.stop()
+            await resharding_recovery.stop(self)
+            self.shard_pools.clear()  # the next primary reads config.shards again
+            self.primary_jobs = False
 
     async def on_fcv_change(self, old: str, new: str) -> None:
         """After ``setFeatureCompatibilityVersion`` (shardsim/core/fcv.py): a downgrade clears
@@ -100,10 +165,20 @@ class ConfigServerNode(ShardNode):
         """``kill -9``: as a shard (:meth:`ShardNode.crash`), and the pools to the shards
         closed."""
         super().crash()
+        self._jobs_gen += 1
+        for task in list(self._job_tasks):
+            task.cancel()
+        cluster_keys.stop(self)
+        for task in (self.balancer._task, self.migration_recovery._task):
+            if task is not None:
+                task.cancel()
         self.shard_targets.close()
 
     async def shutdown(self) -> None:
         """Stop handing out keys, stop as a shard does, then close the pools to the shards."""
+        self._jobs_gen += 1
+        for task in list(self._job_tasks):
+            task.cancel()
         cluster_keys.stop(self)
         await self.balancer.stop()
         await self.migration_recovery.stop()
@@ -114,12 +189,25 @@ class ConfigServerNode(ShardNode):
 
     # -- local catalog access (through our own command table, so writes hit the oplog) ----
     async def local(self, name: str, db: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Run a command on this node; raises the MongoError of an ``ok: 0`` reply."""
+        """Run a command on this node; raises the MongoError of an ``ok: 0`` reply. On a
+        member of a config server replica set a catalog write (insert/update/delete/
+        findAndModify) goes with ``w: "majority"`` and its ``writeConcernError`` is raised
+        too, as ``ShardingCatalogManager`` writes with
+        ``ShardingCatalogClient::kMajorityWriteConcern`` and fails on a write-concern error
+        (``src/mongo/db/s/config/sharding_catalog_manager.cpp``,
+        ``src/mongo/s/catalog/sharding_catalog_client_impl.cpp``): a catalog change a
+        failover could roll back is never acknowledged."""
         body = dict(body)
         body["$db"] = db
+        majority = self.repl is not None and name in _CATALOG_WRITES
+        if majority:
+            body.setdefault("writeConcern", {"w": "majority", "wtimeout": 0})
         reply = await self.run_command(Request(name, db, body, _INTERNAL_CONN))
         if not reply.get("ok"):
             raise remote_error(reply)
+        if majority and isinstance(reply.get("writeConcernError"), dict):
+            wce = reply["writeConcernError"]
+            raise MongoError(int(wce.get("code", 64)), str(wce.get("errmsg", "")))
         return reply
 
     async def find_all(self, coll: str, filt: dict[str, Any] | None = None,

@@ -39,7 +39,6 @@ copied to every recipient.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import uuid as uuid_mod
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, ObjectId
 from bson.timestamp import Timestamp
 
+from shardsim.configsvr import catalog
 from shardsim.configsvr import migration, placement_history
 from shardsim.configsvr.catalog import chunk_doc
 from shardsim.core.errors import MongoError
@@ -336,7 +336,7 @@ async def _write_catalog(node: ConfigServerNode, op: ReshardOp, untrack: bool) -
         doc = dict(op.entry or {"_id": ns, "noBalance": False})
         doc.update({"lastmodEpoch": ObjectId(), "timestamp": now, "uuid": op.new_uuid,
                     "key": op.pattern.pattern, "unique": op.unique,
-                    "lastmod": datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)})
+                    "lastmod": catalog.date_now()})
         doc.pop("unsplittable", None)
         if op.provenance != "reshardCollection":
             doc["unsplittable"] = True

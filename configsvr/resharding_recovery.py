@@ -97,7 +97,8 @@ async def recover(node: "ConfigServerNode", ns: str | None = None) -> int:
 
 def start(node: "ConfigServerNode") -> None:
     """Resume the interrupted reshardings in the background (start-up, a failed commit), under
-    the DDL lock, again every :data:`RETRY_S` seconds while one is left; one task at a time."""
+    the DDL lock, again every :data:`RETRY_S` seconds while one is left; one task at a time;
+    not on a config server member that is not the writable primary."""
 
     async def loop() -> None:
         while True:
@@ -111,6 +112,9 @@ def start(node: "ConfigServerNode") -> None:
                 return
             await asyncio.sleep(RETRY_S)
 
+    repl = getattr(node, "repl", None)
+    if repl is not None and not repl.writable:
+        return  # a config secondary: the next primary resumes them on step-up
     running = _TASKS.get(id(node))
     if running is None or running.done():
         _TASKS[id(node)] = asyncio.get_running_loop().create_task(loop())

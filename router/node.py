@@ -57,6 +57,8 @@ ESTABLISH_ATTEMPTS = 3
 # What a retry of a cursor's establishment may cure: the member is not primary, unreachable
 # or shutting down (the codes ShardRemote::updateReplSetMonitor acts on).
 _ESTABLISH_RETRY_CODES = NOT_PRIMARY_CODES | NETWORK_CODES | SHUTDOWN_CODES
+CONFIG_ATTEMPTS = 3  # a config command refused by a member that is not primary (config_command)
+_CONFIG_REFUSALS = frozenset({10107, 13435, 13436})
 
 
 # Authentication of the internal user (__system@local) through the router.
@@ -239,8 +241,22 @@ class RouterNode(Node):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def config_command(self, cmd: dict[str, Any], db: str = "admin") -> dict[str, Any]:
-        """Run ``cmd`` on the config server."""
-        return await gossip_command(self.clock, self.config_pool, db, cmd)
+        """Run ``cmd`` on the config server. On a config server replica set a refusal that
+        says the member is not (or no longer) primary (10107, 13435, 13436: nothing ran) is
+        sent again to the primary the monitor finds next, up to :data:`CONFIG_ATTEMPTS`
+        times, as mongos runs its config commands with ``runCommandWithFixedRetryAttempts``
+        (``src/mongo/s/client/shard.cpp``): a stepdown between two DDLs is not the client's
+        error."""
+        for attempt in range(CONFIG_ATTEMPTS):
+            try:
+                return await gossip_command(self.clock, self.config_pool, db, cmd)
+            except MongoError as exc:
+                if exc.code not in _CONFIG_REFUSALS or attempt == CONFIG_ATTEMPTS - 1 or \
+                        not hasattr(self.config_pool, "monitor"):
+                    raise
+                log.info("config server refused %s (%s), attempt %d", next(iter(cmd)),
+                         exc.errmsg, attempt + 1)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def ensure_database(self, db: str) -> str:
         """The primary shard of ``db``, creating the database entry when it has none

@@ -73,6 +73,9 @@ class ShardNode(Node):
         super().__init__(**kwargs)
         self.shard_name = shard_name
         self.options.setdefault("shard_name", shard_name)
+        # the replica-set name (hello setName, replSetGetConfig _id): the shard's name unless
+        # the options say otherwise (a config server's set, ``--set-name``)
+        self.set_name = str(self.options.get("set_name") or shard_name)
         size_mb = float(self.options.get("oplog_size_mb") or 1024)
         min_ret_h = float(self.options.get("oplog_min_retention_hours") or 0)
         max_age = self.options.get("oplog_max_age_s")
@@ -143,7 +146,7 @@ class ShardNode(Node):
         op_time = {"ts": last, "t": TERM}
         return {
             "hosts": [self.address],
-            "setName": self.shard_name,
+            "setName": self.set_name,
             "setVersion": 1,
             "secondary": False,
             "primary": self.address,
@@ -198,7 +201,7 @@ class ShardNode(Node):
     def parsed_options(self) -> dict[str, Any]:
         """getCmdLineOpts ``parsed``: clusterRole shardsvr, replSet, dbPath."""
         out: dict[str, Any] = {"sharding": {"clusterRole": "shardsvr"},
-                               "replication": {"replSet": self.shard_name}}
+                               "replication": {"replSet": self.set_name}}
         if self.options.get("dbpath"):
             out["storage"] = {"dbPath": self.options["dbpath"]}
         return out
@@ -220,7 +223,7 @@ class ShardNode(Node):
                           if k in hello}
             st["repl"]["rbid"] = self.repl.core.durable.rbid
         else:
-            st["repl"] = {"setName": self.shard_name, "isWritablePrimary": True,
+            st["repl"] = {"setName": self.set_name, "isWritablePrimary": True,
                           "secondary": False, "hosts": [self.address], "primary": self.address,
                           "me": self.address}
         st["oplog"] = {"entries": Int64(len(self.oplog)), "sizeBytes": Int64(self.oplog.size_bytes),
@@ -515,6 +518,12 @@ class ShardNode(Node):
         self.coordinators.recover()  # finish the two-phase commits decided before a restart
         self.range_deleter.resume()  # range deletions made ready before a restart
 
+    def on_lost_writable_primary(self) -> None:
+        """What a primary does when it stops being writable (stepdown, a newer term, the lost
+        majority): nothing for a shard (its writers fail on their own); the config server
+        stops its primary-only jobs (``ReplicationCoordinatorExternalStateImpl::
+        onStepDownHook`` -> ``ShardingInitializationMongoD``/``Balancer::onStepDownFromPrimary``)."""
+
     def start_replication(self, hosts: list[str]) -> None:
         """Make this shard a member of the replica set of ``hosts`` (every member's
         ``host:port``, this one's included; order gives the members' ``_id``): the
@@ -531,7 +540,7 @@ class ShardNode(Node):
             "election_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms",
             "catch_up_timeout_ms", "priorities", "seed", "stall_tolerant")}
         self.topology_version = TopologyVersion()
-        self.repl = ReplicationCoordinator(self, self.shard_name, hosts, settings)
+        self.repl = ReplicationCoordinator(self, self.set_name, hosts, settings)
         self.options["repl_hosts"] = list(hosts)
         self.options["promise_mode"] = "mongod"
         self.stream_oplog = self.repl.committed

@@ -224,8 +224,9 @@ class ShardingRuntime:
     # -- the shard identity and the refresh after a restart --------------------------------------
     def _note_identity(self, configsvr: str) -> None:
         """Persist ``{_id: "shardIdentity", shardName, configsvrConnectionString}`` in
-        ``admin.system.version`` when it changed."""
-        if self.config_address() == parse_address(configsvr):
+        ``admin.system.version`` when it changed (``configsvr``: ``host:port`` of a one-node
+        config server, ``setName/h1,h2,h3`` of a config server replica set)."""
+        if self.config_connection_string() == configsvr:
             return
         if self.node.storage.get(*IDENTITY_NS) is None:  # a system collection: made here
             self.node.create_collection(*IDENTITY_NS)
@@ -233,23 +234,32 @@ class ShardingRuntime:
             "_id": "shardIdentity", "shardName": self.node.shard_name,
             "configsvrConnectionString": configsvr})
 
-    def config_address(self) -> tuple[str, int] | None:
-        """The config server's ``(host, port)`` from the shard identity, or None."""
+    def config_connection_string(self) -> str | None:
+        """The shard identity's ``configsvrConnectionString``, or None."""
         doc = self.node.range_deleter.find(IDENTITY_NS, "shardIdentity")
         if doc is None:
             return None
-        return parse_address(str(doc["configsvrConnectionString"]).split("/", 1)[-1]
-                             .split(",")[0])
+        return str(doc["configsvrConnectionString"])
+
+    def config_address(self) -> tuple[str, int] | None:
+        """The ``(host, port)`` of the config server's first host in the shard identity, or
+        None."""
+        conn = self.config_connection_string()
+        if conn is None:
+            return None
+        return parse_address(conn.split("/", 1)[-1].split(",")[0])
 
     async def refresh_if_unknown(self, ns: str, received: dict[str, Any]) -> None:
         """Load ``ns``'s metadata from the config server when this shard has none (a
         restart) and ``received`` is a sharded version; concurrent requests share one
-        refresh. A config server that cannot be reached (or does not answer within
-        :data:`REFRESH_TIMEOUT_S`) leaves it unknown."""
+        refresh. A config server replica set is read on its primary, found through a
+        replica-set monitor (as mongod's ``ShardRegistry`` reaches the config shard), so a
+        refresh after a config failover reads the new primary. A config server that cannot
+        be reached (or does not answer within :data:`REFRESH_TIMEOUT_S`) leaves it unknown."""
         if ns in self.metadata or received.get("e") in (None, UNSHARDED_EPOCH):
             return
-        addr = self.config_address()
-        if addr is None:
+        conn = self.config_connection_string()
+        if conn is None:
             return
         fut = self._refreshing.get(ns)
         if fut is not None:
@@ -257,7 +267,7 @@ class ShardingRuntime:
             return
         fut = self._refreshing[ns] = asyncio.get_running_loop().create_future()
         try:
-            meta = await asyncio.wait_for(self._fetch(addr, ns), REFRESH_TIMEOUT_S)
+            meta = await asyncio.wait_for(self._fetch(conn, ns), REFRESH_TIMEOUT_S)
             if ns not in self.metadata:  # no push meanwhile (it is newer)
                 self.set_metadata(ns, meta)
         except (MongoError, asyncio.TimeoutError) as exc:
@@ -266,15 +276,24 @@ class ShardingRuntime:
             self._refreshing.pop(ns, None)
             fut.set_result(None)
 
-    async def _fetch(self, addr: tuple[str, int], ns: str) -> dict[str, Any] | None:
-        """The metadata of ``ns`` as the config server pushes it, read from its catalog."""
-        pool = self._pools.get("$config")
-        if pool is None or (pool.host, pool.port) != addr:
-            pool = self._pools["$config"] = Pool(*addr)
+    async def _fetch(self, conn: str, ns: str) -> dict[str, Any] | None:
+        """The metadata of ``ns`` as the config server pushes it, read from its catalog
+        (``conn``: the shard identity's connection string)."""
+        if "/" in conn:
+            async def run(cmd: dict[str, Any]) -> dict[str, Any]:
+                return await self.targets.command(self.node.clock, conn, "config", cmd)
+        else:
+            addr = parse_address(conn)
+            pool = self._pools.get("$config")
+            if pool is None or (pool.host, pool.port) != addr:
+                pool = self._pools["$config"] = Pool(*addr)
+
+            async def run(cmd: dict[str, Any]) -> dict[str, Any]:
+                return await gossip_command(self.node.clock, pool, "config", cmd)
 
         async def find(coll: str, filt: dict[str, Any]) -> list[dict[str, Any]]:
-            reply = await gossip_command(self.node.clock, pool, "config", {
-                "find": coll, "filter": filt, "batchSize": 1 << 30, "singleBatch": True})
+            reply = await run({"find": coll, "filter": filt, "batchSize": 1 << 30,
+                               "singleBatch": True})
             return [dict(d) for d in reply["cursor"]["firstBatch"]]
         found = await find("collections", {"_id": ns})
         if not found:

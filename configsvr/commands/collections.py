@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import datetime
 import logging
 import uuid as uuid_mod
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, ObjectId
 from bson.timestamp import Timestamp
 
+from shardsim.configsvr import catalog
 from shardsim.configsvr import migration, placement_history
 from shardsim.configsvr.catalog import chunk_doc, initial_chunks, split_ns
 from shardsim.core.shard_key import KeyPattern
@@ -101,7 +101,7 @@ async def shard_collection(node: ConfigServerNode, req: Request) -> dict[str, An
         epoch = ObjectId()
         await node.insert("collections", [{
             "_id": ns, "lastmodEpoch": epoch,
-            "lastmod": datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None),
+            "lastmod": catalog.date_now(),
             "timestamp": now, "uuid": uuid, "key": pattern.pattern, "unique": unique,
             "noBalance": False}])
         await node.insert("chunks", [

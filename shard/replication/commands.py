@@ -121,7 +121,9 @@ async def repl_set_get_config(node: Any, req: Request) -> dict[str, Any]:
 
 
 def config_doc(node: Any) -> dict[str, Any]:
-    """The set's configuration document as mongod stores it in ``local.system.replset``."""
+    """The set's configuration document as mongod stores it in ``local.system.replset``; a
+    config server's has ``configsvr: true`` (``ReplSetConfig::getConfigServer``, required of
+    a ``--configsvr`` member's set by ``replset_config.idl`` / ``validateConfigForInitiate``)."""
     repl = node.repl
     cfg = repl.config
     return {"_id": cfg.set_name, "version": cfg.version, "term": repl.core.term,
@@ -137,7 +139,8 @@ def config_doc(node: Any) -> dict[str, Any]:
                          "catchUpTimeoutMillis": cfg.catch_up_timeout_ms,
                          "catchUpTakeoverDelayMillis": 30000,
                          "getLastErrorModes": {}, "getLastErrorDefaults": {"w": 1, "wtimeout": 0},
-                         "replicaSetId": repl.replica_set_id}}
+                         "replicaSetId": repl.replica_set_id},
+            **({"configsvr": True} if getattr(node, "role", "") == "configsvr" else {})}
 
 
 @commands.handler("replSetGetStatus", secondary="always",

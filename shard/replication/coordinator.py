@@ -360,6 +360,8 @@ class ReplicationCoordinator:
             self._notify()
             if self._writable:
                 self.node.on_became_writable_primary()
+            else:
+                self.node.on_lost_writable_primary()
         self._wake.set()
 
     def _notify(self) -> None:

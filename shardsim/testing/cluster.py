@@ -74,7 +74,13 @@ class AsyncShardedCluster(ReplicaSetMembers):
     ``members_of``, ``primary_of``, ``step_down``, ``kill_primary``, ``restart_member``,
     ``isolate``, ``partition``, ``heal`` this class has); ``repl_options`` (their timing in
     ms: ``election_timeout_ms`` 1000, ``heartbeat_interval_ms`` 200, ``heartbeat_timeout_ms``
-    2000 by default). ``noop_interval_ms`` defaults to 1000, 200 with ``members`` > 1.
+    2000 by default); ``config_members`` (int, default ``members``: the config server a
+    replica set (CSRS) of that many members, ``config``, ``config-1``, ..., set name
+    ``config``; the routers get ``--configdb config/h1,h2,h3`` and the shards' ``shardIdentity``
+    that string; ``primary_of("config")``, ``step_down("config")``, ``kill_primary("config")``
+    and the other replica-set faults act on it; ``node("config")``/``command("config", ...)``
+    reach its current primary). ``noop_interval_ms`` defaults to 1000, 200 with ``members`` or
+    ``config_members`` > 1.
 
     ``uri`` is the router's ``mongodb://host:port/`` once started. Use ``async with`` or
     :meth:`start` / :meth:`stop` (stop always leaves no socket or task of the cluster behind).
@@ -86,7 +92,8 @@ class AsyncShardedCluster(ReplicaSetMembers):
                  host: str = "127.0.0.1", port: int = 0,
                  shard_options: dict[str, Any] | None = None, routers: int = 1,
                  server_version: str | dict[str, str] = "8.0", members: int = 1,
-                 repl_options: dict[str, Any] | None = None) -> None:
+                 repl_options: dict[str, Any] | None = None,
+                 config_members: int | None = None) -> None:
         from shardsim.core import server_version as versions
         if isinstance(server_version, dict):
             self.server_versions = {k: versions.get(v).name for k, v in server_version.items()}
@@ -105,6 +112,9 @@ class AsyncShardedCluster(ReplicaSetMembers):
             raise ValueError("a shard needs at least one member")
         self.num_shards = shards
         self.num_members = int(members)
+        self.num_config_members = int(members if config_members is None else config_members)
+        if self.num_config_members < 1:
+            raise ValueError("a config server needs at least one member")
         self.repl_options = dict(repl_options or {})
         self.promise_mode = promise_mode
         self.durable = durable or dbpath is not None
@@ -115,11 +125,13 @@ class AsyncShardedCluster(ReplicaSetMembers):
         # replica-set shards release events at the commit point, idle ones as their no-ops
         # commit (the mongod promise mode): a shorter interval keeps the merged stream quick
         self.noop_interval_ms = int(noop_interval_ms if noop_interval_ms is not None
-                                    else 1000 if members == 1 else 200)
+                                    else 1000 if max(members, self.num_config_members) == 1
+                                    else 200)
         self.host = host
         self.port = port
         self.shard_options = dict(shard_options or {})
-        self.config: Member | None = None
+        self.config: Member | None = None  # the config server (its member 0 in a set)
+        self.config_set: list[Member] = []  # every member of the config server, _id order
         self.router: Member | None = None
         self.num_routers = max(1, int(routers))
         self.extra_routers: list[Member] = []
@@ -165,9 +177,16 @@ class AsyncShardedCluster(ReplicaSetMembers):
         try:
             if self.durable:
                 self.base_dir = self._dbpath_arg or tempfile.mkdtemp(prefix="shardsim-testkit-")
-            self.config = Member("config", "configsvr", self._make_config, self.host,
-                                 self._data_dir("config"))
-            await run_as("config", self.config.start)
+            if self.num_config_members > 1:
+                self.config_set = self._new_config_set()
+                self.config = self.config_set[0]
+                await asyncio.gather(*(run_as(m.name, m.start) for m in self.config_set))
+                await self.settled("config")
+            else:
+                self.config = Member("config", "configsvr", self._make_config, self.host,
+                                     self._data_dir("config"))
+                self.config_set = [self.config]
+                await run_as("config", self.config.start)
             for _ in range(self.num_shards):
                 self._new_shard_member()
             await asyncio.gather(*(run_as(m.name, m.start) for ms in self.replsets.values()
@@ -183,7 +202,8 @@ class AsyncShardedCluster(ReplicaSetMembers):
                 await run_as(extra.name, extra.start)
             for member in self.shards.values():
                 await self._add_shard(member)
-            for member in (self.config, *self.shards.values(), self.router, *self.extra_routers):
+            for member in (*self.config_set, *self.shards.values(), self.router,
+                           *self.extra_routers):
                 self._seed_fail_points(member)
         except BaseException:
             await self.stop()
@@ -195,7 +215,7 @@ class AsyncShardedCluster(ReplicaSetMembers):
         Safe to call twice."""
         for member in [*reversed(self.extra_routers), self.router,
                        *(m for ms in reversed(list(self.replsets.values())) for m in ms),
-                       self.config]:
+                       *(self.config_set or [self.config])]:
             if member is not None:
                 try:
                     await member.stop(self._tracker)
@@ -226,7 +246,7 @@ class AsyncShardedCluster(ReplicaSetMembers):
         """The FCV a (re)started member or a new shard gets: the config server's (what
         ``setFeatureCompatibilityVersion`` last set; the server persists it in
         ``admin.system.version`` and addShard hands it to a new shard), else the initial one."""
-        node = self.config.node if self.config is not None else None
+        node = self._config_member().node if self.config is not None else None
         return str(node.fcv) if node is not None else self.fcv
 
     def _version_of(self, member: str) -> str:
@@ -243,10 +263,51 @@ class AsyncShardedCluster(ReplicaSetMembers):
             "dbpath": self.config.dbpath, "noop_interval_ms": self.noop_interval_ms,
             "server_version": self._version_of("config"), "fcv": self._current_fcv()})
 
+    def _new_config_set(self) -> list[Member]:
+        """The members of the config server replica set (not started): ``config``,
+        ``config-1``, ... of set ``config``, the kit's election timing."""
+        from shardsim.configsvr.node import ConfigServerNode
+
+        def options(i: int, hosts: list[str]) -> dict[str, Any]:
+            opts = {"noop_interval_ms": self.noop_interval_ms,
+                    "server_version": self._version_of("config"), "fcv": self._current_fcv()}
+            opts.update(member_options(hosts, i, self.repl_options,
+                                       None if self.seed is None else self.seed + 7919))
+            return opts
+
+        def make(port: int, options: dict[str, Any]) -> Node:
+            return ConfigServerNode(host=self.host, port=port, test_commands=True,
+                                    options=options)
+        return new_replica_set("config", self.num_config_members, self.host, options,
+                               self._data_dir, make_node=make, role="configsvr")
+
+    def _sets(self) -> dict[str, list[Member]]:
+        """The shards' sets and the config server's (``"config"``)."""
+        if not self.config_set:
+            return self.replsets
+        return {**self.replsets, "config": self.config_set}
+
+    def _config_member(self) -> Member:
+        """The config server's writable primary (a one-node config server: itself); member 0
+        when none is writable now."""
+        assert self.config is not None
+        for m in self.config_set:
+            node = m.node
+            if m.running and node is not None and (node.repl is None or node.repl.writable):
+                return m
+        return self.config
+
+    @property
+    def configdb(self) -> str:
+        """The routers' ``--configdb``: ``config/h1,h2,h3`` for a config server replica set,
+        else ``host:port``."""
+        assert self.config is not None
+        return connection_string("config", self.config_set or [self.config])
+
     def _make_router(self, port: int) -> Node:
         from shardsim.router.node import RouterNode
         assert self.config is not None
-        configdb = self.config.address
+        configdb = self.configdb
         return RouterNode(configdb=configdb, host=self.host, port=port, test_commands=True,
                           options={"configdb": configdb, "server_version": self._version_of("router"),
                                    "fcv": self._current_fcv(),
@@ -304,7 +365,10 @@ class AsyncShardedCluster(ReplicaSetMembers):
             if extra.name == name:
                 return extra
         if name in ("config", "configsvr") and self.config is not None:
-            return self.config
+            return self._config_member()
+        for m in self.config_set:  # a config server member: config-1, ...
+            if m.name == name:
+                return m
         if name in self.shards:
             return self.shards[name]
         for members in self.replsets.values():  # a replica-set member: shard0-1, ...
@@ -452,7 +516,7 @@ class AsyncShardedCluster(ReplicaSetMembers):
         if int(ms) < 1:
             raise ValueError("the no-op interval is at least 1 ms")
         members = [self._shard(name)] if name is not None else \
-            [*self.shards.values(), *([self.config] if self.config else [])]
+            [*self.shards.values(), *(m for m in self.config_set if m.running)]
         for member in members:
             self.node(member.name)
             await self._apply("set_noop_interval", [member.name], {"ms": int(ms)})

@@ -45,13 +45,20 @@ def member_options(hosts: list[str], index: int, repl_options: dict[str, Any],
 
 
 def new_replica_set(name: str, members: int, host: str, make_options: Any,
-                    data_dir: Any) -> list[Member]:
+                    data_dir: Any, make_node: Any = None, role: str = "shard") -> list[Member]:
     """The :class:`Member` s of replica set ``name`` (not started): member 0 is named ``name``,
     the others ``name-1``, ``name-2``...; ports are chosen now (every member must know every
     address before it starts). ``make_options(index, hosts)`` gives a member's node options;
     ``data_dir(member name)`` its dbpath or None. Member 0 initiates the set at its first start
-    (the "initiating set" no-op); a member restarted later never does."""
+    (the "initiating set" no-op); a member restarted later never does. ``make_node(port,
+    options)`` builds a member's node (default: a :class:`ShardNode` of shard ``name``; the
+    kit's config server replica set passes a :class:`ConfigServerNode`'s), ``role`` names the
+    members' role."""
     from shardsim.shard.node import ShardNode
+    if make_node is None:
+        def make_node(port: int, options: dict[str, Any]) -> Node:
+            return ShardNode(shard_name=name, host=host, port=port, test_commands=True,
+                             options=options)
     socks = [socket.socket() for _ in range(members)]  # held together: N distinct ports
     for sock in socks:
         sock.bind((host, 0))
@@ -70,10 +77,9 @@ def new_replica_set(name: str, members: int, host: str, make_options: Any,
             if members > 1:
                 options["repl_initiate"] = first[0]
                 first[0] = False
-            return ShardNode(shard_name=name, host=host, port=port, test_commands=True,
-                             options=options)
+            return make_node(port, options)
 
-        m = Member(mname, "shard", make, host, dbpath)
+        m = Member(mname, role, make, host, dbpath)
         m.port = ports[i]
         out.append(m)
     return out
@@ -101,16 +107,23 @@ class ReplicaSetMembers:
     replsets: dict[str, list[Member]]
     _tracker: TaskTracker
 
+    def _sets(self) -> dict[str, list[Member]]:
+        """Every set the faults may name: the shards' (:attr:`replsets`; a cluster adds its
+        config server's as ``"config"``). Random choices stay among :attr:`replsets`."""
+        return self.replsets
+
     def members_of(self, name: str) -> list[str]:
-        """``host:port`` of every member of shard (set) ``name``, in ``_id`` order."""
-        if name not in self.replsets:
-            raise KeyError(f"no replica set named {name!r} (sets: {sorted(self.replsets)})")
-        return [m.address for m in self.replsets[name]]
+        """``host:port`` of every member of shard (set) ``name`` (``"config"``: the config
+        server's), in ``_id`` order."""
+        sets = self._sets()
+        if name not in sets:
+            raise KeyError(f"no replica set named {name!r} (sets: {sorted(sets)})")
+        return [m.address for m in sets[name]]
 
     async def primary_of(self, name: str, timeout: float = 10.0) -> str:
         """``host:port`` of the writable primary of ``name`` as its ``hello`` says, waiting up
         to ``timeout`` s for one. Raises :class:`NoPrimary`."""
-        members = self.replsets[name]
+        members = self._sets()[name]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -130,7 +143,7 @@ class ReplicaSetMembers:
         while True:
             primary = await self.primary_of(name, timeout=max(0.1, deadline - loop.time()))
             pnode = self._member_at(primary).node
-            nodes = [m.node for m in self.replsets[name] if m.running and m.node is not None]
+            nodes = [m.node for m in self._sets()[name] if m.running and m.node is not None]
             if pnode.repl is None or all(
                     n.repl.core.primary_id == pnode.repl.self_id
                     and n.repl.core.applied >= pnode.repl.core.first_op_of_term
@@ -141,7 +154,7 @@ class ReplicaSetMembers:
             await asyncio.sleep(0.02)
 
     def _member_at(self, host: str) -> Member:
-        for members in self.replsets.values():
+        for members in self._sets().values():
             for m in members:
                 if m.address == host:
                     return m
@@ -150,7 +163,7 @@ class ReplicaSetMembers:
     def _primary_member(self, name: str | None) -> tuple[str, Member]:
         if name is None:
             name = self.random.choice(sorted(self.replsets))  # type: ignore[attr-defined]
-        for m in self.replsets[name]:
+        for m in self._sets()[name]:
             node = m.node
             if m.running and node is not None and (node.repl is None or node.repl.writable):
                 return name, m
@@ -229,14 +242,14 @@ class ReplicaSetMembers:
         fetching (until :meth:`heal`), so no new entry reaches a majority; ``w: "majority"``
         writes wait, and its change streams release nothing newer (the merged stream waits)."""
         primary = await self.primary_of(name)
-        for m in self.replsets[name]:
+        for m in self._sets()[name]:
             if m.address != primary and m.node is not None and m.node.repl is not None:
                 m.node.repl.fetch_held = True
 
     async def heal(self) -> None:
         """Restore every link cut by :meth:`isolate` / :meth:`partition`; end :meth:`lag` and
         :meth:`hold_commit_point`."""
-        for members in self.replsets.values():
+        for members in self._sets().values():
             for m in members:
                 if m.node is not None and m.node.repl is not None:
                     m.node.repl.heal()

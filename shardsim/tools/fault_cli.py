@@ -349,16 +349,18 @@ PRIMARY_WAIT_S = 60.0  # the server's election timeout is 10 s; catch-up and no-
 
 
 def _set_members(state: dict[str, Any], name: str | None) -> tuple[str, list[dict[str, Any]]]:
-    """The set ``name`` (the only one when None) and its members' state entries."""
+    """The set ``name`` (the only one when None; the config server's set, ``config``, is
+    only taken when named or alone) and its members' state entries."""
     sets = state.get("sets") or {}
     if not sets:
         raise click.ClickException("the detached cluster has no replica set of more than one "
                                    "member; start one with 'shardsim up --detach --topology "
                                    "replicaset --members 3' (or --members 3 for the shards)")
     if name is None:
-        if len(sets) > 1:
+        shard_sets = [n for n in sets if n != "config"] or list(sets)
+        if len(shard_sets) > 1:
             raise click.ClickException(f"several replica sets ({', '.join(sets)}): name one")
-        name = next(iter(sets))
+        name = shard_sets[0]
     if name not in sets:
         raise click.ClickException(f"no replica set named {name!r} (there are: "
                                    f"{', '.join(sets)})")

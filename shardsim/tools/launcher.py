@@ -31,6 +31,11 @@ from shardsim.core.server import READY_RE
 from shardsim.tools.procs import OwnedPopen, RoleProcess, port_in_use, role_module
 
 
+#: The config server replica set's name (``--set-name`` of its members, ``--configdb
+#: config/h1,h2,h3``): the project's config server has always answered ``setName: "config"``.
+CONFIG_SET_NAME = "config"
+
+
 class ClusterError(RuntimeError):
     """The cluster could not start (port clash, a process died at start, addShard failed)."""
 
@@ -115,7 +120,12 @@ class Cluster:
     ``"sharded"`` (default) or ``"replicaset"``: one plain replica set of ``members`` members
     named ``set_name`` (``rs0``), no config server and no router, the first member on ``port``
     (0: a free one); ``repl_args`` — the members' timing options (``--election-timeout-ms``,
-    ``--heartbeat-interval-ms``, ``--heartbeat-timeout-ms``; the server's defaults when empty).
+    ``--heartbeat-interval-ms``, ``--heartbeat-timeout-ms``; the server's defaults when empty);
+    ``config_members`` — members of the config server (default ``members``): with N > 1 it is
+    a replica set (CSRS) ``config`` of processes ``configsvr``, ``configsvr-1``, ...
+    (``python -m shardsim.configsvr --set-name config --members h1,h2,h3``), the routers get
+    ``--configdb config/h1,h2,h3``, and ``sets["config"]`` lists them (``shardsim fault
+    step-down config``).
 
     Attributes after :meth:`start`: ``uri`` (what a client connects to: the first router's, or
     ``mongodb://h1,h2,h3/?replicaSet=rs0`` for a replica set), ``sets`` (``{set name: [member
@@ -135,7 +145,7 @@ class Cluster:
                  tls_mode: str = "requireTLS", routers: int = 1,
                  test_commands: bool = False, server_version: str = "8.0",
                  members: int = 1, topology: str = "sharded", set_name: str = "rs0",
-                 repl_args: Sequence[str] = ()) -> None:
+                 repl_args: Sequence[str] = (), config_members: int | None = None) -> None:
         from shardsim.core import server_version as versions
         self.server_version = versions.get(server_version).name  # ValueError when unknown
         if topology not in ("sharded", "replicaset"):
@@ -144,6 +154,10 @@ class Cluster:
             raise ValueError("a replica set needs at least one member")
         self.topology = topology
         self.num_members = int(members)
+        # the config server: one process, or a replica set (CSRS) of this many members
+        self.num_config_members = int(members if config_members is None else config_members)
+        if self.num_config_members < 1:
+            raise ValueError("a config server needs at least one member")
         self.set_name = set_name
         self.repl_args = list(repl_args)
         self.sets: dict[str, list[RoleProcess]] = {}
@@ -160,7 +174,8 @@ class Cluster:
         self.shard_args = list(shard_args)
         self.detach = detach
         self.start_timeout = start_timeout
-        self.config: RoleProcess | None = None
+        self.config: RoleProcess | None = None  # the config server (member 0 of its set)
+        self.config_members: list[RoleProcess] = []  # every config server process
         self.router: RoleProcess | None = None
         self.shards: list[RoleProcess] = []
         self.auth = auth
@@ -252,8 +267,18 @@ class Cluster:
 
     @property
     def processes(self) -> list[RoleProcess]:
-        return [p for p in (self.config, *self.shards, self.router, *self.extra_routers)
+        configs = self.config_members or [self.config]
+        return [p for p in (*configs, *self.shards, self.router, *self.extra_routers)
                 if p is not None]
+
+    @property
+    def configdb(self) -> str:
+        """The routers' ``--configdb``: ``config/h1,h2,h3`` for a config server replica set,
+        else the config server's ``host:port``."""
+        assert self.config is not None
+        if len(self.config_members) > 1:
+            return CONFIG_SET_NAME + "/" + ",".join(m.address for m in self.config_members)
+        return self.config.address
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _proc(self, module: str, args: list[str], name: str) -> RoleProcess:
@@ -327,31 +352,41 @@ class Cluster:
             # Most of a start is the child's imports, so the processes start at the same time:
             # the config server and the shards need nothing of each other; the router needs
             # the config server's address (its port is known once it is ready).
-            self.config = self._proc(
-                "configsvr", ["--port", self._saved_port("configsvr"), "--host", self.host,
-                              *self._dbpath("config"), *self._security_args()],
-                "configsvr")
-            self.config.spawn()
+            if self.num_config_members > 1:
+                self.config_members = self._new_config_set()
+                self.config = self.config_members[0]
+            else:
+                self.config = self._proc(
+                    "configsvr", ["--port", self._saved_port("configsvr"), "--host", self.host,
+                                  *self._dbpath("config"), *self._security_args()],
+                    "configsvr")
+                self.config_members = [self.config]
+            for proc in self.config_members:
+                proc.spawn()
             for _ in range(self.num_shards):
                 for proc in self._new_shard_members():
                     proc.spawn()
-            self._ready(self.config)
+            for proc in self.config_members:
+                self._ready(proc)
+            if len(self.config_members) > 1:  # the routers' first catalog read needs it
+                self._wait_primary(self.config_members)
             self.router = self._proc(
                 "router", ["--port", str(self.port), "--host", self.host,
-                           "--configdb", self.config.address, *self._security_args()],
+                           "--configdb", self.configdb, *self._security_args()],
                 "router")
             self.router.spawn()
             for i in range(1, self.num_routers):
                 extra = self._proc(
                     "router", ["--port", "0", "--host", self.host,
-                               "--configdb", self.config.address, *self._security_args()],
+                               "--configdb", self.configdb, *self._security_args()],
                     f"router{i}")
                 self.extra_routers.append(extra)
                 extra.spawn()
             for proc in (*self.shards, self.router, *self.extra_routers):
                 self._ready(proc)
-            for members in self.sets.values():
-                self._wait_primary(members)
+            for name, members in self.sets.items():
+                if name != CONFIG_SET_NAME:
+                    self._wait_primary(members)
             if self.auth is not None and not self._has_users():
                 self._create_root_user()
             for name in self._shard_names:
@@ -393,20 +428,7 @@ class Cluster:
         ``--initiate`` when the set is new (no data in its dbpath yet): mongod's
         ``replSetInitiate``, once. A one-member "set" is a plain shard process."""
         names = [name if i == 0 else f"{name}-{i}" for i in range(self.num_members)]
-        ports = [int(self._saved_port(n)) for n in names]
-        if first_port and not ports[0]:
-            ports[0] = first_port
-        socks = []
-        try:
-            for i, port in enumerate(ports):
-                if not port:
-                    sock = socket.socket()
-                    sock.bind((self.host, 0))
-                    socks.append(sock)
-                    ports[i] = sock.getsockname()[1]
-        finally:
-            for sock in socks:
-                sock.close()
+        ports = self._set_ports(names, first_port)
         hosts = ",".join(f"{self.host}:{p}" for p in ports)
         procs = []
         for i, mname in enumerate(names):
@@ -423,6 +445,47 @@ class Cluster:
         if self.num_members > 1:
             self.sets[name] = procs
         return procs
+
+    def _new_config_set(self) -> list[RoleProcess]:
+        """The config server replica set's processes (not started): ``configsvr``,
+        ``configsvr-1``, ... (dbpaths ``data/config``, ``data/config-1``, ...), set
+        :data:`CONFIG_SET_NAME`, each ``python -m shardsim.configsvr --members h1,h2,h3``
+        (member 0 with ``--initiate`` when new), as ``mongod --configsvr --replSet``."""
+        names = ["configsvr" if i == 0 else f"configsvr-{i}"
+                 for i in range(self.num_config_members)]
+        ports = self._set_ports(names)
+        hosts = ",".join(f"{self.host}:{p}" for p in ports)
+        procs = []
+        for i, mname in enumerate(names):
+            dbpath = self._dbpath("config" if i == 0 else f"config-{i}")
+            fresh = not dbpath or not os.listdir(dbpath[1])
+            args = ["--port", str(ports[i]), "--host", self.host, "--set-name", CONFIG_SET_NAME,
+                    "--members", hosts, *(["--initiate"] if i == 0 and fresh else []),
+                    *self.repl_args]
+            procs.append(self._proc("configsvr", [*args, *dbpath, *self._security_args()],
+                                    mname))
+        self.sets[CONFIG_SET_NAME] = procs
+        return procs
+
+    def _set_ports(self, names: list[str], first_port: int = 0) -> list[int]:
+        """Ports for the members ``names`` of one set: a durable cluster's kept ones, else
+        free ones chosen now (held together, so all distinct; the first on ``first_port``
+        when given)."""
+        ports = [int(self._saved_port(n)) for n in names]
+        if first_port and not ports[0]:
+            ports[0] = first_port
+        socks = []
+        try:
+            for i, port in enumerate(ports):
+                if not port:
+                    sock = socket.socket()
+                    sock.bind((self.host, 0))
+                    socks.append(sock)
+                    ports[i] = sock.getsockname()[1]
+        finally:
+            for sock in socks:
+                sock.close()
+        return ports
 
     def _wait_primary(self, members: list[RoleProcess], timeout: float | None = None) -> str:
         """Wait for a writable primary among ``members`` (``hello`` on each); returns its

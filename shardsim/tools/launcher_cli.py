@@ -21,8 +21,9 @@ import click
 
 from shardsim.core import server_version as server_version_mod
 
-from shardsim.tools.launcher import (Cluster, ClusterError, check_owner, default_run_dir, pid_is,
-                               read_state, state_path, stop_pid, write_state)
+from shardsim.tools.launcher import (CONFIG_SET_NAME, Cluster, ClusterError, check_owner,
+                                     default_run_dir, pid_is, read_state, state_path, stop_pid,
+                                     write_state)
 
 
 def _status_line(name: str, module: str, host: str | None, port: int | None, pid: int | None,
@@ -134,9 +135,12 @@ def _print_cluster(cluster: Cluster) -> None:
         click.echo(f"shardsim cluster ready: {cluster.router_uri}")
     for uri in cluster.router_uris[1:] if cluster.topology == "sharded" else ():
         click.echo(f"another router: {uri}")
-    if cluster.topology == "sharded" and cluster.sets:
+    shard_sets = [n for n in cluster.sets if n != CONFIG_SET_NAME]
+    if cluster.topology == "sharded" and shard_sets:
         click.echo("the shards are replica sets: " + ", ".join(
-            cluster.shard_connection_string(n) for n in cluster.sets))
+            cluster.shard_connection_string(n) for n in shard_sets))
+    if cluster.topology == "sharded" and CONFIG_SET_NAME in cluster.sets:
+        click.echo(f"the config server is a replica set: {cluster.configdb}")
     if cluster.auth is not None:
         click.echo(f"authentication on: user '{cluster.auth[0]}' (root, authSource admin); "
                    f"key file {cluster.key_file}")
@@ -195,6 +199,9 @@ def resolve_run_dir(run_dir: str | None, port: int | None = None) -> str:
 @click.option("--members", type=click.IntRange(1, 50), default=1, show_default=True,
               help="Members per replica set: every shard (or the replica set of --topology "
                    "replicaset) is that many processes; 1 = one process per shard, as before.")
+@click.option("--config-members", type=click.IntRange(1, 50), default=None,
+              help="Members of the config server replica set [default: --members]; 1 = one "
+                   "config server process.")
 @click.option("--set-name", default="rs0", show_default=True,
               help="The replica set's name (--topology replicaset).")
 @click.option("--election-timeout-ms", type=click.IntRange(min=1), default=None,
@@ -211,7 +218,7 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
        server_version: str = "8.0", topology: str = "sharded", members: int = 1,
        set_name: str = "rs0", election_timeout_ms: int | None = None,
        heartbeat_interval_ms: int | None = None,
-       heartbeat_timeout_ms: int | None = None) -> None:
+       heartbeat_timeout_ms: int | None = None, config_members: int | None = None) -> None:
     """Start a local cluster: config server, SHARDS shards and a router on 127.0.0.1:PORT
     (--topology replicaset: a replica set of MEMBERS members, the first on PORT)."""
     global _stopping
@@ -256,7 +263,7 @@ def up(shards: int, port: int, dbpath: str | None, detach: bool, run_dir: str | 
                           port=port, detach=detach, auth=creds, tls=tls, routers=routers,
                           test_commands=test_commands, server_version=server_version,
                           members=members, topology=topology, set_name=set_name,
-                          repl_args=repl_args)
+                          repl_args=repl_args, config_members=config_members)
         try:
             cluster.start()
         except ClusterError as exc:

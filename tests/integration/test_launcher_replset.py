@@ -12,6 +12,7 @@ import uuid
 from typing import Any, Iterator
 
 import pymongo
+import pymongo.errors
 import pytest
 
 from detached_kit import (FAST, count_on, detached_cluster, marked_pids, member_state, run_cli,
@@ -163,17 +164,22 @@ def test_durable_replica_set_comes_back_without_initiating_again(tmp_path: Any) 
 
 def test_sharded_cluster_with_replica_set_shards_plumbing(tmp_path: Any) -> None:
     """``Cluster(shards=2, members=3)``: every shard three processes (shardN, shardN-1,
-    shardN-2) of set shardN, a primary each, added as ``shardN/h1,h2,h3``; ``members=1`` keeps
-    one process per shard."""
+    shardN-2) of set shardN, a primary each, added as ``shardN/h1,h2,h3``; the config server
+    three processes (configsvr, configsvr-1, configsvr-2) of set ``config`` (``configsvr:
+    true``), the router on ``--configdb config/h1,h2,h3``, still serving DDL after its primary
+    is killed; ``members=1`` keeps one process per shard and one config server."""
     with Cluster(shards=2, members=3, base_dir=str(tmp_path / "c"),
                  repl_args=FAST) as cluster:
         names = [p.name for p in cluster.shards]
         assert names == ["shard0", "shard0-1", "shard0-2", "shard1", "shard1-1", "shard1-2"]
-        assert sorted(cluster.sets) == ["shard0", "shard1"]
+        configs = [p.name for p in cluster.config_members]
+        assert configs == ["configsvr", "configsvr-1", "configsvr-2"]
+        assert sorted(cluster.sets) == ["config", "shard0", "shard1"]
         state = cluster.state()
         assert state["topology"] == "sharded" and state["uri"] == cluster.router_uri
-        assert state["sets"] == {"shard0": names[:3], "shard1": names[3:]}
-        for name, members in cluster.sets.items():
+        assert state["sets"] == {"config": configs, "shard0": names[:3], "shard1": names[3:]}
+        for name in ("shard0", "shard1"):
+            members = cluster.sets[name]
             assert cluster.shard_connection_string(name) == \
                 f"{name}/" + ",".join(m.address for m in members)
             primaries = [m for m in members if member_state(m.address) == "PRIMARY"]
@@ -183,9 +189,29 @@ def test_sharded_cluster_with_replica_set_shards_plumbing(tmp_path: Any) -> None
             assert hello["hosts"] == [m.address for m in members]
         shards = cluster.admin_command({"listShards": 1})["shards"]
         assert sorted(s["_id"] for s in shards) == ["shard0", "shard1"]
+        config_hosts = [m.address for m in cluster.config_members]
+        assert cluster.configdb == "config/" + ",".join(config_hosts)
+        status = cluster.admin_command({"serverStatus": 1})
+        assert status["sharding"]["configsvrConnectionString"] == cluster.configdb
+        conf = cluster._member_command(cluster.config_members[1], {"replSetGetConfig": 1})
+        assert conf["config"]["configsvr"] is True and conf["config"]["_id"] == "config"
+        primary = next(m for m in cluster.config_members if member_state(m.address) == "PRIMARY")
+        primary.kill()
+        deadline = time.monotonic() + 30
+        while True:  # the router finds the new config primary
+            try:
+                cluster.admin_command({"shardCollection": "after.c", "key": {"_id": "hashed"}})
+                break
+            except pymongo.errors.PyMongoError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert cluster.admin_command({"listShards": 1})["ok"] == 1
     with Cluster(shards=2, base_dir=str(tmp_path / "one")) as cluster:
         assert [p.name for p in cluster.shards] == ["shard0", "shard1"]
         assert cluster.sets == {} and "--members" not in cluster.shards[0].args
+        assert [p.name for p in cluster.config_members] == ["configsvr"]
+        assert "--members" not in cluster.config.args
 
 
 def test_replica_set_faults_need_a_cluster_of_replica_sets(tmp_path: Any) -> None:
