@@ -161,7 +161,7 @@ class MigrationRecovery:
         :data:`RETRY_S` seconds while one is left; one such task at a time. Not on a member
         of a config server replica set that is not the writable primary: the next primary
         does it on step-up."""
-        repl = getattr(self.node, "repl", None)
+        repl = self.node.repl
         if repl is not None and not repl.writable:
             return
         if self._task is None or self._task.done():

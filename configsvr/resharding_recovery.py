@@ -112,7 +112,7 @@ def start(node: "ConfigServerNode") -> None:
                 return
             await asyncio.sleep(RETRY_S)
 
-    repl = getattr(node, "repl", None)
+    repl = node.repl
     if repl is not None and not repl.writable:
         return  # a config secondary: the next primary resumes them on step-up
     running = _TASKS.get(id(node))

@@ -140,7 +140,7 @@ def config_doc(node: Any) -> dict[str, Any]:
                          "catchUpTakeoverDelayMillis": 30000,
                          "getLastErrorModes": {}, "getLastErrorDefaults": {"w": 1, "wtimeout": 0},
                          "replicaSetId": repl.replica_set_id},
-            **({"configsvr": True} if getattr(node, "role", "") == "configsvr" else {})}
+            **({"configsvr": True} if node.role == "configsvr" else {})}
 
 
 @commands.handler("replSetGetStatus", secondary="always",

@@ -47,8 +47,9 @@ from typing import Any, Callable, Iterable
 from shardsim.core.auth import privileges as priv
 from shardsim.core.commands import CommandFamily
 from shardsim.core.errors import MongoError
+from shardsim.core.protocol.shard import CutLinks
 
-COMMAND = "_shardsimCutLinks"
+COMMAND = CutLinks.NAME
 CUT_REASON = f"link cut ({COMMAND})"
 
 

@@ -86,6 +86,7 @@ from typing import Any
 import click
 
 from shardsim.testing import faults
+from shardsim.core.protocol.shard import CutLinks
 from shardsim.testing.faults import Fault, Param
 from shardsim.tools.launcher import (FileRoleProcess, pid_is, read_state,
                                state_path, write_state)
@@ -189,7 +190,7 @@ def _start(p: dict[str, Any], run_dir: str, state: dict[str, Any],
 
 def _cut(p: dict[str, Any], hosts: list[str]) -> None:
     """``{_shardsimCutLinks: "cut", hosts}`` on process ``p`` (:mod:`shardsim.core.links`)."""
-    _command(p, {"_shardsimCutLinks": "cut", "hosts": hosts})
+    _command(p, CutLinks("cut", hosts).to_command())
 
 
 def _running(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -223,7 +224,7 @@ def _reconnect(p: dict[str, Any], run_dir: str, state: dict[str, Any],
                targets: Any = None) -> dict[str, Any]:
     """``heal`` on one running process: every link back; on a replica-set member the lag and
     hold fail points off too; its ``isolated`` mark removed."""
-    _command(p, {"_shardsimCutLinks": "heal"})
+    _command(p, CutLinks("heal").to_command())
     if p.get("set"):
         for name in ("stopReplProducer", "shardsimDelayApply"):
             _command(p, {"configureFailPoint": name, "mode": "off"})

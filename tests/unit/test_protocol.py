@@ -13,6 +13,7 @@ from bson.timestamp import Timestamp
 import uuid
 
 from shardsim.configsvr.commands import FAMILIES as CONFIG_FAMILIES
+from shardsim.core import links
 from shardsim.core.auth import commands as auth_commands
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol import REGISTRY, configsvr, shard
@@ -58,7 +59,7 @@ def _names(*families) -> set[str]:
 
 def test_every_request_has_a_handler_on_the_role_that_answers_it():
     answered_by_shard = _names(*SHARD_FAMILIES, testing.commands, cs_cursor.commands,
-                               auth_commands.commands)
+                               auth_commands.commands, links.commands)
     answered_by_config = _names(*CONFIG_FAMILIES)
     for name, cls in REGISTRY.items():
         where = answered_by_config if cls.__module__.endswith(".configsvr") else answered_by_shard
@@ -70,6 +71,7 @@ SAMPLES = {
     shard.MigrationStart: ("db.c", "sid", {"a": 1}, {"a": 0}, {"a": 10}),
     shard.MergeSessionRecords: (1, [{"lsid": {}, "txnNumber": 1, "stmts": []}]),
     shard.TruncateOplog: (1, Timestamp(5, 1)),
+    shard.CutLinks: ("cut", ["127.0.0.1:27018"]),
     shard.EnsureCollection: ("c", Binary.from_uuid(uuid.uuid4(), UuidRepresentation.STANDARD)),
     configsvr.ShardCollection: ("db.c", {"a": "hashed"}),
     configsvr.RenameCollection: ("db.c", "db.d"),

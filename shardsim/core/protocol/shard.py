@@ -206,6 +206,17 @@ class TruncateOplog(InternalRequest):
 
 
 @request
+class CutLinks(InternalRequest):
+    """Cut (``"cut"``) or restore (``"heal"``) this process's links to ``hosts`` (``host:port``
+    strings; heal without hosts: every link). Answered by every role with test commands on
+    (shard, config server, router). Handler: ``shardsim/core/links.py`` ``cut_links``; reply
+    ``{cut: [hosts]}``."""
+    NAME = "_shardsimCutLinks"
+    verb: str
+    hosts: list | None = None
+
+
+@request
 class SetClusterTime(InternalRequest):
     """Pin the cluster time of this shard's next oplog entry (``Timestamp(0, 0)`` unpins).
     Reply ``{pinned}``."""
