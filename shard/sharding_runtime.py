@@ -72,6 +72,8 @@ class CollectionMetadata:
     chunks: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = field(default_factory=list)
     uuid: Any = None
     routing: ChunkMap | None = None  # every chunk with its owner (routed look-ups)
+    # the collection's version: (timestamp, major, minor) of the highest chunk lastmod
+    collection_version: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def shard_version(self) -> dict[str, Any]:
         """``{e, t, v}``."""
@@ -85,6 +87,21 @@ class CollectionMetadata:
             return True
         return any(compare_keys(lo, key) <= 0 and compare_keys(key, hi) < 0
                    for lo, hi in self.chunks)
+
+
+def _collection_version(doc: dict[str, Any]) -> tuple[int, int, int, int]:
+    """The collection version of metadata ``doc`` (as :meth:`ShardingRuntime.set_metadata`
+    takes it): ``(timestamp.time, timestamp.inc, major, minor)`` of its highest chunk
+    ``lastmod`` (``ChunkManager::getVersion``; versions of two incarnations order by their
+    timestamps, as ``ChunkVersion`` compares them)."""
+    ts = doc.get("timestamp")
+    t = (ts.time, ts.inc) if isinstance(ts, Timestamp) else (0, 0)
+    top = (0, 0)
+    for c in doc.get("chunks") or []:
+        lm = c.get("lastmod")
+        if isinstance(lm, Timestamp) and (lm.time, lm.inc) > top:
+            top = (lm.time, lm.inc)
+    return t + top
 
 
 class _FilteredDocs:
@@ -190,18 +207,24 @@ class ShardingRuntime:
         self.hosts: dict[str, str] = {}  # other shards' connection strings (set/h1,h2 or h:p)
         self.targets = ShardTargets()  # their primaries, through replica-set monitors
         self._pools: dict[str, Pool] = {}
-        self._refreshing: dict[str, asyncio.Future] = {}
+        self._refreshing: dict[str, asyncio.Task] = {}
+        self._generation: dict[str, int] = {}  # bumped at every install or clear of a ns
+        self.refreshes = 0  # refreshes from the config server run (joined ones not counted)
+        self.refreshes_joined = 0  # callers that joined a refresh already in flight
+        self.stale_config_errors = 0  # StaleConfig answers (ShardingStatistics' count)
 
     # -- metadata -----------------------------------------------------------------------------
-    def set_metadata(self, ns: str, doc: dict[str, Any] | None) -> None:
-        """Install the metadata pushed by the config server: None (unsharded) or ``{epoch,
-        timestamp, uuid, key, chunks: [{min, max, lastmod, shard}], shards: {name: host}}``
-        (every chunk of the collection; this shard's version is the highest ``lastmod`` of its
-        own)."""
+    def set_metadata(self, ns: str, doc: dict[str, Any] | None, *, pushed: bool = True) -> None:
+        """Install metadata of ``ns``: None (unsharded) or ``{epoch, timestamp, uuid, key,
+        chunks: [{min, max, lastmod, shard}], shards: {name: host}, configsvr?}`` (every chunk
+        of the collection; this shard's version is the highest ``lastmod`` of its own).
+        ``pushed``: sent by the config server (``_shardsimSetFilteringMetadata``, whose
+        ``configsvr`` address becomes the shard identity) rather than read by a refresh."""
+        self._generation[ns] = self._generation.get(ns, 0) + 1
         if doc is None:
             self.metadata[ns] = None
             return
-        if isinstance(doc.get("configsvr"), str):
+        if pushed and isinstance(doc.get("configsvr"), str):
             self._note_identity(doc["configsvr"])
         pattern = KeyPattern(dict(doc["key"]))
         me = self.node.shard_name
@@ -219,19 +242,34 @@ class ShardingRuntime:
             if (lm.time, lm.inc) > (version.time, version.inc):
                 version = lm
         self.metadata[ns] = CollectionMetadata(doc["epoch"], doc["timestamp"], version, pattern,
-                                               chunks, doc.get("uuid"), routing)
+                                               chunks, doc.get("uuid"), routing,
+                                               _collection_version(doc))
 
     # -- the shard identity and the refresh after a restart --------------------------------------
     def _note_identity(self, configsvr: str) -> None:
         """Persist ``{_id: "shardIdentity", shardName, configsvrConnectionString}`` in
-        ``admin.system.version`` when it changed."""
+        ``admin.system.version`` when it changed, logged (a replica-set shard's secondaries
+        and later primaries know the config server too, as mongod's ``shardIdentity`` insert
+        replicates). Only a writable primary writes it."""
         if self.config_address() == parse_address(configsvr):
             return
-        if self.node.storage.get(*IDENTITY_NS) is None:  # a system collection: made here
-            self.node.create_collection(*IDENTITY_NS)
-        self.node.range_deleter.save(IDENTITY_NS, {
-            "_id": "shardIdentity", "shardName": self.node.shard_name,
-            "configsvrConnectionString": configsvr})
+        repl = getattr(self.node, "repl", None)
+        if repl is not None and not repl.writable:
+            return
+        coll = self.node.storage.get(*IDENTITY_NS)
+        if coll is None:  # a system collection: made here
+            coll = self.node.create_collection(*IDENTITY_NS)
+        doc = {"_id": "shardIdentity", "shardName": self.node.shard_name,
+               "configsvrConnectionString": configsvr}
+        key = id_key(doc["_id"])
+        if key in coll.docs:
+            coll.replace(key, doc)
+            self.node.log_op("u", coll, doc, {"_id": doc["_id"]})
+        else:
+            coll.insert(doc)
+            self.node.log_op("i", coll, doc)
+        self.node.storage.note_doc(coll, key, doc)
+        self.node.flush()
 
     def config_address(self) -> tuple[str, int] | None:
         """The config server's ``(host, port)`` from the shard identity, or None."""
@@ -241,30 +279,92 @@ class ShardingRuntime:
         return parse_address(str(doc["configsvrConnectionString"]).split("/", 1)[-1]
                              .split(",")[0])
 
-    async def refresh_if_unknown(self, ns: str, received: dict[str, Any]) -> None:
-        """Load ``ns``'s metadata from the config server when this shard has none (a
-        restart) and ``received`` is a sharded version; concurrent requests share one
-        refresh. A config server that cannot be reached (or does not answer within
-        :data:`REFRESH_TIMEOUT_S`) leaves it unknown."""
-        if ns in self.metadata or received.get("e") in (None, UNSHARDED_EPOCH):
-            return
+    # -- the refresh (onCollectionPlacementVersionMismatch) ---------------------------------------
+    def should_refresh(self, ns: str, received: dict[str, Any]) -> bool:
+        """True when a routed request's ``received`` version tells this shard that its own
+        metadata of ``ns`` may be behind, so it must refresh before it answers (mongod:
+        ``ExecCommandDatabase::_refreshIfNeeded``, ``service_entry_point_shard_role.cpp``):
+        nothing is known of ``ns`` and ``received`` is sharded; ``ns`` is unsharded here and
+        ``received`` is sharded; or ``received`` is not older than this shard's version (same
+        epoch and timestamp with a higher major version, or another incarnation with a
+        timestamp that is not older). A ``received`` of the same incarnation with a lower
+        major version, or of an older incarnation, means the router is behind: no refresh
+        ("the shard is recovered and the router is staler than the shard"). UNSHARDED received
+        for a collection known sharded refreshes too (see the module doc). False when the
+        config server is not known (no ``shardIdentity``)."""
+        if self.config_address() is None:
+            return False
+        sharded = received.get("e") not in (None, UNSHARDED_EPOCH)
+        if ns not in self.metadata or self.metadata[ns] is None:
+            return sharded
+        meta = self.metadata[ns]
+        if not sharded:
+            return True
+        rt, rv = received.get("t"), received.get("v")
+        if not isinstance(rt, Timestamp) or not isinstance(rv, Timestamp):
+            return False
+        if received.get("e") == meta.epoch and rt == meta.timestamp:
+            return rv.time > meta.version.time
+        return (rt.time, rt.inc) >= (meta.timestamp.time, meta.timestamp.inc)
+
+    async def refresh(self, ns: str) -> bool:
+        """Refresh ``ns``'s filtering metadata from the config server and wait for it
+        (``onCollectionPlacementVersionMismatch`` -> ``recoverRefreshCollectionPlacementVersion``
+        / ``forceGetCurrentMetadata``, ``shard_filtering_metadata_refresh.cpp``). One refresh
+        per namespace is in flight: a caller arriving meanwhile joins it
+        (``joinCollectionPlacementVersionOperation``); the refresh first waits for the
+        namespace's critical section, as mongod's joins it. The waiters being cancelled does
+        not cancel the refresh. True when metadata was installed; False when the config server
+        is unknown, cannot be reached or does not answer within :data:`REFRESH_TIMEOUT_S`
+        (the metadata stays as it was)."""
+        task = self._refreshing.get(ns)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._refresh(ns))
+            self._refreshing[ns] = task
+
+            def forget(t: asyncio.Task, ns: str = ns) -> None:
+                if self._refreshing.get(ns) is t:
+                    del self._refreshing[ns]
+            task.add_done_callback(forget)
+        else:
+            self.refreshes_joined += 1
+        return await asyncio.shield(task)
+
+    async def _refresh(self, ns: str) -> bool:
+        cs = self.critical.get(ns)
+        if cs is not None:  # the metadata changes at the end of the critical section
+            try:
+                await asyncio.wait_for(cs.released.wait(), CRITICAL_SECTION_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
         addr = self.config_address()
         if addr is None:
-            return
-        fut = self._refreshing.get(ns)
-        if fut is not None:
-            await asyncio.shield(fut)
-            return
-        fut = self._refreshing[ns] = asyncio.get_running_loop().create_future()
+            return False
+        self.refreshes += 1
+        generation = self._generation.get(ns, 0)
         try:
-            meta = await asyncio.wait_for(self._fetch(addr, ns), REFRESH_TIMEOUT_S)
-            if ns not in self.metadata:  # no push meanwhile (it is newer)
-                self.set_metadata(ns, meta)
-        except (MongoError, asyncio.TimeoutError) as exc:
+            doc = await asyncio.wait_for(self._fetch(addr, ns), REFRESH_TIMEOUT_S)
+        except (MongoError, OSError, asyncio.TimeoutError) as exc:
             log.warning("filtering metadata of %s not refreshed: %s", ns, exc)
-        finally:
-            self._refreshing.pop(ns, None)
-            fut.set_result(None)
+            return False
+        if self._generation.get(ns, 0) != generation and ns in self.metadata:
+            # installed meanwhile (a push): keep it unless what was read is newer
+            # (forceShardFilteringMetadataRefresh keeps a metadata that is not older)
+            current = self.metadata[ns]
+            if current is None or doc is None or \
+                    _collection_version(doc) <= current.collection_version:
+                return True
+        self.set_metadata(ns, doc, pushed=False)
+        return True
+
+    def clear_metadata(self, ns: str | None = None) -> None:
+        """Forget the filtering metadata of ``ns`` (every namespace when None): the next
+        routed request naming a sharded version refreshes it from the config server
+        (``CollectionShardingRuntime::clearFilteringMetadata``). Done by a new primary
+        (:meth:`shard.node.ShardNode.on_became_writable_primary`)."""
+        for key in ([ns] if ns is not None else list(self.metadata)):
+            self.metadata.pop(key, None)
+            self._generation[key] = self._generation.get(key, 0) + 1
 
     async def _fetch(self, addr: tuple[str, int], ns: str) -> dict[str, Any] | None:
         """The metadata of ``ns`` as the config server pushes it, read from its catalog."""
@@ -332,13 +432,20 @@ class ShardingRuntime:
 
     # -- the check of a routed request ----------------------------------------------------------
     async def check(self, ns: str, command: str, received: Any) -> bool:
-        """Check a routed request's ``shardVersion``; waits out a critical section for a
-        write. Returns True when the request is a write now counted in flight (the caller
+        """Check a routed request's ``shardVersion``, as mongod's service entry point does
+        with ``checkShardVersionOrThrow`` and ``_refreshIfNeeded`` / ``canRetryCommand``
+        (``service_entry_point_shard_role.cpp``): a write (or, once promoted, any request)
+        meeting the namespace's critical section waits for its release, then gets StaleConfig
+        (no local retry), the shard refreshing first when :meth:`should_refresh`; a version
+        that is not compatible makes the shard refresh from the config server and wait for it
+        when :meth:`should_refresh` says its own may be behind (:meth:`refresh`), then check
+        again (twice at most: a joined refresh may have started before the version the router
+        has was committed); only a request still stale after that (the router is behind) gets
+        StaleConfig. Returns True when the request is a write now counted in flight (the caller
         must call :meth:`done`). Raises StaleConfig (13388), or 14 for a malformed version."""
         if not isinstance(received, dict):
             raise MongoError(14, "BSON field 'shardVersion' is the wrong type, expected type "
                                  "'object'")
-        await self.refresh_if_unknown(ns, received)
         is_write = command in WRITES
         cs = self.critical.get(ns)
         if cs is not None and (is_write or cs.blocks_reads):
@@ -346,8 +453,17 @@ class ShardingRuntime:
                 await asyncio.wait_for(cs.released.wait(), CRITICAL_SECTION_WAIT_S)
             except asyncio.TimeoutError:
                 pass
+            if not self.compatible(ns, received) and self.should_refresh(ns, received):
+                await self.refresh(ns)
+            self.stale_config_errors += 1
             raise self.stale(ns, received, f"migration commit in progress for {ns}")
+        for _ in range(2):
+            if ns in self.metadata and self.compatible(ns, received) or \
+                    not self.should_refresh(ns, received):
+                break
+            await self.refresh(ns)
         if not self.compatible(ns, received):
+            self.stale_config_errors += 1
             raise self.stale(ns, received)
         if is_write:
             self.in_flight[ns] = self.in_flight.get(ns, 0) + 1
@@ -443,6 +559,8 @@ class ShardingRuntime:
         retried the same way. The look-up on another shard is an unversioned ``find`` with
         ``limit: 1``. Raises MongoError (6/9001) when the owner cannot be reached."""
         db, _, coll = ns.partition(".")
+        if ns not in self.metadata and self.config_address() is not None:
+            await self.refresh(ns)  # e.g. a new primary: its metadata was cleared
         for _ in range(MAX_LOOKUP_ATTEMPTS):
             await self.wait_for_reads(ns)
             meta = self.metadata.get(ns)
