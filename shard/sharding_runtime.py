@@ -16,14 +16,43 @@ and timestamp are the shard's and its major version equals the shard's
 (``ChunkVersion::isWriteCompatibleWith``); otherwise the shard answers StaleConfig (13388) with
 ``ns``, ``vReceived``, ``vWanted`` and ``shardId`` (``StaleConfigInfo::serialize``).
 
-Not faithful: the config server pushes the metadata to the shards (``_shardsimSetFilteringMetadata``)
-where mongod pulls it from the config server on a refresh. A shard that has no metadata for a
-namespace (after a restart) refreshes it from the config server when a routed request names a
-sharded version (``onShardVersionMismatch`` -> ``forceShardFilteringMetadataRefresh``,
-``shard_filtering_metadata_refresh.cpp``), so orphans stay filtered after a restart; it knows
-the config server from the ``shardIdentity`` document (``admin.system.version``, persisted
-from the first metadata the config server pushed, as mongod persists it on ``addShard``).
-When the config server cannot be reached it accepts any version, as before.
+A shard owns its metadata as 8.0 shards do: a routed request whose version is not compatible
+makes the shard refresh its metadata of the namespace from the config server and wait for it
+when the shard's own may be behind -- nothing known, unsharded here while the router says
+sharded, a higher major version of the same incarnation, or a newer incarnation (the
+service entry point's ``ExecCommandDatabase::_refreshIfNeeded`` in
+``service_entry_point_shard_role.cpp``; ``onCollectionPlacementVersionMismatch`` ->
+``recoverRefreshCollectionPlacementVersion`` / ``forceGetCurrentMetadata`` in
+``shard_filtering_metadata_refresh.cpp``); then the request is checked again, and only a
+request still stale (the router is behind) gets StaleConfig, which makes the router refresh
+and retry. A request older than the shard's version gets StaleConfig at once. One refresh per
+namespace is in flight (the others join it), and a refresh first waits for the namespace's
+critical section. A new primary forgets its metadata (``ShardNode.on_became_writable_primary``)
+and recovers it by refresh; secondaries serving routed reads refresh the same way. The config
+server is found in the ``shardIdentity`` document (``admin.system.version``), written and
+logged (so replicated) by the primary from the first metadata the config server sent, as
+mongod persists it on ``addShard``.
+
+The config server still sends the shards the new metadata after each change
+(``_shardsimSetFilteringMetadata``, ``configsvr/migration.py`` ``push_metadata``): in mongod the
+participants of a migration or DDL refresh at its end (``MigrationSourceManager`` forces the
+donor's refresh, ``_flushRoutingTableCacheUpdates``); here the config server's message carries
+the metadata to install. It is an optimisation the shard no longer depends on: a shard that
+missed it (down, a new primary) refreshes when a request tells it so.
+
+Not faithful: a shard that knows nothing of a namespace accepts an UNSHARDED version without a
+refresh (mongod refreshes to learn whether it is sharded), and a shard that cannot refresh (no
+shard identity, config server unreachable) accepts any version for a namespace it knows
+nothing of. UNSHARDED received for a namespace known sharded is refreshed before StaleConfig
+(mongod answers at once; the refresh only costs time, and it recovers a shard that missed an
+``unshardCollection``'s message). A secondary's refresh reads the config server directly (a
+mongod secondary refreshes through its primary and waits for the replicated
+``config.cache.*``), so its metadata may be ahead of the data it has applied; and a
+secondary's metadata is not cleared when its primary's changes (mongod's secondaries follow
+the primary's persisted cache): a secondary only refreshes when a router sends it a newer
+version. The critical section lives in the memory of the primary that entered it (mongod's
+recoverable critical section is persisted and replicated): a primary elected during a
+migration's commit does not hold it.
 """
 
 from __future__ import annotations
