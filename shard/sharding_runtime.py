@@ -282,7 +282,7 @@ class ShardingRuntime:
         replicates). Only a writable primary writes it."""
         if self.config_address() == parse_address(configsvr):
             return
-        repl = getattr(self.node, "repl", None)
+        repl = self.node.repl
         if repl is not None and not repl.writable:
             return
         coll = self.node.storage.get(*IDENTITY_NS)
