@@ -66,11 +66,13 @@ async def push_metadata(node: "ConfigServerNode", ns: str, shards: list[str] | N
     """Send every shard (or ``shards``) the filtering and routing metadata of the sharded
     ``ns``: epoch, timestamp, uuid, key, every chunk with its ``lastmod`` and owner, and the
     shards' hosts and the config server's address, which the shard keeps as its shard identity
-    to refresh the metadata itself after a restart (``_shardsimSetFilteringMetadata``; mongod's
-    shards pull it on a refresh).
+    to refresh the metadata itself (``_shardsimSetFilteringMetadata``, to the shard's primary).
+    An optimisation where mongod's participants refresh at the end of the operation
+    (``_flushRoutingTableCacheUpdates``): a shard also refreshes by itself when a routed
+    request names a version it does not know (``shard/sharding_runtime.py``).
     A shard derives its own placement version from its chunks and routes post-image look-ups
-    with the rest. A shard that is down is skipped (it accepts any version until it hears
-    again)."""
+    with the rest. A shard that is down is skipped (it refreshes when a request tells it
+    to)."""
     entry, _, chunk_docs = await node.load_collection(ns)
     db = ns.split(".", 1)[0]
     shard_docs = await node.shards()

@@ -245,10 +245,13 @@ async def _critical_section(node: ConfigServerNode, op: ReshardOp, enter: bool,
     routed reads and post-image look-ups wait for the new routing table
     (``DonorStateMachine::_dropOriginalCollectionThenTransitionToDone``,
     ``RecipientStateMachine::_renameTemporaryReshardingCollection``:
-    ``promoteRecoverableCriticalSectionToBlockAlsoReads``). Leaving releases it on every
-    participant, best effort for each."""
-    shards = op.donors if enter and not block_reads else \
-        op.donors + [s for s in op.recipients if s not in op.donors]
+    ``promoteRecoverableCriticalSectionToBlockAlsoReads``). The recipients that are no
+    donors hold it from the start too: a shard that gets a routed request with the new
+    version refreshes its metadata, and the refresh waits for the critical section (as
+    mongod's ``onCollectionPlacementVersionMismatch`` joins it), so no request reaches a
+    recipient's collection before the temporary collection is renamed over it. Leaving
+    releases it on every participant, best effort for each."""
+    shards = op.donors + [s for s in op.recipients if s not in op.donors]
     for shard in shards:
         cmd = shrq.MigrationCriticalSection(op.ns, enter, reason="reshardCollection",
                                             blockReads=True if enter and block_reads else None

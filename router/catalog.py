@@ -70,6 +70,7 @@ class CatalogCache:
         self._collections: dict[str, CollectionInfo] = {}
         self._lock = asyncio.Lock()
         self.loaded_at = 0.0
+        self.read_started_at = 0.0  # when the read of the current catalog began (monotonic)
         self.generation = 0
 
     # -- reading the config server ----------------------------------------------------------
@@ -86,19 +87,26 @@ class CatalogCache:
             docs.extend(cur["nextBatch"])
         return docs
 
-    async def refresh(self, if_generation: int | None = None) -> None:
+    async def refresh(self, if_generation: int | None = None,
+                      read_after: float | None = None) -> None:
         """Reload the whole catalog from the config server (MongoError 6/9001 if it is down).
         With ``if_generation``: only when nothing was reloaded since that generation (many
         requests told StaleConfig at once cause one reload, as mongos' CatalogCache joins
-        refreshes in flight). A read that caught the config server between writes of one
+        refreshes in flight); with ``read_after`` too (a ``time.monotonic()``), a reload since
+        then counts only when its read of the config server began at or after that time (a
+        reload that read the catalog before the shard answered StaleConfig may predate the
+        change the shard knows of: mongos refreshes until it reaches the version the shard
+        wants). A read that caught the config server between writes of one
         collection's entry and chunks (a resharding's commit swaps them) leaves a chunk map
         with gaps: it is read again, up to :data:`TORN_READ_RETRIES` times, as mongos refuses
         such a routing table and refreshes again."""
         async with self._lock:
             gen = self.generation
-            if if_generation is not None and gen != if_generation:
+            if if_generation is not None and gen != if_generation and \
+                    (read_after is None or self.read_started_at >= read_after):
                 return
             for attempt in range(TORN_READ_RETRIES + 1):
+                started = time.monotonic()
                 shards, dbs, collections = await self._read_all()
                 torn = [ns for ns, info in collections.items()
                         if not info.chunks.covers_key_space()]
@@ -115,6 +123,7 @@ class CatalogCache:
             self._databases = {d["_id"]: d for d in dbs}
             self._collections = collections
             self.loaded_at = time.monotonic()
+            self.read_started_at = started
             self.generation += 1
 
     async def _read_all(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]],

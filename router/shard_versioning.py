@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from shardsim.core.protocol.versions import unsharded
@@ -72,11 +73,15 @@ def is_stale(exc: BaseException) -> bool:
 
 async def refresh_after_stale(router: "RouterNode", generation: int, attempt: int) -> None:
     """Refresh the routing table once for every request told StaleConfig against the cache of
-    ``generation``; from the second attempt on, first wait a little (the shard that is behind
-    gets its metadata at the end of a migration commit)."""
+    ``generation`` (a reload since then is joined only when it read the config server after
+    this StaleConfig arrived: one that read it before, e.g. the periodic reload during a
+    commit, may not have the change the shard knows of); from the second attempt on, first
+    wait a little (the shard that is behind gets its metadata at the end of a migration
+    commit)."""
+    told = time.monotonic()
     if attempt:
         await asyncio.sleep(min(0.005 * (2 ** attempt), 0.2))
-    await router.catalog.refresh(if_generation=generation)
+    await router.catalog.refresh(if_generation=generation, read_after=told)
 
 
 async def run_with_retries(router: "RouterNode",

@@ -395,23 +395,36 @@ class WriteExecutor:
         """Target every statement: ``(targets, errors)`` with one ``(index,
         shards, broadcast)`` per targeted statement and None for one that could not be
         targeted (its write error is in ``errors``; an ordered batch stops there). Network
-        errors and ShardNotFound (70) are raised."""
-        errors: list[dict[str, Any]] = []
-        targets: list[Target | None] = []
-        self._snapshot = self.router.catalog.collection(self.ns)
-        for i, op in enumerate(ops):
-            try:
-                shards, broadcast = await self.target(op)
-                targets.append((i, shards, broadcast))
-            except MongoError as exc:
-                if exc.code in NETWORK_ERRORS or exc.code == 70:
-                    raise
-                errors.append({"index": i, "code": exc.code,
-                               "errmsg": exc.errmsg})
-                targets.append(None)
-                if self.ordered:
-                    break
-        return targets, errors
+        errors and ShardNotFound (70) are raised. A StaleConfig (13388) met while targeting
+        (the owner probe of a statement without the shard key, :meth:`find_owner`) refreshes
+        the routing table and targets every statement again with it, up to
+        ``MAX_STALE_RETRIES`` times (mongos' write without shard key runs under
+        ``shardVersionRetry``)."""
+        for attempt in range(sv.MAX_STALE_RETRIES + 1):
+            generation = self.router.catalog.generation
+            errors: list[dict[str, Any]] = []
+            targets: list[Target | None] = []
+            self._snapshot = self.router.catalog.collection(self.ns)
+            stale = False
+            for i, op in enumerate(ops):
+                try:
+                    shards, broadcast = await self.target(op)
+                    targets.append((i, shards, broadcast))
+                except MongoError as exc:
+                    if exc.code in NETWORK_ERRORS or exc.code == 70:
+                        raise
+                    if sv.is_stale(exc) and attempt < sv.MAX_STALE_RETRIES:
+                        stale = True  # an owner probe told StaleConfig: refresh, target again
+                        break
+                    errors.append({"index": i, "code": exc.code,
+                                   "errmsg": exc.errmsg})
+                    targets.append(None)
+                    if self.ordered:
+                        break
+            if not stale:
+                return targets, errors
+            await sv.refresh_after_stale(self.router, generation, attempt)
+        return targets, errors  # pragma: no cover - the last attempt returns above
 
     def statement_sizes(self, ops: list[Any]) -> list[int] | None:
         """Each statement's BSON size in bytes, for splitting child batches

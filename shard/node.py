@@ -513,8 +513,17 @@ class ShardNode(Node):
 
     def on_became_writable_primary(self) -> None:
         """What a new primary does before it takes writes (a one-member shard: at start-up):
-        finish the two-phase commits decided before and the range deletions made ready
+        forget its filtering metadata, so that each namespace's is recovered by a refresh from
+        the config server at the first routed request naming a sharded version (whatever it
+        knew as a secondary, or as an earlier primary, may be behind: the config server pushes
+        only to the primary of the moment; mongod clears a namespace's metadata on step-up
+        where a migration may have changed it, ``migrationutil::
+        resumeMigrationCoordinationsOnStepUp`` -> ``CollectionShardingRuntime::
+        clearFilteringMetadata``, and its secondaries keep theirs in step with the primary's
+        through the replicated ``config.cache.*`` collections); finish the two-phase commits
+        decided before and the range deletions made ready
         (``ReplicationCoordinatorExternalStateImpl::onTransitionToPrimary``)."""
+        self.sharding.clear_metadata()  # recovered by refresh (shard/sharding_runtime.py)
         self.coordinators.recover()  # finish the two-phase commits decided before a restart
         self.range_deleter.resume()  # range deletions made ready before a restart
 

@@ -16,14 +16,43 @@ and timestamp are the shard's and its major version equals the shard's
 (``ChunkVersion::isWriteCompatibleWith``); otherwise the shard answers StaleConfig (13388) with
 ``ns``, ``vReceived``, ``vWanted`` and ``shardId`` (``StaleConfigInfo::serialize``).
 
-Not faithful: the config server pushes the metadata to the shards (``_shardsimSetFilteringMetadata``)
-where mongod pulls it from the config server on a refresh. A shard that has no metadata for a
-namespace (after a restart) refreshes it from the config server when a routed request names a
-sharded version (``onShardVersionMismatch`` -> ``forceShardFilteringMetadataRefresh``,
-``shard_filtering_metadata_refresh.cpp``), so orphans stay filtered after a restart; it knows
-the config server from the ``shardIdentity`` document (``admin.system.version``, persisted
-from the first metadata the config server pushed, as mongod persists it on ``addShard``).
-When the config server cannot be reached it accepts any version, as before.
+A shard owns its metadata as 8.0 shards do: a routed request whose version is not compatible
+makes the shard refresh its metadata of the namespace from the config server and wait for it
+when the shard's own may be behind -- nothing known, unsharded here while the router says
+sharded, a higher major version of the same incarnation, or a newer incarnation (the
+service entry point's ``ExecCommandDatabase::_refreshIfNeeded`` in
+``service_entry_point_shard_role.cpp``; ``onCollectionPlacementVersionMismatch`` ->
+``recoverRefreshCollectionPlacementVersion`` / ``forceGetCurrentMetadata`` in
+``shard_filtering_metadata_refresh.cpp``); then the request is checked again, and only a
+request still stale (the router is behind) gets StaleConfig, which makes the router refresh
+and retry. A request older than the shard's version gets StaleConfig at once. One refresh per
+namespace is in flight (the others join it), and a refresh first waits for the namespace's
+critical section. A new primary forgets its metadata (``ShardNode.on_became_writable_primary``)
+and recovers it by refresh; secondaries serving routed reads refresh the same way. The config
+server is found in the ``shardIdentity`` document (``admin.system.version``), written and
+logged (so replicated) by the primary from the first metadata the config server sent, as
+mongod persists it on ``addShard``.
+
+The config server still sends the shards the new metadata after each change
+(``_shardsimSetFilteringMetadata``, ``configsvr/migration.py`` ``push_metadata``): in mongod the
+participants of a migration or DDL refresh at its end (``MigrationSourceManager`` forces the
+donor's refresh, ``_flushRoutingTableCacheUpdates``); here the config server's message carries
+the metadata to install. It is an optimisation the shard no longer depends on: a shard that
+missed it (down, a new primary) refreshes when a request tells it so.
+
+Not faithful: a shard that knows nothing of a namespace accepts an UNSHARDED version without a
+refresh (mongod refreshes to learn whether it is sharded), and a shard that cannot refresh (no
+shard identity, config server unreachable) accepts any version for a namespace it knows
+nothing of. UNSHARDED received for a namespace known sharded is refreshed before StaleConfig
+(mongod answers at once; the refresh only costs time, and it recovers a shard that missed an
+``unshardCollection``'s message). A secondary's refresh reads the config server directly (a
+mongod secondary refreshes through its primary and waits for the replicated
+``config.cache.*``), so its metadata may be ahead of the data it has applied; and a
+secondary's metadata is not cleared when its primary's changes (mongod's secondaries follow
+the primary's persisted cache): a secondary only refreshes when a router sends it a newer
+version. The critical section lives in the memory of the primary that entered it (mongod's
+recoverable critical section is persisted and replicated): a primary elected during a
+migration's commit does not hold it.
 """
 
 from __future__ import annotations
@@ -72,6 +101,8 @@ class CollectionMetadata:
     chunks: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = field(default_factory=list)
     uuid: Any = None
     routing: ChunkMap | None = None  # every chunk with its owner (routed look-ups)
+    # the collection's version: (timestamp, major, minor) of the highest chunk lastmod
+    collection_version: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def shard_version(self) -> dict[str, Any]:
         """``{e, t, v}``."""
@@ -85,6 +116,21 @@ class CollectionMetadata:
             return True
         return any(compare_keys(lo, key) <= 0 and compare_keys(key, hi) < 0
                    for lo, hi in self.chunks)
+
+
+def _collection_version(doc: dict[str, Any]) -> tuple[int, int, int, int]:
+    """The collection version of metadata ``doc`` (as :meth:`ShardingRuntime.set_metadata`
+    takes it): ``(timestamp.time, timestamp.inc, major, minor)`` of its highest chunk
+    ``lastmod`` (``ChunkManager::getVersion``; versions of two incarnations order by their
+    timestamps, as ``ChunkVersion`` compares them)."""
+    ts = doc.get("timestamp")
+    t = (ts.time, ts.inc) if isinstance(ts, Timestamp) else (0, 0)
+    top = (0, 0)
+    for c in doc.get("chunks") or []:
+        lm = c.get("lastmod")
+        if isinstance(lm, Timestamp) and (lm.time, lm.inc) > top:
+            top = (lm.time, lm.inc)
+    return t + top
 
 
 class _FilteredDocs:
@@ -190,18 +236,24 @@ class ShardingRuntime:
         self.hosts: dict[str, str] = {}  # other shards' connection strings (set/h1,h2 or h:p)
         self.targets = ShardTargets()  # their primaries, through replica-set monitors
         self._pools: dict[str, Pool] = {}
-        self._refreshing: dict[str, asyncio.Future] = {}
+        self._refreshing: dict[str, asyncio.Task] = {}
+        self._generation: dict[str, int] = {}  # bumped at every install or clear of a ns
+        self.refreshes = 0  # refreshes from the config server run (joined ones not counted)
+        self.refreshes_joined = 0  # callers that joined a refresh already in flight
+        self.stale_config_errors = 0  # StaleConfig answers (ShardingStatistics' count)
 
     # -- metadata -----------------------------------------------------------------------------
-    def set_metadata(self, ns: str, doc: dict[str, Any] | None) -> None:
-        """Install the metadata pushed by the config server: None (unsharded) or ``{epoch,
-        timestamp, uuid, key, chunks: [{min, max, lastmod, shard}], shards: {name: host}}``
-        (every chunk of the collection; this shard's version is the highest ``lastmod`` of its
-        own)."""
+    def set_metadata(self, ns: str, doc: dict[str, Any] | None, *, pushed: bool = True) -> None:
+        """Install metadata of ``ns``: None (unsharded) or ``{epoch, timestamp, uuid, key,
+        chunks: [{min, max, lastmod, shard}], shards: {name: host}, configsvr?}`` (every chunk
+        of the collection; this shard's version is the highest ``lastmod`` of its own).
+        ``pushed``: sent by the config server (``_shardsimSetFilteringMetadata``, whose
+        ``configsvr`` address becomes the shard identity) rather than read by a refresh."""
+        self._generation[ns] = self._generation.get(ns, 0) + 1
         if doc is None:
             self.metadata[ns] = None
             return
-        if isinstance(doc.get("configsvr"), str):
+        if pushed and isinstance(doc.get("configsvr"), str):
             self._note_identity(doc["configsvr"])
         pattern = KeyPattern(dict(doc["key"]))
         me = self.node.shard_name
@@ -219,20 +271,35 @@ class ShardingRuntime:
             if (lm.time, lm.inc) > (version.time, version.inc):
                 version = lm
         self.metadata[ns] = CollectionMetadata(doc["epoch"], doc["timestamp"], version, pattern,
-                                               chunks, doc.get("uuid"), routing)
+                                               chunks, doc.get("uuid"), routing,
+                                               _collection_version(doc))
 
     # -- the shard identity and the refresh after a restart --------------------------------------
     def _note_identity(self, configsvr: str) -> None:
         """Persist ``{_id: "shardIdentity", shardName, configsvrConnectionString}`` in
         ``admin.system.version`` when it changed (``configsvr``: ``host:port`` of a one-node
-        config server, ``setName/h1,h2,h3`` of a config server replica set)."""
+        config server, ``setName/h1,h2,h3`` of a config server replica set), logged (a
+        replica-set shard's secondaries and later primaries know the config server too, as
+        mongod's ``shardIdentity`` insert replicates). Only a writable primary writes it."""
         if self.config_connection_string() == configsvr:
             return
-        if self.node.storage.get(*IDENTITY_NS) is None:  # a system collection: made here
-            self.node.create_collection(*IDENTITY_NS)
-        self.node.range_deleter.save(IDENTITY_NS, {
-            "_id": "shardIdentity", "shardName": self.node.shard_name,
-            "configsvrConnectionString": configsvr})
+        repl = self.node.repl
+        if repl is not None and not repl.writable:
+            return
+        coll = self.node.storage.get(*IDENTITY_NS)
+        if coll is None:  # a system collection: made here
+            coll = self.node.create_collection(*IDENTITY_NS)
+        doc = {"_id": "shardIdentity", "shardName": self.node.shard_name,
+               "configsvrConnectionString": configsvr}
+        key = id_key(doc["_id"])
+        if key in coll.docs:
+            coll.replace(key, doc)
+            self.node.log_op("u", coll, doc, {"_id": doc["_id"]})
+        else:
+            coll.insert(doc)
+            self.node.log_op("i", coll, doc)
+        self.node.storage.note_doc(coll, key, doc)
+        self.node.flush()
 
     def config_connection_string(self) -> str | None:
         """The shard identity's ``configsvrConnectionString``, or None."""
@@ -241,40 +308,94 @@ class ShardingRuntime:
             return None
         return str(doc["configsvrConnectionString"])
 
-    def config_address(self) -> tuple[str, int] | None:
-        """The ``(host, port)`` of the config server's first host in the shard identity, or
-        None."""
-        conn = self.config_connection_string()
-        if conn is None:
-            return None
-        return parse_address(conn.split("/", 1)[-1].split(",")[0])
+    # -- the refresh (onCollectionPlacementVersionMismatch) ---------------------------------------
+    def should_refresh(self, ns: str, received: dict[str, Any]) -> bool:
+        """True when a routed request's ``received`` version tells this shard that its own
+        metadata of ``ns`` may be behind, so it must refresh before it answers (mongod:
+        ``ExecCommandDatabase::_refreshIfNeeded``, ``service_entry_point_shard_role.cpp``):
+        nothing is known of ``ns`` and ``received`` is sharded; ``ns`` is unsharded here and
+        ``received`` is sharded; or ``received`` is not older than this shard's version (same
+        epoch and timestamp with a higher major version, or another incarnation with a
+        timestamp that is not older). A ``received`` of the same incarnation with a lower
+        major version, or of an older incarnation, means the router is behind: no refresh
+        ("the shard is recovered and the router is staler than the shard"). UNSHARDED received
+        for a collection known sharded refreshes too (see the module doc). False when the
+        config server is not known (no ``shardIdentity``)."""
+        if self.config_connection_string() is None:
+            return False
+        sharded = received.get("e") not in (None, UNSHARDED_EPOCH)
+        if ns not in self.metadata or self.metadata[ns] is None:
+            return sharded
+        meta = self.metadata[ns]
+        if not sharded:
+            return True
+        rt, rv = received.get("t"), received.get("v")
+        if not isinstance(rt, Timestamp) or not isinstance(rv, Timestamp):
+            return False
+        if received.get("e") == meta.epoch and rt == meta.timestamp:
+            return rv.time > meta.version.time
+        return (rt.time, rt.inc) >= (meta.timestamp.time, meta.timestamp.inc)
 
-    async def refresh_if_unknown(self, ns: str, received: dict[str, Any]) -> None:
-        """Load ``ns``'s metadata from the config server when this shard has none (a
-        restart) and ``received`` is a sharded version; concurrent requests share one
-        refresh. A config server replica set is read on its primary, found through a
-        replica-set monitor (as mongod's ``ShardRegistry`` reaches the config shard), so a
-        refresh after a config failover reads the new primary. A config server that cannot
-        be reached (or does not answer within :data:`REFRESH_TIMEOUT_S`) leaves it unknown."""
-        if ns in self.metadata or received.get("e") in (None, UNSHARDED_EPOCH):
-            return
+    async def refresh(self, ns: str) -> bool:
+        """Refresh ``ns``'s filtering metadata from the config server and wait for it
+        (``onCollectionPlacementVersionMismatch`` -> ``recoverRefreshCollectionPlacementVersion``
+        / ``forceGetCurrentMetadata``, ``shard_filtering_metadata_refresh.cpp``). One refresh
+        per namespace is in flight: a caller arriving meanwhile joins it
+        (``joinCollectionPlacementVersionOperation``); the refresh first waits for the
+        namespace's critical section, as mongod's joins it. The waiters being cancelled does
+        not cancel the refresh. True when metadata was installed; False when the config server
+        is unknown, cannot be reached or does not answer within :data:`REFRESH_TIMEOUT_S`
+        (the metadata stays as it was)."""
+        task = self._refreshing.get(ns)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._refresh(ns))
+            self._refreshing[ns] = task
+
+            def forget(t: asyncio.Task, ns: str = ns) -> None:
+                if self._refreshing.get(ns) is t:
+                    del self._refreshing[ns]
+            task.add_done_callback(forget)
+        else:
+            self.refreshes_joined += 1
+        return await asyncio.shield(task)
+
+    async def _refresh(self, ns: str) -> bool:
+        cs = self.critical.get(ns)
+        if cs is not None:  # the metadata changes at the end of the critical section
+            try:
+                await asyncio.wait_for(cs.released.wait(), CRITICAL_SECTION_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
         conn = self.config_connection_string()
         if conn is None:
-            return
-        fut = self._refreshing.get(ns)
-        if fut is not None:
-            await asyncio.shield(fut)
-            return
-        fut = self._refreshing[ns] = asyncio.get_running_loop().create_future()
+            return False
+        self.refreshes += 1
+        generation = self._generation.get(ns, 0)
         try:
-            meta = await asyncio.wait_for(self._fetch(conn, ns), REFRESH_TIMEOUT_S)
-            if ns not in self.metadata:  # no push meanwhile (it is newer)
-                self.set_metadata(ns, meta)
-        except (MongoError, asyncio.TimeoutError) as exc:
+            # a config server replica set is read on its primary through a monitor, so a
+            # refresh after a config failover reads the new primary (_fetch)
+            doc = await asyncio.wait_for(self._fetch(conn, ns), REFRESH_TIMEOUT_S)
+        except (MongoError, OSError, asyncio.TimeoutError) as exc:
             log.warning("filtering metadata of %s not refreshed: %s", ns, exc)
-        finally:
-            self._refreshing.pop(ns, None)
-            fut.set_result(None)
+            return False
+        if self._generation.get(ns, 0) != generation and ns in self.metadata:
+            # installed meanwhile (a push): keep it unless what was read is newer
+            # (forceShardFilteringMetadataRefresh keeps a metadata that is not older)
+            current = self.metadata[ns]
+            if current is None or doc is None or \
+                    _collection_version(doc) <= current.collection_version:
+                return True
+        self.set_metadata(ns, doc, pushed=False)
+        return True
+
+    def clear_metadata(self, ns: str | None = None) -> None:
+        """Forget the filtering metadata of ``ns`` (every namespace when None): the next
+        routed request naming a sharded version refreshes it from the config server
+        (``CollectionShardingRuntime::clearFilteringMetadata``). Done by a new primary
+        (:meth:`shard.node.ShardNode.on_became_writable_primary`)."""
+        for key in ([ns] if ns is not None else list(self.metadata)):
+            self.metadata.pop(key, None)
+            self._generation[key] = self._generation.get(key, 0) + 1
 
     async def _fetch(self, conn: str, ns: str) -> dict[str, Any] | None:
         """The metadata of ``ns`` as the config server pushes it, read from its catalog
@@ -351,13 +472,20 @@ class ShardingRuntime:
 
     # -- the check of a routed request ----------------------------------------------------------
     async def check(self, ns: str, command: str, received: Any) -> bool:
-        """Check a routed request's ``shardVersion``; waits out a critical section for a
-        write. Returns True when the request is a write now counted in flight (the caller
+        """Check a routed request's ``shardVersion``, as mongod's service entry point does
+        with ``checkShardVersionOrThrow`` and ``_refreshIfNeeded`` / ``canRetryCommand``
+        (``service_entry_point_shard_role.cpp``): a write (or, once promoted, any request)
+        meeting the namespace's critical section waits for its release, then gets StaleConfig
+        (no local retry), the shard refreshing first when :meth:`should_refresh`; a version
+        that is not compatible makes the shard refresh from the config server and wait for it
+        when :meth:`should_refresh` says its own may be behind (:meth:`refresh`), then check
+        again (twice at most: a joined refresh may have started before the version the router
+        has was committed); only a request still stale after that (the router is behind) gets
+        StaleConfig. Returns True when the request is a write now counted in flight (the caller
         must call :meth:`done`). Raises StaleConfig (13388), or 14 for a malformed version."""
         if not isinstance(received, dict):
             raise MongoError(14, "BSON field 'shardVersion' is the wrong type, expected type "
                                  "'object'")
-        await self.refresh_if_unknown(ns, received)
         is_write = command in WRITES
         cs = self.critical.get(ns)
         if cs is not None and (is_write or cs.blocks_reads):
@@ -365,8 +493,17 @@ class ShardingRuntime:
                 await asyncio.wait_for(cs.released.wait(), CRITICAL_SECTION_WAIT_S)
             except asyncio.TimeoutError:
                 pass
+            if not self.compatible(ns, received) and self.should_refresh(ns, received):
+                await self.refresh(ns)
+            self.stale_config_errors += 1
             raise self.stale(ns, received, f"migration commit in progress for {ns}")
+        for _ in range(2):
+            if ns in self.metadata and self.compatible(ns, received) or \
+                    not self.should_refresh(ns, received):
+                break
+            await self.refresh(ns)
         if not self.compatible(ns, received):
+            self.stale_config_errors += 1
             raise self.stale(ns, received)
         if is_write:
             self.in_flight[ns] = self.in_flight.get(ns, 0) + 1
@@ -462,6 +599,8 @@ class ShardingRuntime:
         retried the same way. The look-up on another shard is an unversioned ``find`` with
         ``limit: 1``. Raises MongoError (6/9001) when the owner cannot be reached."""
         db, _, coll = ns.partition(".")
+        if ns not in self.metadata and self.config_connection_string() is not None:
+            await self.refresh(ns)  # e.g. a new primary: its metadata was cleared
         for _ in range(MAX_LOOKUP_ATTEMPTS):
             await self.wait_for_reads(ns)
             meta = self.metadata.get(ns)

@@ -126,7 +126,7 @@ def test_a_stream_ddl_and_add_shard_across_config_failovers(cluster: ShardedClus
     # primary of now, through the set's connection string of its shard identity
     node = cluster.member_node(cluster.primary_of(cluster.shard_names[0]))
     known = node.sharding.metadata.pop("cfgfail.d")
-    cluster._call(node.sharding.refresh_if_unknown("cfgfail.d", known.shard_version()))
+    assert cluster._call(node.sharding.refresh("cfgfail.d"))
     assert node.sharding.metadata["cfgfail.d"].shard_version() == known.shard_version()
     # the killed member comes back empty and replays the config oplog: every member's own
     # catalog is the primary's
