@@ -32,8 +32,13 @@ PORT ?= 27017
 run: $(STAMP)
 	$(VENV)/bin/shardsim up --shards 3 --port $(PORT)
 
+# `make test`: every test on TEST_WORKERS workers (pytest-xdist; groups and their order in
+# tests/conftest.py), then the tests marked `serial` (latency bounds) alone; fails if either fails.
+TEST_WORKERS ?= 3
 test: $(STAMP)
-	$(PY) -m pytest tests -p no:cacheprovider
+	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial"; a=$$?; \
+	$(PY) -m pytest tests -p no:cacheprovider -m serial; b=$$?; \
+	test $$a -eq 0 && test $$b -eq 0
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit tests/sim

@@ -95,10 +95,11 @@ def cluster_factory(tmp_path: Any) -> Iterator[Callable[..., Cluster]]:
 
 
 # -- running the suite on several workers (pytest-xdist, `make test`) ------------------------------
-# `make test` runs `pytest -n auto-ish --dist loadgroup --no-loadscope-reorder`: the unit of work a
-# worker takes is a group, and the groups go out in the order of the collected items. The suite
-# waits far more than it computes (clusters starting, elections, timeouts), so several workers on
-# two cores finish in about half the serial time.
+# `make test` runs `pytest -n 3 --dist loadgroup --no-loadscope-reorder -m "not serial"`, then the
+# tests marked `serial` (latency bounds, which need the machine to themselves) on one process. The
+# unit of work a worker takes is a group, and the groups go out in the order of the collected
+# items. The suite waits far more than it computes (clusters starting, elections, timeouts), so
+# several workers on two cores finish well under the serial time.
 # * A module with a module- or class-scoped fixture is one group (its fixture is built once).
 # * The Docker tests are one group: they share one image build and publish fixed ports.
 # * Every other test is a group of its own.

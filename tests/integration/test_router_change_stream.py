@@ -171,6 +171,7 @@ def test_shard_added_mid_stream_chunk_moved_and_written(cluster_factory):
         client.close()
 
 
+@pytest.mark.serial  # a latency bound: run alone (make test)
 @pytest.mark.parametrize("mode,noop_ms,samples", [("clock", 1000, 4), ("mongod", 500, 3)])
 def test_single_insert_with_two_idle_shards_is_fast(cluster_factory, mode, noop_ms, samples):
     """Issue 5 (4): with two shards idle a single insert reaches a watcher in under the no-op
