@@ -544,7 +544,7 @@ class ShardNode(Node):
         from shardsim.core.topology_version import TopologyVersion
         from shardsim.shard.replication import commands as repl_commands
         from shardsim.shard.replication.coordinator import ReplicationCoordinator
-        from shardsim.shard.replication.hook import ReplicationHook
+        from shardsim.shard.replication.hook import LinkHook, ReplicationHook
         settings = {k: self.options.get(k) for k in (
             "election_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms",
             "catch_up_timeout_ms", "priorities", "seed", "stall_tolerant")}
@@ -554,7 +554,9 @@ class ShardNode(Node):
         self.options["promise_mode"] = "mongod"
         self.stream_oplog = self.repl.committed
         self.commands.install(self, repl_commands.commands)
-        self.command_hooks.insert(0, ReplicationHook(self))
+        # links first, then the fail points, then the member's state (shard/replication/hook.py)
+        self.command_hooks.insert(0, LinkHook(self))
+        self.command_hooks.append(ReplicationHook(self))
         self.repl.start()
 
     async def shutdown(self) -> None:

@@ -18,6 +18,13 @@ Errors of that kind carry the member's ``topologyVersion`` (``appendErrorLabelsA
 in ``service_entry_point_common.cpp``) so that drivers can order them against ``hello``
 answers. A retryable write gets the ``RetryableWriteError`` label (error_labels.cpp).
 
+The state check runs after the ``failCommand`` fail point (:mod:`shardsim.core.failpoints`), as
+in mongod, where ``ExecCommandDatabase::_initiateCommand`` evaluates the fail point
+(``CommandHelpers::evaluateFailCommandFailPoint``) before it checks that the member may run the
+command: a command held by ``blockConnection`` while its member steps down is refused with
+NotWritablePrimary instead of writing on a secondary. The links are checked first
+(:class:`LinkHook`) and again after the fail point.
+
 While the test kit isolates the member (:meth:`ReplicationCoordinator.isolate`) every command,
 from clients and members alike, loses its connection unanswered (ConnectionError), as a cut
 network link would; a partition drops the member commands of the cut members only.
@@ -44,8 +51,9 @@ def secondary_ok(req: Request) -> bool:
     return isinstance(pref, dict) and pref.get("mode", "primary") != "primary"
 
 
-class ReplicationHook:
-    """The hook of one member (see the module docstring)."""
+class LinkHook:
+    """The first hook of a member: a command over a link the test kit cut loses its connection
+    unanswered (ConnectionError), before any fail point sees it."""
 
     def __init__(self, node: Any) -> None:
         self.node = node
@@ -54,11 +62,24 @@ class ReplicationHook:
         repl = self.node.repl
         if repl.isolated:
             raise ConnectionError("the member is isolated")
-        name = req.name
-        if name in MEMBER_COMMANDS:
+        if req.name in MEMBER_COMMANDS:
             sender = req.body.get("fromId")
             if isinstance(sender, int) and repl.link_down(sender):
                 raise ConnectionError("the link to that member is cut")
+        return None
+
+    def after_command(self, req: Request, reply: dict[str, Any]) -> None:
+        pass
+
+
+class ReplicationHook(LinkHook):
+    """The state check of one member, after the fail points (see the module docstring)."""
+
+    async def before_command(self, req: Request) -> dict[str, Any] | None:
+        await LinkHook.before_command(self, req)
+        repl = self.node.repl
+        name = req.name
+        if name in MEMBER_COMMANDS:
             return None
         if repl.writable or not self.node.commands.has(name):
             return None  # an unknown command fails as CommandNotFound in any state

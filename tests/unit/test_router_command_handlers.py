@@ -74,6 +74,24 @@ def test_retryable_write_stmt_ids_and_idempotent_send() -> None:
     with pytest.raises(MongoError):  # not retryable: one attempt
         asyncio.run(rw.send_idempotent(flaky, False))
     assert len(calls) == 1
+    # AsyncRequestsSender: kMaxNumFailedHostRetryAttempts (3) retries, so 4 attempts in all.
+    async def down() -> str:
+        calls.append(1)
+        raise MongoError(10107, "not primary")
+    calls.clear()
+    with pytest.raises(MongoError):
+        asyncio.run(rw.send_idempotent(down, True))
+    assert len(calls) == 4
+    # A RetryableWriteError label is retried too (Shard::remoteIsRetriableError); other errors not.
+    async def labelled() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise MongoError(50, "x", labels=["RetryableWriteError"])
+        raise MongoError(11000, "dup")
+    calls.clear()
+    with pytest.raises(MongoError) as info:
+        asyncio.run(rw.send_idempotent(labelled, True))
+    assert info.value.code == 11000 and len(calls) == 2
     err = rw.unavailable_error(4, "shard1", MongoError(6, "boom"))
     assert err == {"index": 4, "code": 6,
                    "errmsg": "Write results unavailable from shard1 :: caused by :: boom"}
