@@ -16,7 +16,8 @@ range deletion (``range_deleter_service.cpp``, with ``orphanCleanupDelaySecs`` 0
    upserts and deletes by ``_id``, ``fromMigrate``) until a round is small;
 4. critical section on the donor: new writes to the collection wait, running ones finish; a last
    ``_transferMods`` round; the retryable-write session records follow the chunk;
-5. commit on the config server: the chunk moves to the recipient at version ``(major + 1, 0)``
+5. commit on the config server (its ``_configsvrCommitChunkMigration`` command,
+   :func:`commit_chunk_migration`): the chunk moves to the recipient at version ``(major + 1, 0)``
    and the donor's highest remaining chunk becomes ``(major + 1, 1)`` (so both shards'
    placement versions change: ``ShardingCatalogManager::commitChunkMigration``); both shards
    get their new filtering metadata;
@@ -48,6 +49,7 @@ from shardsim.configsvr import placement_history
 from shardsim.configsvr.migration_recovery import UNREACHABLE
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern
+from shardsim.core.protocol import configsvr as csrq
 from shardsim.core.protocol import shard as shrq
 from shardsim.core.protocol.versions import NETWORK_ERRORS
 
@@ -142,25 +144,59 @@ async def _clone_and_catch_up(node: "ConfigServerNode", donor: str, to: str, db:
     return len(objects)
 
 
-async def _commit(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
-                  chunk_docs: list[dict[str, Any]], donor: str, to: str) -> None:
-    """Phase 5: the chunk's new owner and versions in ``config.chunks``
-    (``commitChunkMigration``), then both shards' filtering metadata."""
+async def commit_chunk_migration(node: "ConfigServerNode", ns: str, migrated: dict[str, Any],
+                                 donor: str, to: str, epoch: Any) -> dict[str, Any]:
+    """The config server's part of phase 5, as ``_configsvrCommitChunkMigration`` runs
+    ``ShardingCatalogManager::commitChunkMigration``
+    (``src/mongo/db/s/config/sharding_catalog_manager_chunk_operations.cpp``): check that the
+    collection still has epoch ``epoch`` (else StaleEpoch, 150) and that ``donor`` still owns a
+    chunk with exactly the bounds of ``migrated`` (``{min, max}``; else
+    ConflictingOperationInProgress, 117); then the chunk moves to ``to`` at version
+    ``(major + 1, 0)`` and the donor's highest remaining chunk (the control chunk) becomes
+    ``(major + 1, 1)``, so both shards' placement versions change. Returns
+    ``{shardVersion: {e, t, v}}`` with the donor's new placement version (``v`` its highest
+    chunk version, ``Timestamp(0, 0)`` when it owns no chunk of ``ns`` any more). The caller
+    holds the DDL lock; the writes are the config server's own (``w: majority`` on a config
+    replica set through :meth:`ConfigServerNode.update`)."""
+    entry, _, chunk_docs = await node.load_collection(ns)
+    if entry["lastmodEpoch"] != epoch:
+        raise MongoError(150, f"The epoch of collection '{ns}' has changed since the migration "
+                              f"began. Expected {epoch}, but found {entry['lastmodEpoch']}")
+    doc = next((d for d in chunk_docs if d["shard"] == donor and d["min"] == migrated["min"]
+                and d["max"] == migrated["max"]), None)
+    if doc is None:
+        raise MongoError(117, f"Migrated range {migrated['min']} -> {migrated['max']} of "
+                              f"{ns} is no longer owned by shard {donor}: the commit is refused")
     major = max(d["lastmod"].time for d in chunk_docs) + 1
     now = node.clock.now()
     await node.update("chunks", {"_id": doc["_id"]}, {"$set": {
         "shard": to, "lastmod": Timestamp(major, 0), "onCurrentShardSince": now},
         "$push": {"history": {"$each": [{"validAfter": now, "shard": to}], "$position": 0}}})
     rest = [d for d in chunk_docs if d["shard"] == donor and d["_id"] != doc["_id"]]
+    version = Timestamp(0, 0)
     if rest:  # the control chunk: the donor's placement version changes too
         control = max(rest, key=lambda d: (d["lastmod"].time, d["lastmod"].inc))
         await node.update("chunks", {"_id": control["_id"]},
                           {"$set": {"lastmod": Timestamp(major, 1)}})
-    # The two shards first (their versions changed), then everyone's routing information.
+        version = Timestamp(major, 1)
+    return {"shardVersion": {"e": entry["lastmodEpoch"], "t": entry["timestamp"],
+                             "v": version}}
+
+
+async def _commit(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
+                  epoch: Any, donor: str, to: str) -> dict[str, Any]:
+    """Phase 5: ``_configsvrCommitChunkMigration`` (:func:`commit_chunk_migration`, through
+    this config server's own command, as the donor will send it), then both shards' filtering metadata (first,
+    their versions changed), then everyone's routing information. Returns the commit's
+    reply."""
+    reply = await node.local(csrq.CommitChunkMigration.NAME, "admin", csrq.CommitChunkMigration(
+        ns, donor, to, {"min": doc["min"], "max": doc["max"]},
+        {"e": epoch}).to_command())
     await push_metadata(node, ns, [donor, to])
     others = [s["_id"] for s in await node.shards() if s["_id"] not in (donor, to)]
     if others:
         await push_metadata(node, ns, others)
+    return reply
 
 
 async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], pattern: KeyPattern,
@@ -191,7 +227,8 @@ async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any], patt
             await node.on_shard(donor, "admin", shrq.MigrationStart(
                 ns, sid, pattern.pattern, doc["min"], doc["max"], migrationId=mid,
                 uuid=entry["uuid"], to=to).to_command())
-            cloned = await _run_phases(node, ns, doc, chunk_docs, pattern, donor, to, sid, mid)
+            cloned = await _run_phases(node, ns, doc, chunk_docs, pattern, donor, to, sid, mid,
+                                        entry["lastmodEpoch"])
         finally:
             await _complete(node, coordinator)
     finally:
@@ -218,7 +255,7 @@ async def _complete(node: "ConfigServerNode", coordinator: dict[str, Any]) -> No
 
 async def _run_phases(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
                       chunk_docs: list[dict[str, Any]], pattern: KeyPattern, donor: str,
-                      to: str, sid: str, mid: Binary) -> int:
+                      to: str, sid: str, mid: Binary, epoch: Any) -> int:
     """Phases 2-6: the recipient's start, clone, catch-up, critical section, commit.
     Returns the number of documents cloned."""
     db, coll = ns.split(".", 1)
@@ -256,7 +293,7 @@ async def _run_phases(node: "ConfigServerNode", ns: str, doc: dict[str, Any],
                 "allCollectionChunksMigratedFromDonor": not remaining},
             ns=ns, ui=doc.get("uuid")).to_command())
         try:
-            await _commit(node, ns, doc, chunk_docs, donor, to)
+            await _commit(node, ns, doc, epoch, donor, to)
         except BaseException:
             if before != after:
                 await placement_history.record(node, ns, before)

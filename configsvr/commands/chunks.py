@@ -1,5 +1,5 @@
-"""Chunks: ``_configsvrSplitChunk`` (``split``) and ``_configsvrMoveChunk`` (``moveChunk``, a
-migration without a balancer).
+"""Chunks: ``_configsvrSplitChunk`` (``split``), ``_configsvrMoveChunk`` (``moveChunk``, a
+migration without a balancer) and ``_configsvrCommitChunkMigration`` (a migration's commit).
 """
 
 from __future__ import annotations
@@ -143,3 +143,27 @@ async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
                 ns=ns, ui=uuid).to_command())
         await migration.migrate(node, ns, entry, pattern, chunk_docs, doc, to)
         return {"millis": 0}
+
+
+@commands.handler(csrq.CommitChunkMigration.NAME, privileges=priv.INTERNAL)
+async def commit_chunk_migration(node: ConfigServerNode, req: Request) -> dict[str, Any]:
+    """``_configsvrCommitChunkMigration`` (``src/mongo/db/s/config/
+    configsvr_commit_chunk_migration_command.cpp``): ``{_configsvrCommitChunkMigration: ns,
+    fromShard, toShard, migratedChunk: {min, max}, fromShardCollectionVersion: {e, t, v}}`` ->
+    ``{shardVersion: {e, t, v}}`` (:func:`configsvr.migration.commit_chunk_migration`).
+    Errors: InvalidNamespace (73), NamespaceNotSharded (118), StaleEpoch (150) when the epoch
+    changed, ConflictingOperationInProgress (117) when the donor no longer owns exactly that
+    range. Sent by the donor from its critical section while the migration's request holds
+    the DDL lock, so it does not take that lock (mongod serialises it with the chunk
+    operations' lock)."""
+    ns = req.arg
+    split_ns(ns, csrq.CommitChunkMigration.NAME)
+    chunk = req.get("migratedChunk")
+    version = req.get("fromShardCollectionVersion")
+    if not isinstance(chunk, dict) or not isinstance(chunk.get("min"), dict) \
+            or not isinstance(chunk.get("max"), dict) or not isinstance(version, dict):
+        raise MongoError(40414, f"BSON field '{csrq.CommitChunkMigration.NAME}.migratedChunk' "
+                                f"is missing but a required field")
+    return await migration.commit_chunk_migration(
+        node, ns, {"min": chunk["min"], "max": chunk["max"]}, req.get("fromShard"),
+        req.get("toShard"), version.get("e"))

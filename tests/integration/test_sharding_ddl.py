@@ -256,3 +256,35 @@ def test_move_primary_moves_views(client, ddl_cluster) -> None:
     assert info["type"] == "view" and info["options"]["viewOn"] == "src"
     old.close()
     new.close()
+
+
+def test_commit_chunk_migration_checks_epoch_and_range(client, ddl_cluster) -> None:
+    """``_configsvrCommitChunkMigration`` refuses a commit whose epoch changed (StaleEpoch,
+    150) or whose range the donor does not own exactly (ConflictingOperationInProgress, 117),
+    and changes nothing then; a real migration commits through it (``moveChunk``)."""
+    from shardsim.core.protocol import configsvr as csrq
+    admin = client.admin
+    admin.command("enableSharding", "ccm", primaryShard="shard0")
+    admin.command("shardCollection", "ccm.c", key={"a": 1})
+    admin.command("split", "ccm.c", middle={"a": 10})
+    entry = client.config.collections.find_one({"_id": "ccm.c"})
+    before = list(client.config.chunks.find({"uuid": entry["uuid"]}).sort("min", 1))
+    config = pymongo.MongoClient(f"mongodb://{ddl_cluster.config.address}/",
+                                 directConnection=True)
+    try:
+        def commit(epoch: Any, lo: Any, hi: Any) -> None:
+            config.admin.command(csrq.CommitChunkMigration(
+                "ccm.c", "shard0", "shard1", {"min": {"a": lo}, "max": {"a": hi}},
+                {"e": epoch}).to_command())
+        assert _code(commit, entry["lastmodEpoch"], MinKey(), 5) == 117
+        assert _code(commit, entry["lastmodEpoch"], 10, 20) == 117
+        assert _code(commit, None, MinKey(), 10) == 150
+        assert list(client.config.chunks.find({"uuid": entry["uuid"]}).sort("min", 1)) == before
+    finally:
+        config.close()
+    client.ccm.c.insert_many([{"a": i} for i in range(20)])
+    admin.command("moveChunk", "ccm.c", find={"a": 15}, to="shard1")
+    owners = {c["min"]["a"] if not isinstance(c["min"]["a"], MinKey) else None: c["shard"]
+              for c in client.config.chunks.find({"uuid": entry["uuid"]})}
+    assert owners == {None: "shard0", 10: "shard1"}
+    assert client.ccm.c.count_documents({}) == 20

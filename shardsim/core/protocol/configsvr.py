@@ -122,6 +122,22 @@ class MoveChunk(InternalRequest):
 
 
 @request
+class CommitChunkMigration(InternalRequest):
+    """``_configsvrCommitChunkMigration`` (``src/mongo/db/s/commit_chunk_migration.idl``): the
+    donor of a migration commits it on the config server from inside its critical section.
+    ``migratedChunk`` is ``{min, max}``; ``fromShardCollectionVersion`` the donor's
+    collection version ``{e, t, v}`` (only its epoch ``e`` is checked). Reply
+    ``{shardVersion: {e, t, v}}``, the donor's new placement version. Handler:
+    ``configsvr/commands/chunks.py`` (:func:`configsvr.migration.commit_chunk_migration`)."""
+    NAME = "_configsvrCommitChunkMigration"
+    ns: str
+    fromShard: str
+    toShard: str
+    migratedChunk: dict
+    fromShardCollectionVersion: dict
+
+
+@request
 class CommitChunksMerge(InternalRequest):
     """``mergeChunks``: the chunks of one shard between ``bounds`` become one."""
     NAME = "_configsvrCommitChunksMerge"
