@@ -515,6 +515,14 @@ class ShardNode(Node):
         self.coordinators.recover()  # finish the two-phase commits decided before a restart
         self.range_deleter.resume()  # range deletions made ready before a restart
 
+    def on_stepped_down(self) -> None:
+        """This member stopped being the writable primary (a stepdown, a newer term, a lost
+        majority): interrupt the two-phase commits it coordinates, which must not write their
+        documents here any more; the next primary recovers them from its copy of
+        ``config.transaction_coordinators`` (``ReplicationCoordinatorExternalStateImpl::
+        onStepDownHook`` -> ``TransactionCoordinatorService::onStepDown``)."""
+        self.coordinators.on_step_down()
+
     def start_replication(self, hosts: list[str]) -> None:
         """Make this shard a member of the replica set of ``hosts`` (every member's
         ``host:port``, this one's included; order gives the members' ``_id``): the

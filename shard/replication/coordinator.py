@@ -270,6 +270,19 @@ class ReplicationCoordinator:
         for ev in self._fetch_waiters:
             ev.set()
 
+    def may_log(self) -> bool:
+        """May this member append an oplog entry of its own now (not one it fetched)? Only
+        the primary of the current term writes entries (its ``t`` is that term): a writable
+        primary, a new primary writing its "new primary" no-op, or the member initiating the
+        set (its first entry). Entries are appended while the fetcher or a rollback's catch-up
+        applies (:meth:`applying`) too. Anything else would put an entry with a term and a
+        ``ts`` another member also uses into this member's oplog: the optimes would match and
+        the fetcher could never see that the oplogs diverged (``repl::logOp`` uasserts
+        NotWritablePrimary then, ``_logOpsInner`` in ``src/mongo/db/repl/oplog.cpp``)."""
+        core = self.core
+        return (self._applying or core is None or core.role == "leader"
+                or len(self.node.oplog) == 0)
+
     def applying(self, on: bool) -> None:
         """The caller appends entries the core counted already (the fetcher, the rollback's
         catch-up): their appends are not new local writes."""
@@ -305,6 +318,8 @@ class ReplicationCoordinator:
             self._notify()
             if self._writable:
                 self.node.on_became_writable_primary()
+            else:
+                self.node.on_stepped_down()
         self._wake.set()
 
     def _notify(self) -> None:
