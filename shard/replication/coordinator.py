@@ -361,6 +361,13 @@ class ReplicationCoordinator:
             node.topology_version.bump()
             self._notify()
         elif kind is WriteNoop:
+            core = self.core
+            if core.role != "leader" or core.term != eff.term or core.writable:
+                # asked for before a stepdown in the same round: not the primary of that term
+                # any more, so no entry of it here (may_log would refuse it)
+                log.info("%s: no 'new primary' no-op for term %s (term %s, %s)", node.address,
+                         eff.term, core.term, core.role)
+                return
             node.oplog_term = Int64(eff.term)
             ts = node.write_noop(dict(eff.doc))
             self.core.note_new_primary_noop(OpTime(t=eff.term, ts=(ts.time << 32) | ts.inc),
