@@ -113,7 +113,9 @@ class ConfigServerNode(ShardNode):
     def on_lost_writable_primary(self) -> None:
         """A member of a config server replica set that stops being primary stops the balancer,
         the recoveries and the key hand-out (``Balancer::onStepDownFromPrimary``,
-        ``PrimaryOnlyServiceRegistry::onStepDown``); the new primary takes them over."""
+        ``PrimaryOnlyServiceRegistry::onStepDown``); the new primary takes them over. Its
+        two-phase commits are interrupted as a shard's."""
+        super().on_lost_writable_primary()
         self._jobs_gen += 1
         self._spawn_job(self._stop_primary_jobs())
 

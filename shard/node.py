@@ -528,10 +528,13 @@ class ShardNode(Node):
         self.range_deleter.resume()  # range deletions made ready before a restart
 
     def on_lost_writable_primary(self) -> None:
-        """What a primary does when it stops being writable (stepdown, a newer term, the lost
-        majority): nothing for a shard (its writers fail on their own); the config server
-        stops its primary-only jobs (``ReplicationCoordinatorExternalStateImpl::
-        onStepDownHook`` -> ``ShardingInitializationMongoD``/``Balancer::onStepDownFromPrimary``)."""
+        """This member stopped being the writable primary (a stepdown, a newer term, a lost
+        majority): interrupt the two-phase commits it coordinates, which must not write their
+        documents here any more; the next primary recovers them from its copy of
+        ``config.transaction_coordinators`` (``ReplicationCoordinatorExternalStateImpl::
+        onStepDownHook`` -> ``TransactionCoordinatorService::onStepDown``). The config server
+        also stops its primary-only jobs (``Balancer::onStepDownFromPrimary``)."""
+        self.coordinators.on_step_down()
 
     def start_replication(self, hosts: list[str]) -> None:
         """Make this shard a member of the replica set of ``hosts`` (every member's

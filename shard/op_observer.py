@@ -12,6 +12,7 @@ unreplicated ``local`` database.
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ from bson.timestamp import Timestamp
 
 from shardsim.core.errors import MongoError
 from shardsim.shard.write_context import NO_CONTEXT, WriteContext
+
+log = logging.getLogger("shardsim.shard.replication")
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardsim.shard.node import ShardNode
@@ -84,6 +87,15 @@ class OpObserver:
         the document changes made for it get its ``ts`` in the snapshot history
         (:mod:`shard.snapshot`). ``size``: the entry's BSON size in bytes when known."""
         node = self.node
+        repl = node.repl
+        if repl is not None and not repl.may_log():
+            # a member that is not the primary of its term never writes an entry of its own
+            # (oplog.cpp _logOpsInner: "logOp() but can't accept write to collection")
+            log.error("%s: refused to log %s on %s while not primary", node.address,
+                      entry.get("op"), entry.get("ns"))
+            raise MongoError(10107, f"logOp() but can't accept write to collection "
+                                    f"{entry.get('ns')}: not primary",
+                             code_name_override="NotWritablePrimary")
         size = node.oplog.append(entry, size)
         node.storage.history.stamp(entry["ts"], size)
         if node.storage.journal is not None:

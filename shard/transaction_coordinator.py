@@ -102,10 +102,21 @@ class Coordinators:
     def _coll(self) -> Any:
         return self.node.ensure_collection(*COORDINATORS_NS)
 
+    def _check_primary(self) -> None:
+        """NotWritablePrimary (10107) unless this member may write: a coordinator document is
+        written on the shard's primary only (on mongod with a ``DBDirectClient`` write, which a
+        secondary refuses); a member that stepped down leaves the coordination to the next
+        primary (:meth:`on_step_down`)."""
+        repl = self.node.repl
+        if repl is not None and not repl.writable:
+            raise MongoError(10107, "not primary")
+
     def _save(self, doc: dict[str, Any]) -> None:
         """Write the coordinator document, logged (replicated: a new primary of this shard
         finds it and finishes the coordination, as the server's coordinator documents are
-        majority-written, ``TransactionCoordinatorService::onStepUp``)."""
+        majority-written, ``TransactionCoordinatorService::onStepUp``). NotWritablePrimary
+        (10107), nothing written, on a member that is not the writable primary."""
+        self._check_primary()
         coll = self._coll()
         key = id_key(doc["_id"])
         if key in coll.docs:
@@ -118,6 +129,7 @@ class Coordinators:
         self.node.flush()
 
     def _delete(self, _id: dict[str, Any]) -> None:
+        self._check_primary()
         coll = self._coll()
         key = id_key(_id)
         if key in coll.docs:
@@ -173,13 +185,17 @@ class Coordinators:
                        "participants": participants}
                 self._save(doc)
             return await self._start(key, doc)
-        return await asyncio.shield(task)
+        return await _join(task)
 
     async def _start(self, key: tuple[bytes, int], doc: dict[str, Any]) -> dict[str, Any]:
+        return await _join(self._spawn(key, doc))
+
+    def _spawn(self, key: tuple[bytes, int], doc: dict[str, Any]) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(self._run(doc))
         self._running[key] = task
-        task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
-        return await asyncio.shield(task)
+        task.add_done_callback(
+            lambda t, k=key: self._running.pop(k) if self._running.get(k) is t else None)
+        return task
 
     async def decision_of(self, lsid: dict[str, Any],
                           txn_number: int) -> dict[str, Any] | None:
@@ -189,7 +205,7 @@ class Coordinators:
         key = (session_key(lsid), int(txn_number))
         task = self._running.get(key)
         if task is not None:
-            return await asyncio.shield(task)
+            return await _join(task)
         doc = self._find(lsid, txn_number)
         if doc is None:
             return None
@@ -300,12 +316,39 @@ class Coordinators:
         for doc in self.documents():
             _id = doc["_id"]
             key = (session_key(_id["lsid"]), int(_id["txnNumber"]))
-            task = asyncio.get_running_loop().create_task(self._run(doc))
-            self._running[key] = task
-            task.add_done_callback(lambda _t, k=key: self._running.pop(k, None))
+            running = self._running.get(key)
+            if running is not None and not running.done():
+                continue  # still coordinating it (never two coordinations of one transaction)
+            self._spawn(key, doc)
+
+    def on_step_down(self) -> None:
+        """This member stopped being the writable primary: interrupt every coordination
+        (``TransactionCoordinatorService::onStepDown`` interrupts its scheduler). Their
+        ``coordinateCommitTransaction`` commands answer InterruptedDueToReplStateChange
+        (11602, retryable): the router's retry reaches the new primary, which finishes the
+        coordination from its copy of the document (:meth:`recover` at step-up) or recovers
+        the outcome. A coordination left running would write its decision into this member's
+        oplog after the stepdown, an entry no other member has, under an optime the new
+        primary also gives one of its own entries (the oplogs diverge unseen)."""
+        for task in list(self._running.values()):
+            task.cancel()
+        self._running.clear()
 
     def close(self) -> None:
         """Stop the coordinations and close the pools (shutdown)."""
         for task in list(self._running.values()):
             task.cancel()
         self.targets.close()
+
+
+async def _join(task: asyncio.Task) -> dict[str, Any]:
+    """Wait for coordination ``task`` without cancelling it when the caller is cancelled;
+    InterruptedDueToReplStateChange (11602) when the coordination itself was interrupted by a
+    stepdown (:meth:`Coordinators.on_step_down`)."""
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if task.cancelled():
+            raise MongoError(11602, "operation was interrupted because a replica set state "
+                                    "change occurred") from None
+        raise

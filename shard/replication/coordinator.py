@@ -325,6 +325,19 @@ class ReplicationCoordinator:
         for ev in self._fetch_waiters:
             ev.set()
 
+    def may_log(self) -> bool:
+        """May this member append an oplog entry of its own now (not one it fetched)? Only
+        the primary of the current term writes entries (its ``t`` is that term): a writable
+        primary, a new primary writing its "new primary" no-op, or the member initiating the
+        set (its first entry). Entries are appended while the fetcher or a rollback's catch-up
+        applies (:meth:`applying`) too. Anything else would put an entry with a term and a
+        ``ts`` another member also uses into this member's oplog: the optimes would match and
+        the fetcher could never see that the oplogs diverged (``repl::logOp`` uasserts
+        NotWritablePrimary then, ``_logOpsInner`` in ``src/mongo/db/repl/oplog.cpp``)."""
+        core = self.core
+        return (self._applying or core is None or core.role == "leader"
+                or len(self.node.oplog) == 0)
+
     def applying(self, on: bool) -> None:
         """The caller appends entries the core counted already (the fetcher, the rollback's
         catch-up): their appends are not new local writes."""
@@ -403,6 +416,13 @@ class ReplicationCoordinator:
             node.topology_version.bump()
             self._notify()
         elif kind is WriteNoop:
+            core = self.core
+            if core.role != "leader" or core.term != eff.term or core.writable:
+                # asked for before a stepdown in the same round: not the primary of that term
+                # any more, so no entry of it here (may_log would refuse it)
+                log.info("%s: no 'new primary' no-op for term %s (term %s, %s)", node.address,
+                         eff.term, core.term, core.role)
+                return
             node.oplog_term = Int64(eff.term)
             ts = node.write_noop(dict(eff.doc))
             self.core.note_new_primary_noop(OpTime(t=eff.term, ts=(ts.time << 32) | ts.inc),

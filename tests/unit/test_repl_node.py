@@ -376,3 +376,24 @@ def test_a_higher_priority_member_takes_over_once_caught_up():
     h.advance(6000)
     assert h.primary() == 2 and h.nodes[2].election_reason == "priorityTakeover"
     assert h.nodes[2].term == h.nodes[p].term and h.nodes[p].state == MemberState.SECONDARY
+
+
+def test_two_secondaries_syncing_from_each_other_choose_again() -> None:
+    """A sync-source cycle: member 1 fetches from secondary 2, which fetches from member 1 and
+    is no further: the empty answer makes member 1 choose again (before, the two waited for
+    each other forever while the primary moved on: the commit point stood still and every
+    ``w: "majority"`` write hung, the failover trials' 120 s stall); a source chaining from
+    the primary is kept."""
+    from shardsim.core.repl.config import ReplSetConfig
+    from shardsim.core.repl.messages import OplogQueryMetadata
+    from shardsim.core.repl.node import ReplNode
+    from shardsim.core.repl.optime import NULL_OPTIME
+    config = ReplSetConfig("rs", tuple(MemberConfig(id=i, host=f"h{i}:1") for i in range(3)))
+    here = OpTime(ts=(100 << 32) | 1, t=1)
+    for source_of_source, kept in ((1, False), (0, True)):
+        node = ReplNode(config, 1, DurableState(), here, now=0, rng=random.Random(1))
+        node.start(0)
+        node.sync_source, node.sync_source_rbid, node.fetch_deadline = 2, 0, 400
+        md = OplogQueryMetadata(1, here, here, 0, source_of_source, 0)
+        assert node.on_fetch_reply(FetchReply(2, here, md, (), None, NULL_OPTIME), 10) == ()
+        assert (node.sync_source == 2) is kept

@@ -286,6 +286,12 @@ class ReplNode(ElectionsMixin, StepDownMixin):
             self._send_update_position()
         elif md.last_applied < self.applied:
             self.sync_source = None            # the source fell behind us: choose again
+        elif md.last_applied <= self.applied and md.primary_id != reply.source_id \
+                and md.sync_source_id in (self.id, None):
+            # a secondary no further than us that syncs from us (a cycle: two secondaries
+            # chained to each other wait for each other forever) or from no one
+            # (TopologyCoordinator::shouldChangeSyncSource): choose again
+            self.sync_source = None
         return entries
 
     def finish_rollback(self, plan: RollbackPlan, now: int) -> None:
