@@ -181,9 +181,10 @@ def shardsim_image() -> str:
     return os.environ.get("SHARDSIM_IMAGE", "shardsim:local")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def compose_cluster(shardsim_image: str) -> Iterator[ComposeCluster]:
-    """The compose cluster for the whole session: image built (``shardsim_image``), `up`, init
+    """The compose cluster of one test module (down before the next module's project comes
+    up, so two projects never run side by side): image built (``shardsim_image``), `up`, init
     finished. Always torn down with `down -v`, pass or fail; tests that kill services restart
     them themselves."""
     yield from running(ComposeCluster(free_port()))
