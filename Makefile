@@ -36,7 +36,7 @@ run: $(STAMP)
 # tests/conftest.py), then the tests marked `serial` (latency bounds) alone; fails if either fails.
 TEST_WORKERS ?= 3
 test: $(STAMP)
-	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial"; a=$$?; \
+	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not serial"; a=$$?; \
 	$(PY) -m pytest tests -p no:cacheprovider -m serial; b=$$?; \
 	test $$a -eq 0 && test $$b -eq 0
 

@@ -95,17 +95,20 @@ def cluster_factory(tmp_path: Any) -> Iterator[Callable[..., Cluster]]:
 
 
 # -- running the suite on several workers (pytest-xdist, `make test`) ------------------------------
-# `make test` runs `pytest -n 3 --dist loadgroup --no-loadscope-reorder -m "not serial"`, then the
+# `make test` runs `pytest -n 3 --dist loadscope --no-loadscope-reorder -m "not serial"`, then the
 # tests marked `serial` (latency bounds, which need the machine to themselves) on one process. The
-# unit of work a worker takes is a group, and the groups go out in the order of the collected
-# items. The suite waits far more than it computes (clusters starting, elections, timeouts), so
-# several workers on two cores finish well under the serial time.
-# * A module with a module- or class-scoped fixture is one group (its fixture is built once).
-# * The Docker tests are one group: they share one image build and publish fixed ports.
-# * Every other test is a group of its own.
-# Groups are handed out longest first (LONG_FIRST, measured with --durations; only the order
-# depends on it, so a stale entry costs wall time, never a result), so no worker starts a long
-# module when the others are nearly done.
+# suite waits far more than it computes (clusters starting, elections, timeouts), so several
+# workers on two cores finish well under the serial time. The unit of work a worker takes is a
+# scope (:func:`_scope_of`, through xdist's scheduler hook), and the scopes go out in the order of
+# the collected items (:func:`pytest_collection_modifyitems`, longest first).
+# * A module whose file declares a module- or class-scoped fixture (or uses the spec suites'
+#   module-scoped ``single_shard``) is one scope: its fixture is built once.
+# * The Docker tests are one scope: one image build, one compose project at a time.
+# * Every other test is a scope of its own.
+# (xdist's own ``loadgroup`` marks do nothing under pytest 9: xdist 3.8 renames ``item._nodeid``,
+# which pytest 9 no longer reads, so the grouping is done here from the node ids.)
+# LONG_FIRST was measured with --durations; only the order depends on it, so a stale entry costs
+# wall time, never a result.
 LONG_FIRST = (
     "tests/docker/",
     "tests/integration/test_router_change_stream_property.py",
@@ -121,17 +124,25 @@ LONG_FIRST = (
     "tests/integration/test_fault_cli",
     "tests/testkit/test_pytest_plugin.py",
 )
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_MODULE_SCOPED = ('scope="module"', "scope='module'", 'scope="class"', "scope='class'",
+                  "single_shard")
+_shares_fixture: dict[str, bool] = {}
 
 
-def _xdist_group(item: pytest.Item) -> str:
-    path = item.nodeid.split("::", 1)[0]
+def _scope_of(nodeid: str) -> str:
+    """The unit of work ``nodeid`` belongs to (see above)."""
+    path = nodeid.split("::", 1)[0]
     if path.startswith("tests/docker/"):
-        return "docker"
-    defs = getattr(item, "_fixtureinfo", None)
-    for fixturedefs in (defs.name2fixturedefs.values() if defs else ()):
-        if any(d.scope in ("module", "class", "package") for d in fixturedefs):
-            return path
-    return item.nodeid
+        return "tests/docker"
+    if path not in _shares_fixture:
+        try:
+            with open(os.path.join(_ROOT, path), encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+        _shares_fixture[path] = any(m in text for m in _MODULE_SCOPED)
+    return path if _shares_fixture[path] else nodeid
 
 
 def _rank(nodeid: str) -> int:
@@ -142,9 +153,21 @@ def _rank(nodeid: str) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist (``-n``): mark each test with its group and put the long groups first."""
-    if not config.pluginmanager.has_plugin("xdist") or not getattr(config.option, "numprocesses", None):
-        return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
-    items.sort(key=lambda item: _rank(item.nodeid))  # stable: a group's tests stay together
+    """In an xdist worker (it collects, the controller schedules in that order): the long
+    scopes first."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: _rank(item.nodeid))  # stable: a scope's tests stay together
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope``: xdist's LoadScopeScheduling with :func:`_scope_of` as its scopes."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope_of(nodeid)
+
+    return Scheduling(config, log)
