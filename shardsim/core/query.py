@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator
 import mongomock
 from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
-from bson import Code, MaxKey, MinKey, Regex, Timestamp
+from bson import Code, Decimal128, MaxKey, MinKey, Regex, Timestamp
 
 from shardsim.core import bucket_auto, collation, expressions, fast_match, javascript, max_time, \
     regex_limits
@@ -438,7 +438,22 @@ class _SortKey:
         a, b = self.v, other.v
         if a is _EMPTY or b is _EMPTY:  # [] sorts before everything, equal to itself
             return a is _EMPTY and b is not _EMPTY
+        a_nan, b_nan = _is_nan(a), _is_nan(b)
+        if (a_nan or b_nan) and _is_number(a) and _is_number(b):
+            # NaN sorts before every other number (mongod's compareDoubles / KeyString), where
+            # a plain < calls it equal to all of them
+            return a_nan and not b_nan
         return mm_filtering.bson_compare(operator.lt, a, b)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, Decimal128)) and not isinstance(v, bool)
+
+
+def _is_nan(v: Any) -> bool:
+    if isinstance(v, float):
+        return v != v
+    return isinstance(v, Decimal128) and v.to_decimal().is_nan()
 
 
 def _sort_value(doc: dict[str, Any], path: str, desc: bool) -> Any:

@@ -222,3 +222,12 @@ def test_sort_on_the_fields_after_an_equality_prefix() -> None:
             assert _find(c, filt, sort, skip, limit) == _scan(c, filt, sort, skip, limit)
     assert not planner.choose(c, {"a": {"$in": [1, 2]}}, {"b": 1}).sorted_by_index
     assert not planner.choose(c, {"a": 1}, {"b": 1}).sorted_by_index  # 1 and true: two points
+
+
+def test_nan_sorts_before_every_number_in_a_sort_and_in_the_index() -> None:
+    """mongod orders NaN below every other number, -inf included (the hypothesis example
+    ``[{a: 0}, {a: NaN}]`` once found a sort that called NaN equal to all numbers)."""
+    c = _coll([{"a": 0}, {"a": float("nan")}, {"a": -float("inf")}, {"a": -1}], {"a": 1})
+    assert _find(c, {}, {"a": 1}, 0, 0) == [1, 2, 3, 0]
+    assert _find(c, {}, {"a": -1}, 0, 0) == [0, 3, 2, 1]
+    assert _find(c, {}, None, 0, 0, "ix") == [1, 2, 3, 0]
