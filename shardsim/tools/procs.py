@@ -136,7 +136,7 @@ class RoleProcess:
         assert self.proc is not None and self.proc.stdout is not None
         log = open(self.log_path, "a") if self.log_path else None
         try:
-            for line in self.proc.stdout:
+            for line in _lines(self.proc.stdout):
                 self.output.append(line.rstrip())
                 if log:
                     log.write(line)
@@ -185,3 +185,13 @@ class RoleProcess:
             return
         self._signal(signal.SIGKILL)
         self.proc.wait(10)  # type: ignore[union-attr]
+
+
+def _lines(stream: Any) -> Any:
+    """The lines of a child's output pipe until it ends, or until a stop on another thread
+    (Ctrl-C during start-up) closes it under the reader: ValueError / OSError then end the
+    reading quietly instead of printing a thread's traceback."""
+    try:
+        yield from stream
+    except (ValueError, OSError):
+        return
