@@ -101,14 +101,22 @@ class RoleProcess:
         if self.env:
             env.update(self.env)
         self._ready.clear()
+        # The log is opened here, not in the reader thread: a Ctrl-C during start-up makes the
+        # launcher remove its run directory, and a reader opening the file after that failed
+        # with a traceback of its own thread.
+        log = open(self.log_path, "a") if self.log_path else None
+        reading = False  # the reader owns (and closes) the log once it runs
         try:
             OwnedPopen(self, [sys.executable, "-m", role_module(self.module), *self.args],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                        start_new_session=True)
             assert self.proc is not None
-            self._reader = threading.Thread(target=self._pump, daemon=True)
+            self._reader = threading.Thread(target=self._pump, args=(log,), daemon=True)
             self._reader.start()
+            reading = True
         except BaseException:
+            if log is not None and not reading:
+                log.close()
             self.stop()  # Ctrl-C (or any error) while starting: leave nothing behind
             raise
 
@@ -132,11 +140,12 @@ class RoleProcess:
         self.stop()
         raise RuntimeError(f"{self.name} did not start (exit {self.proc.returncode}):\n{out}")
 
-    def _pump(self) -> None:
+    def _pump(self, log: Any) -> None:
+        """Read the child's output until it ends: keep the last lines, append them to ``log``
+        (an open file, closed here at the end, or None) and notice the ready line."""
         assert self.proc is not None and self.proc.stdout is not None
-        log = open(self.log_path, "a") if self.log_path else None
         try:
-            for line in _lines(self.proc.stdout):
+            for line in self.proc.stdout:
                 self.output.append(line.rstrip())
                 if log:
                     log.write(line)
@@ -186,12 +195,3 @@ class RoleProcess:
         self._signal(signal.SIGKILL)
         self.proc.wait(10)  # type: ignore[union-attr]
 
-
-def _lines(stream: Any) -> Any:
-    """The lines of a child's output pipe until it ends, or until a stop on another thread
-    (Ctrl-C during start-up) closes it under the reader: ValueError / OSError then end the
-    reading quietly instead of printing a thread's traceback."""
-    try:
-        yield from stream
-    except (ValueError, OSError):
-        return
