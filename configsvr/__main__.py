@@ -18,6 +18,7 @@ from shardsim.core.server import ready_line
 from shardsim.core.auth.cli import apply as apply_security, security_options, test_commands_options
 from shardsim.core.server import run_node
 from shardsim.core import server_version as server_version_mod
+from shardsim.shard.replication.cli import replica_set_options
 
 
 @click.command(context_settings={"show_default": True})
@@ -39,27 +40,15 @@ from shardsim.core import server_version as server_version_mod
 @click.option("--set-name", default="config",
               help="The config server replica set's name (hello setName, replSetGetConfig _id; "
                    "routers give it in --configdb NAME/h1,h2,h3).")
-@click.option("--members", default=None,
-              help="Every member of the config server replica set, host:port,... in _id order, "
-                   "this one included (shardsim's replSetInitiate at start-up; one node when "
-                   "omitted).")
-@click.option("--initiate", is_flag=True,
-              help="With --members: this member initiates the set (give it to one member, once).")
-@click.option("--election-timeout-ms", type=click.IntRange(min=1), default=10000,
-              help="With --members: electionTimeoutMillis.")
-@click.option("--heartbeat-interval-ms", type=click.IntRange(min=1), default=2000,
-              help="With --members: heartbeatIntervalMillis.")
-@click.option("--heartbeat-timeout-ms", type=click.IntRange(min=1), default=10000,
-              help="With --members: heartbeatTimeoutSecs, in ms.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
+@replica_set_options
 @security_options
 @test_commands_options
 @server_version_mod.click_option
 def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_size_mb: float,
          oplog_cache_mb: float, snapshot_history_mb: float,
-         oplog_min_retention_hours: float, set_name: str, members: str | None, initiate: bool,
-         election_timeout_ms: int, heartbeat_interval_ms: int, heartbeat_timeout_ms: int,
-         test_commands: bool, log_level: str, server_version: str,
+         oplog_min_retention_hours: float, set_name: str, repl_options: dict[str, Any],
+                  test_commands: bool, log_level: str, server_version: str,
          **security: Any) -> None:
     """Run the shardsim config server (a mongod --configsvr look-alike holding the catalog)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
@@ -72,12 +61,7 @@ def main(port: int, host: str, dbpath: str | None, noop_interval_ms: int, oplog_
         "oplog_cache_mb": oplog_cache_mb, "snapshot_history_mb": snapshot_history_mb,
         "oplog_min_retention_hours": oplog_min_retention_hours, "server_version": server_version,
         "set_name": set_name, **sec_options}
-    if members:
-        hosts = [h.strip() for h in members.split(",") if h.strip()]
-        options.update({"repl_hosts": hosts, "repl_initiate": initiate,
-                        "election_timeout_ms": election_timeout_ms,
-                        "heartbeat_interval_ms": heartbeat_interval_ms,
-                        "heartbeat_timeout_ms": heartbeat_timeout_ms})
+    options.update(repl_options)
     try:
         node = ConfigServerNode(host=host, port=port, test_commands=test_commands,
                                 options=options)

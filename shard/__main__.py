@@ -16,6 +16,7 @@ from shardsim.core.server import ready_line
 from shardsim.core.auth.cli import apply as apply_security, security_options, test_commands_options
 from shardsim.core.server import run_node
 from shardsim.core import server_version as server_version_mod
+from shardsim.shard.replication.cli import replica_set_options
 
 
 @click.command(context_settings={"show_default": True})
@@ -40,31 +41,18 @@ from shardsim.core import server_version as server_version_mod
               help="Entries older than this are truncated whatever the size (seconds).")
 @click.option("--sync", type=click.Choice(["normal", "full"]), default="normal",
               help="SQLite synchronous mode (normal survives process crashes; full also OS crashes).")
-@click.option("--members", default=None,
-              help="Every member of this shard's replica set, host:port,... in _id order, this "
-                   "one included (shardsim's replSetInitiate at start-up; one member when "
-                   "omitted).")
-@click.option("--initiate", is_flag=True,
-              help="With --members: this member initiates the set (writes the 'initiating set' "
-                   "entry; give it to one member, once).")
-@click.option("--election-timeout-ms", type=click.IntRange(min=1), default=10000,
-              help="With --members: electionTimeoutMillis.")
-@click.option("--heartbeat-interval-ms", type=click.IntRange(min=1), default=2000,
-              help="With --members: heartbeatIntervalMillis.")
-@click.option("--heartbeat-timeout-ms", type=click.IntRange(min=1), default=10000,
-              help="With --members: heartbeatTimeoutSecs, in ms.")
 @click.option("--log-level", default="WARNING", help="Python logging level.")
 @click.option("--noscripting", is_flag=True, default=False,
               help="No server-side JavaScript ($where, $function), as mongod --noscripting.")
+@replica_set_options
 @security_options
 @test_commands_options
 @server_version_mod.click_option
 def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interval_ms: int,
          promise_mode: str, oplog_size_mb: float, oplog_cache_mb: float, snapshot_history_mb: float,
          oplog_min_retention_hours: float,
-         oplog_max_age_s: float | None, sync: str, members: str | None, initiate: bool,
-         election_timeout_ms: int, heartbeat_interval_ms: int, heartbeat_timeout_ms: int,
-         test_commands: bool, log_level: str, server_version: str,
+         oplog_max_age_s: float | None, sync: str, repl_options: dict[str, Any],
+                  test_commands: bool, log_level: str, server_version: str,
          noscripting: bool = False, **security: Any) -> None:
     """Run a shardsim shard (a mongod --shardsvr look-alike)."""
     if noscripting:
@@ -80,12 +68,7 @@ def main(port: int, host: str, shard_name: str, dbpath: str | None, noop_interva
         "oplog_min_retention_hours": oplog_min_retention_hours,
         "oplog_max_age_s": oplog_max_age_s, "sync": sync, "server_version": server_version,
     }
-    if members:
-        hosts = [h.strip() for h in members.split(",") if h.strip()]
-        options.update({"repl_hosts": hosts, "repl_initiate": initiate,
-                        "election_timeout_ms": election_timeout_ms,
-                        "heartbeat_interval_ms": heartbeat_interval_ms,
-                        "heartbeat_timeout_ms": heartbeat_timeout_ms})
+    options.update(repl_options)
     sec_options, tls = apply_security("shard", **security)
     options.update(sec_options)
     from shardsim.shard.durable_integrity import EXIT_CORRUPTION, StorageCorruption

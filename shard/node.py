@@ -25,6 +25,7 @@ from bson import Binary, ObjectId
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from shardsim.core.values import id_key
 from shardsim.core import failpoints, update_ops
 from shardsim.core.commands import Request
 from shardsim.core.errors import MongoError
@@ -453,6 +454,21 @@ class ShardNode(Node):
                    ui: Binary | None = None) -> Timestamp:
         """:meth:`OpObserver.on_noop`."""
         return self.op_observer.on_noop(o, o2, ns, ui)
+
+    def put_logged(self, coll: Collection, doc: dict[str, Any]) -> None:
+        """Insert or replace ``doc`` (by ``_id``) in an internal collection with its oplog entry
+        (``i``, or ``u`` with the whole document), so secondaries and the next primary have it;
+        a durable node commits it before returning. Raises NotWritablePrimary (10107) from the
+        oplog on a member that may not write (:meth:`ReplicationCoordinator.may_log`)."""
+        key = id_key(doc["_id"])
+        if key in coll.docs:
+            coll.replace(key, doc)
+            self.log_op("u", coll, doc, {"_id": doc["_id"]})
+        else:
+            coll.insert(doc)
+            self.log_op("i", coll, doc)
+        self.storage.note_doc(coll, key, doc)
+        self.flush()
 
     # -- catalog helpers ----------------------------------------------------------------------
     def create_collection(self, db: str, name: str, options: dict[str, Any] | None = None, *,

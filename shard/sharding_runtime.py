@@ -289,17 +289,8 @@ class ShardingRuntime:
         coll = self.node.storage.get(*IDENTITY_NS)
         if coll is None:  # a system collection: made here
             coll = self.node.create_collection(*IDENTITY_NS)
-        doc = {"_id": "shardIdentity", "shardName": self.node.shard_name,
-               "configsvrConnectionString": configsvr}
-        key = id_key(doc["_id"])
-        if key in coll.docs:
-            coll.replace(key, doc)
-            self.node.log_op("u", coll, doc, {"_id": doc["_id"]})
-        else:
-            coll.insert(doc)
-            self.node.log_op("i", coll, doc)
-        self.node.storage.note_doc(coll, key, doc)
-        self.node.flush()
+        self.node.put_logged(coll, {"_id": "shardIdentity", "shardName": self.node.shard_name,
+                                    "configsvrConnectionString": configsvr})
 
     def config_connection_string(self) -> str | None:
         """The shard identity's ``configsvrConnectionString``, or None."""

@@ -117,16 +117,7 @@ class Coordinators:
         majority-written, ``TransactionCoordinatorService::onStepUp``). NotWritablePrimary
         (10107), nothing written, on a member that is not the writable primary."""
         self._check_primary()
-        coll = self._coll()
-        key = id_key(doc["_id"])
-        if key in coll.docs:
-            coll.replace(key, doc)
-            self.node.log_op("u", coll, doc, {"_id": doc["_id"]})
-        else:
-            coll.insert(doc)
-            self.node.log_op("i", coll, doc)
-        self.node.storage.note_doc(coll, key, doc)
-        self.node.flush()
+        self.node.put_logged(self._coll(), doc)
 
     def _delete(self, _id: dict[str, Any]) -> None:
         self._check_primary()
