@@ -84,28 +84,38 @@ def code_of(exc: Any) -> Any:
     return (getattr(exc, "details", None) or {}).get("code")
 
 
-def test_retryable_find_and_modify_goes_to_the_new_primary_after_a_stepdown(
-        cluster: ShardedCluster) -> None:
-    coll, shard = setup_doc(cluster, "rfam1")
+def _held_inc_across(cluster: ShardedCluster, db: str, fault: Any, join_s: float) -> tuple[str, str]:
+    """A retryable findAndModify ``$inc`` on ``db.c``'s document 1 that the shard's primary
+    holds 1 s before running it (failCommand ``blockConnection``), while ``fault(shard,
+    primary)`` runs 0.3 s in: it must come back ``{_id: 1, x: 1}`` with the driver having sent
+    it once (the router retried, not the driver). Returns ``(shard, the old primary)``."""
+    coll, shard = setup_doc(cluster, db)
     sent = Sent()
     client = cluster.client(event_listeners=[sent])
     primary = cluster.primary_of(shard)
-    # The primary holds the command 1 s before running it; meanwhile it steps down, so the
-    # command then fails with NotWritablePrimary (10107) and the router sends it again.
     fail_point(cluster, primary, {"times": 1},
                {"failCommands": ["findAndModify"], "blockConnection": True, "blockTimeMS": 1000})
     out: dict[str, Any] = {}
 
     def run() -> None:
-        out["doc"] = client.get_database("rfam1", write_concern=MAJORITY).c.find_one_and_update(
+        out["doc"] = client.get_database(db, write_concern=MAJORITY).c.find_one_and_update(
             {"_id": 1}, {"$inc": {"x": 1}}, return_document=pymongo.ReturnDocument.AFTER)
     t = threading.Thread(target=run)
     t.start()
     time.sleep(0.3)
-    cluster.step_down(shard)
-    t.join(20)
+    fault(shard, primary)
+    t.join(join_s)
     assert out["doc"] == {"_id": 1, "x": 1}
     assert sent.names.count("findAndModify") == 1  # the router retried, not the driver
+    return shard, primary
+
+
+def test_retryable_find_and_modify_goes_to_the_new_primary_after_a_stepdown(
+        cluster: ShardedCluster) -> None:
+    # The primary steps down while it holds the command, which then fails with
+    # NotWritablePrimary (10107), and the router sends it again.
+    shard, primary = _held_inc_across(cluster, "rfam1",
+                                      lambda shard, _: cluster.step_down(shard), 20)
     assert cluster.primary_of(shard) != primary
     wait_members(cluster, shard, "rfam1", 1)
 
@@ -202,25 +212,10 @@ def test_plain_bulk_write_is_not_retried(cluster: ShardedCluster) -> None:
 
 def test_retryable_find_and_modify_goes_to_the_new_primary_after_the_primary_died(
         cluster: ShardedCluster) -> None:
-    coll, shard = setup_doc(cluster, "rfam4")
-    sent = Sent()
-    client = cluster.client(event_listeners=[sent])
-    primary = cluster.primary_of(shard)
-    # The primary holds the command 1 s; it is killed meanwhile: the router's connection
-    # breaks (a network error), the monitor learns it, the retry goes to the elected member.
-    fail_point(cluster, primary, {"times": 1},
-               {"failCommands": ["findAndModify"], "blockConnection": True, "blockTimeMS": 1000})
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        out["doc"] = client.get_database("rfam4", write_concern=MAJORITY).c.find_one_and_update(
-            {"_id": 1}, {"$inc": {"x": 1}}, return_document=pymongo.ReturnDocument.AFTER)
-    t = threading.Thread(target=run)
-    t.start()
-    time.sleep(0.3)
-    assert cluster.kill_primary(shard) == primary
-    t.join(30)
-    assert out["doc"] == {"_id": 1, "x": 1}
-    assert sent.names.count("findAndModify") == 1
+    # The primary is killed while it holds the command: the router's connection breaks (a
+    # network error), the monitor learns it, the retry goes to the elected member.
+    def kill(shard: str, primary: str) -> None:
+        assert cluster.kill_primary(shard) == primary
+    shard, primary = _held_inc_across(cluster, "rfam4", kill, 30)
     cluster.restart_member(primary)  # it catches up: every member holds x: 1
     wait_members(cluster, shard, "rfam4", 1)
