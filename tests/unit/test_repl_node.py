@@ -10,7 +10,8 @@ import pytest
 from shardsim.core.repl import (DurableState, MemberConfig, MemberState, OpTime, ReplError,
                            ReplNode, ReplSetConfig, election_id, parse_step_down, plan_rollback,
                            serve_fetch)
-from shardsim.core.repl.messages import (FailWaiters, FetchReply, Heartbeat, KillOperations,
+from shardsim.core.repl.messages import (FailWaiters, FetchReply, FetchRequest, Heartbeat,
+                                    KillOperations,
                                     RequestVotes, StartRollback, StateChanged, StepUpFinished,
                                     WriteNoop)
 from shardsim.core.repl.sync_source import choose_sync_source, diverged_or_too_stale, MemberView
@@ -397,3 +398,28 @@ def test_two_secondaries_syncing_from_each_other_choose_again() -> None:
         md = OplogQueryMetadata(1, here, here, 0, source_of_source, 0)
         assert node.on_fetch_reply(FetchReply(2, here, md, (), None, NULL_OPTIME), 10) == ()
         assert (node.sync_source == 2) is kept
+
+
+def test_a_primary_in_catch_up_that_finds_diverged_oplogs_ends_the_catch_up_instead_of_retrying():
+    """bgsync.cpp ``BackgroundSync::_runRollback``: a PRIMARY still catching up never rolls
+    back; it aborts the catch-up (kFailedWithError) and goes on to its "new primary" no-op.
+    With catchUpTimeoutMillis -1 a retry would leave the set without a writable primary."""
+    h, p = elected()
+    h.advance(h.now + 600)
+    f = next(i for i in range(3) if i != p)
+    s = next(i for i in range(3) if i not in (p, f))
+    node = h.nodes[f]
+    h.down.add(p)
+    node._win_election(h.now)               # f won and is catching up, target not fixed yet
+    node.poll()
+    assert node.catch_up is not None and not node.can_accept_writes()
+    node.sync_source = s
+    err = ReplError(120, "OplogStartMissing", "Our last optime fetched: x. source's GTE: y")
+    md = h.nodes[s].on_fetch_request(FetchRequest(f, node.term, node.applied, 10), h.now)
+    got = node.on_fetch_reply(FetchReply(s, node.applied, md, (), err, OpTime(t=-1, ts=0)),
+                              h.now)
+    assert got == ()
+    assert node.catch_up is None and node.state == MemberState.PRIMARY
+    _, effects = node.poll()
+    assert [type(e) for e in effects if isinstance(e, WriteNoop)] == [WriteNoop]
+    assert not any(isinstance(e, StartRollback) for e in effects)

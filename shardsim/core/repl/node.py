@@ -486,9 +486,18 @@ class ReplNode(ElectionsMixin, StepDownMixin):
             self.sync_source = None
             self._set_state(MemberState.RECOVERING, "too stale to catch up")
             return
+        if self.role == LEADER:
+            # a primary in catch-up never rolls back: it ends the catch-up at once and takes
+            # what it has (bgsync.cpp BackgroundSync::_runRollback: abortCatchupIfNeeded
+            # kFailedWithError). Retrying instead, with catchUpTimeoutMillis -1, would leave
+            # the set with a PRIMARY that never becomes writable.
+            self.sync_source = None
+            if self.catch_up is not None:
+                self._finish_catch_up(now)
+            return
         if self.role != FOLLOWER:
-            # a primary in catch-up never rolls back; a candidate does not enter ROLLBACK while
-            # it runs (setFollowerMode refuses it during an election): try again later
+            # a candidate does not enter ROLLBACK while it runs (setFollowerMode refuses it
+            # during an election): try again later
             self.sync_source = None
             return
         self._effects.append(KillOperations(
