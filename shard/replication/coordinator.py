@@ -598,7 +598,12 @@ class ReplicationCoordinator:
                 timer.cancel()
                 self._fetch_waiters.discard(changed)
             entries, error, first = self._entries_after(req.after, req.limit)
-        md = core.on_fetch_request(req, self.now())
+        try:  # again after the wait: this member may have left PRIMARY/SECONDARY meanwhile
+            md = core.on_fetch_request(req, self.now())
+        except ReplError as err:
+            self.after_core()
+            raise member_error(err) from None
+        self.after_core()
         return wire.fetch_reply(self.self_id, md, entries, error, first)
 
     def _entries_after(self, after: OpTime, limit: int) -> tuple[list[Any], Any, OpTime]:

@@ -137,3 +137,49 @@ async def _add_listener(node: Any, cb: Any) -> None:
 async def _remove_listener(node: Any, cb: Any) -> None:
     node.oplog.remove_listener(cb)
     await asyncio.sleep(0)
+
+
+def test_an_oplog_fetch_waiting_on_a_member_that_left_secondary_answers_13436(
+        cluster: ShardedCluster) -> None:
+    """A fetch that waited for new entries (``maxAwaitTimeMS``) on a member that meanwhile
+    left PRIMARY/SECONDARY (a rollback started) is answered NotPrimaryOrSecondary (13436), as
+    one that arrives then is, and the member keeps serving (before: a Python exception, logged
+    with its traceback, became the reply)."""
+    from shardsim.core.protocol.repl import fetch_command
+    from shardsim.core.repl.member_state import MemberState
+    from shardsim.core.repl.messages import FetchRequest
+
+    shard = cluster.shard_names[1]
+    primary = cluster.primary_of(shard)
+    node = cluster.member_node(primary)
+    secondary = next(h for h in cluster.members_of(shard) if h != primary)
+    snode = cluster.member_node(secondary)
+    wait_for(lambda: snode.repl.core.applied == node.repl.core.applied, 10, "the secondary")
+
+    async def fetch_then_leave() -> Any:
+        from shardsim.core.protocol.repl import optime_doc
+        repl = snode.repl
+        core = repl.core
+        for _ in range(20):  # a periodic no-op can end the wait first: ask again
+            cmd = fetch_command(FetchRequest(2, core.term, core.applied, 10))
+            cmd["maxAwaitTimeMS"] = 5000
+            cmd["lastKnownCommitted"] = optime_doc(core.commit_point)
+            task = asyncio.ensure_future(repl.serve_fetch(cmd))
+            await asyncio.sleep(0.05)
+            if not task.done():
+                break
+            await task
+        else:
+            raise AssertionError("the fetch never waited")
+        saved = core.state
+        core.state = MemberState.ROLLBACK          # what a rollback's start does to the state
+        repl._wake_fetchers()
+        try:
+            await task
+            return None
+        except MongoError as exc:
+            return exc.code, exc.code_name
+        finally:
+            core.state = saved
+
+    assert cluster._call(fetch_then_leave()) == (13436, "NotPrimaryOrSecondary")
