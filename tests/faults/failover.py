@@ -172,6 +172,34 @@ def _wait(cond: Any, timeout: float) -> bool:
     return False
 
 
+async def _picture(cluster: ShardedCluster) -> str:
+    """Every member's replication state and the router's view of each shard, one line per
+    shard (for a failed trial's notes: what the sets looked like when it gave up).
+    ``h: STATE t=term applied=(t, ts) writable catch-up->target src=member`` and
+    ``router: primary=host``."""
+    lines = []
+    router = cluster.cluster.router.node if cluster.cluster.router is not None else None
+    for shard in cluster.shard_names:
+        parts = []
+        for h in cluster.members_of(shard):
+            node = cluster.member_node(h)
+            if node is None or node.repl is None:
+                parts.append(f"{h}: down")
+                continue
+            core = node.repl.core
+            c = core.catch_up
+            parts.append(
+                f"{h}: {core.state.state_str} t={core.term} applied=({core.applied.t}, "
+                f"{core.applied.ts >> 32}:{core.applied.ts & 0xffffffff})"
+                f"{' writable' if node.repl.writable else ''}"
+                f"{f' catch-up->{c.target}' if c is not None else ''} src={core.sync_source} "
+                f"rollbacks={node.repl.rollbacks}")
+        mon = router.shards.monitors.get(shard) if router is not None else None
+        parts.append(f"router: primary={mon.primary if mon is not None else '?'}")
+        lines.append(f"{shard} [" + "; ".join(parts) + "]")
+    return " | ".join(lines)
+
+
 def _rollbacks(cluster: ShardedCluster) -> int:
     total = 0
     for shard in cluster.shard_names:
@@ -224,7 +252,7 @@ def _fault(cluster: ShardedCluster, role: str, rng: random.Random, shard: str, n
         writer.finish()
         cluster.heal()
         if not _wait(lambda: _rollbacks(cluster) > before, 20):
-            notes.append("no rollback in 20 s")
+            notes.append(f"no rollback in 20 s: {cluster._call(_picture(cluster))}")
         notes.append(f"w1 acked {len(writer.acked)}")
         return f"{shard}:{old}"
     if role == "lagging-secondary":
@@ -291,7 +319,8 @@ def run_failover_trial(cluster: ShardedCluster, role: str, seed: int,
         victim = _fault(cluster, role, rng, shard, name, notes, w1)
     except Exception as exc:  # NoPrimary from the kit, a timeout: judged, the trial goes on
         victim = shard
-        fo.stuck.append(f"{role} on {shard}: {type(exc).__name__}: {exc}")
+        fo.stuck.append(f"{role} on {shard}: {type(exc).__name__}: {exc}; "
+                        f"{cluster._call(_picture(cluster))}")
         for writer in w1:
             writer.finish()
         cluster.heal()
@@ -303,7 +332,8 @@ def run_failover_trial(cluster: ShardedCluster, role: str, seed: int,
         watcher.finish()
         violations = {c: [] for c in CHECKERS}
         violations.update(check_failover(FailoverObserved(
-            stuck=[*fo.stuck, f"the router could not read the collection for 30 s: {exc}"])))
+            stuck=[*fo.stuck, f"the router could not read the collection for 30 s: {exc}; "
+                              f"{cluster._call(_picture(cluster))}"])))
         return TrialResult(seed=seed, role=role, victim=victim, violations=violations,
                            seconds=time.time() - started, notes=notes)
     o.docs = {d["_id"]: d for d in docs}
