@@ -40,6 +40,15 @@ TAKEOVER_FRESHNESS_TS = 2000
 LIVENESS_BOUND = 3 * ELECTION_TIMEOUT + CATCH_UP_TIMEOUT + 4 * HEARTBEAT_INTERVAL
 
 
+def catch_up_timeout(seed: int) -> int:
+    """``catchUpTimeoutMillis`` of seed ``seed``'s world: the server's default -1 (no bound: a
+    new primary catches up for as long as it takes) on odd seeds, :data:`CATCH_UP_TIMEOUT` on
+    even ones. A bound hides a catch-up that can never finish: with -1 only, the set stays
+    without a writable primary (the liveness checker's find before bgsync's abort on
+    rollback was built, 10 of 6,000 seeds)."""
+    return -1 if seed % 2 else CATCH_UP_TIMEOUT
+
+
 def members_for(seed: int) -> int:
     """The set size a seed runs with when none is given: 5 members on every fourth seed."""
     return 5 if seed % 4 == 3 else 3
@@ -103,7 +112,7 @@ class ReplWorld:
             "rs0", tuple(MemberConfig(i, f"m{i}:27017", priority=self._priority(i, members))
                          for i in range(members)),
             election_timeout_ms=ELECTION_TIMEOUT, heartbeat_interval_ms=HEARTBEAT_INTERVAL,
-            heartbeat_timeout_ms=ELECTION_TIMEOUT, catch_up_timeout_ms=CATCH_UP_TIMEOUT,
+            heartbeat_timeout_ms=ELECTION_TIMEOUT, catch_up_timeout_ms=catch_up_timeout(seed),
             priority_takeover_freshness_ts=TAKEOVER_FRESHNESS_TS)
         self.members = [Member(i) for i in range(members)]
         self.h = History(members=members)
