@@ -69,7 +69,7 @@ class ConfigServerNode(ShardNode):
         self.shard_targets = ShardTargets()  # a replica-set monitor per shard
         self.balancer = Balancer(self)
         self.reshardings: dict[str, Any] = {}  # ns -> configsvr.resharding.ReshardOp
-        # interrupted migrations completed on start-up and after failures; moveChunkHangAtStep*
+        # the resharding coordinator's fail points (chunk migrations: the donor's)
         self.migration_recovery = MigrationRecovery(self)
         self.migration_recovery.install_fail_points()
         self.commands.install(self, *FAMILIES)
@@ -104,7 +104,8 @@ class ConfigServerNode(ShardNode):
         ``Balancer::onStepUpComplete`` / ``KeysCollectionManager`` / ``ReshardingCoordinator``
         services do on step-up (``ReplicationCoordinatorExternalStateImpl::
         onTransitionToPrimary`` -> ``ShardingInitializationMongoD``, ``PrimaryOnlyService``):
-        the interrupted migrations and reshardings are recovered as after a restart."""
+        the interrupted reshardings are recovered as after a restart (the donor shards
+        complete their chunk migrations themselves)."""
         super().on_became_writable_primary()
         if self.repl is not None:
             self._jobs_gen += 1
@@ -126,7 +127,7 @@ class ConfigServerNode(ShardNode):
 
     async def _start_primary_jobs(self, gen: int | None = None) -> None:
         """The HMAC keys (made when missing, handed out: :mod:`configsvr.keys`), the
-        migrations and reshardings an earlier primary (or a restart) interrupted, the
+        reshardings an earlier primary (or a restart) interrupted, the
         balancer (with the auto-merger and the drains). ``gen``: skipped when the member
         stepped down since it was asked."""
         async with self._jobs_lock:
@@ -134,7 +135,6 @@ class ConfigServerNode(ShardNode):
                                     or not self.repl.writable):
                 return
             await cluster_keys.start(self)
-            self.migration_recovery.kick()  # the migrations a restart or a failover interrupted
             resharding_recovery.start(self)  # the reshardings a restart or failover interrupted
             self.balancer.start()
             self.primary_jobs = True
@@ -144,7 +144,6 @@ class ConfigServerNode(ShardNode):
         async with self._jobs_lock:
             cluster_keys.stop(self)
             await self.balancer.stop()
-            await self.migration_recovery.stop()
             await resharding_recovery.stop(self)
             self.shard_pools.clear()  # the next primary reads config.shards again
             self.primary_jobs = False
@@ -171,9 +170,8 @@ class ConfigServerNode(ShardNode):
         for task in list(self._job_tasks):
             task.cancel()
         cluster_keys.stop(self)
-        for task in (self.balancer._task, self.migration_recovery._task):
-            if task is not None:
-                task.cancel()
+        if self.balancer._task is not None:
+            self.balancer._task.cancel()
         self.shard_targets.close()
 
     async def shutdown(self) -> None:
@@ -183,7 +181,6 @@ class ConfigServerNode(ShardNode):
             task.cancel()
         cluster_keys.stop(self)
         await self.balancer.stop()
-        await self.migration_recovery.stop()
         await resharding_recovery.stop(self)
         await super().shutdown()
         self.shard_targets.close()

@@ -44,6 +44,7 @@ from shardsim.shard.oplog import Oplog, PreImages
 from shardsim.shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
 from shardsim.shard.read_concern import run_with_read_concern
 from shardsim.shard.range_deleter import RangeDeleter
+from shardsim.shard.migration_source import MigrationSource
 from shardsim.core.query import select
 from shardsim.shard.sessions import Sessions, full_lsid
 from shardsim.shard.sharding_runtime import ShardingRuntime
@@ -113,6 +114,8 @@ class ShardNode(Node):
         # Filtering metadata, critical sections, transfer mods (shard/sharding_runtime.py).
         self.sharding = ShardingRuntime(self)
         self.range_deleter = RangeDeleter(self)  # config.rangeDeletions, migration coordinators
+        # the migrations this shard donates (_shardsvrMoveRange, shard/migration_source.py)
+        self.migration_source = MigrationSource(self)
         # Promise requests from the router (_shardsimAdvanceClusterTime) and the change-stream
         # cursors waiting for them (shard/change_stream/cursor.py).
         self.cs_promise_waiters = cs_cursor.PromiseWaiters()
@@ -130,6 +133,7 @@ class ShardNode(Node):
         failpoints.install(self)  # configureFailPoint, with test commands only
         promise_faults.install(self)  # shardsimStallPromise, shardsimDelayPromise
         self.coordinators.install_fail_points()  # hangBeforeWritingDecision, ...
+        self.migration_source.install_fail_points()  # moveChunkHangAtStep3..6, ...
         if self.test_commands:
             # _shardsimTruncateOplog, _shardsimSetClusterTime
             self.commands.install(self, shard_commands.testing.commands)
@@ -537,11 +541,13 @@ class ShardNode(Node):
         resumeMigrationCoordinationsOnStepUp`` -> ``CollectionShardingRuntime::
         clearFilteringMetadata``, and its secondaries keep theirs in step with the primary's
         through the replicated ``config.cache.*`` collections); finish the two-phase commits
-        decided before and the range deletions made ready
-        (``ReplicationCoordinatorExternalStateImpl::onTransitionToPrimary``)."""
+        decided before, the range deletions made ready and the chunk migrations this shard
+        donated (``ReplicationCoordinatorExternalStateImpl::onTransitionToPrimary``,
+        ``migrationutil::resumeMigrationCoordinationsOnStepUp``)."""
         self.sharding.clear_metadata()  # recovered by refresh (shard/sharding_runtime.py)
         self.coordinators.recover()  # finish the two-phase commits decided before a restart
         self.range_deleter.resume()  # range deletions made ready before a restart
+        self.migration_source.resume()  # migrations a failover or a restart interrupted
 
     def on_lost_writable_primary(self) -> None:
         """This member stopped being the writable primary (a stepdown, a newer term, a lost
@@ -549,8 +555,10 @@ class ShardNode(Node):
         documents here any more; the next primary recovers them from its copy of
         ``config.transaction_coordinators`` (``ReplicationCoordinatorExternalStateImpl::
         onStepDownHook`` -> ``TransactionCoordinatorService::onStepDown``). The config server
-        also stops its primary-only jobs (``Balancer::onStepDownFromPrimary``)."""
+        also stops its primary-only jobs (``Balancer::onStepDownFromPrimary``). The chunk
+        migrations it donates stop too (the next primary completes them)."""
         self.coordinators.on_step_down()
+        self.migration_source.on_step_down()
 
     def start_replication(self, hosts: list[str]) -> None:
         """Make this shard a member of the replica set of ``hosts`` (every member's
@@ -588,6 +596,7 @@ class ShardNode(Node):
         await super().shutdown()
         self.coordinators.close()
         self.range_deleter.close()
+        self.migration_source.close()
         self.sharding.close()
         if self.durable is not None:
             try:
@@ -603,6 +612,7 @@ class ShardNode(Node):
         super().crash()
         noop_writer.stop(self)
         self.sessions.stop_reaper()
+        self.migration_source.close()  # a dead donor's migration runs no further step
         if self.repl is not None:
             self.repl.crash()
         if self.durable is not None:

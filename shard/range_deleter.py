@@ -25,13 +25,10 @@ As mongod 8.0 keeps them (``src/mongo/db/s/migration_coordinator.cpp``,
   (``RangeDeleterService`` resumes its tasks on step-up).
 
 Every document a range deletion removes is deleted with ``fromMigrate: true``, so no change
-stream shows it. All of it is durable with ``--dbpath`` (the two collections are ordinary
-collections of the shard's ``config`` database, which change streams never show).
-
-shardsim differences: the config server drives the coordination (it reads the coordinator
-documents of every shard after its restart or a failed migration:
-:mod:`configsvr.migration_recovery`), where in mongod the donor shard's primary resumes its own
-coordinations on step-up; the documents are written without oplog entries.
+stream shows it. All of it is durable with ``--dbpath`` and logged (the two collections are
+ordinary collections of the shard's ``config`` database, which change streams never show), so
+a replica-set shard's next primary has them; the donor's primary drives the coordination and
+its next primary resumes it (:mod:`shard.migration_source`).
 """
 
 from __future__ import annotations
@@ -92,23 +89,20 @@ class RangeDeleter:
         return coll.docs.get(id_key(_id)) if coll is not None else None
 
     def save(self, which: tuple[str, str], doc: dict[str, Any]) -> None:
-        """Insert or replace ``doc`` in ``which`` and commit it (durable shards)."""
-        coll = self.node.ensure_collection(*which)
-        key = id_key(doc["_id"])
-        if key in coll.docs:
-            coll.replace(key, doc)
-        else:
-            coll.insert(doc)
-        self.node.storage.note_doc(coll, key, doc)
-        self.node.flush()
+        """Insert or replace ``doc`` in ``which`` with its oplog entry
+        (:meth:`ShardNode.put_logged`: a replica set's next primary has it, as mongod's
+        majority-written coordinator and task documents) and commit it (durable shards).
+        NotWritablePrimary (10107) on a member that may not write."""
+        self.node.put_logged(self.node.ensure_collection(*which), doc)
 
     def remove(self, which: tuple[str, str], _id: Any) -> bool:
-        """Delete the document ``_id`` of ``which``; False when there was none."""
+        """Delete the document ``_id`` of ``which``, logged; False when there was none."""
         coll = self.node.storage.get(*which)
         key = id_key(_id)
         if coll is None or key not in coll.docs:
             return False
         coll.delete(key)
+        self.node.log_op("d", coll, {"_id": _id})
         self.node.storage.note_doc(coll, key, None)
         self.node.flush()
         return True

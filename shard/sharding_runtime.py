@@ -35,10 +35,12 @@ mongod persists it on ``addShard``.
 
 The config server still sends the shards the new metadata after each change
 (``_shardsimSetFilteringMetadata``, ``configsvr/migration.py`` ``push_metadata``): in mongod the
-participants of a migration or DDL refresh at its end (``MigrationSourceManager`` forces the
-donor's refresh, ``_flushRoutingTableCacheUpdates``); here the config server's message carries
-the metadata to install. It is an optimisation the shard no longer depends on: a shard that
-missed it (down, a new primary) refreshes when a request tells it so.
+participants of a migration or DDL refresh at its end (``_flushRoutingTableCacheUpdates``);
+here the config server's message carries the metadata to install. It is an optimisation the
+shard no longer depends on: a shard that missed it (down, a new primary) refreshes when a
+request tells it so. A migration's donor also refreshes itself after the commit, from inside
+its critical section (:meth:`ShardingRuntime.force_refresh`, as ``MigrationSourceManager``
+does).
 
 Not faithful: a shard that knows nothing of a namespace accepts an UNSHARDED version without a
 refresh (mongod refreshes to learn whether it is sharded), and a shard that cannot refresh (no
@@ -388,20 +390,41 @@ class ShardingRuntime:
             self.metadata.pop(key, None)
             self._generation[key] = self._generation.get(key, 0) + 1
 
+    async def config_command(self, db: str, cmd: dict[str, Any], conn: str | None = None,
+                             timeout: float | None = None) -> dict[str, Any]:
+        """Run ``cmd`` on the config server's primary (``conn``, by default the shard
+        identity's connection string) with ``$clusterTime`` gossip, as a shard's
+        ``ShardRegistry::getConfigShard()`` does; raises its error reply, a network error, or
+        ShardNotFound (70) when this shard knows no config server."""
+        conn = conn or self.config_connection_string()
+        if conn is None:
+            raise MongoError(70, "this shard does not know its config server yet")
+        if "/" in conn:  # a replica set: its primary through a monitor (failovers)
+            return await self.targets.command(self.node.clock, conn, db, cmd, timeout=timeout)
+        addr = parse_address(conn)
+        pool = self._pools.get("$config")
+        if pool is None or (pool.host, pool.port) != addr:
+            pool = self._pools["$config"] = Pool(*addr)
+        return await gossip_command(self.node.clock, pool, db, cmd, timeout=timeout)
+
+    async def force_refresh(self, ns: str) -> CollectionMetadata | None:
+        """Read ``ns``'s metadata from the config server and install it, without waiting for
+        the namespace's critical section (the donor refreshes from inside its own:
+        ``forceShardFilteringMetadataRefresh`` in ``MigrationSourceManager``). Returns the
+        installed metadata (None: not sharded). Raises what the config server's read raised."""
+        conn = self.config_connection_string()
+        if conn is None:
+            raise MongoError(70, "this shard does not know its config server yet")
+        self.refreshes += 1
+        doc = await asyncio.wait_for(self._fetch(conn, ns), REFRESH_TIMEOUT_S)
+        self.set_metadata(ns, doc, pushed=False)
+        return self.metadata.get(ns)
+
     async def _fetch(self, conn: str, ns: str) -> dict[str, Any] | None:
         """The metadata of ``ns`` as the config server pushes it, read from its catalog
         (``conn``: the shard identity's connection string)."""
-        if "/" in conn:
-            async def run(cmd: dict[str, Any]) -> dict[str, Any]:
-                return await self.targets.command(self.node.clock, conn, "config", cmd)
-        else:
-            addr = parse_address(conn)
-            pool = self._pools.get("$config")
-            if pool is None or (pool.host, pool.port) != addr:
-                pool = self._pools["$config"] = Pool(*addr)
-
-            async def run(cmd: dict[str, Any]) -> dict[str, Any]:
-                return await gossip_command(self.node.clock, pool, "config", cmd)
+        async def run(cmd: dict[str, Any]) -> dict[str, Any]:
+            return await self.config_command("config", cmd, conn)
 
         async def find(coll: str, filt: dict[str, Any]) -> list[dict[str, Any]]:
             reply = await run({"find": coll, "filter": filt, "batchSize": 1 << 30,

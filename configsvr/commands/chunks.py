@@ -94,10 +94,11 @@ async def _median(node: ConfigServerNode, entry: dict[str, Any], pattern: KeyPat
 
 @commands.handler(csrq.MoveChunk.NAME, privileges=priv.INTERNAL)
 async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
-    """moveChunk as a migration (``migration_source_manager.cpp``): write
-    ``migrateChunkToNewShard`` on the donor when the recipient had no chunk of the collection,
-    then clone, catch up, critical section, commit and range deletion
-    (:func:`configsvr.migration.migrate`).
+    """moveChunk as a migration (``configsvr_move_range_command.cpp``): under the DDL lock,
+    check the request, prepare the recipient's collection, write ``migrateChunkToNewShard`` on
+    the donor when the recipient had no chunk of the collection, then have the donor's primary
+    run the migration (``_shardsvrMoveRange``, :func:`configsvr.migration.migrate`) and pass
+    its error back with its code.
 
     ``{_configsvrMoveChunk: ns, find | bounds, to}`` -> ``{millis}``. Errors: InvalidNamespace
     (73), missing ``to`` (40414), NamespaceNotSharded (118), ShardNotFound (70), the chunk
@@ -141,7 +142,7 @@ async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
                         f"with no chunks for this collection"},
                 o2={"migrateChunkToNewShard": ns, "fromShardId": donor, "toShardId": to},
                 ns=ns, ui=uuid).to_command())
-        await migration.migrate(node, ns, entry, pattern, chunk_docs, doc, to)
+        await migration.migrate(node, ns, entry, doc, to)
         return {"millis": 0}
 
 

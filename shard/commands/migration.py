@@ -1,9 +1,11 @@
 """The shard's half of a chunk migration and of shard versioning (internal commands the config
-server sends; mongod's ``_migrateClone``/``_transferMods`` of ``migration_chunk_cloner_source``
-and the critical section of ``migration_source_manager.cpp``, with shardsim's own names where
-the shapes are shardsim's):
+server and the donor send, the donor also to itself: :mod:`shard.migration_source`; mongod's
+``_migrateClone``/``_transferMods`` of ``migration_chunk_cloner_source`` and the critical
+section of ``migration_source_manager.cpp``, with shardsim's own names where the shapes are
+shardsim's):
 
 ======================================  ==========================================================
+``_shardsvrMoveRange``                  run a migration as its donor: :mod:`shard.migration_source`
 ``_shardsimSetFilteringMetadata``       install a namespace's filtering metadata (placement
                                         version, owned chunks) pushed by the config server
 ``_shardsimMigrationStart``             the donor starts recording the namespace's writes
@@ -66,6 +68,17 @@ def _in_range(mig: _Migration, doc: dict[str, Any]) -> bool:
     except MongoError:
         return False
     return compare_keys(lo, key) <= 0 and compare_keys(key, hi) < 0
+
+
+@commands.handler(shrq.ShardsvrMoveRange.NAME, privileges=priv.INTERNAL)
+async def shardsvr_move_range(node: "ShardNode", req: Request) -> dict[str, Any]:
+    """:class:`shardsim.core.protocol.shard.ShardsvrMoveRange` on the donor's primary
+    (``shardsvr_move_range_command.cpp``): run the migration
+    (:meth:`shard.migration_source.MigrationSource.move_range`). ``{}``; errors: the
+    migration's, 10107 on a secondary, 11602 when a stepdown interrupted it, 73, 40414, 14."""
+    request = shrq.ShardsvrMoveRange.parse(req.body)
+    _ns(req)
+    return await node.migration_source.move_range(request)
 
 
 @commands.handler(shrq.SetFilteringMetadata.NAME, privileges=priv.INTERNAL)

@@ -4,13 +4,13 @@ the recipient in the middle of a chunk migration (``migration-config``, ``migrat
 (``reshard-config``), while a writer sends ``$inc`` updates through the router and a change
 stream watches.
 
-A trial is seeded: its seed picks the phase (the config server's fail point:
-``moveChunkHangAtStep3..6``, ``reshardingPauseCoordinatorBeforeBlockingWrites`` /
-``...BeforeCompletion``), how long after reaching it the victim dies and how long it stays
-down. After the restart the trial waits for the recovery, migrates the range once more (the
-migration scenarios; a stale copy would win there) or retries the resharding when it was
-aborted (``reshard-config``: the first retry must succeed), then reads every shard directly
-and runs the :data:`checkers.SHARD_CHECKERS`.
+A trial is seeded: its seed picks the phase (the donor's fail point ``moveChunkHangAtStep3..6``,
+as the donor drives the migration; the config server's
+``reshardingPauseCoordinatorBeforeBlockingWrites`` / ``...BeforeCompletion``), how long after
+reaching it the victim dies and how long it stays down. After the restart the trial waits for
+the recovery, migrates the range once more (the migration scenarios; a stale copy would win
+there) or retries the resharding when it was aborted (``reshard-config``: the first retry must
+succeed), then reads every shard directly and runs the :data:`checkers.SHARD_CHECKERS`.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def _direct(proc: Any) -> pymongo.MongoClient:
                                serverSelectionTimeoutMS=30000)
 
 
-def _config_command(cluster: Cluster, *args: Any, **kw: Any) -> dict[str, Any]:
-    with _direct(cluster.config) as c:
+def _command(proc: Any, *args: Any, **kw: Any) -> dict[str, Any]:
+    with _direct(proc) as c:
         return c.admin.command(*args, **kw)
 
 
@@ -140,17 +140,18 @@ def _settled(cluster: Cluster) -> bool:
         return c.config.reshardingOperations.count_documents({}) == 0
 
 
-def _kill_at(cluster: Cluster, victim: Any, fail_point: str, rng: random.Random,
+def _kill_at(cluster: Cluster, where: Any, victim: Any, fail_point: str, rng: random.Random,
              notes: list[str]) -> None:
-    """Wait for ``fail_point`` on the config server, kill -9 ``victim`` after a seeded delay,
-    let the operation go on into the dead shard (a shard victim), restart it."""
-    if not wait_until(lambda: _config_command(cluster, "configureFailPoint", fail_point,
-                                          mode="alwaysOn")["count"] > 0, 60):
+    """Wait for ``fail_point`` on process ``where`` (the donor, or the config server for a
+    resharding), kill -9 ``victim`` after a seeded delay, let the operation go on into the
+    dead process (when ``where`` survives), restart it."""
+    if not wait_until(lambda: _command(where, "configureFailPoint", fail_point,
+                                       mode="alwaysOn")["count"] > 0, 60):
         notes.append(f"{fail_point} not reached")
     time.sleep(rng.uniform(0.0, 0.2))  # the fault schedule, not a synchronisation
     victim.kill()
-    if victim is not cluster.config:
-        _config_command(cluster, "configureFailPoint", fail_point, mode="off")
+    if victim is not where:
+        _command(where, "configureFailPoint", fail_point, mode="off")
     time.sleep(rng.uniform(0.0, 0.5))
     cluster.restart(victim)
 
@@ -172,12 +173,12 @@ def run_migration_trial(cluster: Cluster, scenario: str, seed: int, ops: int = 1
     notes: list[str] = []
     if not watcher.ready.wait(30):
         raise RuntimeError("the change stream did not open")
-    _config_command(cluster, "configureFailPoint", step, mode="alwaysOn")
+    _command(cluster.shard(donor), "configureFailPoint", step, mode="alwaysOn")
     writer = _Incs(cluster.router_uri, name, seed, ops)
     writer.start()
     mover = threading.Thread(target=_move, args=(cluster, ns, recipient, notes), daemon=True)
     mover.start()
-    _kill_at(cluster, victim, step, rng, notes)
+    _kill_at(cluster, cluster.shard(donor), victim, step, rng, notes)
     mover.join(120)
     writer.finish()
     if not wait_until(lambda: _settled(cluster), 60):
@@ -211,7 +212,7 @@ def run_reshard_trial(cluster: Cluster, seed: int, ops: int = 150) -> TrialResul
     notes: list[str] = []
     if not watcher.ready.wait(30):
         raise RuntimeError("the change stream did not open")
-    _config_command(cluster, "configureFailPoint", point, mode="alwaysOn")
+    _command(cluster.config, "configureFailPoint", point, mode="alwaysOn")
     writer = _Incs(cluster.router_uri, name, seed, ops)
     writer.start()
 
@@ -223,7 +224,7 @@ def run_reshard_trial(cluster: Cluster, seed: int, ops: int = 150) -> TrialResul
             pass
     t = threading.Thread(target=reshard, daemon=True)
     t.start()
-    _kill_at(cluster, cluster.config, point, rng, notes)
+    _kill_at(cluster, cluster.config, cluster.config, point, rng, notes)
     t.join(120)
     writer.finish()
     if not wait_until(lambda: _settled(cluster), 60):

@@ -142,18 +142,23 @@ def test_a_stream_ddl_and_add_shard_across_config_failovers(cluster: ShardedClus
              what="the jobs on the primary only")
 
 
-def test_a_new_config_primary_completes_a_migration_its_predecessor_left(
+def test_a_migration_goes_on_when_the_config_primary_dies_in_its_critical_section(
         cluster: ShardedCluster) -> None:
-    """The config primary dies inside a migration's critical section
-    (``moveChunkHangAtStep5``): the member elected next recovers it on step-up
-    (``migration_util::resumeMigrationCoordinationsOnStepUp``), so the donor's writes go on,
-    no coordination is left on the shards, and every document sits once on its chunk's
-    owner."""
+    """The config primary dies while the donor holds a migration in its critical section
+    (the donor's ``moveChunkHangAtStep5``): the moveChunk request fails, but the donor, which
+    drives the migration (:mod:`shard.migration_source`), goes on and commits it on the
+    member elected next, so the donor's writes go on, no coordination is left on the shards,
+    and every document sits once on its chunk's owner."""
     client = cluster.client()
     coll = client.get_database("cfgmig", write_concern=MAJORITY).c
     donor, recipient = split_over_two_shards(client, "cfgmig.c", middle=1000)
     coll.insert_many([{"_id": x, "x": x} for x in range(20)])
-    cluster.configure_fail_point("config", "moveChunkHangAtStep5", "alwaysOn")
+    donor_primary = cluster.primary_of(donor)
+
+    def fail_point(mode: str) -> dict:
+        with pymongo.MongoClient(donor_primary, directConnection=True) as d:
+            return d.admin.command("configureFailPoint", "moveChunkHangAtStep5", mode=mode)
+    fail_point("alwaysOn")
     errors: list[BaseException] = []
 
     def move() -> None:
@@ -163,13 +168,13 @@ def test_a_new_config_primary_completes_a_migration_its_predecessor_left(
             errors.append(exc)
     thread = threading.Thread(target=move, daemon=True)
     thread.start()
-    wait_for(lambda: cluster.configure_fail_point(
-        "config", "moveChunkHangAtStep5", "alwaysOn")["count"] > 0, what="the critical section")
+    wait_for(lambda: fail_point("alwaysOn")["count"] > 0, what="the critical section")
     killed = cluster.kill_primary("config")
     thread.join(30)
     assert not thread.is_alive()
     new = cluster.primary_of("config")
     assert new != killed
+    fail_point("off")
 
     def settled() -> bool:
         for shard in cluster.shard_names:
@@ -177,10 +182,11 @@ def test_a_new_config_primary_completes_a_migration_its_predecessor_left(
                 if d.config.migrationCoordinators.count_documents({}):
                     return False
         return True
-    wait_for(settled, what="the migration completed by the new config primary")
+    wait_for(settled, what="the migration completed by the donor")
     coll.insert_one({"_id": 100, "x": 100})  # the donor's critical section is released
     uuid = client.config.collections.find_one({"_id": "cfgmig.c"})["uuid"]
     owner = client.config.chunks.find_one({"uuid": uuid, "max": {"x": 1000}})["shard"]
+    assert owner == recipient  # committed on the new config primary
     seen: dict[int, str] = {}
     for shard in cluster.shard_names:
         with pymongo.MongoClient(cluster.primary_of(shard), directConnection=True) as d:

@@ -1,7 +1,8 @@
 """``kill -9`` of the config server, the donor or the recipient in the middle of a chunk
 migration, and of the config server in the middle of ``reshardCollection``, on durable process
-clusters (``shardsim.tools.launcher.Cluster``), held at the config server's fail points
-(``moveChunkHangAtStep*``, ``reshardingPauseCoordinator*``). After the restart every shard is
+clusters (``shardsim.tools.launcher.Cluster``), held at the donor's fail points
+(``moveChunkHangAtStep*``: the donor drives the migration, :mod:`shard.migration_source`) and
+the config server's (``reshardingPauseCoordinator*``). After the restart every shard is
 read directly: no shard keeps a document of a range it does not own, no coordinator document,
 range-deletion task or temporary resharding collection is left, a later migration of the
 range never lets a stale copy win, every acknowledged ``$inc`` is there, and the change stream
@@ -133,11 +134,16 @@ class _Stream:
         return out
 
 
-def _hit(cluster: Cluster, fail_point: str) -> bool:
-    """True once the config server's ``fail_point`` was reached (configureFailPoint answers
+def _hit(proc: Any, fail_point: str) -> bool:
+    """True once ``fail_point`` of process ``proc`` was reached (configureFailPoint answers
     how often it was entered; it stays on)."""
-    with _direct(cluster.config) as c:
+    with _direct(proc) as c:
         return c.admin.command("configureFailPoint", fail_point, mode="alwaysOn")["count"] > 0
+
+
+def _fail_point(proc: Any, fail_point: str, mode: str) -> None:
+    with _direct(proc) as c:
+        c.admin.command("configureFailPoint", fail_point, mode=mode)
 
 
 @pytest.mark.parametrize("victim,step", [
@@ -155,20 +161,20 @@ def test_kill9_mid_migration_leaves_no_orphan_and_no_stale_copy(tmp_path, victim
         donor, recipient = _setup(client, ns)
         coll = client.k.c
         stream = _Stream(coll)
-        with _direct(cluster.config) as c:
-            c.admin.command("configureFailPoint", step, mode="alwaysOn")
+        _fail_point(cluster.shard(donor), step, "alwaysOn")
         moving, _ = _background(lambda: client.admin.command("moveChunk", ns, find={"x": 1},
                                                              to=recipient))
-        _wait(lambda: _hit(cluster, step), what=step)
+        _wait(lambda: _hit(cluster.shard(donor), step), what=step)
         with _direct(cluster.shard(recipient)) as r:  # the recipient holds the clone
             assert r.k.c.count_documents({"x": {"$gte": 0, "$lt": N}}) == N
         proc = {"config": cluster.config, "donor": cluster.shard(donor),
                 "recipient": cluster.shard(recipient)}[victim]
         proc.kill()  # SIGKILL
-        if victim != "config":  # let the migration run on into the dead shard
-            with _direct(cluster.config) as c:
-                c.admin.command("configureFailPoint", step, mode="off")
+        if victim == "recipient":  # let the migration run on into the dead shard
+            _fail_point(cluster.shard(donor), step, "off")
         cluster.restart(proc)
+        if victim == "config":  # the donor goes on and commits on the restarted server
+            _fail_point(cluster.shard(donor), step, "off")
         moving.join(60)
         _wait(lambda: _settled(cluster), what="the migration recovery")
         _check_shards(cluster, ns, 0)  # no orphan, nothing lost
@@ -201,7 +207,7 @@ def test_kill9_config_server_mid_reshard(tmp_path, fail_point: str, outcome: str
             c.admin.command("configureFailPoint", fail_point, mode="alwaysOn")
         resharding, _ = _background(
             lambda: client.admin.command("reshardCollection", ns, key={"x": "hashed"}))
-        _wait(lambda: _hit(cluster, fail_point), what=fail_point)
+        _wait(lambda: _hit(cluster.config, fail_point), what=fail_point)
         assert any(_temps(cluster))
         cluster.config.kill()
         cluster.restart(cluster.config)
@@ -237,34 +243,3 @@ def _temps(cluster: Cluster) -> list[bool]:
         with _direct(proc) as d:
             out.append(any(n.startswith("system.resharding") for n in d.k.list_collection_names()))
     return out
-
-
-def test_restarted_donor_filters_orphans_before_range_deletion(tmp_path) -> None:
-    """The donor killed after the commit and restarted while its range deletion cannot run
-    yet (the migration still holds the DDL lock at ``moveChunkHangAtStep6``): it has no
-    filtering metadata, refreshes it from the config server on the first routed read and
-    does not return the documents of the migrated range (mongod's ``ShardFilterer`` after
-    ``onShardVersionMismatch``); then the range deletion removes them."""
-    ns = "k.f"
-    with Cluster(shards=2, base_dir=str(tmp_path), durable=True, test_commands=True) as cluster:
-        client = pymongo.MongoClient(cluster.router_uri, serverSelectionTimeoutMS=30000)
-        donor, recipient = _setup(client, ns)
-        step = "moveChunkHangAtStep6"
-        with _direct(cluster.config) as c:
-            c.admin.command("configureFailPoint", step, mode="alwaysOn")
-        moving, errors = _background(lambda: client.admin.command(
-            "moveChunk", ns, find={"x": 1}, to=recipient))
-        _wait(lambda: _hit(cluster, step), what=step)
-        cluster.shard(donor).kill()
-        cluster.restart(cluster.shard(donor))
-        with _direct(cluster.shard(donor)) as d:  # the orphans are still there
-            assert d.k.f.count_documents({"x": {"$gte": 0, "$lt": N}}) == N
-        got = sorted(d["_id"] for d in client.k.f.find({}))
-        assert got == list(range(-1, N + 1))  # each once: the donor filtered its orphans
-        with _direct(cluster.config) as c:
-            c.admin.command("configureFailPoint", step, mode="off")
-        moving.join(60)
-        assert not errors
-        _wait(lambda: _settled(cluster), what="the range deletion")
-        _check_shards(cluster, ns, 0)
-        client.close()

@@ -22,8 +22,9 @@ from shardsim.shard.commands import FAMILIES as SHARD_FAMILIES, testing
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PRODUCTION = ("router", "shard", "configsvr", "shardsim")
-# an internal command name: _shardsimXxx / _configsvrXxx (not an attribute like _shardsim_x)
-INTERNAL_NAME = re.compile(r"^_(shardsim|configsvr)[A-Z]")
+# an internal command name: _shardsimXxx / _configsvrXxx / _shardsvrXxx (not an attribute
+# like _shardsim_x)
+INTERNAL_NAME = re.compile(r"^_(shardsim|configsvr|shardsvr)[A-Z]")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -69,6 +70,7 @@ def test_every_request_has_a_handler_on_the_role_that_answers_it():
 SAMPLES = {
     shard.SetFilteringMetadata: ("db.c", {"epoch": 1, "chunks": []}),
     shard.MigrationStart: ("db.c", "sid", {"a": 1}, {"a": 0}, {"a": 10}),
+    shard.ShardsvrMoveRange: ("db.c", "shard1", {"a": 0}, {"a": 10}),
     shard.MergeSessionRecords: (1, [{"lsid": {}, "txnNumber": 1, "stmts": []}]),
     shard.TruncateOplog: (1, Timestamp(5, 1)),
     shard.CutLinks: ("cut", ["127.0.0.1:27018"]),

@@ -185,6 +185,28 @@ class MergeSessionRecords(InternalRequest):
 
 
 @request
+class ShardsvrMoveRange(InternalRequest):
+    """``_shardsvrMoveRange`` (``src/mongo/s/request_types/move_range_request.idl``): the config
+    server (``_configsvrMoveRange`` / moveChunk / the balancer,
+    ``configsvr_move_range_command.cpp``, ``balancer_commands_scheduler_impl.cpp``) asks the
+    donor's primary to migrate its chunk ``[min, max)`` of ``ns`` to ``toShard`` and waits for
+    the reply; the donor runs the whole migration (``MigrationSourceManager``). ``epoch`` /
+    ``collectionTimestamp`` are the collection's as the config server saw them (StaleEpoch,
+    150, when the donor's refreshed metadata differs). Handler: ``shard/commands/migration.py``
+    (:mod:`shard.migration_source`); reply ``{}`` (``ok: 1``), or the migration's error with
+    its code."""
+    NAME = "_shardsvrMoveRange"
+    ns: str
+    toShard: str
+    min: dict
+    max: dict
+    fromShard: str | None = None
+    epoch: Any = None
+    collectionTimestamp: Timestamp | None = None
+    waitForDelete: bool | None = None
+
+
+@request
 class GetStatsForBalancing(InternalRequest):
     """Data sizes for the balancer: ``collections: [{ns, UUID}]`` -> ``{stats: [{namespace,
     UUID, collSize}]}`` (the server's ``_shardsvrGetStatsForBalancing``)."""
