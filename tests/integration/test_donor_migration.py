@@ -26,6 +26,7 @@ import pytest
 
 from shardsim.testing import ShardedCluster
 from shardsim.testing.helpers import split_over_two_shards
+from stream_kit import ResumingStream as Stream
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -73,34 +74,6 @@ def setup(cluster: ShardedCluster, ns: str) -> tuple[Any, str, str]:
     db, name = ns.split(".", 1)
     coll = client.get_database(db, write_concern=MAJORITY)[name]
     return coll, donor, recipient
-
-
-class Stream:
-    """A change stream through the router that resumes from its last token after an error
-    (a shard's or the config server's failover may end the router's cursor)."""
-
-    def __init__(self, coll: Any) -> None:
-        self.coll = coll
-        self.stream = coll.watch()
-        self.token = self.stream.resume_token
-
-    def events(self, want: int, timeout: float = 30.0) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        deadline = time.monotonic() + timeout
-        while len(out) < want and time.monotonic() < deadline:
-            try:
-                ev = self.stream.try_next()
-            except pymongo.errors.PyMongoError:
-                time.sleep(0.2)
-                try:
-                    self.stream = self.coll.watch(resume_after=self.token)
-                except pymongo.errors.PyMongoError:
-                    pass
-                continue
-            if ev is not None:
-                out.append(ev)
-                self.token = ev["_id"]
-        return out
 
 
 def move_in_background(coll: Any, ns: str, to: str) -> tuple[threading.Thread, list[Any]]:

@@ -25,6 +25,7 @@ from bson import MaxKey, MinKey
 from pymongo.errors import PyMongoError
 
 from shardsim.tools.launcher import Cluster
+from stream_kit import ResumingStream
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -110,30 +111,6 @@ def _background(fn: Any) -> tuple[threading.Thread, list[BaseException]]:
     return t, errors
 
 
-class _Stream:
-    """A change stream that resumes from its last token after an error (the config server's
-    kill ends the router's cursor on it), as an application would."""
-
-    def __init__(self, coll: Any) -> None:
-        self.coll = coll
-        self.stream = coll.watch()
-        self.token = self.stream.resume_token
-
-    def events(self, want: int, timeout: float = 30.0) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        deadline = time.monotonic() + timeout
-        while len(out) < want and time.monotonic() < deadline:
-            try:
-                ev = self.stream.try_next()
-            except PyMongoError:
-                self.stream = self.coll.watch(resume_after=self.token)
-                continue
-            if ev is not None:
-                out.append(ev)
-                self.token = ev["_id"]
-        return out
-
-
 def _hit(proc: Any, fail_point: str) -> bool:
     """True once ``fail_point`` of process ``proc`` was reached (configureFailPoint answers
     how often it was entered; it stays on)."""
@@ -160,7 +137,7 @@ def test_kill9_mid_migration_leaves_no_orphan_and_no_stale_copy(tmp_path, victim
         client = pymongo.MongoClient(cluster.router_uri, serverSelectionTimeoutMS=30000)
         donor, recipient = _setup(client, ns)
         coll = client.k.c
-        stream = _Stream(coll)
+        stream = ResumingStream(coll)
         _fail_point(cluster.shard(donor), step, "alwaysOn")
         moving, _ = _background(lambda: client.admin.command("moveChunk", ns, find={"x": 1},
                                                              to=recipient))
