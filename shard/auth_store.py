@@ -53,20 +53,12 @@ class LocalUserStore(UserStore):
     # -- writes ---------------------------------------------------------------------------
     def put(self, coll_name: str, doc: dict[str, Any]) -> None:
         """Insert or replace ``doc`` (by ``_id``) in ``admin.<coll_name>``, with its oplog
-        entry; durable nodes commit it before returning."""
+        entry (:meth:`ShardNode.put_logged`: durable nodes commit it before returning)."""
         node = self.node
         coll = node.storage.get("admin", coll_name)
         if coll is None:
             coll = node.create_collection("admin", coll_name)
-        key = id_key(doc["_id"])
-        if key in coll.docs:
-            coll.replace(key, doc)
-            node.log_op("u", coll, doc, {"_id": doc["_id"]})
-        else:
-            coll.insert(doc)
-            node.log_op("i", coll, doc)
-        node.storage.note_doc(coll, doc["_id"], doc)
-        node.flush()
+        node.put_logged(coll, doc)
         self.generation += 1
 
     def delete(self, coll_name: str, _id: Any) -> bool:
@@ -78,7 +70,7 @@ class LocalUserStore(UserStore):
             return False
         coll.delete(key)
         node.log_op("d", coll, {"_id": _id})
-        node.storage.note_doc(coll, _id, None)
+        node.storage.note_doc(coll, key, None)
         node.flush()
         self.generation += 1
         return True

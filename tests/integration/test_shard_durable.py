@@ -114,3 +114,31 @@ def test_retryable_write_history_survives_kill_9(tmp_path, shard_process, shard_
     c = shard_client(proc2)
     assert c.local["oplog.rs"].count_documents({"ns": "r.c", "op": "i"}) == 2
     assert _command(proc2, "r", {**ins, "txnNumber": Int64(8)})["code"] == 225
+
+
+def test_users_and_roles_survive_kill_9(tmp_path, shard_process, shard_client):
+    """``admin.system.users`` / ``system.roles`` written by the user-management commands (the
+    shard's :class:`LocalUserStore`, through ``ShardNode.put_logged``) are durable with their
+    oplog entries: a created, an updated (replaced) and a dropped user, and a role."""
+    dbpath = tmp_path / "s2"
+    proc = shard_process("durable2", dbpath)
+    client = shard_client(proc)
+    client.admin.command("createUser", "ana", pwd="pw-a", roles=["read"])
+    client.admin.command("createUser", "bo", pwd="pw-b", roles=[])
+    client.admin.command("updateUser", "ana", roles=["readWrite"])
+    client.admin.command("dropUser", "bo")
+    client.admin.command("createRole", "auditor", roles=[],
+                         privileges=[{"resource": {"db": "app", "collection": ""},
+                                      "actions": ["find"]}])
+    client.close()
+    proc.kill()
+
+    proc2 = shard_process("durable2", dbpath)
+    c2 = shard_client(proc2)
+    users = c2.admin.command("usersInfo", 1)["users"]
+    assert [(u["user"], [r["role"] for r in u["roles"]]) for u in users] == \
+        [("ana", ["readWrite"])]
+    assert [r["role"] for r in c2.admin.command("rolesInfo", 1)["roles"]] == ["auditor"]
+    ops = [(e["op"], e["o"].get("_id", e["o2"]["_id"] if "o2" in e else None))
+           for e in c2.local["oplog.rs"].find({"ns": "admin.system.users"})]
+    assert ops == [("i", "admin.ana"), ("i", "admin.bo"), ("u", "admin.ana"), ("d", "admin.bo")]
