@@ -15,7 +15,13 @@ sample (``idle``, the situation of ``bench_promise_modes.py``):
 - ``insert router (watched)``: ``insert_one`` on ``bench.lat`` through the router while a
   watcher is open on it (the write path then also asks the idle shards for promises);
 - ``event: insert`` / ``event: getMore`` / ``event: total``: the insert-to-event sample of
-  ``bench_promise_modes.py`` split at the moment ``insert_one`` returns.
+  ``bench_promise_modes.py`` split at the moment ``insert_one`` returns;
+- ``event: waiting watcher``: the shape of a CDC connector. The watcher is its own process
+  whose getMore is always waiting at the router (``for event in stream``, ``maxAwaitTimeMS``
+  5000); this process inserts, and a sample is from just before ``insert_one`` to the watcher
+  having the event (``time.monotonic_ns``, one clock for both processes). Its floor is about
+  one insert round trip (the write travels client -> router -> shard, its event shard ->
+  router -> client), so the ratio to the unwatched insert through the router is printed too.
 
 Usage: ``python bench/bench_latency_breakdown.py [--samples N] [--gap-ms MS]``. Prints
 p50/p95/p99 per probe (ms) with the router's CPU per call (its background CPU with no stream
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import subprocess
 import sys
 import time
 from typing import Callable
@@ -43,6 +50,46 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import cpu_seconds, insert_then_event, machine  # noqa: E402  (also puts the project root on sys.path)
 from shardsim.tools.launcher import Cluster  # noqa: E402
+
+
+# The waiting watcher (a process of its own): prints "ready" once its stream is open, then
+# "<_id> <monotonic_ns>" per event received, until it has ``n`` of them.
+WATCHER = r"""
+import sys, time, pymongo
+c = pymongo.MongoClient(sys.argv[1], serverSelectionTimeoutMS=10000)
+n, got = int(sys.argv[2]), []
+with c.bench.lat.watch(max_await_time_ms=5000) as stream:
+    print("ready", flush=True)
+    for ev in stream:
+        got.append((ev["documentKey"]["_id"], time.monotonic_ns()))
+        if len(got) >= n:
+            break
+print("\n".join(f"{i} {t}" for i, t in got), flush=True)
+"""
+
+
+def waiting_watcher_samples(uri: str, lat: pymongo.collection.Collection, n: int, gap_ms: float,
+                            rng: random.Random, start: int) -> list[float]:
+    """Seconds from just before ``insert_one({_id: i, k: 0})`` here to the event's arrival at
+    a watcher process whose getMore waits at the router, for ``n`` samples with a random
+    0..``gap_ms`` sleep before each."""
+    proc = subprocess.Popen([sys.executable, "-c", WATCHER, uri, str(n)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # its first getMore is at the router
+        sent: dict[int, int] = {}
+        for i in range(start, start + n):
+            time.sleep(rng.random() * gap_ms / 1000)
+            sent[i] = time.monotonic_ns()
+            lat.insert_one({"_id": i, "k": 0})
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    got = dict(map(int, ln.split()) for ln in out.splitlines() if ln.strip())
+    assert sorted(got) == sorted(sent), "the watcher missed or doubled an event"
+    return [(got[i] - sent[i]) / 1e9 for i in sent]
 
 
 def write_calls(pid: int) -> int:
@@ -197,6 +244,21 @@ def main() -> None:
                           f"{floor * 1000:.2f} ms = {floor / ping_idle:.2f}x the ping; "
                           f"event p50 / floor = {pct(st, 50) / floor:.2f}x, p99 / floor = "
                           f"{pct(st, 99) / floor:.2f}x")
+                # The connector's shape: a watcher process whose getMore waits at the router
+                # (this process's stream closed first: one stream, as in the samples above).
+                stream.close()
+                c0, w0 = cpu_seconds([router_pid]), time.perf_counter()
+                ww = waiting_watcher_samples(cluster.router_uri, lat, n, g, rng, nxt + n)
+                per_sample = (cpu_seconds([router_pid]) - c0 - (idle_rate["router"])
+                              * (time.perf_counter() - w0)) / n * 1e6
+                print(line("event: waiting watcher (idle)", ww)
+                      + f"  router CPU/sample {per_sample:5.0f} us", flush=True)
+                sw = sorted(ww)
+                if ping_idle and insert_idle:
+                    print(f"waiting watcher: event p50 / ping router idle p50 = "
+                          f"{pct(sw, 50) / ping_idle:.2f}x, p99 / ping p50 = "
+                          f"{pct(sw, 99) / ping_idle:.2f}x; event p50 / insert router "
+                          f"(unwatched) idle p50 = {pct(sw, 50) / insert_idle:.2f}x")
                 print("background CPU with the watcher open and no writes (ms/s): "
                       + ", ".join(f"{k} {v * 1000:.1f}" for k, v in idle_rate.items()))
                 print(f"cluster CPU during the probes: {cpu1 - cpu0:.2f} s "
