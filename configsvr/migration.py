@@ -81,6 +81,12 @@ async def commit_chunk_migration(node: "ConfigServerNode", ns: str, migrated: di
     more). Sent by the donor while the config server's moveChunk/moveRange holds the DDL
     lock; the writes are the config server's own (``w: majority`` on a config replica set
     through :meth:`ConfigServerNode.update`)."""
+    async with node.chunk_op_lock:
+        return await _commit_chunk_migration(node, ns, migrated, donor, to, epoch)
+
+
+async def _commit_chunk_migration(node: "ConfigServerNode", ns: str, migrated: dict[str, Any],
+                                  donor: str, to: str, epoch: Any) -> dict[str, Any]:
     entry, _, chunk_docs = await node.load_collection(ns)
     if entry["lastmodEpoch"] != epoch:
         raise MongoError(150, f"The epoch of collection '{ns}' has changed since the migration "
@@ -90,6 +96,14 @@ async def commit_chunk_migration(node: "ConfigServerNode", ns: str, migrated: di
     if doc is None:
         raise MongoError(117, f"Migrated range {migrated['min']} -> {migrated['max']} of "
                               f"{ns} is no longer owned by shard {donor}: the commit is refused")
+    sent, now_v = migrated.get("lastmod"), doc["lastmod"]
+    if sent is not None and (sent.time, sent.inc) < (now_v.time, now_v.inc):
+        # a new donor primary fenced this commit off (ensure_chunk_version_is_greater_than)
+        raise MongoError(117, f"Rejecting migration request because the version of the "
+                              f"requested chunk {{ min: {migrated['min']}, max: "
+                              f"{migrated['max']} }}({sent.time}|{sent.inc}) is older than the "
+                              f"version of the current chunk {{ min: {doc['min']}, max: "
+                              f"{doc['max']} }}({now_v.time}|{now_v.inc}) on shard {donor}")
     major = max(d["lastmod"].time for d in chunk_docs) + 1
     now = node.clock.now()
     await node.update("chunks", {"_id": doc["_id"]}, {"$set": {
@@ -108,6 +122,36 @@ async def commit_chunk_migration(node: "ConfigServerNode", ns: str, migrated: di
         await placement_history.record(node, ns, after)
     return {"shardVersion": {"e": entry["lastmodEpoch"], "t": entry["timestamp"],
                              "v": version}}
+
+
+async def ensure_chunk_version_is_greater_than(node: "ConfigServerNode", uuid: Any, ns: Any,
+                                               lo: dict[str, Any], hi: dict[str, Any],
+                                               version: dict[str, Any]) -> None:
+    """``ShardingCatalogManager::ensureChunkVersionIsGreaterThan``
+    (``sharding_catalog_manager_chunk_operations.cpp``): when the collection (by ``uuid``, else
+    ``ns``) still has epoch ``version["e"]`` and the chunk ``[lo, hi)`` exists with version
+    ``version["v"]`` or older, that chunk's ``lastmod`` becomes (collection major + 1, 0).
+    Anything else (collection or chunk gone, another epoch, a newer chunk version: the migration
+    committed) leaves the catalog as it is. Under the chunk-operation lock, as the commit, so a
+    commit sent before this and still running finishes first, and one arriving after it is
+    refused for its older chunk version."""
+    async with node.chunk_op_lock:
+        filt = {"uuid": uuid} if uuid is not None else {"_id": ns}
+        entries = await node.find_all("collections", filt)
+        if not entries or entries[0].get("lastmodEpoch") != version.get("e"):
+            return
+        chunk_docs = await node.find_all("chunks", {"uuid": entries[0]["uuid"]})
+        doc = next((d for d in chunk_docs if d["min"] == lo and d["max"] == hi), None)
+        want = version.get("v")
+        if doc is None or not isinstance(want, Timestamp):
+            return
+        if (doc["lastmod"].time, doc["lastmod"].inc) > (want.time, want.inc):
+            return
+        major = max(d["lastmod"].time for d in chunk_docs) + 1
+        await node.update("chunks", {"_id": doc["_id"]},
+                          {"$set": {"lastmod": Timestamp(major, 0)}})
+        log.info("chunk [%s, %s) of %s bumped to version %d|0 (a migration's recovery)", lo, hi,
+                 entries[0]["_id"], major)
 
 
 async def migrate(node: "ConfigServerNode", ns: str, entry: dict[str, Any],

@@ -56,7 +56,9 @@ _INTERNAL_CONN = ConnectionInfo(id=0, peer="internal", auth=AuthSession(users=[S
 class ConfigServerNode(ShardNode):
     """``python -m shardsim.configsvr``: a ShardNode named ``config`` with the catalog commands
     (:mod:`configsvr.commands`). ``ddl_lock`` serialises the catalog commands (the server's
-    DDL coordinators); ``shard_pools`` holds a connection pool per shard name; ``balancer``
+    DDL coordinators); ``chunk_op_lock`` a migration's commit and its fencing by a new donor
+    primary (mongod's ``_kChunkOpLock``: the commit runs while the moveChunk holds the DDL
+    lock); ``shard_pools`` holds a connection pool per shard name; ``balancer``
     is the :class:`configsvr.balancer.Balancer` (started with the node)."""
 
     role = "configsvr"
@@ -65,6 +67,7 @@ class ConfigServerNode(ShardNode):
         kw.setdefault("shard_name", CONFIG_SHARD_NAME)
         super().__init__(**kw)
         self.ddl_lock = asyncio.Lock()
+        self.chunk_op_lock = asyncio.Lock()
         self.shard_pools: dict[str, str] = {}  # shard name -> its connection string
         self.shard_targets = ShardTargets()  # a replica-set monitor per shard
         self.balancer = Balancer(self)

@@ -194,8 +194,9 @@ class MigrationSource:
                                   f"found {meta.epoch}")
         pattern = meta.pattern
         lo, hi = pattern.bound_to_key(request.min), pattern.bound_to_key(request.max)
-        if not any(compare_keys(a, lo) == 0 and compare_keys(b, hi) == 0
-                   for a, b in meta.chunks):
+        at = next((i for i, (a, b) in enumerate(meta.chunks)
+                   if compare_keys(a, lo) == 0 and compare_keys(b, hi) == 0), None)
+        if at is None:
             raise MongoError(117, f"Range {request.min} -> {request.max} of {ns} is not a chunk "
                                   f"owned by shard {node.shard_name}")
         mid = Binary(uuid_mod.uuid4().bytes, 4)
@@ -203,12 +204,15 @@ class MigrationSource:
         doc = {"_id": mid, "migrationSessionId": sid, "nss": ns, "collectionUuid": meta.uuid,
                "donorShardId": node.shard_name, "recipientShardId": to,
                "range": {"min": request.min, "max": request.max},
+               "preMigrationChunkVersion": {"e": meta.epoch, "t": meta.timestamp,
+                                            "v": meta.lastmods[at]},
                "keyPattern": pattern.pattern}
         self.active.add(mid)
         try:
             await self._local("admin", shrq.MigrationStart(
                 ns, sid, pattern.pattern, request.min, request.max, migrationId=mid,
-                uuid=meta.uuid, to=to).to_command())
+                uuid=meta.uuid, to=to,
+                preMigrationChunkVersion=doc["preMigrationChunkVersion"]).to_command())
             await self._persist()
             decision, error = await self._run_phases(doc, meta, pattern)
             if not self._writable():  # stepped down: the next primary completes it
@@ -300,8 +304,11 @@ class MigrationSource:
         does; MongoError when it failed or its reply was lost (fail point
         ``migrationCommitNetworkError``: replaced after it ran). After any error the outcome is
         read from a refresh (a resent commit that finds the chunk moved already is refused)."""
+        migrated = dict(doc["range"])
+        if "preMigrationChunkVersion" in doc:
+            migrated["lastmod"] = doc["preMigrationChunkVersion"]["v"]
         cmd = csrq.CommitChunkMigration(
-            doc["nss"], self.node.shard_name, doc["recipientShardId"], dict(doc["range"]),
+            doc["nss"], self.node.shard_name, doc["recipientShardId"], migrated,
             {"e": meta.epoch, "t": meta.timestamp, "v": meta.version}).to_command()
         for attempt in range(COMMIT_ATTEMPTS):
             try:
@@ -368,13 +375,40 @@ class MigrationSource:
                     raise
             await asyncio.sleep(RETRY_S)
 
+    async def _fence_commit(self, doc: dict[str, Any]) -> None:
+        """``_configsvrEnsureChunkVersionIsGreaterThan`` for ``doc``'s range and
+        ``preMigrationChunkVersion``, sent again every :data:`RETRY_S` seconds while the config
+        server cannot be reached (for at most :data:`DECISION_WAIT_S` seconds): a commit that an
+        earlier primary sent and that has not run yet is refused from then on, so the refresh
+        that follows reads the final outcome (``recoverMigrationCoordinations`` calls
+        ``ensureChunkVersionIsGreaterThan`` before ``forceShardFilteringMetadataRefresh``)."""
+        version = doc.get("preMigrationChunkVersion")
+        if not isinstance(version, dict):
+            return  # a document of an older shardsim: decided from the refresh alone
+        cmd = csrq.EnsureChunkVersionIsGreaterThan(
+            1, dict(doc["range"]["min"]), dict(doc["range"]["max"]), dict(version),
+            collectionUUID=doc.get("collectionUuid"), nss=doc["nss"]).to_command()
+        deadline = asyncio.get_running_loop().time() + DECISION_WAIT_S
+        while True:
+            try:
+                await self.node.sharding.config_command("admin", cmd, timeout=60.0)
+                return
+            except (MongoError, OSError, asyncio.TimeoutError) as exc:
+                code = getattr(exc, "code", None)
+                if isinstance(exc, MongoError) and code not in UNREACHABLE \
+                        or asyncio.get_running_loop().time() > deadline:
+                    raise
+            await asyncio.sleep(RETRY_S)
+
     async def _decide(self, doc: dict[str, Any]) -> str:
-        """The outcome of coordinator document ``doc`` without a persisted decision, from a
-        refresh: ``aborted`` while the range's min still belongs to this shard (or the
-        collection is gone or another incarnation), else ``committed``
-        (``recoverMigrationCoordinations``: ``keyBelongsToMe`` -> aborted)."""
+        """The outcome of coordinator document ``doc`` without a persisted decision: the
+        commit fenced off (:meth:`_fence_commit`), then from a refresh: ``aborted`` while the
+        range's min still belongs to this shard (or the collection is gone or another
+        incarnation), else ``committed`` (``recoverMigrationCoordinations``: ``keyBelongsToMe``
+        -> aborted)."""
         if doc.get("decision") in ("committed", "aborted"):
             return doc["decision"]
+        await self._fence_commit(doc)
         meta = await self._refresh_until_answered(doc["nss"])
         if meta is None or (doc.get("collectionUuid") is not None and meta.uuid is not None
                             and bytes(meta.uuid) != bytes(doc["collectionUuid"])):

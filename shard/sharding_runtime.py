@@ -93,8 +93,9 @@ MAX_LOOKUP_ATTEMPTS = 10
 @dataclass
 class CollectionMetadata:
     """What this shard knows of a sharded collection: ``epoch`` (ObjectId), ``timestamp``,
-    ``version`` (Timestamp(major, minor): this shard's placement version), ``pattern`` and the
-    ``chunks`` it owns as ``(min, max)`` key tuples."""
+    ``version`` (Timestamp(major, minor): this shard's placement version), ``pattern``, the
+    ``chunks`` it owns as ``(min, max)`` key tuples and their versions (``lastmods``, the same
+    order: each chunk's ``lastmod`` Timestamp(major, minor))."""
 
     epoch: ObjectId
     timestamp: Timestamp
@@ -105,6 +106,7 @@ class CollectionMetadata:
     routing: ChunkMap | None = None  # every chunk with its owner (routed look-ups)
     # the collection's version: (timestamp, major, minor) of the highest chunk lastmod
     collection_version: tuple[int, int, int, int] = (0, 0, 0, 0)
+    lastmods: list[Timestamp] = field(default_factory=list)
 
     def shard_version(self) -> dict[str, Any]:
         """``{e, t, v}``."""
@@ -274,7 +276,8 @@ class ShardingRuntime:
                 version = lm
         self.metadata[ns] = CollectionMetadata(doc["epoch"], doc["timestamp"], version, pattern,
                                                chunks, doc.get("uuid"), routing,
-                                               _collection_version(doc))
+                                               _collection_version(doc),
+                                               [c["lastmod"] for c in mine])
 
     # -- the shard identity and the refresh after a restart --------------------------------------
     def _note_identity(self, configsvr: str) -> None:

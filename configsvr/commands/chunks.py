@@ -1,5 +1,6 @@
 """Chunks: ``_configsvrSplitChunk`` (``split``), ``_configsvrMoveChunk`` (``moveChunk``, a
-migration without a balancer) and ``_configsvrCommitChunkMigration`` (a migration's commit).
+migration without a balancer), ``_configsvrCommitChunkMigration`` (a migration's commit) and
+``_configsvrEnsureChunkVersionIsGreaterThan`` (a new donor primary fencing off a commit in flight).
 """
 
 from __future__ import annotations
@@ -165,6 +166,20 @@ async def commit_chunk_migration(node: ConfigServerNode, req: Request) -> dict[s
             or not isinstance(chunk.get("max"), dict) or not isinstance(version, dict):
         raise MongoError(40414, f"BSON field '{csrq.CommitChunkMigration.NAME}.migratedChunk' "
                                 f"is missing but a required field")
+    migrated = {"min": chunk["min"], "max": chunk["max"]}
+    if isinstance(chunk.get("lastmod"), Timestamp):
+        migrated["lastmod"] = chunk["lastmod"]
     return await migration.commit_chunk_migration(
-        node, ns, {"min": chunk["min"], "max": chunk["max"]}, req.get("fromShard"),
-        req.get("toShard"), version.get("e"))
+        node, ns, migrated, req.get("fromShard"), req.get("toShard"), version.get("e"))
+
+
+@commands.handler(csrq.EnsureChunkVersionIsGreaterThan.NAME, privileges=priv.INTERNAL)
+async def ensure_chunk_version_is_greater_than(node: ConfigServerNode, req: Request
+                                               ) -> dict[str, Any]:
+    """``_configsvrEnsureChunkVersionIsGreaterThan`` (:class:`csrq.EnsureChunkVersionIsGreaterThan`;
+    :func:`configsvr.migration.ensure_chunk_version_is_greater_than`). Errors: a missing
+    field (40414) or one of the wrong type (14)."""
+    r = csrq.EnsureChunkVersionIsGreaterThan.parse(req.body)
+    await migration.ensure_chunk_version_is_greater_than(
+        node, r.collectionUUID, r.nss, r.minKey, r.maxKey, r.version)
+    return {}

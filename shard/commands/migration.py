@@ -105,8 +105,11 @@ async def migration_start(node: "ShardNode", req: Request) -> dict[str, Any]:
                   "donorShardId": node.shard_name,
                   "range": {"min": request.min, "max": request.max},
                   "keyPattern": pattern.pattern}
-        node.range_deleter.save(COORDINATORS, {**common, "migrationSessionId": request.sessionId,
-                                               "recipientShardId": request.to})
+        coordinator = {**common, "migrationSessionId": request.sessionId,
+                       "recipientShardId": request.to}
+        if request.preMigrationChunkVersion is not None:
+            coordinator["preMigrationChunkVersion"] = request.preMigrationChunkVersion
+        node.range_deleter.save(COORDINATORS, coordinator)
         node.range_deleter.save(RANGE_DELETIONS, {**common, "whenToClean": "now",
                                                   "pending": True})
     tracker = ModsTracker()

@@ -23,6 +23,7 @@ from typing import Any
 import pymongo
 import pymongo.errors
 import pytest
+from bson import ObjectId
 
 from shardsim.testing import ShardedCluster
 from shardsim.testing.helpers import split_over_two_shards
@@ -173,10 +174,15 @@ def test_a_new_donor_primary_aborts_a_migration_interrupted_before_its_commit(
     """The donor's primary killed in its critical section (or stepped down after the
     catch-up): the moveChunk fails, the new primary finds the coordinator document, reads
     the decision from a refresh (the range is still the donor's: aborted), releases the
-    recipient, which deletes its clone, and deletes the document; the donor's writes go on."""
+    recipient, which deletes its clone, and deletes the document; the donor's writes go on.
+    Before deciding, the new primary fenced off the commit (the chunk's version bumped): the
+    commit the old primary might still have in flight is refused when it arrives late."""
     ns = f"dm.{fault}"
     coll, donor, recipient = setup(cluster, ns)
     stream = Stream(coll)
+    config = cluster.client().config
+    uuid = config.collections.find_one({"_id": ns})["uuid"]
+    before = config.chunks.find_one({"uuid": uuid, "max": {"x": 10}})
     coll.insert_many([{"_id": x, "x": x} for x in range(N)])
     primary = cluster.primary_of(donor)
     fail_point(primary, step, "alwaysOn")
@@ -192,8 +198,72 @@ def test_a_new_donor_primary_aborts_a_migration_interrupted_before_its_commit(
     assert not thread.is_alive() and len(errors) == 1
     assert cluster.primary_of(donor) != primary or fault == "stepdown"
     wait_for(lambda: settled(cluster), what="the migration completed by the new donor primary")
+    after = config.chunks.find_one({"uuid": uuid, "max": {"x": 10}})
+    assert after["shard"] == donor and after["lastmod"].time > before["lastmod"].time
+    late_commit_is_refused(cluster, ns, before, donor, recipient)
     coll.insert_one({"_id": N, "x": 5})  # the donor takes writes of the range again
     assert check_placement(cluster, ns, stream, list(range(N + 1))) == donor
+
+
+def late_commit_is_refused(cluster: ShardedCluster, ns: str, chunk: dict[str, Any], donor: str,
+                           to: str) -> None:
+    """The commit an earlier donor primary sent for ``chunk`` (its ``config.chunks`` document
+    before the migration), arriving now: ConflictingOperationInProgress (117), nothing moved."""
+    epoch = cluster.client().config.collections.find_one({"_id": ns})["lastmodEpoch"]
+    with direct(cluster.primary_of("config")) as c:
+        with pytest.raises(pymongo.errors.OperationFailure) as err:
+            c.admin.command({"_configsvrCommitChunkMigration": ns, "fromShard": donor,
+                             "toShard": to, "migratedChunk": {
+                                 "min": chunk["min"], "max": chunk["max"],
+                                 "lastmod": chunk["lastmod"]},
+                             "fromShardCollectionVersion": {"e": epoch, "t": chunk["lastmod"],
+                                                            "v": chunk["lastmod"]}})
+    assert err.value.code == 117 and "Rejecting migration request because the version of the " \
+        "requested chunk" in str(err.value), err.value
+    now = cluster.client().config.chunks.find_one({"_id": chunk["_id"]})
+    assert now["shard"] == donor
+
+
+def test_the_fencing_bumps_only_a_chunk_at_or_below_the_given_version(
+        cluster: ShardedCluster) -> None:
+    """``_configsvrEnsureChunkVersionIsGreaterThan`` (as a new donor primary sends it): the
+    chunk at the given version gets the collection's major + 1; a second call with the old
+    version, a range that is no chunk, or another epoch changes nothing; a commit carrying the
+    old version is then refused, one without a version (an older donor) is not checked."""
+    ns = "dm.fence"
+    setup(cluster, ns)
+    config = cluster.client().config
+    entry = config.collections.find_one({"_id": ns})
+    chunks = list(config.chunks.find({"uuid": entry["uuid"]}))
+    chunk = next(d for d in chunks if d["max"] == {"x": 10})
+    top = max(d["lastmod"].time for d in chunks)
+
+    def ensure(lo: dict, hi: dict, v: Any, e: Any = entry["lastmodEpoch"]) -> None:
+        with direct(cluster.primary_of("config")) as c:
+            c.admin.command({"_configsvrEnsureChunkVersionIsGreaterThan": 1, "minKey": lo,
+                             "maxKey": hi, "version": {"e": e, "t": entry["timestamp"], "v": v},
+                             "collectionUUID": entry["uuid"], "nss": ns})
+
+    def versions() -> dict[Any, Any]:
+        return {d["_id"]: d["lastmod"] for d in config.chunks.find({"uuid": entry["uuid"]})}
+
+    ensure(chunk["min"], chunk["max"], chunk["lastmod"])
+    bumped = versions()
+    assert bumped[chunk["_id"]].time == top + 1 and bumped[chunk["_id"]].inc == 0
+    assert {k: v for k, v in bumped.items() if k != chunk["_id"]} == \
+        {d["_id"]: d["lastmod"] for d in chunks if d["_id"] != chunk["_id"]}
+    ensure(chunk["min"], chunk["max"], chunk["lastmod"])  # already greater
+    ensure({"x": 3}, chunk["max"], bumped[chunk["_id"]])  # not a chunk
+    ensure(chunk["min"], chunk["max"], bumped[chunk["_id"]], e=ObjectId())  # another epoch
+    assert versions() == bumped
+    donor = chunk["shard"]
+    to = next(s for s in cluster.shard_names if s != donor)
+    late_commit_is_refused(cluster, ns, chunk, donor, to)
+    with direct(cluster.primary_of("config")) as c:
+        with pytest.raises(pymongo.errors.OperationFailure) as err:
+            c.admin.command({"_configsvrEnsureChunkVersionIsGreaterThan": 1,
+                             "minKey": chunk["min"], "maxKey": chunk["max"]})
+    assert err.value.code == 40414
 
 
 def test_a_new_donor_primary_finishes_a_committed_migration_and_filters_its_orphans(

@@ -125,8 +125,10 @@ class MoveChunk(InternalRequest):
 class CommitChunkMigration(InternalRequest):
     """``_configsvrCommitChunkMigration`` (``src/mongo/db/s/commit_chunk_migration.idl``): the
     donor of a migration commits it on the config server from inside its critical section.
-    ``migratedChunk`` is ``{min, max}``; ``fromShardCollectionVersion`` the donor's
-    collection version ``{e, t, v}`` (only its epoch ``e`` is checked). Reply
+    ``migratedChunk`` is ``{min, max[, lastmod]}`` (``lastmod``: the chunk's version when the
+    migration began; a commit whose chunk has a newer one is refused);
+    ``fromShardCollectionVersion`` the donor's collection version ``{e, t, v}`` (only its epoch
+    ``e`` is checked). Reply
     ``{shardVersion: {e, t, v}}``, the donor's new placement version. Handler:
     ``configsvr/commands/chunks.py`` (:func:`configsvr.migration.commit_chunk_migration`)."""
     NAME = "_configsvrCommitChunkMigration"
@@ -135,6 +137,25 @@ class CommitChunkMigration(InternalRequest):
     toShard: str
     migratedChunk: dict
     fromShardCollectionVersion: dict
+
+
+@request
+class EnsureChunkVersionIsGreaterThan(InternalRequest):
+    """``_configsvrEnsureChunkVersionIsGreaterThan``
+    (``src/mongo/db/s/config/configsvr_ensure_chunk_version_is_greater_than_command.cpp``): when
+    the chunk ``[minKey, maxKey)`` of the collection ``collectionUUID`` still exists with
+    ``version`` (``{e, t, v}``) or an older one, its version becomes the collection's major + 1,
+    so a migration commit still in flight with the older version is refused. Sent by a new donor
+    primary before it reads the outcome of a migration left without a decision
+    (``migration_util::recoverMigrationCoordinations``). Reply ``{}``. Handler:
+    ``configsvr/commands/chunks.py``."""
+    NAME = "_configsvrEnsureChunkVersionIsGreaterThan"
+    one: int
+    minKey: dict
+    maxKey: dict
+    version: dict
+    collectionUUID: Any = None
+    nss: Any = None  # str
 
 
 @request

@@ -87,6 +87,9 @@ class MigrationStart(InternalRequest):
     migrationId: Any = None
     uuid: Any = None  # the collection's UUID
     to: str | None = None  # the recipient shard
+    # the chunk's version {e, t, v} when the migration began (the coordinator document's
+    # ``preMigrationChunkVersion``: a new primary fences the commit off with it)
+    preMigrationChunkVersion: dict | None = None
 
 
 @request
