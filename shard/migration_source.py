@@ -240,6 +240,14 @@ class MigrationSource:
         sid = doc["migrationSessionId"]
         sent = False  # the commit was sent: its outcome must be read from the config server
         try:
+            if meta.routing is not None and not any(c.shard == to for c in meta.routing.chunks):
+                # the recipient's first chunk of ns: change streams learn of the new shard
+                # before any event of it (_notifyChangeStreamsOnRecipientFirstChunk)
+                await self._local(db, shrq.Noop(
+                    {"msg": f"Migrating chunk from shard {node.shard_name} to shard {to} "
+                            f"with no chunks for this collection"},
+                    o2={"migrateChunkToNewShard": ns, "fromShardId": node.shard_name,
+                        "toShardId": to}, ns=ns, ui=meta.uuid).to_command())
             await self._recipient(to, "admin", shrq.RecvChunkStart(
                 ns, doc["_id"], pattern.pattern, doc["range"]["min"], doc["range"]["max"],
                 uuid=meta.uuid, from_=node.shard_name).to_command())

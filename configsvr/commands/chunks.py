@@ -96,9 +96,9 @@ async def _median(node: ConfigServerNode, entry: dict[str, Any], pattern: KeyPat
 @commands.handler(csrq.MoveChunk.NAME, privileges=priv.INTERNAL)
 async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
     """moveChunk as a migration (``configsvr_move_range_command.cpp``): under the DDL lock,
-    check the request, prepare the recipient's collection, write ``migrateChunkToNewShard`` on
-    the donor when the recipient had no chunk of the collection, then have the donor's primary
-    run the migration (``_shardsvrMoveRange``, :func:`configsvr.migration.migrate`) and pass
+    check the request, prepare the recipient's collection, then have the donor's primary run
+    the migration (it writes ``migrateChunkToNewShard`` when the recipient has no chunk of the
+    collection yet) (``_shardsvrMoveRange``, :func:`configsvr.migration.migrate`) and pass
     its error back with its code.
 
     ``{_configsvrMoveChunk: ns, find | bounds, to}`` -> ``{millis}``. Errors: InvalidNamespace
@@ -121,7 +121,6 @@ async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
         if donor == to:
             return {"millis": 0}
         uuid = entry["uuid"]
-        recipient_had_chunks = any(d["shard"] == to for d in chunk_docs)
         # the recipient clones the donor's options (validator, ...) as
         # MigrationDestinationManager::cloneCollectionIndexesAndOptions does
         listed = await node.on_shard(donor, db, {"listCollections": 1, "filter": {"name": coll}})
@@ -137,12 +136,6 @@ async def move_chunk(node: ConfigServerNode, req: Request) -> dict[str, Any]:
             except MongoError as exc:
                 if exc.code not in (85, 86, 68):
                     raise
-        if not recipient_had_chunks:
-            await node.on_shard(donor, db, shrq.Noop(
-                {"msg": f"Migrating chunk from shard {donor} to shard {to} "
-                        f"with no chunks for this collection"},
-                o2={"migrateChunkToNewShard": ns, "fromShardId": donor, "toShardId": to},
-                ns=ns, ui=uuid).to_command())
         await migration.migrate(node, ns, entry, doc, to)
         return {"millis": 0}
 
