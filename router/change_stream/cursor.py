@@ -544,12 +544,12 @@ class RouterChangeStreamCursor(Cursor):
             before = size
             outputs, tok, size = merge.take(limit - n_out, BATCH_BYTES_LIMIT, n_out, size)
             if outputs and size - before >= EARLY_REMOTE_GETMORE_BYTES:
-                # A large take (a backlog read): the remote getMores it makes possible, and
-                # those scheduled when the remotes' replies came in, go out before this reply is
-                # built and written, so the shards read their next batches meanwhile instead of
-                # after it (a getMore task runs only once this task yields the loop).
+                # A large take (a backlog read): the remote getMores it makes possible go out
+                # (written at once, see schedule_getmores) before this reply is built and
+                # written, so the shards read their next batches meanwhile instead of after it.
+                # (No yield to let tasks write them: the client's reply would wait behind
+                # whatever else is ready on the loop.)
                 st.schedule_getmores()
-                await asyncio.sleep(0)
             if outputs:  # the plain events of a run, without the general path's per-event work
                 for o in outputs:
                     if type(o) is Block:
