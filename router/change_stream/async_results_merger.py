@@ -390,18 +390,39 @@ class Merger:
             return mp
         return None
 
-    def remotes_to_poll(self) -> list[Remote]:
+    def remotes_to_poll(self, prefetch_only: bool = False) -> list[Remote]:
         """``_scheduleGetMores``: remotes with an empty buffer, a live cursor and no request
         in flight. A remote holding events is polled only when its last batch was full
-        (``more``) and its buffer holds less than ``PREFETCH_BYTES`` (prefetch while its buffer
-        drains; still at most one request in flight per remote cursor). Empty once an error is
-        pending. Pure: the owner sets each one's ``in_flight``, sends its getMore and feeds the
-        reply to :meth:`on_batch` / :meth:`on_error`."""
+        (``more``), its buffer holds less than ``PREFETCH_BYTES`` (prefetch while its buffer
+        drains; still at most one request in flight per remote cursor) and its first buffered
+        event is releasable now (at or below the minimum promise): a remote whose events all
+        wait for another remote's is not read further ahead meanwhile, so on a shared machine
+        the shards whose events the client needs next get the CPU (a backlog written shard by
+        shard is then read shard by shard, each overlapped with the client, instead of every
+        shard building its whole backlog at once while the client waits). Empty once an error
+        is pending. ``prefetch_only``: only those remotes holding events (what a promise or
+        another remote's reply may have made releasable). Pure: the owner sets each one's
+        ``in_flight``, sends its getMore and feeds the reply to :meth:`on_batch` /
+        :meth:`on_error`."""
         if self.status is not None:
             return []
-        return [r for r in self.remotes
-                if (not r.buffer or (r.more and sum(e.nbytes for e in r.buffer) < PREFETCH_BYTES))
-                and r.cursor_id != 0 and not r.in_flight and not r.closed]
+        polls = []
+        bound: Any = _UNSET
+        for r in self.remotes:
+            if r.cursor_id == 0 or r.in_flight or r.closed:
+                continue
+            if r.buffer:
+                if not r.more or sum(e.nbytes for e in r.buffer) >= PREFETCH_BYTES:
+                    continue
+                if bound is _UNSET:
+                    mp = self.min_promise()
+                    bound = mp.promise if mp is not None else None
+                if bound is None or r.buffer[0].key > bound:
+                    continue
+            elif prefetch_only:
+                continue
+            polls.append(r)
+        return polls
 
     def blocking_remotes(self) -> tuple[Item | None, list[Remote]]:
         """When the smallest buffered event is not ready only because of promises: that event
@@ -426,6 +447,7 @@ class Merger:
 
 
 _KEY = attrgetter("key")
+_UNSET = object()
 
 
 def _merge_runs(runs: list[list[Any]]) -> Iterable[Any]:

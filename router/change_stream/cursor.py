@@ -41,6 +41,7 @@ import logging
 import time
 from typing import Any
 
+import bson
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -52,7 +53,9 @@ from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
 from shardsim.router.change_stream import reader_v2
 from shardsim.router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
                                              split_cursor)
+from shardsim.core.client import remote_error
 from shardsim.core.gossip import gossip_command, track_operation_time
+from shardsim.core.node import CODEC, DUMMY_SIGNATURE
 from shardsim.core.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.core.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
 from shardsim.core.replica_set_monitor import ReadPreference
@@ -69,7 +72,13 @@ SHORT_AWAIT_MS = 20  # remote await of a one-off poll for a newer promise (ms)
 RESUME_CHECK_WAIT_MS = 2000
 # batchSize of the router's getMores to shards: a backlog then comes in slices, so shards build
 # the next slice while the router merges this one and the client reads the previous one.
+# A remote's first getMore (and the first after a batch that was not full, i.e. after it caught
+# up) asks for REMOTE_FIRST_BATCH_SIZE; each full batch doubles the next one, up to
+# REMOTE_BATCH_SIZE. So a catch-up's first events reach the client after a small batch, not
+# after every shard built a full one at once (three shards' 5,000-event batches took both cores
+# for ~50 ms before the client had anything to decode), and the stages overlap from the start.
 REMOTE_BATCH_SIZE = 5000
+REMOTE_FIRST_BATCH_SIZE = 500
 # A client batch taking at least this many bytes of events at once sends the remote getMores
 # it makes possible before the reply is built (RouterChangeStreamCursor.fetch); a smaller one
 # (the live case: an event or a few) answers the client first.
@@ -135,6 +144,7 @@ class RouterChangeStream:
         self.nudged: dict[int, int] = {}  # remote id -> router time it was last short-polled for
         self.idle: dict[int, bool] = {}  # remote id -> its last getMore reply had no events
         self.sent_at: dict[int, float] = {}  # remote id -> monotonic time of its last getMore
+        self.batch_sizes: dict[int, int] = {}  # remote id -> batchSize of its next getMore
         self.promises = router.promise_requests  # router-wide, shared by its streams
         # $currentOp's originatingCommand: the client's aggregate (without $db and gossip)
         self.originating_command = {k: v for k, v in body.items()
@@ -270,11 +280,12 @@ class RouterChangeStream:
             raise _labelled(exc, "getMore", router.profile) from None
 
     # -- remote getMores ----------------------------------------------------------------------
-    def schedule_getmores(self, nudge: bool = False) -> bool:
+    def schedule_getmores(self, nudge: bool = False, prefetch_only: bool = False) -> bool:
         """``_scheduleGetMores``: one getMore per remote that has nothing buffered and no
-        request outstanding. Tasks run in a fresh context (they outlive client operations).
-        Returns whether any was scheduled."""
-        polls = self.merger.remotes_to_poll()
+        request outstanding (and the prefetches :meth:`Merger.remotes_to_poll` allows; only
+        those with ``prefetch_only``). Tasks run in a fresh context (they outlive client
+        operations). Returns whether any was scheduled."""
+        polls = self.merger.remotes_to_poll(prefetch_only)
         if not polls:
             return False
         # (An event held back only by promises is handled by the promise requests, which also
@@ -293,9 +304,42 @@ class RouterChangeStream:
                     self.nudged[r.rid] = now_key
                     short = True
             r.in_flight = True
-            asyncio.get_running_loop().create_task(self._remote_getmore(r, short),
+            # Written to the shard now, not when the task first runs: that is only once the
+            # running task yields the loop (e.g. after a client getMore built and wrote its
+            # reply), and the shard would sit idle meanwhile. The task reads the reply.
+            db, cmd = self._getmore_command(r, short)
+            pool = self.pools[r.rid]
+            self.sent_at[r.rid] = time.monotonic()
+            conn = self._write_now(pool, db, cmd)
+            asyncio.get_running_loop().create_task(self._remote_getmore(r, db, cmd, pool, conn),
                                                    context=contextvars.Context())
         return True
+
+    def _getmore_command(self, r: Remote, blocked: bool) -> tuple[str, dict[str, Any]]:
+        """``(db, getMore command)`` for ``r`` (a short await when ``blocked``)."""
+        db, coll = _split_ns(r.ns)
+        await_ms = self.remote_await_ms
+        if len(self.merger.remotes) > 1:
+            await_ms = min(await_ms, REMOTE_AWAIT_CAP_MS)
+        if blocked:
+            await_ms = min(await_ms, SHORT_AWAIT_MS)
+        return db, {"getMore": Int64(r.cursor_id), "collection": coll,
+                    "maxTimeMS": int(await_ms),
+                    "batchSize": self.batch_sizes.get(r.rid, REMOTE_FIRST_BATCH_SIZE)}
+
+    def _write_now(self, pool: Any, db: str, cmd: dict[str, Any]) -> Any:
+        """Write ``cmd`` with the router's ``$clusterTime`` (as :func:`gossip_command` sends
+        it) on an idle connection of ``pool`` at once; that connection, or None when the pool
+        has none idle (or is not a plain pool): the task then sends it the usual way."""
+        write_now = getattr(pool, "write_now", None)
+        if write_now is None:
+            return None
+        body = dict(cmd)
+        body["$db"] = db
+        now = self.router.clock.now()
+        if now.time or now.inc:
+            body["$clusterTime"] = {"clusterTime": now, "signature": DUMMY_SIGNATURE}
+        return write_now(bson.encode(body, codec_options=CODEC))
 
     def watches(self, ns: str) -> bool:
         """Can a write to ``ns`` ("db.coll") produce an event for this stream?"""
@@ -303,22 +347,25 @@ class RouterChangeStream:
             return ns == self.ns
         return self.db == "admin" or ns.startswith(self.db + ".")
 
-    async def _remote_getmore(self, r: Remote, blocked: bool = False) -> None:
-        """One getMore on ``r`` (a short await when ``blocked``), its reply fed to the merger
-        (or its error recorded there); wakes the client's getMore when done."""
-        db, coll = _split_ns(r.ns)
-        await_ms = self.remote_await_ms
-        if len(self.merger.remotes) > 1:
-            await_ms = min(await_ms, REMOTE_AWAIT_CAP_MS)
-        if blocked:
-            await_ms = min(await_ms, SHORT_AWAIT_MS)
-        cmd = {"getMore": Int64(r.cursor_id), "collection": coll, "maxTimeMS": int(await_ms),
-               "batchSize": REMOTE_BATCH_SIZE}
-        pool = self.pools[r.rid]
-        self.sent_at[r.rid] = time.monotonic()
+    async def _remote_getmore(self, r: Remote, db: str, cmd: dict[str, Any], pool: Any,
+                              conn: Any) -> None:
+        """The getMore ``cmd`` on ``r`` (already written on ``conn`` by
+        :meth:`schedule_getmores`, or sent here when ``conn`` is None), its reply fed to the
+        merger (or its error recorded there); wakes the client's getMore when done."""
+        batch_size = cmd["batchSize"]
+        timeout = cmd["maxTimeMS"] / 1000 + 30
+        clock = self.router.clock
         try:
-            reply = await gossip_command(self.router.clock, pool, db, cmd, raw=True,
-                                         timeout=await_ms / 1000 + 30)
+            if conn is None:
+                reply = await gossip_command(clock, pool, db, cmd, raw=True, timeout=timeout)
+            else:  # gossip in and errors as gossip_command does
+                reply = await pool.finish(conn, raw=True, timeout=timeout)
+                ct = reply.get("$clusterTime")
+                if ct is not None and isinstance(ct.get("clusterTime"), Timestamp):
+                    clock.advance(ct["clusterTime"])
+                track_operation_time(reply.get("operationTime"))
+                if not reply.get("ok"):
+                    raise remote_error(reply)
             if self.closed:
                 return
             op_time = reply.get("operationTime")
@@ -330,7 +377,10 @@ class RouterChangeStream:
             if cid != 0 and cid != r.cursor_id:
                 raise MongoError(2, f"Expected cursorid {r.cursor_id} but received {cid}")
             self.idle[r.rid] = not items
-            r.more = sum(e.n for e in items) >= REMOTE_BATCH_SIZE  # Items, or one Block
+            r.more = sum(e.n for e in items) >= batch_size  # Items, or one Block
+            # a backlog: ask for more next time; caught up: start small again
+            self.batch_sizes[r.rid] = (min(2 * batch_size, REMOTE_BATCH_SIZE) if r.more
+                                       else REMOTE_FIRST_BATCH_SIZE)
             self.merger.on_batch(r, items, cid, _plain(cur.get("postBatchResumeToken")),
                                  invalidated=bool(cur.get("invalidated", False)))
             if items:
@@ -354,8 +404,11 @@ class RouterChangeStream:
         finally:
             r.in_flight = False
             self.wake.set()
-        if r.more and not self.closed:
-            self.schedule_getmores()  # a full batch: prefetch the rest of the backlog
+        if not self.closed:
+            if r.more:
+                self.schedule_getmores()  # a full batch: prefetch the rest of the backlog
+            else:  # its promise may have made another remote's backlog releasable: read on
+                self.schedule_getmores(prefetch_only=True)
 
     # -- closing ------------------------------------------------------------------------------
     def _kill_remote(self, r: Remote) -> None:
@@ -491,12 +544,12 @@ class RouterChangeStreamCursor(Cursor):
             before = size
             outputs, tok, size = merge.take(limit - n_out, BATCH_BYTES_LIMIT, n_out, size)
             if outputs and size - before >= EARLY_REMOTE_GETMORE_BYTES:
-                # A large take (a backlog read): the remote getMores it makes possible, and
-                # those scheduled when the remotes' replies came in, go out before this reply is
-                # built and written, so the shards read their next batches meanwhile instead of
-                # after it (a getMore task runs only once this task yields the loop).
+                # A large take (a backlog read): the remote getMores it makes possible go out
+                # (written at once, see schedule_getmores) before this reply is built and
+                # written, so the shards read their next batches meanwhile instead of after it.
+                # (No yield to let tasks write them: the client's reply would wait behind
+                # whatever else is ready on the loop.)
                 st.schedule_getmores()
-                await asyncio.sleep(0)
             if outputs:  # the plain events of a run, without the general path's per-event work
                 for o in outputs:
                     if type(o) is Block:

@@ -283,6 +283,8 @@ class PromiseRequests:
                     continue  # not a usable promise: the remote's getMore still answers
                 if moved:
                     st.wake.set()
+                    # a remote's backlog may be releasable now: read on while the client is away
+                    st.schedule_getmores(prefetch_only=True)
 
     def _body(self, t: int) -> bytes:
         """The raw BSON of a request for time key ``t``, gossiping the router's cluster time

@@ -293,6 +293,35 @@ class Pool:
         finally:
             self.release(conn)
 
+    def write_now(self, body: bytes) -> Connection | None:
+        """Write the OP_MSG request with raw BSON ``body`` now, without yielding the loop, on
+        an idle connection (the request is on its way before the caller's task next awaits),
+        and return that connection, taken out of the pool: read the reply with
+        :meth:`finish`. None, with nothing written, when no idle connection is at hand (the
+        caller then runs the command with :meth:`command`, which connects)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.broken and not conn.peer_closed() and conn.write_request(body):
+                return conn
+            conn.close()  # (write_request closed it already when it refused)
+        return None
+
+    async def finish(self, conn: Connection, *, raw: bool = False,
+                     timeout: float | None = None) -> Any:
+        """The reply to the request :meth:`write_now` wrote on ``conn`` (a dict, or a
+        RawBSONDocument with ``raw``; an ``ok: 0`` reply is returned, not raised); ``conn``
+        goes back to the pool. Network failures raise as :meth:`command` does (and drop the
+        pool's idle connections)."""
+        try:
+            reply_bytes = await conn.read_reply(timeout)
+            return RawBSONDocument(reply_bytes, RAW_CODEC) if raw else decode(reply_bytes)
+        except MongoError:
+            if conn.broken:
+                self.close()
+            raise
+        finally:
+            self.release(conn)
+
     def close(self) -> None:
         for c in self._idle:
             c.close()

@@ -821,3 +821,63 @@ def test_write_schedules_the_getmores_of_remotes_with_none_out(h):
             assert len(sh.requests) == asked[sh.name] + 1, sh.name
         idle = [r for r in st.merger.remotes if r.name != h.shards[0].name]
         assert all(after[r.rid] == before[r.rid] + 1 for r in idle), (before, after)
+
+
+
+def test_remote_getmores_written_when_scheduled_and_backlog_batches_grow(h, monkeypatch):
+    """router/change_stream/cursor.py ``RouterChangeStream.schedule_getmores``: a remote getMore
+    is written to its shard when it is scheduled (``Pool.write_now`` on a kept connection),
+    before the task that reads its reply first runs; before, that task wrote it, i.e. only once
+    the scheduling task yielded the loop (e.g. after a client reply was built and sent). A
+    remote's batches start at ``REMOTE_FIRST_BATCH_SIZE`` and double while they come back full,
+    up to ``REMOTE_BATCH_SIZE``; one that is not full starts them small again. The events
+    still arrive whole and in order."""
+    import bson as _bson
+    from shardsim.core.client import Connection
+    from shardsim.router.change_stream import cursor as cs
+    order: list[tuple[str, int]] = []  # ("write" | "task", remote cursor id), as they happen
+    sizes: list[tuple[int, int]] = []  # (remote cursor id, batchSize) of each getMore written
+    orig_write, orig_task = Connection.write_request, cs.RouterChangeStream._remote_getmore
+
+    def write_request(self, body):
+        doc = _bson.decode(body)
+        if "getMore" in doc:
+            order.append(("write", int(doc["getMore"])))
+            sizes.append((int(doc["getMore"]), doc["batchSize"]))
+        return orig_write(self, body)
+
+    async def remote_getmore(self, r, db, cmd, pool, conn):
+        if conn is not None:  # (None: no kept connection yet, the task sends it)
+            order.append(("task", int(cmd["getMore"])))
+        return await orig_task(self, r, db, cmd, pool, conn)
+
+    monkeypatch.setattr(Connection, "write_request", write_request)
+    monkeypatch.setattr(cs.RouterChangeStream, "_remote_getmore", remote_getmore)
+    first = cs.REMOTE_FIRST_BATCH_SIZE
+    n = 7 * first + 1  # a backlog of full batches of 1x, 2x and 4x, then one event
+    _gossip_all(h)
+    start = h.do(lambda: h.shards[0].clock.now())
+    for i in range(n):
+        h.write(0, {"_id": i})
+    _gossip_all(h)
+    with h.client.db.coll.watch(max_await_time_ms=200, batch_size=1000,
+                                start_at_operation_time=start) as stream:
+        got = [stream.next()["fullDocument"]["_id"] for _ in range(n)]
+        assert got == list(range(n))
+        st = next(iter(h.router.promise_requests.streams))
+        shard0 = next(r.cursor_id for r in st.merger.remotes if r.name == h.shards[0].name)
+        deadline = time.time() + 5
+        while len([s for c, s in sizes if c == shard0]) < 5 and time.time() < deadline:
+            time.sleep(0.05)
+    # every getMore read by a task was on the wire before that task first ran
+    assert order, "no getMore written when scheduled"
+    written: dict[int, int] = {}
+    for what, cid in order:
+        if what == "write":
+            written[cid] = written.get(cid, 0) + 1
+        else:
+            assert written.get(cid, 0) > 0, order
+            written[cid] -= 1
+    grown = [s for c, s in sizes if c == shard0]
+    assert grown[:5] == [first, 2 * first, min(4 * first, cs.REMOTE_BATCH_SIZE),
+                         min(8 * first, cs.REMOTE_BATCH_SIZE), first], grown

@@ -131,6 +131,27 @@ def test_remotes_to_poll_only_empty_live_idle_remotes():
     assert m.remotes_to_poll() == []
 
 
+def test_remotes_to_poll_prefetches_only_a_backlog_whose_events_are_releasable():
+    # A remote whose last batch was full ("more") is read ahead while its buffer drains, but
+    # only once its first buffered event is at or below the minimum promise: a shard whose
+    # events all wait for another shard's is not read further ahead meanwhile.
+    m = Merger()
+    a = m.add_remote("a", "db.c", 1, [], hwm(1))
+    b = m.add_remote("b", "db.c", 1, [], hwm(1))
+    m.on_batch(a, [ev(2), ev(3)], 1, ev(3).token)
+    m.on_batch(b, [ev(20), ev(21)], 1, ev(21).token)
+    a.more = b.more = True
+    assert m.remotes_to_poll() == [a]  # b's events wait for a's promise (3 < 20)
+    assert m.remotes_to_poll(prefetch_only=True) == [a]
+    m.on_batch(a, [], 1, hwm(30))  # a promises past b's first event: b is read on
+    a.more = False
+    assert m.remotes_to_poll() == [b]
+    assert m.next_ready()[0].key == ev(2).key and m.next_ready()[0].key == ev(3).key
+    # every event is ready (queued): both buffers are empty, polled as usual, not prefetches
+    assert m.remotes_to_poll() == [a, b]
+    assert m.remotes_to_poll(prefetch_only=True) == []
+
+
 def test_pbrt_going_backwards_or_events_out_of_order_fail_the_merge():
     m = Merger()
     a = m.add_remote("a", "db.c", 1, [], hwm(5))
