@@ -628,15 +628,20 @@ class NamespaceGate:
 
     async def enter(self) -> None:
         """A write starts (waits while the gate is blocked)."""
+        if not self.blocked:  # the usual case: no lock round (one loop thread, no await here)
+            self.active += 1
+            return
         async with self.cond:
             await self.cond.wait_for(lambda: not self.blocked)
             self.active += 1
 
     async def exit(self) -> None:
-        """A write ended."""
-        async with self.cond:
-            self.active -= 1
-            self.cond.notify_all()
+        """A write ended. Only :meth:`block` waits on ``active``, and it holds ``blocked`` up
+        while it waits: with nothing blocked there is no one to wake."""
+        self.active -= 1
+        if self.blocked:
+            async with self.cond:
+                self.cond.notify_all()
 
     async def block(self) -> None:
         """Hold new writes and wait until the writes in flight have ended."""

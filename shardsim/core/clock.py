@@ -51,17 +51,25 @@ class HybridLogicalClock:
     ``maxAcceptableLogicalClockDriftSecs`` (seconds a gossiped time may be ahead of ``wall``).
     """
 
-    __slots__ = ("_last", "_wall", "max_drift_s")
+    __slots__ = ("_last", "_wall", "max_drift_s", "_now")
 
     def __init__(self, wall: Callable[[], float] = time.time, start: Timestamp | None = None,
                  max_drift_s: int = DEFAULT_MAX_DRIFT_S) -> None:
         self._wall = wall
         self._last = ts_key(start) if start is not None else 0
         self.max_drift_s = max_drift_s
+        # (key, Timestamp) of the last now(): every command reads the time two or three times
+        # (gossip out, operationTime, each shard request), mostly without a tick between
+        self._now: tuple[int, Timestamp] = (-1, Timestamp(0, 0))
 
     def now(self) -> Timestamp:
         """The current cluster time (the last tick or gossiped time, or wall time if newer)."""
-        return ts_from_key(self._last)
+        key, ts = self._now
+        if key != self._last:  # moved since: the cache is keyed by the time itself
+            key = self._last
+            ts = ts_from_key(key)
+            self._now = (key, ts)
+        return ts
 
     def now_key(self) -> int:
         return self._last

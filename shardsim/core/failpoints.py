@@ -326,6 +326,8 @@ class FailCommandHook:
 
     def after_command(self, req: Any, reply: dict[str, Any]) -> None:
         override = _override.get()
+        if override is None and self.fps.points["failCommand"].mode == "off":
+            return  # the usual case: nothing to add, no labels to override
         wce_data = self.fps.write_concern_error_for(req, reply)
         if wce_data is not None:
             reply["writeConcernError"] = wce_data["writeConcernError"]

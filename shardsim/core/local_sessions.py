@@ -78,12 +78,17 @@ class LocalSessionCache:
             key = (None, repr(sid), uid_b)
         now = datetime.datetime.now(datetime.timezone.utc)
         now = now.replace(microsecond=now.microsecond // 1000 * 1000)
-        uid_doc = uid if type(uid) is Binary and uid.subtype == 0 else Binary(uid_b, 0)
-        rec = {"_id": {"id": sid, "uid": uid_doc}, "lastUse": now}
-        if users and uid_b == bytes(user_uid(*users[0])):
-            rec["user"] = {"name": f"{users[0][0]}@{users[0][1]}"}
+        user = {"name": f"{users[0][0]}@{users[0][1]}"} \
+            if users and uid_b == bytes(user_uid(*users[0])) else None
         records = self.records
-        records.pop(key, None)  # re-inserted last: the dict stays in lastUse order
+        rec = records.pop(key, None)  # re-inserted last: the dict stays in lastUse order
+        if rec is not None and type(rec["_id"]["id"]) is type(sid) and rec.get("user") == user:
+            rec["lastUse"] = now  # a known session (the usual case): the same record, touched
+        else:
+            uid_doc = uid if type(uid) is Binary and uid.subtype == 0 else Binary(uid_b, 0)
+            rec = {"_id": {"id": sid, "uid": uid_doc}, "lastUse": now}
+            if user is not None:
+                rec["user"] = user
         records[key] = rec
         while records:
             oldest = next(iter(records))

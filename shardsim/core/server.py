@@ -235,7 +235,9 @@ class Server:
                         large_messages.release(holder)
                 stats.message(header.length, _size(out))
                 while out is not None:
-                    nxt = exhaust_next(msg, out)
+                    # only a request that allowed exhaust can get a moreToCome reply
+                    nxt = exhaust_next(msg, out) \
+                        if type(msg) is wire.OpMsg and msg.flags & wire.FLAG_EXHAUST_ALLOWED else None
                     if compressor_id is not None:  # the reply uses the request's compressor
                         out = compression.compress(out, compressor_id)
                     writer.write(out)

@@ -69,3 +69,27 @@ def test_next_tick_key_is_what_tick_reserves_without_reserving_it():
     c = HybridLogicalClock(wall=lambda: 5.0, start=Timestamp(5, MAX_TIME_VALUE))
     k = c.next_tick_key()
     assert k == (6 << 32) | 1 and ts_key(c.tick()) == k
+
+
+def test_now_follows_every_move_of_the_clock():
+    # now() reuses its last Timestamp while the time has not moved: every way the clock moves
+    # must show in the next now()
+    wall = FakeWall(100)
+    clock = HybridLogicalClock(wall)
+    assert clock.now() == Timestamp(0, 0)
+    clock.tick()
+    assert clock.now() == Timestamp(100, 1)
+    assert clock.now() is clock.now()
+    clock.tick(3)
+    assert clock.now() == Timestamp(100, 4)
+    clock.advance(Timestamp(150, 2))
+    assert clock.now() == Timestamp(150, 2)
+    clock.restore(Timestamp(160, 9))
+    assert clock.now() == Timestamp(160, 9)
+    wall.t = 200
+    assert clock.advance_to_wall() == Timestamp(200, 0)
+    assert clock.now() == Timestamp(200, 0)
+    assert clock.try_advance(Timestamp(201, 1))
+    assert clock.now() == Timestamp(201, 1)
+    started = HybridLogicalClock(wall, start=Timestamp(300, 3))
+    assert started.now() == Timestamp(300, 3)

@@ -62,3 +62,31 @@ def test_unused_sessions_expire() -> None:
     cache.vivify(new, ANON)
     assert [r["_id"]["id"] for r in cache.list({"allUsers": True}, ANON)] == \
         [kept["id"], new["id"]]
+
+
+def test_a_known_session_is_touched_and_moved_last() -> None:
+    # vivify reuses a known session's record: lastUse, order, user and the listed copies must
+    # come out as if it had been rebuilt
+    cache = LocalSessionCache()
+    a, b = _lsid(), _lsid()
+    cache.vivify(a, ANON)
+    cache.vivify(b, ANON)
+    listed = cache.list({"allUsers": True}, ANON)
+    first = next(iter(cache.records.values()))
+    first["lastUse"] -= datetime.timedelta(minutes=5)
+    stale = first["lastUse"]
+    cache.vivify(a, ANON)
+    again = cache.list({"allUsers": True}, ANON)
+    assert [r["_id"]["id"] for r in again] == [b["id"], a["id"]]
+    assert again[1]["lastUse"] > stale and listed[0]["lastUse"] != stale
+    assert list(again[1]) == ["_id", "lastUse"] and list(again[1]["_id"]) == ["id", "uid"]
+    # the same session id and uid, now from alice's connection: the record gains its user
+    alice_uid = Binary(hashlib.sha256(b"alice@admin").digest(), 0)
+    cache.vivify({"id": a["id"], "uid": alice_uid}, ANON)
+    cache.vivify({"id": a["id"], "uid": alice_uid}, ALICE)
+    rec = cache.list({"users": [{"user": "alice", "db": "admin"}]}, ANON)
+    assert len(rec) == 1 and rec[0]["user"] == {"name": "alice@admin"}
+    assert list(rec[0]) == ["_id", "lastUse", "user"]
+    cache.vivify({"id": a["id"], "uid": alice_uid}, ANON)
+    rec = cache.list({"users": [{"user": "alice", "db": "admin"}]}, ANON)
+    assert "user" not in rec[0]
