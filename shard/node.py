@@ -43,7 +43,7 @@ from shardsim.shard.op_observer import TERM, OpObserver
 from shardsim.shard.oplog import Oplog, PreImages
 from shardsim.shard.oplog_disk import DEFAULT_CACHE_BYTES, DiskOplog
 from shardsim.shard.read_concern import run_with_read_concern
-from shardsim.shard.range_deleter import RangeDeleter
+from shardsim.shard.range_deleter import CRITICAL_SECTIONS, RangeDeleter
 from shardsim.shard.migration_source import MigrationSource
 from shardsim.core.query import select
 from shardsim.shard.sessions import Sessions, full_lsid
@@ -545,6 +545,10 @@ class ShardNode(Node):
         donated (``ReplicationCoordinatorExternalStateImpl::onTransitionToPrimary``,
         ``migrationutil::resumeMigrationCoordinationsOnStepUp``)."""
         self.sharding.clear_metadata()  # recovered by refresh (shard/sharding_runtime.py)
+        # a migration's critical sections held when the last primary stopped: held again
+        # before any write is taken (ShardingRecoveryService::recoverStates)
+        for doc in self.range_deleter.documents(CRITICAL_SECTIONS):
+            self.sharding.hold_critical_section(doc["_id"], bool(doc.get("blockReads")))
         self.coordinators.recover()  # finish the two-phase commits decided before a restart
         self.range_deleter.resume()  # range deletions made ready before a restart
         self.migration_source.resume()  # migrations a failover or a restart interrupted

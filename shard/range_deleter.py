@@ -51,6 +51,9 @@ log = logging.getLogger("shardsim.range_deleter")
 
 RANGE_DELETIONS = ("config", "rangeDeletions")
 COORDINATORS = ("config", "migrationCoordinators")
+# a migration's recoverable critical sections (ShardingRecoveryService):
+# {_id: ns, reason, blockReads}; a new primary holds again each one it finds
+CRITICAL_SECTIONS = ("config", "collectionCriticalSections")
 _BATCH = 1000
 _INTERNAL = ConnectionInfo(id=0, peer="internal", auth=AuthSession(users=[SYSTEM_USER]))
 

@@ -546,6 +546,13 @@ class ShardingRuntime:
             ev = self._idle.setdefault(ns, asyncio.Event())
             await ev.wait()
 
+    def hold_critical_section(self, ns: str, block_reads: bool) -> None:
+        """Hold ``ns``'s critical section at once (a new primary recovering a persisted one:
+        no write of its own is running yet), blocking reads too when ``block_reads``."""
+        cs = self.critical.setdefault(ns, CriticalSection())
+        if block_reads:
+            cs.blocks_reads = True
+
     def block_reads(self, ns: str) -> None:
         """Promote ``ns``'s critical section (entered) to block routed reads too."""
         cs = self.critical.get(ns)

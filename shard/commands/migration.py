@@ -29,7 +29,7 @@ from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern, compare_keys
 from shardsim.core.values import id_key
-from shardsim.shard.range_deleter import COORDINATORS, RANGE_DELETIONS
+from shardsim.shard.range_deleter import COORDINATORS, CRITICAL_SECTIONS, RANGE_DELETIONS
 from shardsim.shard.sharding_runtime import ModsTracker
 from shardsim.core.protocol import shard as shrq
 from shardsim.core.auth import privileges as priv
@@ -158,13 +158,36 @@ async def critical_section(node: "ShardNode", req: Request) -> dict[str, Any]:
     ``ShardingRecoveryService::promoteRecoverableCriticalSectionToBlockAlsoReads``). ``{}``."""
     request = shrq.MigrationCriticalSection.parse(req.body)
     ns = _ns(req)
+    # A migration's critical section is recoverable, as 8.0's (ShardingRecoveryService::
+    # acquireRecoverableCriticalSectionBlockWrites): persisted, logged and majority-committed
+    # before the command answers, so the next primary of this shard holds it too
+    # (ShardNode.on_became_writable_primary) until the migration's completion releases it;
+    # releasing waits for the majority as well, or a new primary could hold it again with no
+    # one left to release it. (A resharding's stays in memory: its release is best effort.)
+    recoverable = request.reason is None
     if request.enter:
         await node.sharding.enter_critical_section(ns)
         if request.blockReads:
             node.sharding.block_reads(ns)
+        if recoverable:
+            doc = {"_id": ns, "reason": {"command": "migrateChunk"},
+                   "blockReads": bool(request.blockReads)}
+            node.range_deleter.save(CRITICAL_SECTIONS, doc)
+            await _majority(node)
     else:
         node.sharding.exit_critical_section(ns)
+        if recoverable and node.range_deleter.remove(CRITICAL_SECTIONS, ns):
+            await _majority(node)
     return {}
+
+
+async def _majority(node: "ShardNode") -> None:
+    """Wait for ``w: majority`` of what this primary wrote (a replica set); the
+    ``writeConcernError`` as a MongoError (189 after a stepdown, 64 after 60 s)."""
+    if node.repl is not None:
+        err = await node.repl.write_concern_error({"w": "majority", "wtimeout": 60000})
+        if err is not None:
+            raise MongoError(int(err["code"]), str(err["errmsg"]))
 
 
 @commands.handler(shrq.MigrationEnd.NAME, privileges=priv.INTERNAL)

@@ -205,6 +205,56 @@ def test_a_new_donor_primary_aborts_a_migration_interrupted_before_its_commit(
     assert check_placement(cluster, ns, stream, list(range(N + 1))) == donor
 
 
+def test_a_new_donor_primary_holds_the_critical_section_until_it_has_decided(
+        cluster: ShardedCluster) -> None:
+    """The donor's primary killed in its critical section: the section was persisted
+    (``config.collectionCriticalSections``, majority-committed on the donor and on the
+    recipient), so the next donor primary holds it from its step-up (a routed write of the
+    collection cannot land on the donor while a late commit could still give the range away)
+    until its completion has decided; here the decision waits because the config server does
+    not answer the fencing (failCommand with ShutdownInProgress, 91); once it answers, every
+    member's section and document are gone and writes go on."""
+    ns = "dm.hold"
+    coll, donor, recipient = setup(cluster, ns)
+    stream = Stream(coll)
+    coll.insert_many([{"_id": x, "x": x} for x in range(N)])
+    primary = cluster.primary_of(donor)
+    fail_point(primary, "moveChunkHangAtStep5", "alwaysOn")
+    thread, errors = move_in_background(coll, ns, recipient)
+    wait_for(lambda: fail_point(primary, "moveChunkHangAtStep5", "alwaysOn") > 0,
+             what="moveChunkHangAtStep5")
+
+    def sections(host: str) -> list[dict[str, Any]]:
+        c = cluster.member_node(host).storage.get("config", "collectionCriticalSections")
+        return [] if c is None else list(c.docs.values())
+    holders = [h for h in cluster.members_of(donor) if sections(h)]
+    assert len(holders) >= 2 and sections(primary)[0]["_id"] == ns  # majority-committed
+    with direct(cluster.primary_of("config")) as c:
+        c.admin.command("configureFailPoint", "failCommand", mode="alwaysOn", data={
+            "failCommands": ["_configsvrEnsureChunkVersionIsGreaterThan"],
+            "errorCode": 91, "failInternalCommands": True})
+    try:
+        cluster.kill_primary(donor)
+        thread.join(30)
+        assert not thread.is_alive() and len(errors) == 1
+        new = cluster.primary_of(donor)
+        wait_for(lambda: cluster.member_node(new).repl.writable, what="the new donor primary")
+        assert ns in cluster.member_node(new).sharding.critical  # held from its step-up
+        assert [d["_id"] for d in sections(new)] == [ns]
+    finally:
+        with direct(cluster.primary_of("config")) as c:
+            c.admin.command("configureFailPoint", "failCommand", mode="off")
+    wait_for(lambda: settled(cluster), what="the migration completed by the new donor primary")
+    for shard in (donor, recipient):
+        for host in cluster.members_of(shard):
+            if host == primary:
+                continue  # killed
+            wait_for(lambda host=host: sections(host) == [], what=f"{host}'s section document")
+            assert ns not in cluster.member_node(host).sharding.critical
+    coll.insert_one({"_id": N, "x": 5})
+    assert check_placement(cluster, ns, stream, list(range(N + 1))) == donor
+
+
 def late_commit_is_refused(cluster: ShardedCluster, ns: str, chunk: dict[str, Any], donor: str,
                            to: str) -> None:
     """The commit an earlier donor primary sent for ``chunk`` (its ``config.chunks`` document
