@@ -131,7 +131,7 @@ async def undo_entries(node: "ShardNode", undo: list[dict[str, Any]],
     node.command_depth += 1
     try:
         _truncate(node, common)
-        rollback_fixup.fix_up(node, info, answers, files)
+        rollback_fixup.fix_up(node, info, answers, files, common)
     finally:
         node.command_depth -= 1
     mv = answers.get((MIN_VALID, b""))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import uuid as uuid_mod
 
 import bson
+from bson.timestamp import Timestamp
 
 from shardsim.core.errors import MongoError
 from shardsim.core.node import CODEC
@@ -144,10 +145,10 @@ class FixUpInfo:
 
 
 def fix_up(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any],
-           files: dict[str, list[dict[str, Any]]]) -> None:
+           files: dict[str, list[dict[str, Any]]], common: Timestamp | None = None) -> None:
     """``syncFixUp``: put everything ``info`` names back to the source's version (``answers``),
     saving every removed or overwritten document in ``files`` (collection UUID string ->
-    documents)."""
+    documents); ``common`` is the common point (None: the whole oplog was undone)."""
     storage = node.storage
 
     def save(coll: Collection, doc: dict[str, Any]) -> None:
@@ -181,7 +182,7 @@ def fix_up(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any],
         touched.add(uuid)
     _fix_documents(node, info, answers, save, touched)
     settle_unique_indexes(node)
-    _fix_sessions(node, info, answers)
+    _fix_sessions(node, info, answers, common)
     _drop_history(node, touched)
 
 
@@ -255,13 +256,20 @@ def _fix_documents(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any], 
         IDEMPOTENT.reset(token)
 
 
-def _fix_sessions(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any]) -> None:
+def _fix_sessions(node: "ShardNode", info: FixUpInfo, answers: dict[Any, Any],
+                  common: Timestamp | None) -> None:
     sessions = node.sessions
     for sk, lsid in info.sessions.items():
         s = sessions.get(lsid)
         if s is None:
             continue
         rec = answers.get((SESSIONS, sk))
+        prep = rec.get("prepared") if rec is not None else None
+        if prep and (common is None or prep["prepareTs"] > common):
+            # prepared by the source after the common point: the catch-up applies that prepare
+            # entry (it is before minValid); restored here already, its locks would refuse the
+            # source's earlier entries on the same documents during the catch-up
+            rec = {k: v for k, v in rec.items() if k != "prepared"}
         s.txn = None
         s.executed = {}
         s.last_write_ts = None

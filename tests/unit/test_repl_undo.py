@@ -280,3 +280,20 @@ def test_an_oplog_that_moves_while_refetching_is_refused():
         asyncio.run(undo_entries(a, undo, racing))
     assert exc.value.code == 127 and "changed while refetching" in exc.value.errmsg
     assert oplog_of(a)[-1]["o"] == {"msg": "a write during the refetch"}
+
+
+def test_a_transaction_the_source_prepared_after_the_common_point_is_prepared_by_the_catch_up():
+    """The source's session record is newer than the common point: a transaction it prepared
+    after that point is not restored by the rollback (its locks would refuse the source's
+    earlier entries on the same documents during the catch-up) but by the catch-up applying
+    its prepare entry (the case hypothesis found: seed 78420, one local step, 52 on the
+    source, the last transaction left prepared)."""
+    a, b, common = diverge(78420, a_steps=1, b_steps=52, finish=False)
+    result = roll_back(a, b, common)
+    assert not any(getattr(c, "prepared", None) for c in a.storage.collections())
+    catch_up(a, b, common, result)
+    assert_converged(a, b, common)
+    held = {c.ns: {k: t.txn_number for k, t in c.prepared.items()}
+            for c in a.storage.collections() if c.prepared}
+    assert held == {c.ns: {k: t.txn_number for k, t in c.prepared.items()}
+                    for c in b.storage.collections() if c.prepared} and held
