@@ -52,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid as uuid_mod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from bson import Binary, ObjectId
 from bson.int64 import Int64
@@ -79,6 +79,7 @@ BATCH = 1000
 RETRY_S = 0.5
 COMMIT_ATTEMPTS = 3
 DECISION_WAIT_S = 60.0  # how long a lost commit reply is resolved by refreshes
+MAJORITY_WAIT_MS = 60000  # wtimeout of the w: majority waits for the recoverable documents
 # A shard or config server that cannot be reached (network, shutting down, not primary).
 UNREACHABLE = NETWORK_ERRORS | {91, 11600, 189, 10107, 13436}
 HANG_POINTS = ("moveChunkHangAtStep3", "moveChunkHangAtStep4", "moveChunkHangAtStep5",
@@ -147,14 +148,6 @@ class MigrationSource:
         repl = self.node.repl
         return repl is None or repl.writable
 
-    async def _persist(self) -> None:
-        """Wait for ``w: majority`` of what this primary wrote (a replica set)."""
-        repl = self.node.repl
-        if repl is not None:
-            err = await repl.write_concern_error({"w": "majority", "wtimeout": 60000})
-            if err is not None:
-                raise MongoError(int(err["code"]), str(err["errmsg"]))
-
     # -- _shardsvrMoveRange -------------------------------------------------------------------
     async def move_range(self, request: shrq.ShardsvrMoveRange) -> dict[str, Any]:
         """Run the migration of the module docstring; returns ``{}`` once it is complete.
@@ -213,7 +206,7 @@ class MigrationSource:
                 ns, sid, pattern.pattern, request.min, request.max, migrationId=mid,
                 uuid=meta.uuid, to=to,
                 preMigrationChunkVersion=doc["preMigrationChunkVersion"]).to_command())
-            await self._persist()
+            await self.node.wait_for_majority(MAJORITY_WAIT_MS)
             decision, error = await self._run_phases(doc, meta, pattern)
             if not self._writable():  # stepped down: the next primary completes it
                 raise error or MongoError(10107, "not primary")
@@ -368,14 +361,15 @@ class MigrationSource:
             log.warning("changelog entry moveChunk.commit not written: %s", exc)
 
     # -- the decision -----------------------------------------------------------------------
-    async def _refresh_until_answered(self, ns: str) -> Any:
-        """:meth:`ShardingRuntime.force_refresh`, again every :data:`RETRY_S` seconds while
-        the config server does not answer (a failover), for at most :data:`DECISION_WAIT_S`
-        seconds."""
+    async def _until_answered(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """``await call()``, again every :data:`RETRY_S` seconds while the config server does
+        not answer (a failover: :data:`UNREACHABLE`), for at most :data:`DECISION_WAIT_S`
+        seconds; its result, or the error that is not of an unreachable server (or the last
+        one once the time is up)."""
         deadline = asyncio.get_running_loop().time() + DECISION_WAIT_S
         while True:
             try:
-                return await self.node.sharding.force_refresh(ns)
+                return await call()
             except (MongoError, OSError, asyncio.TimeoutError) as exc:
                 code = getattr(exc, "code", None)
                 if isinstance(exc, MongoError) and code not in UNREACHABLE \
@@ -383,12 +377,15 @@ class MigrationSource:
                     raise
             await asyncio.sleep(RETRY_S)
 
+    async def _refresh_until_answered(self, ns: str) -> Any:
+        """:meth:`ShardingRuntime.force_refresh` of ``ns`` (:meth:`_until_answered`)."""
+        return await self._until_answered(lambda: self.node.sharding.force_refresh(ns))
+
     async def _fence_commit(self, doc: dict[str, Any]) -> None:
         """``_configsvrEnsureChunkVersionIsGreaterThan`` for ``doc``'s range and
-        ``preMigrationChunkVersion``, sent again every :data:`RETRY_S` seconds while the config
-        server cannot be reached (for at most :data:`DECISION_WAIT_S` seconds): a commit that an
-        earlier primary sent and that has not run yet is refused from then on, so the refresh
-        that follows reads the final outcome (``recoverMigrationCoordinations`` calls
+        ``preMigrationChunkVersion`` (:meth:`_until_answered`): a commit that an earlier
+        primary sent and that has not run yet is refused from then on, so the refresh that
+        follows reads the final outcome (``recoverMigrationCoordinations`` calls
         ``ensureChunkVersionIsGreaterThan`` before ``forceShardFilteringMetadataRefresh``)."""
         version = doc.get("preMigrationChunkVersion")
         if not isinstance(version, dict):
@@ -396,17 +393,8 @@ class MigrationSource:
         cmd = csrq.EnsureChunkVersionIsGreaterThan(
             1, dict(doc["range"]["min"]), dict(doc["range"]["max"]), dict(version),
             collectionUUID=doc.get("collectionUuid"), nss=doc["nss"]).to_command()
-        deadline = asyncio.get_running_loop().time() + DECISION_WAIT_S
-        while True:
-            try:
-                await self.node.sharding.config_command("admin", cmd, timeout=60.0)
-                return
-            except (MongoError, OSError, asyncio.TimeoutError) as exc:
-                code = getattr(exc, "code", None)
-                if isinstance(exc, MongoError) and code not in UNREACHABLE \
-                        or asyncio.get_running_loop().time() > deadline:
-                    raise
-            await asyncio.sleep(RETRY_S)
+        await self._until_answered(
+            lambda: self.node.sharding.config_command("admin", cmd, timeout=60.0))
 
     async def _decide(self, doc: dict[str, Any]) -> str:
         """The outcome of coordinator document ``doc`` without a persisted decision: the

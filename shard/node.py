@@ -459,6 +459,20 @@ class ShardNode(Node):
         """:meth:`OpObserver.on_noop`."""
         return self.op_observer.on_noop(o, o2, ns, ui)
 
+    async def wait_for_majority(self, wtimeout_ms: int = 0) -> None:
+        """On a replica-set member: wait until this member's newest write is majority-committed
+        (``w: "majority"``, at most ``wtimeout_ms`` ms when not 0), as the server writes its
+        recoverable documents (coordinator documents, critical sections). Raises the
+        ``writeConcernError`` as a MongoError: PrimarySteppedDown 189 after a stepdown,
+        WriteConcernFailed 64 after the timeout. Nothing to wait for on a one-member shard."""
+        if self.repl is not None:
+            wc: dict[str, Any] = {"w": "majority"}
+            if wtimeout_ms:
+                wc["wtimeout"] = wtimeout_ms
+            err = await self.repl.write_concern_error(wc)
+            if err is not None:
+                raise MongoError(int(err["code"]), str(err["errmsg"]))
+
     def put_logged(self, coll: Collection, doc: dict[str, Any]) -> None:
         """Insert or replace ``doc`` (by ``_id``) in an internal collection with its oplog entry
         (``i``, or ``u`` with the whole document), so secondaries and the next primary have it;

@@ -219,10 +219,7 @@ class Coordinators:
         document) is majority-committed, as the server writes the participant list and the
         decision with ``w: "majority"`` (``persistParticipantsList``, ``persistDecision``);
         PrimarySteppedDown 189 (or 64) when it cannot be: the new primary recovers."""
-        if self.node.repl is not None:
-            wce = await self.node.repl.write_concern_error({"w": "majority"})
-            if wce is not None:
-                raise MongoError(wce["code"], wce["errmsg"])
+        await self.node.wait_for_majority()
 
     async def _run(self, doc: dict[str, Any]) -> dict[str, Any]:
         decision = doc.get("decision")

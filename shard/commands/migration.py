@@ -29,6 +29,7 @@ from shardsim.core.commands import CommandFamily, Request
 from shardsim.core.errors import MongoError
 from shardsim.core.shard_key import KeyPattern, compare_keys
 from shardsim.core.values import id_key
+from shardsim.shard.migration_source import MAJORITY_WAIT_MS
 from shardsim.shard.range_deleter import COORDINATORS, CRITICAL_SECTIONS, RANGE_DELETIONS
 from shardsim.shard.sharding_runtime import ModsTracker
 from shardsim.core.protocol import shard as shrq
@@ -173,21 +174,12 @@ async def critical_section(node: "ShardNode", req: Request) -> dict[str, Any]:
             doc = {"_id": ns, "reason": {"command": "migrateChunk"},
                    "blockReads": bool(request.blockReads)}
             node.range_deleter.save(CRITICAL_SECTIONS, doc)
-            await _majority(node)
+            await node.wait_for_majority(MAJORITY_WAIT_MS)
     else:
         node.sharding.exit_critical_section(ns)
         if recoverable and node.range_deleter.remove(CRITICAL_SECTIONS, ns):
-            await _majority(node)
+            await node.wait_for_majority(MAJORITY_WAIT_MS)
     return {}
-
-
-async def _majority(node: "ShardNode") -> None:
-    """Wait for ``w: majority`` of what this primary wrote (a replica set); the
-    ``writeConcernError`` as a MongoError (189 after a stepdown, 64 after 60 s)."""
-    if node.repl is not None:
-        err = await node.repl.write_concern_error({"w": "majority", "wtimeout": 60000})
-        if err is not None:
-            raise MongoError(int(err["code"]), str(err["errmsg"]))
 
 
 @commands.handler(shrq.MigrationEnd.NAME, privileges=priv.INTERNAL)
