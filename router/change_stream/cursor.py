@@ -41,7 +41,6 @@ import logging
 import time
 from typing import Any
 
-import bson
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -53,9 +52,7 @@ from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
 from shardsim.router.change_stream import reader_v2
 from shardsim.router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
                                              split_cursor)
-from shardsim.core.client import remote_error
-from shardsim.core.gossip import gossip_command, track_operation_time
-from shardsim.core.node import CODEC, DUMMY_SIGNATURE
+from shardsim.core.gossip import gossip_command, gossip_in, gossip_out, track_operation_time
 from shardsim.core.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.core.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
 from shardsim.core.replica_set_monitor import ReadPreference
@@ -328,18 +325,13 @@ class RouterChangeStream:
                     "batchSize": self.batch_sizes.get(r.rid, REMOTE_FIRST_BATCH_SIZE)}
 
     def _write_now(self, pool: Any, db: str, cmd: dict[str, Any]) -> Any:
-        """Write ``cmd`` with the router's ``$clusterTime`` (as :func:`gossip_command` sends
-        it) on an idle connection of ``pool`` at once; that connection, or None when the pool
-        has none idle (or is not a plain pool): the task then sends it the usual way."""
+        """Write ``cmd`` with the router's ``$clusterTime`` (:func:`gossip_out`) on an idle
+        connection of ``pool`` at once; that connection, or None when the pool has none idle
+        (or is not a plain pool): the task then sends it the usual way."""
         write_now = getattr(pool, "write_now", None)
         if write_now is None:
             return None
-        body = dict(cmd)
-        body["$db"] = db
-        now = self.router.clock.now()
-        if now.time or now.inc:
-            body["$clusterTime"] = {"clusterTime": now, "signature": DUMMY_SIGNATURE}
-        return write_now(bson.encode(body, codec_options=CODEC))
+        return write_now(db, gossip_out(self.router.clock, cmd))
 
     def watches(self, ns: str) -> bool:
         """Can a write to ``ns`` ("db.coll") produce an event for this stream?"""
@@ -358,14 +350,8 @@ class RouterChangeStream:
         try:
             if conn is None:
                 reply = await gossip_command(clock, pool, db, cmd, raw=True, timeout=timeout)
-            else:  # gossip in and errors as gossip_command does
-                reply = await pool.finish(conn, raw=True, timeout=timeout)
-                ct = reply.get("$clusterTime")
-                if ct is not None and isinstance(ct.get("clusterTime"), Timestamp):
-                    clock.advance(ct["clusterTime"])
-                track_operation_time(reply.get("operationTime"))
-                if not reply.get("ok"):
-                    raise remote_error(reply)
+            else:
+                reply = gossip_in(clock, await pool.finish(conn, raw=True, timeout=timeout))
             if self.closed:
                 return
             op_time = reply.get("operationTime")

@@ -9,7 +9,8 @@ change events as raw bytes (never decoding what it only passes on). Network fail
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import bson
 from bson.codec_options import CodecOptions
@@ -278,30 +279,41 @@ class Pool:
         else:
             conn.close()
 
-    async def command(self, db: str, cmd: dict[str, Any], **kw: Any) -> Any:
-        """Run one command on a pooled connection."""
-        conn = await self.acquire()
+    @contextlib.contextmanager
+    def _lent(self, conn: Connection) -> Iterator[Connection]:
+        """``conn`` in use by one request; back to the pool afterwards. A network error means
+        the peer went away (e.g. restarted): its other idle connections are dead too, so they
+        are all dropped, as mongos' pool does on a network error
+        (ConnectionPool::dropConnections), instead of failing once each."""
         try:
-            return await conn.command(db, cmd, **kw)
+            yield conn
         except MongoError:
             if conn.broken:
-                # A network error means the peer went away (e.g. restarted): its other idle
-                # connections are dead too, so drop them all, as mongos' pool does on a
-                # network error (ConnectionPool::dropConnections), instead of failing once each.
                 self.close()
             raise
         finally:
             self.release(conn)
 
-    def write_now(self, body: bytes) -> Connection | None:
-        """Write the OP_MSG request with raw BSON ``body`` now, without yielding the loop, on
-        an idle connection (the request is on its way before the caller's task next awaits),
-        and return that connection, taken out of the pool: read the reply with
-        :meth:`finish`. None, with nothing written, when no idle connection is at hand (the
-        caller then runs the command with :meth:`command`, which connects)."""
+    async def command(self, db: str, cmd: dict[str, Any], **kw: Any) -> Any:
+        """Run one command on a pooled connection."""
+        conn = await self.acquire()
+        with self._lent(conn):
+            return await conn.command(db, cmd, **kw)
+
+    def write_now(self, db: str, cmd: dict[str, Any]) -> Connection | None:
+        """Write ``cmd`` on ``db`` (encoded as :meth:`Connection.command` does) now, without
+        yielding the loop, on an idle connection (the request is on its way before the caller's
+        task next awaits), and return that connection, taken out of the pool: read the reply
+        with :meth:`finish`. None, with nothing written, when no idle connection is at hand
+        (the caller then runs the command with :meth:`command`, which connects)."""
+        if not self._idle:
+            return None
+        body = dict(cmd)
+        body["$db"] = db
+        encoded = bson.encode(body, codec_options=CODEC)
         while self._idle:
             conn = self._idle.pop()
-            if not conn.broken and not conn.peer_closed() and conn.write_request(body):
+            if not conn.broken and not conn.peer_closed() and conn.write_request(encoded):
                 return conn
             conn.close()  # (write_request closed it already when it refused)
         return None
@@ -312,15 +324,9 @@ class Pool:
         RawBSONDocument with ``raw``; an ``ok: 0`` reply is returned, not raised); ``conn``
         goes back to the pool. Network failures raise as :meth:`command` does (and drop the
         pool's idle connections)."""
-        try:
+        with self._lent(conn):
             reply_bytes = await conn.read_reply(timeout)
             return RawBSONDocument(reply_bytes, RAW_CODEC) if raw else decode(reply_bytes)
-        except MongoError:
-            if conn.broken:
-                self.close()
-            raise
-        finally:
-            self.release(conn)
 
     def close(self) -> None:
         for c in self._idle:

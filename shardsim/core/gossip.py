@@ -33,20 +33,21 @@ def track_operation_time(ts: Any) -> None:
         holder[0] = ts
 
 
-async def gossip_command(clock: HybridLogicalClock, pool: Pool, db: str, cmd: dict[str, Any], *,
-                         raw: bool = False, check: bool = True,
-                         timeout: float | None = None) -> Any:
-    """Run ``cmd`` on ``pool`` with ``$clusterTime`` gossip both ways.
-
-    Returns the reply (dict or RawBSONDocument with ``raw``). With ``check`` an ``ok: 0`` reply
-    raises :class:`~shardsim.core.errors.MongoError` with the remote's code, codeName and labels;
-    network failures raise MongoError 6/89/9001 (from :mod:`shardsim.core.client`).
-    """
+def gossip_out(clock: HybridLogicalClock, cmd: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``cmd`` carrying ``clock``'s time as ``$clusterTime`` (none while the clock
+    has not started)."""
     body = dict(cmd)
     now = clock.now()
     if now.time or now.inc:
         body["$clusterTime"] = {"clusterTime": now, "signature": DUMMY_SIGNATURE}
-    reply = await pool.command(db, body, raw=raw, check=False, timeout=timeout)
+    return body
+
+
+def gossip_in(clock: HybridLogicalClock, reply: Any, check: bool = True) -> Any:
+    """Advance ``clock`` to the ``$clusterTime`` of ``reply`` (a dict or RawBSONDocument) and
+    note its ``operationTime``; with ``check`` an ``ok: 0`` reply raises
+    :class:`~shardsim.core.errors.MongoError` with the remote's code, codeName and labels.
+    Returns ``reply``."""
     ct = reply.get("$clusterTime")
     if ct is not None:
         ts = ct.get("clusterTime")
@@ -56,3 +57,17 @@ async def gossip_command(clock: HybridLogicalClock, pool: Pool, db: str, cmd: di
     if check and not reply.get("ok"):
         raise remote_error(reply)
     return reply
+
+
+async def gossip_command(clock: HybridLogicalClock, pool: Pool, db: str, cmd: dict[str, Any], *,
+                         raw: bool = False, check: bool = True,
+                         timeout: float | None = None) -> Any:
+    """Run ``cmd`` on ``pool`` with ``$clusterTime`` gossip both ways (:func:`gossip_out`,
+    :func:`gossip_in`).
+
+    Returns the reply (dict or RawBSONDocument with ``raw``). With ``check`` an ``ok: 0`` reply
+    raises :class:`~shardsim.core.errors.MongoError` with the remote's code, codeName and labels;
+    network failures raise MongoError 6/89/9001 (from :mod:`shardsim.core.client`).
+    """
+    reply = await pool.command(db, gossip_out(clock, cmd), raw=raw, check=False, timeout=timeout)
+    return gossip_in(clock, reply, check)
