@@ -90,6 +90,16 @@ def move_in_background(coll: Any, ns: str, to: str) -> tuple[threading.Thread, l
     return t, errors
 
 
+def move_held_at(coll: Any, ns: str, to: str, primary: str, step: str
+                 ) -> tuple[threading.Thread, list[Any]]:
+    """Fail point ``step`` on the donor's ``primary``, then :func:`move_in_background` of
+    ``ns``'s ``[MinKey, 10)`` to ``to``; returns once the migration has reached ``step``."""
+    fail_point(primary, step, "alwaysOn")
+    thread, errors = move_in_background(coll, ns, to)
+    wait_for(lambda: fail_point(primary, step, "alwaysOn") > 0, what=f"{step} on the donor")
+    return thread, errors
+
+
 def settled(cluster: ShardedCluster) -> bool:
     """No coordinator document or range-deletion task on any shard's primary."""
     for shard in cluster.shard_names:
@@ -141,10 +151,7 @@ def test_the_donor_drives_the_migration_and_keeps_its_coordinator_document(
     stream = Stream(coll)
     coll.insert_many([{"_id": x, "x": x} for x in range(N)])
     primary = cluster.primary_of(donor)
-    fail_point(primary, "moveChunkHangAtStep4", "alwaysOn")
-    thread, errors = move_in_background(coll, ns, recipient)
-    wait_for(lambda: fail_point(primary, "moveChunkHangAtStep4", "alwaysOn") > 0,
-             what="moveChunkHangAtStep4 on the donor")
+    thread, errors = move_held_at(coll, ns, recipient, primary, "moveChunkHangAtStep4")
     docs = coordinators(cluster, primary)
     assert len(docs) == 1
     doc = docs[0]
@@ -185,9 +192,7 @@ def test_a_new_donor_primary_aborts_a_migration_interrupted_before_its_commit(
     before = config.chunks.find_one({"uuid": uuid, "max": {"x": 10}})
     coll.insert_many([{"_id": x, "x": x} for x in range(N)])
     primary = cluster.primary_of(donor)
-    fail_point(primary, step, "alwaysOn")
-    thread, errors = move_in_background(coll, ns, recipient)
-    wait_for(lambda: fail_point(primary, step, "alwaysOn") > 0, what=step)
+    thread, errors = move_held_at(coll, ns, recipient, primary, step)
     with direct(cluster.primary_of(recipient)) as r:  # the recipient holds the clone
         assert r.dm[fault].count_documents({"x": {"$lt": 10}}) == 10
     if fault == "kill":
@@ -219,10 +224,7 @@ def test_a_new_donor_primary_holds_the_critical_section_until_it_has_decided(
     stream = Stream(coll)
     coll.insert_many([{"_id": x, "x": x} for x in range(N)])
     primary = cluster.primary_of(donor)
-    fail_point(primary, "moveChunkHangAtStep5", "alwaysOn")
-    thread, errors = move_in_background(coll, ns, recipient)
-    wait_for(lambda: fail_point(primary, "moveChunkHangAtStep5", "alwaysOn") > 0,
-             what="moveChunkHangAtStep5")
+    thread, errors = move_held_at(coll, ns, recipient, primary, "moveChunkHangAtStep5")
 
     def sections(host: str) -> list[dict[str, Any]]:
         c = cluster.member_node(host).storage.get("config", "collectionCriticalSections")
@@ -390,10 +392,7 @@ def test_a_recipient_that_does_not_answer_leaves_the_completion_to_the_backgroun
         stream = Stream(coll)
         coll.insert_many([{"_id": x, "x": x} for x in range(N)])
         primary = cluster.primary_of(donor)
-        fail_point(primary, "moveChunkHangAtStep3", "alwaysOn")
-        thread, errors = move_in_background(coll, ns, recipient)
-        wait_for(lambda: fail_point(primary, "moveChunkHangAtStep3", "alwaysOn") > 0,
-                 what="moveChunkHangAtStep3")
+        thread, errors = move_held_at(coll, ns, recipient, primary, "moveChunkHangAtStep3")
         cluster.kill_shard(recipient)
         fail_point(primary, "moveChunkHangAtStep3", "off")
         thread.join(90)
