@@ -50,11 +50,10 @@ from shardsim.core.resume_token import make_high_water_mark, token_ts_key
 from shardsim.router.change_stream.handle_topology_change import NewShard
 from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
 from shardsim.router.change_stream import reader_v2
-from shardsim.router.change_stream.raw_events import (Block, Item, element_headers, item_from_raw_event,
-                                             split_cursor)
+from shardsim.router.change_stream.raw_events import Block, Item, item_from_raw_event, split_cursor
 from shardsim.core.gossip import gossip_command, gossip_in, gossip_out, track_operation_time
 from shardsim.core.clock import ts_add_ticks, ts_from_key, ts_key
-from shardsim.core.cursors import BATCH_BYTES_LIMIT, Batch, Cursor
+from shardsim.core.cursors import BATCH_BYTES_LIMIT, Batch, Cursor, element_headers
 from shardsim.core.replica_set_monitor import ReadPreference
 from shardsim.core.errors import MongoError, change_stream_labels
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from shardsim.core.cursors import ONE_BY_ONE_OP_ELEMENTS
+from shardsim.core.cursors import ONE_BY_ONE_OP_ELEMENTS, element_headers
 from shardsim.core.cursors import SORT_KEY_LAYOUT_FIELD as LAYOUT_CHECKED_FIELD
 from shardsim.core.cursors import SORT_KEY_SIZES_FIELD as SIZES_FIELD
 from shardsim.core.errors import MongoError
@@ -257,17 +257,6 @@ def split_cursor(raw: bytes, batch_field: str) -> tuple[dict[str, Any], list[Any
 # ---------------------------------------------------------------------------------------------
 # Blocks: a shard batch's run of plain events, kept as offsets into the reply's bytes
 # ---------------------------------------------------------------------------------------------
-
-_HEADERS: list[bytes] = []  # b"\x03<i>\x00": the array element header of index i
-
-
-def element_headers(base: int, n: int) -> list[bytes]:
-    """Headers ``0x03 "<i>" 0x00`` of BSON array elements ``base .. base + n - 1`` (cached)."""
-    hdr = _HEADERS
-    if len(hdr) < base + n:
-        hdr.extend(b"\x03%d\x00" % i for i in range(len(hdr), base + n))
-    return hdr[base:base + n]
-
 
 class Block:
     """Events ``lo .. hi - 1`` of one shard batch, in the shard's (key) order, not decoded.

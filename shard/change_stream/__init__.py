@@ -95,6 +95,9 @@ async def aggregate_change_stream(node: Any, req: Any) -> dict[str, Any]:
     except BaseException:
         await cursor.close()  # unregisters its oplog listener; the cursor was never registered
         raise
-    if isinstance(reply.get("id"), int) and not isinstance(reply["id"], Int64):
+    # (run_first_batch's reply already carries an Int64 id; a batch of events spliced in as
+    # bytes (RawBSONParts) is not a dict and is never decoded here)
+    if type(reply) is dict and isinstance(reply.get("id"), int) \
+            and not isinstance(reply["id"], Int64):
         reply["id"] = Int64(reply["id"])
     return {"cursor": reply}

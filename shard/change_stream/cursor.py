@@ -45,7 +45,7 @@ from shardsim.core import resume_token as rt
 from shardsim.core.clock import ts_from_key, ts_key
 from shardsim.core.cursors import (BATCH_BYTES_LIMIT, DEFAULT_BATCH_SIZE, ONE_BY_ONE_OP_ELEMENTS,
                               SORT_KEY_LAYOUT_FIELD, SORT_KEY_SIZES_FIELD, Batch, Cursor,
-                              array_header_bytes)
+                              array_header_bytes, document_elements)
 from shardsim.core.commands import CommandFamily
 from shardsim.core.errors import MongoError
 from shardsim.core.protocol.shard import AdvanceClusterTime
@@ -579,7 +579,10 @@ class ChangeStreamCursor(Cursor):
             # A new stream's first token is HWM(lastApplied + 1 tick): the reply's $clusterTime
             # must cover it too (see _advance_hwm).
             self._cover_with_clock(ts_from_key(self.pbrt_ts_key))
-        return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra)
+        # The events are encoded already: the reply splices their bytes (one join when the
+        # message is framed) instead of passing each through the encoder again.
+        return Batch(out, exhausted=exhausted, post_batch_resume_token=self.pbrt, extra=extra,
+                     raw_docs=document_elements(out) if out else None, n_raw=len(out))
 
     def _set_pbrt(self, token: Any) -> None:
         if type(token) is bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import operator
 import random
 import time
 from dataclasses import dataclass, field
@@ -102,12 +103,16 @@ class RawBSONParts:
     (``shardsim/server.py``), not once per layer. ``raw`` joins them (``bson.encode`` and
     readers of the reply still work)."""
 
-    __slots__ = ("parts", "size")
+    __slots__ = ("parts", "size", "cursor_id", "n_docs")
     _type_marker = 101
 
-    def __init__(self, parts: list[bytes], size: int) -> None:  # noqa: D107 - see the class docstring
+    def __init__(self, parts: list[bytes], size: int, cursor_id: int = 0,
+                 n_docs: int = 0) -> None:  # noqa: D107 - see the class docstring
         self.parts = parts
         self.size = size
+        # a cursor reply's id and batch length, read without decoding (exhaust_continues)
+        self.cursor_id = cursor_id
+        self.n_docs = n_docs
 
     @property
     def raw(self) -> bytes:
@@ -122,6 +127,32 @@ class RawBSONParts:
 
 def _i32(n: int) -> bytes:
     return n.to_bytes(4, "little", signed=True)
+
+
+_HEADERS: list[bytes] = []  # b"\x03<i>\x00": the array element header of index i
+
+
+def element_headers(base: int, n: int) -> list[bytes]:
+    """Headers ``0x03 "<i>" 0x00`` (an embedded document's type byte, the decimal index, NUL)
+    of BSON array elements ``base .. base + n - 1`` (cached; the list is a copy)."""
+    hdr = _HEADERS
+    if len(hdr) < base + n:
+        hdr.extend(b"\x03%d\x00" % i for i in range(len(hdr), base + n))
+    return hdr[base:base + n]
+
+
+def document_elements(docs: list[Any]) -> list[bytes]:
+    """``docs`` (objects with ``.raw`` BSON bytes, e.g. RawBSONDocument) as the pieces of a
+    BSON array's elements (header, document, header, ...), for :attr:`Batch.raw_docs`: the
+    reply is then one join of byte strings, not an encoder pass over the documents."""
+    n = len(docs)
+    parts: list[Any] = [None] * (2 * n)
+    parts[0::2] = element_headers(0, n)
+    parts[1::2] = map(_RAW, docs)
+    return parts
+
+
+_RAW = operator.attrgetter("raw")
 
 
 def cursor_reply(reply: dict[str, Any], batch_field: str, batch: Batch) -> Any:
@@ -140,7 +171,8 @@ def cursor_reply(reply: dict[str, Any], batch_field: str, batch: Batch) -> Any:
         elements = [elements]
     n = sum(map(len, elements))
     size = len(enc) + n
-    return RawBSONParts([_i32(size), enc[4:at], _i32(n + 5), *elements, b"\x00", enc[at + 5:]], size)
+    return RawBSONParts([_i32(size), enc[4:at], _i32(n + 5), *elements, b"\x00", enc[at + 5:]], size,
+                        int(reply.get("id") or 0), batch.count)
 
 
 class Cursor:

@@ -309,6 +309,8 @@ def exhaust_continues(msg: wire.OpMsg, req: Request | None, reply: dict[str, Any
     if not msg.flags & wire.FLAG_EXHAUST_ALLOWED or req is None or req.name != "getMore":
         return False
     cur = reply.get("cursor") if type(reply) is dict and reply.get("ok", 1) else None
+    if type(cur) is RawBSONParts:  # a batch of encoded events (change streams)
+        return bool(cur.cursor_id) and cur.n_docs > 0
     if type(cur) is not dict:
         return False
     return bool(cur.get("id")) and bool(cur.get("nextBatch"))

@@ -325,6 +325,54 @@ def test_exhaust_getmore_streams_every_batch(target, cluster):
         client.close()
 
 
+def test_exhaust_getmore_on_a_change_stream_streams_its_events(target, cluster):
+    """A change stream's batches are spliced in as encoded bytes (router and shard alike): an
+    exhaust getMore still streams them with moreToCome, and the first empty batch (nothing new
+    within maxTimeMS) ends the chain."""
+    import socket
+
+    import bson
+
+    from shardsim.core import wire
+    client = pymongo.MongoClient(target, serverSelectionTimeoutMS=10000)
+    name = _name("exhcs")
+    client[name].create_collection("c")
+    try:
+        with socket.create_connection(_host_port(target), timeout=30) as sock:
+            sock.sendall(wire.encode_op_msg(bson.encode(
+                {"aggregate": "c", "pipeline": [{"$changeStream": {}}], "cursor": {},
+                 "$db": name}), request_id=1))
+            _rid, _to, _flags, reply = _recv(sock)
+            cid = reply["cursor"]["id"]
+            assert cid and reply["cursor"]["firstBatch"] == []
+            client[name].c.insert_many([{"_id": i} for i in range(5)])
+            got: list = []
+            chain = []
+            previous = 2
+            deadline = 20
+            sock.sendall(wire.encode_op_msg(bson.encode(
+                {"getMore": cid, "collection": "c", "batchSize": 2, "maxTimeMS": 300,
+                 "$db": name}), request_id=2, flags=wire.FLAG_EXHAUST_ALLOWED))
+            while deadline:
+                deadline -= 1
+                rid, response_to, flags, reply = _recv(sock)
+                batch = reply["cursor"]["nextBatch"]
+                chain.append((response_to == previous, len(batch),
+                              bool(flags & wire.FLAG_MORE_TO_COME)))
+                got += [ev["documentKey"]["_id"] for ev in batch]
+                previous = rid
+                if not flags & wire.FLAG_MORE_TO_COME:
+                    break
+        assert got == list(range(5)), chain
+        assert all(linked for linked, _n, _more in chain), chain
+        # every non-empty batch continued the chain; it ended with an empty one
+        assert [more for _l, n, more in chain] == [n > 0 for _l, n, _m in chain], chain
+        assert chain[-1][1] == 0 and reply["cursor"]["id"] == cid
+    finally:
+        client.drop_database(name)
+        client.close()
+
+
 @pytest.mark.parametrize("compressor", [None, "zstd"])
 def test_pymongo_exhaust_cursor_receives_every_document(target, compressor):
     kwargs = {"compressors": compressor} if compressor else {}

@@ -17,7 +17,8 @@ from bson.timestamp import Timestamp
 from shardsim.router.change_stream.async_results_merger import Merger
 from shardsim.core.resume_token import hwm_data
 from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
-from shardsim.router.change_stream.raw_events import Block, Item, _fast_item, element_headers, parse_block, split_cursor
+from shardsim.core.cursors import element_headers
+from shardsim.router.change_stream.raw_events import Block, Item, _fast_item, parse_block, split_cursor
 from shardsim.core.resume_token import token_key
 from shardsim.core import resume_token as rt
 from shardsim.core.cursors import Batch, array_header_bytes, cursor_reply
