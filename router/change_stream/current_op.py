@@ -1,7 +1,8 @@
 """Why a stream waits: the ``changeStream`` sub-document of a router change-stream cursor's
 ``$currentOp`` entry. shardsim's own; a real mongos reports nothing of this kind.
 
-``{changeStream: {clusterTime, highWaterMark, heldEvent, waitingFor: [names], remotes: [...]}}``:
+``{changeStream: {clusterTime, highWaterMark, heldEvent, waitingFor: [names], stagedEvents,
+remotes: [...]}}``:
 
 * ``clusterTime`` — the router's cluster time (Timestamp) when the entry was made;
 * ``highWaterMark`` — the merger's high-water mark (the router's postBatchResumeToken), or null;
@@ -13,6 +14,9 @@
   ``_getMinPromisedSortKey`` rule, notes §1.5); with no event held, the open remotes without a
   promise or holding the lowest promise while it is behind the router's cluster time (an event
   written now would wait for them). Empty when nothing waits (or an error is pending);
+* ``stagedEvents`` — events the merge has released and encoded into the client's next reply
+  ahead of its getMore (a catch-up, :mod:`router.change_stream.staged_batch`); they are no
+  longer counted in any remote's ``bufferedEvents``;
 * ``remotes`` — one document per remote, shards and the config server (``name: "config"``) in
   the merger's order: ``{name, host, state, ns, cursorId, postBatchResumeToken (its promise, or null),
   promiseClusterTime (the Timestamp in that token, or null), lagMillis, bufferedEvents,
@@ -99,16 +103,18 @@ def remote_entry(remote: Remote, now: Timestamp, state: str | None = None) -> di
 
 
 def change_stream_report(merger: Merger, now: Timestamp,
-                         state_of: Callable[[Remote], str | None] | None = None
-                         ) -> dict[str, Any]:
+                         state_of: Callable[[Remote], str | None] | None = None,
+                         staged: int = 0) -> dict[str, Any]:
     """The ``changeStream`` sub-document for a stream whose merger is ``merger`` at the router's
-    cluster time ``now`` (module docstring); ``state_of(remote)`` gives its member's state."""
+    cluster time ``now`` (module docstring); ``state_of(remote)`` gives its member's state;
+    ``staged`` the events already merged into the next reply."""
     held, blocking = waiting_for(merger, now)
     return {
         "clusterTime": now,
         "highWaterMark": merger.hwm_token,
         "heldEvent": held,
         "waitingFor": [r.name for r in blocking],
+        "stagedEvents": staged,
         "remotes": [remote_entry(r, now, state_of(r) if state_of else None)
                     for r in merger.remotes],
     }

@@ -51,6 +51,7 @@ from shardsim.router.change_stream.handle_topology_change import NewShard
 from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
 from shardsim.router.change_stream import reader_v2
 from shardsim.router.change_stream.raw_events import Block, Item, item_from_raw_event, split_cursor
+from shardsim.router.change_stream.staged_batch import StagedBatch
 from shardsim.core.gossip import gossip_command, gossip_in, gossip_out, track_operation_time
 from shardsim.core.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.core.cursors import BATCH_BYTES_LIMIT, Batch, Cursor, element_headers
@@ -147,6 +148,12 @@ class RouterChangeStream:
                                     if k not in ("$clusterTime", "lsid", "$readPreference")}
         self.cursor = RouterChangeStreamCursor(self)
         self.topology_v2: Any = None  # reader_v2.HandleTopologyChangeV2 of a v2 stream
+        # The next reply built ahead during a catch-up (staged_batch.py): its events, the
+        # client's batch limit it is built for (0: not staging) and whether a client
+        # getMore is running (it takes the events itself then).
+        self.staged: StagedBatch | None = None
+        self.stage_limit = 0
+        self.fetching = False
 
     # -- opening -------------------------------------------------------------------------------
     def _v1_tokens(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -389,11 +396,50 @@ class RouterChangeStream:
         finally:
             r.in_flight = False
             self.wake.set()
+        if self.stage_limit and not self.fetching:
+            self.stage_more()
         if not self.closed:
             if r.more:
                 self.schedule_getmores()  # a full batch: prefetch the rest of the backlog
             else:  # its promise may have made another remote's backlog releasable: read on
                 self.schedule_getmores(prefetch_only=True)
+
+    # -- the next batch, built ahead -------------------------------------------------------
+    def stage_more(self) -> None:
+        """During a catch-up (``stage_limit`` set by the last large reply) and while no client
+        getMore runs: take the events that are releasable now into :attr:`staged`, up to the
+        client's batch limit and 16 MiB (see :mod:`.staged_batch`); the parts are joined once
+        the batch is full. Called after a large reply is written and whenever a remote batch
+        arrives."""
+        limit = self.stage_limit
+        if not limit or self.fetching or self.closed or self.merge is None:
+            return
+        stg = self.staged
+        if stg is None:
+            stg = StagedBatch()
+        if stg.n >= limit:
+            return
+        before = stg.size
+        outputs, tok, size = self.merge.take(limit - stg.n, BATCH_BYTES_LIMIT, stg.n, stg.size)
+        if not outputs:
+            return
+        stg.add(outputs, tok, size)
+        self.staged = stg
+        if stg.n >= limit:
+            stg.compact()
+        self.schedule_getmores()  # the buffers it emptied can be refilled now
+
+    def _staged_start(self, limit: int) -> StagedBatch | None:
+        """The staged events this getMore starts from (at most ``limit``; the rest stays
+        staged), or None."""
+        stg = self.staged
+        if stg is None:
+            return None
+        if stg.n <= limit:
+            self.staged = None
+            return stg
+        head, self.staged = stg.split(limit)
+        return head
 
     # -- closing ------------------------------------------------------------------------------
     def _kill_remote(self, r: Remote) -> None:
@@ -422,6 +468,7 @@ class RouterChangeStream:
         if self.closed:
             return
         self.closed = True
+        self.staged = None
         self.promises.streams.discard(self)
         for r in list(self.merger.remotes):
             self._kill_remote(r)
@@ -490,7 +537,9 @@ class RouterChangeStreamCursor(Cursor):
         def state_of(remote: Any) -> str | None:
             return router.shards.member_state(None if remote.is_config else remote.name,
                                               remote.address, router.config_pool)
-        return {"changeStream": change_stream_report(st.merger, router.clock.now(), state_of)}
+        staged = st.staged.n if st.staged is not None else 0
+        return {"changeStream": change_stream_report(st.merger, router.clock.now(), state_of,
+                                                     staged)}
 
     async def fetch(self, batch_size: int | None, max_time_ms: int | None, *, first: bool) -> Batch:
         """One batch: every event that is ready (up to ``batch_size`` / 16 MiB). The first
@@ -515,6 +564,16 @@ class RouterChangeStreamCursor(Cursor):
             wait_ms = RESUME_CHECK_WAIT_MS
             st.remote_await_ms = SHORT_AWAIT_MS
         deadline = time.monotonic() + wait_ms / 1000
+        command = "aggregate" if first else "getMore"
+        st.fetching = True
+        try:
+            return await self._fetch(st, merge, limit, first, resuming, deadline, command)
+        finally:
+            st.fetching = False
+
+    async def _fetch(self, st: RouterChangeStream, merge: Any, limit: int, first: bool,
+                     resuming: bool, deadline: float, command: str) -> Batch:
+        """:meth:`fetch`'s body, with ``st.fetching`` set (no staging meanwhile)."""
         parts: list[bytes] = []  # the reply's array elements, encoded (see Block.write)
         n_out = 0
         size = 0
@@ -523,7 +582,13 @@ class RouterChangeStreamCursor(Cursor):
         stashed = False
         nudge = True
         last_token: Any = None
-        command = "aggregate" if first else "getMore"
+        staged = None if first else st._staged_start(limit)
+        if staged is not None:  # built ahead (staged_batch.py): start from it
+            parts = staged.parts
+            n_out = staged.n
+            size = staged.size
+            last_token = staged.last_token
+            stashed = st.staged is not None  # the rest waits: HWM may be past this reply's end
         while n_out < limit:
             st.wake.clear()  # before looking: a reply arriving from now on wakes the wait below
             before = size
@@ -607,6 +672,13 @@ class RouterChangeStreamCursor(Cursor):
             if n_out and pbrt is None:
                 pbrt = _plain(last_token)
         _cover_with_cluster_time(st.router.clock, pbrt)
+        # A large reply (a catch-up): build the next one while the client decodes this one,
+        # from after this reply is written (its postBatchResumeToken is fixed above; staging
+        # moves the merge on). A small one (a live stream) stops that.
+        st.stage_limit = limit if not first and not exhausted \
+            and size >= EARLY_REMOTE_GETMORE_BYTES else 0
+        if st.stage_limit:
+            asyncio.get_running_loop().call_soon(st.stage_more)
         return Batch([], exhausted, pbrt, raw_docs=parts, n_raw=n_out)
 
     async def close(self) -> None:

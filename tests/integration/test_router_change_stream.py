@@ -296,3 +296,58 @@ def test_drop_and_drop_database_once_for_the_cluster(cluster, router_client):
     finally:
         for s in (coll_stream, db_stream, cluster_stream):
             s.close()
+
+
+def test_catch_up_reply_built_ahead_and_a_smaller_getmore_after_it(cluster, router_client):
+    """During a catch-up the router builds the client's next reply while the client is busy
+    with the last one (router/change_stream/staged_batch.py). A getMore asking for fewer events
+    than are staged gets the first ones, with the last of them as its postBatchResumeToken;
+    nothing is lost, doubled or reordered, and resuming from that token gives exactly what
+    followed."""
+    from shardsim.testing.helpers import change_stream_ops
+
+    db_name, coll_name, n = "rcs_staged", "c", 4000
+    router_client.drop_database(db_name)
+    router_client.admin.command({"shardCollection": f"{db_name}.{coll_name}", "key": {"_id": "hashed"}})
+    coll = router_client[db_name][coll_name]
+    db = router_client[db_name]
+    start = router_client.admin.command("ping")["operationTime"]
+    coll.insert_many([{"_id": i, "pad": "x" * 400} for i in range(n)])  # ~600-byte events
+    cid = db.command({"aggregate": coll_name, "cursor": {"batchSize": 0},
+                      "pipeline": [{"$changeStream": {"startAtOperationTime": start}}]})["cursor"]["id"]
+    events: list = []
+
+    def get_more(batch_size: int) -> dict:
+        cur = db.command({"getMore": cid, "collection": coll_name, "batchSize": batch_size,
+                          "maxTimeMS": 500})["cursor"]
+        events.extend(cur["nextBatch"])
+        return cur
+
+    try:
+        deadline = time.monotonic() + 30
+        # a reply of 1,000 events (>= 256 KiB) makes the router stage the next one
+        while len(get_more(1000)["nextBatch"]) < 1000:
+            assert time.monotonic() < deadline, f"no full batch: {len(events)} events"
+        staged = 0
+        while staged < 8 and time.monotonic() < deadline:
+            ops = change_stream_ops(router_client, cursor_id=cid)
+            staged = ops[0]["changeStream"]["stagedEvents"] if ops else 0
+            time.sleep(0.01)
+        assert staged >= 8, "the router staged no events for the next reply"
+        before = len(events)
+        small = get_more(7)
+        assert len(small["nextBatch"]) == 7
+        assert small["postBatchResumeToken"] == small["nextBatch"][-1]["_id"]
+        resume_at, resume_index = small["postBatchResumeToken"], len(events)
+        while len(events) < n and time.monotonic() < deadline:
+            get_more(1000)
+    finally:
+        db.command({"killCursors": coll_name, "cursors": [cid]})
+    ids = [e["documentKey"]["_id"] for e in events]
+    assert len(ids) == n and sorted(ids) == list(range(n)), (len(ids), len(set(ids)))
+    datas = [e["_id"]["_data"] for e in events]
+    assert all(a < b for a, b in zip(datas, datas[1:])), "tokens must be strictly increasing"
+    assert before >= 1000
+    with coll.watch(resume_after=resume_at, batch_size=1000, max_await_time_ms=200) as s2:
+        rest = _drain(s2, n - resume_index, 30)
+    assert [e["_id"]["_data"] for e in rest] == datas[resume_index:]
