@@ -29,6 +29,7 @@ from typing import Any, Generator, Iterable, Sequence
 import bson
 from bson import Binary, Decimal128, MaxKey, MinKey, Regex
 from bson.int64 import Int64
+from bson.objectid import ObjectId
 
 from shardsim.core.errors import MongoError
 
@@ -149,6 +150,43 @@ def compare_keys(a: Sequence[Any], b: Sequence[Any]) -> int:
 
 
 SortKey = functools.cmp_to_key(compare_keys)
+
+_RANK_MIN = (-1,)
+_RANK_MAX = (127,)
+
+
+def _fast_rank(value: Any) -> tuple[Any, ...] | None:
+    """A plain Python tuple that orders as :func:`compare` orders ``value`` against any other
+    value this accepts, or None: numbers but NaN and Decimal128 (canonical type 10, compared by
+    value: Python compares int and float exactly, as woCompare does), strings (15: code point
+    order is UTF-8 byte order), ObjectId (35, by bytes), MinKey and MaxKey. What shard keys
+    mostly hold; anything else is left to :func:`compare`."""
+    t = type(value)
+    if t is int or t is Int64:
+        return (10, value)
+    if t is float:
+        return None if value != value else (10, value)
+    if t is str:
+        return (15, value)
+    if t is ObjectId:
+        return (35, value.binary)
+    if t is MinKey:
+        return _RANK_MIN
+    if t is MaxKey:
+        return _RANK_MAX
+    return None
+
+
+def fast_key_rank(key: Sequence[Any]) -> tuple[Any, ...] | None:
+    """:func:`_fast_rank` of every field of a shard key tuple (ordered as
+    :func:`compare_keys` orders the keys), or None when a field has another type."""
+    out = []
+    for v in key:
+        r = _fast_rank(v)
+        if r is None:
+            return None
+        out.append(r)
+    return tuple(out)
 
 
 # -- hashing -------------------------------------------------------------------------------------
@@ -346,9 +384,21 @@ class ChunkMap:
         self.pattern = pattern
         self.chunks = sorted(chunks, key=lambda c: SortKey(c.min))
         self._mins = [SortKey(c.min) for c in self.chunks]
+        # The same bounds as plain tuples when every one has only fast-rank types (the usual
+        # int, hashed, string or ObjectId keys): a routed write looks its chunk up with C
+        # tuple comparisons instead of compare_keys per bisection step (~0.5 us each).
+        ranks = [fast_key_rank(c.min) for c in self.chunks]
+        self._fast_mins = ranks if all(r is not None for r in ranks) else None
 
     def find(self, key: Sequence[Any]) -> Chunk:
         """The chunk whose ``[min, max)`` contains ``key`` (chunks cover the key space)."""
+        if self._fast_mins is not None:
+            rank = fast_key_rank(key)
+            if rank is not None:
+                i = bisect.bisect_right(self._fast_mins, rank) - 1
+                if i < 0:
+                    raise MongoError(1, f"no chunk contains shard key {key}")
+                return self.chunks[i]
         i = bisect.bisect_right(self._mins, SortKey(tuple(key))) - 1
         if i < 0:
             raise MongoError(1, f"no chunk contains shard key {key}")
