@@ -351,3 +351,65 @@ def test_catch_up_reply_built_ahead_and_a_smaller_getmore_after_it(cluster, rout
     with coll.watch(resume_after=resume_at, batch_size=1000, max_await_time_ms=200) as s2:
         rest = _drain(s2, n - resume_index, 30)
     assert [e["_id"]["_data"] for e in rest] == datas[resume_index:]
+
+
+def test_remote_failure_while_the_next_reply_is_staged_loses_nothing(cluster, router_client):
+    """A shard's getMore fails while the router holds events merged ahead for the client's next
+    reply: that getMore fails with a resumable error, and resuming from the last token the
+    client received gives every event once, in order (the staged events were never delivered:
+    they come again)."""
+    from shardsim.testing.helpers import change_stream_ops
+
+    db_name, coll_name, n = "rcs_staged_fail", "c", 4000
+    router_client.drop_database(db_name)
+    router_client.admin.command({"shardCollection": f"{db_name}.{coll_name}", "key": {"_id": "hashed"}})
+    coll = router_client[db_name][coll_name]
+    db = router_client[db_name]
+    start = router_client.admin.command("ping")["operationTime"]
+    coll.insert_many([{"_id": i, "pad": "x" * 400} for i in range(n)])
+    cid = db.command({"aggregate": coll_name, "cursor": {"batchSize": 0},
+                      "pipeline": [{"$changeStream": {"startAtOperationTime": start}}]})["cursor"]["id"]
+    events: list = []
+    last_token = None
+    deadline = time.monotonic() + 30
+    while True:
+        cur = db.command({"getMore": cid, "collection": coll_name, "batchSize": 1000,
+                          "maxTimeMS": 500})["cursor"]
+        events.extend(cur["nextBatch"])
+        last_token = cur["postBatchResumeToken"]
+        if len(cur["nextBatch"]) == 1000:
+            break
+        assert time.monotonic() < deadline, f"no full batch: {len(events)} events"
+    staged = 0
+    while staged < 8 and time.monotonic() < deadline:
+        ops = change_stream_ops(router_client, cursor_id=cid)
+        staged = ops[0]["changeStream"]["stagedEvents"] if ops else 0
+        time.sleep(0.01)
+    assert staged >= 8, "the router staged no events for the next reply"
+    shard_clients = [pymongo.MongoClient(f"mongodb://{p.address}/?directConnection=true")
+                     for p in cluster.shards]
+    try:
+        for c in shard_clients:  # the router's next remote getMore, on any shard, fails
+            c.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                             "data": {"failCommands": ["getMore"], "errorCode": 91,
+                                      "failInternalCommands": True}})
+        # (91 ShutdownInProgress: pymongo raises it as NotPrimaryError)
+        with pytest.raises(pymongo.errors.PyMongoError) as err:
+            while time.monotonic() < deadline:
+                cur = db.command({"getMore": cid, "collection": coll_name, "batchSize": 1000,
+                                  "maxTimeMS": 500})["cursor"]
+                events.extend(cur["nextBatch"])
+                last_token = cur["postBatchResumeToken"]
+        details = getattr(err.value, "details", None) or {}
+        assert details.get("code") == 91, err.value
+        assert "ResumableChangeStreamError" in details.get("errorLabels", [])
+    finally:
+        for c in shard_clients:
+            c.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+            c.close()
+    with coll.watch(resume_after=last_token, batch_size=1000, max_await_time_ms=200) as s2:
+        events += _drain(s2, n - len(events), 30)
+    ids = [e["documentKey"]["_id"] for e in events]
+    assert len(ids) == n and sorted(ids) == list(range(n)), (len(ids), len(set(ids)))
+    datas = [e["_id"]["_data"] for e in events]
+    assert all(a < b for a, b in zip(datas, datas[1:])), "tokens must be strictly increasing"
