@@ -109,6 +109,9 @@ class WriteExecutor:
         self.retryable = rw.is_retryable(req.body)
         self.batch_size = 0  # the client's statements (execute)
         self._snapshot: Any = None  # the CollectionInfo of the last targeting round
+        # While unordered lanes to several shards start together: (every shard of those
+        # lanes, their statements in all), for the early promise requests (_send_plain_once)
+        self._round: tuple[tuple[str, ...], int] | None = None
         self.sizes = sizes  # statement sizes (bytes), None: not measured (a small request)
         self._added_ids: set[int] = set()  # inserts given an _id by statements()
         self._sizes: list[int] | None = None  # statement sizes by client index (execute)
@@ -326,8 +329,13 @@ class WriteExecutor:
         # write leaves first (the requests wake three processes on a machine of few cores)
         promises = self.router.promise_requests
         if promises.streams:
+            # Lanes to several shards starting together: one request for the round, past all
+            # of its statements, and none to the round's own shards (asked for this run's
+            # time, a shard written by another lane would move its clock there and then stamp
+            # its own write past the request, and every remote would be asked again after it)
+            shards, statements = self._round or (run.shards, len(run.ops))
             asyncio.get_running_loop().call_soon(
-                promises.before_shard_write, run.shards, self.ns, len(run.ops))
+                promises.before_shard_write, shards, self.ns, statements)
         if len(run.shards) == 1:
             # The common targeted write: awaited in this task (gather would wrap it in a Task,
             # and the client's reply would wait a loop iteration behind whatever else is ready,
@@ -570,8 +578,15 @@ class WriteExecutor:
             if len(lanes) == 1:
                 outcome: list[Any] = [await lane(next(iter(lanes.values())))]
             else:
-                outcome = await asyncio.gather(*(lane(b) for b in lanes.values()),
-                                               return_exceptions=True)
+                firsts = [b[0] for b in lanes.values()]
+                self._round = (tuple({s for r in firsts for s in r.shards}),
+                               sum(len(r.ops) for r in firsts))
+                gathered = asyncio.gather(*(lane(b) for b in lanes.values()),
+                                          return_exceptions=True)
+                # each lane's first run reads _round in its task's first step (before its
+                # first wait); later runs and retries go on their own
+                asyncio.get_running_loop().call_soon(setattr, self, "_round", None)
+                outcome = await gathered
             results: list[tuple[Run, Any]] = []
             for res in outcome:
                 if isinstance(res, BaseException):

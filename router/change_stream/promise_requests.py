@@ -159,7 +159,10 @@ class PromiseRequests:
         (``shard/change_stream/cursor.py`` ``advance_cluster_time``). Its promise then reaches
         the router about when the write's reply and event do, instead of a round trip after
         the reply (:meth:`on_shard_write`, which still asks when the write's time turns out
-        to be past T'). Only latency: the merge rule decides what is released. Never raises."""
+        to be past T'). For an unordered write whose lanes to several shards start together,
+        ``shards`` is every shard of the round and ``statements`` all of its statements
+        (``router/writes.py`` ``_round``). Only latency: the merge rule decides what is
+        released. Never raises."""
         if not self.streams or not EARLY_PROMISE_REQUESTS:
             return
         self.ask_watchers(ns, self.clock.next_tick_key() + statements + EARLY_TICKS, shards)
