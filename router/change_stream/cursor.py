@@ -50,8 +50,8 @@ from shardsim.core.resume_token import make_high_water_mark, token_ts_key
 from shardsim.router.change_stream.handle_topology_change import NewShard
 from shardsim.router.change_stream.merge_cursors import ChangeStreamMerge
 from shardsim.router.change_stream import reader_v2
-from shardsim.router.change_stream.raw_events import Block, Item, item_from_raw_event, split_cursor
-from shardsim.router.change_stream.staged_batch import StagedBatch
+from shardsim.router.change_stream.raw_events import Item, item_from_raw_event, split_cursor
+from shardsim.router.change_stream.staged_batch import StagedBatch, write_outputs
 from shardsim.core.gossip import gossip_command, gossip_in, gossip_out, track_operation_time
 from shardsim.core.clock import ts_add_ticks, ts_from_key, ts_key
 from shardsim.core.cursors import BATCH_BYTES_LIMIT, Batch, Cursor, element_headers
@@ -601,13 +601,7 @@ class RouterChangeStreamCursor(Cursor):
                 # whatever else is ready on the loop.)
                 st.schedule_getmores()
             if outputs:  # the plain events of a run, without the general path's per-event work
-                for o in outputs:
-                    if type(o) is Block:
-                        n_out = o.write(parts, n_out)
-                    else:
-                        parts.append(element_headers(n_out, 1)[0])
-                        parts.append(o)
-                        n_out += 1
+                n_out = write_outputs(parts, outputs, n_out)
                 last_token = tok
                 continue
             try:

@@ -31,7 +31,7 @@ from bson.raw_bson import RawBSONDocument
 from shardsim.core.cursors import element_headers
 from shardsim.router.change_stream.raw_events import Block
 
-__all__ = ["StagedBatch"]
+__all__ = ["StagedBatch", "write_outputs"]
 
 
 class StagedBatch:
@@ -51,16 +51,7 @@ class StagedBatch:
     def add(self, outputs: list[Any], token: Any, size: int) -> None:
         """Append what :meth:`ChangeStreamMerge.take` returned (``outputs``: payloads and
         :class:`Block` runs; ``token`` its last event's; ``size`` its new byte count)."""
-        parts = self.parts
-        n = self.n
-        for o in outputs:
-            if type(o) is Block:
-                n = o.write(parts, n)
-            else:
-                parts.append(element_headers(n, 1)[0])
-                parts.append(o)
-                n += 1
-        self.n = n
+        self.n = write_outputs(self.parts, outputs, self.n)
         self.size = size
         self.last_token = token
 
@@ -94,6 +85,19 @@ class StagedBatch:
         rest.size = sum(map(len, rest.parts))
         rest.last_token = self.last_token
         return head, rest
+
+
+def write_outputs(parts: list[Any], outputs: list[Any], n: int) -> int:
+    """Append :meth:`ChangeStreamMerge.take`'s ``outputs`` (event payloads and :class:`Block`
+    runs) to ``parts`` as BSON array elements numbered from ``n``; returns the next index."""
+    for o in outputs:
+        if type(o) is Block:
+            n = o.write(parts, n)
+        else:
+            parts.append(element_headers(n, 1)[0])
+            parts.append(o)
+            n += 1
+    return n
 
 
 def _token(doc: bytes) -> dict[str, Any]:

@@ -298,59 +298,74 @@ def test_drop_and_drop_database_once_for_the_cluster(cluster, router_client):
             s.close()
 
 
+
+class _StagedCatchUp:
+    """A raw change-stream cursor on the router over a backlog of ``n`` ~600-byte insert
+    events spread over 3 shards, read with getMores of 1,000 until the router has staged
+    events for the next reply (a reply of >= 256 KiB starts the staging); ``events`` and
+    ``last_token`` are what the client received so far."""
+
+    def __init__(self, router_client: Any, db_name: str, n: int = 4000) -> None:
+        from shardsim.testing.helpers import change_stream_ops
+
+        router_client.drop_database(db_name)
+        router_client.admin.command({"shardCollection": f"{db_name}.c", "key": {"_id": "hashed"}})
+        self.coll = router_client[db_name].c
+        self.db = router_client[db_name]
+        self.n = n
+        start = router_client.admin.command("ping")["operationTime"]
+        self.coll.insert_many([{"_id": i, "pad": "x" * 400} for i in range(n)])
+        self.cid = self.db.command({"aggregate": "c", "cursor": {"batchSize": 0}, "pipeline": [
+            {"$changeStream": {"startAtOperationTime": start}}]})["cursor"]["id"]
+        self.events: list = []
+        self.last_token: Any = None
+        self.deadline = time.monotonic() + 30
+        while len(self.get_more(1000)["nextBatch"]) < 1000:
+            assert time.monotonic() < self.deadline, f"no full batch: {len(self.events)} events"
+        staged = 0
+        while staged < 8 and time.monotonic() < self.deadline:
+            ops = change_stream_ops(router_client, cursor_id=self.cid)
+            staged = ops[0]["changeStream"]["stagedEvents"] if ops else 0
+            time.sleep(0.01)
+        assert staged >= 8, "the router staged no events for the next reply"
+
+    def get_more(self, batch_size: int) -> dict:
+        cur = self.db.command({"getMore": self.cid, "collection": "c", "batchSize": batch_size,
+                               "maxTimeMS": 500})["cursor"]
+        self.events.extend(cur["nextBatch"])
+        self.last_token = cur["postBatchResumeToken"]
+        return cur
+
+    def resume_and_check(self, token: Any, index: int) -> None:
+        """Every event once, in order; resuming from ``token`` (received with the first
+        ``index`` events) gives exactly the events after them."""
+        ids = [e["documentKey"]["_id"] for e in self.events]
+        assert len(ids) == self.n and sorted(ids) == list(range(self.n)), (len(ids), len(set(ids)))
+        datas = [e["_id"]["_data"] for e in self.events]
+        assert all(a < b for a, b in zip(datas, datas[1:])), "tokens must be strictly increasing"
+        with self.coll.watch(resume_after=token, batch_size=1000, max_await_time_ms=200) as s2:
+            rest = _drain(s2, self.n - index, 30)
+        assert [e["_id"]["_data"] for e in rest] == datas[index:]
+
+
 def test_catch_up_reply_built_ahead_and_a_smaller_getmore_after_it(cluster, router_client):
     """During a catch-up the router builds the client's next reply while the client is busy
     with the last one (router/change_stream/staged_batch.py). A getMore asking for fewer events
     than are staged gets the first ones, with the last of them as its postBatchResumeToken;
     nothing is lost, doubled or reordered, and resuming from that token gives exactly what
     followed."""
-    from shardsim.testing.helpers import change_stream_ops
-
-    db_name, coll_name, n = "rcs_staged", "c", 4000
-    router_client.drop_database(db_name)
-    router_client.admin.command({"shardCollection": f"{db_name}.{coll_name}", "key": {"_id": "hashed"}})
-    coll = router_client[db_name][coll_name]
-    db = router_client[db_name]
-    start = router_client.admin.command("ping")["operationTime"]
-    coll.insert_many([{"_id": i, "pad": "x" * 400} for i in range(n)])  # ~600-byte events
-    cid = db.command({"aggregate": coll_name, "cursor": {"batchSize": 0},
-                      "pipeline": [{"$changeStream": {"startAtOperationTime": start}}]})["cursor"]["id"]
-    events: list = []
-
-    def get_more(batch_size: int) -> dict:
-        cur = db.command({"getMore": cid, "collection": coll_name, "batchSize": batch_size,
-                          "maxTimeMS": 500})["cursor"]
-        events.extend(cur["nextBatch"])
-        return cur
-
+    cu = _StagedCatchUp(router_client, "rcs_staged")
     try:
-        deadline = time.monotonic() + 30
-        # a reply of 1,000 events (>= 256 KiB) makes the router stage the next one
-        while len(get_more(1000)["nextBatch"]) < 1000:
-            assert time.monotonic() < deadline, f"no full batch: {len(events)} events"
-        staged = 0
-        while staged < 8 and time.monotonic() < deadline:
-            ops = change_stream_ops(router_client, cursor_id=cid)
-            staged = ops[0]["changeStream"]["stagedEvents"] if ops else 0
-            time.sleep(0.01)
-        assert staged >= 8, "the router staged no events for the next reply"
-        before = len(events)
-        small = get_more(7)
+        assert len(cu.events) >= 1000
+        small = cu.get_more(7)
         assert len(small["nextBatch"]) == 7
         assert small["postBatchResumeToken"] == small["nextBatch"][-1]["_id"]
-        resume_at, resume_index = small["postBatchResumeToken"], len(events)
-        while len(events) < n and time.monotonic() < deadline:
-            get_more(1000)
+        resume_at, resume_index = small["postBatchResumeToken"], len(cu.events)
+        while len(cu.events) < cu.n and time.monotonic() < cu.deadline:
+            cu.get_more(1000)
     finally:
-        db.command({"killCursors": coll_name, "cursors": [cid]})
-    ids = [e["documentKey"]["_id"] for e in events]
-    assert len(ids) == n and sorted(ids) == list(range(n)), (len(ids), len(set(ids)))
-    datas = [e["_id"]["_data"] for e in events]
-    assert all(a < b for a, b in zip(datas, datas[1:])), "tokens must be strictly increasing"
-    assert before >= 1000
-    with coll.watch(resume_after=resume_at, batch_size=1000, max_await_time_ms=200) as s2:
-        rest = _drain(s2, n - resume_index, 30)
-    assert [e["_id"]["_data"] for e in rest] == datas[resume_index:]
+        cu.db.command({"killCursors": "c", "cursors": [cu.cid]})
+    cu.resume_and_check(resume_at, resume_index)
 
 
 def test_remote_failure_while_the_next_reply_is_staged_loses_nothing(cluster, router_client):
@@ -358,34 +373,7 @@ def test_remote_failure_while_the_next_reply_is_staged_loses_nothing(cluster, ro
     reply: that getMore fails with a resumable error, and resuming from the last token the
     client received gives every event once, in order (the staged events were never delivered:
     they come again)."""
-    from shardsim.testing.helpers import change_stream_ops
-
-    db_name, coll_name, n = "rcs_staged_fail", "c", 4000
-    router_client.drop_database(db_name)
-    router_client.admin.command({"shardCollection": f"{db_name}.{coll_name}", "key": {"_id": "hashed"}})
-    coll = router_client[db_name][coll_name]
-    db = router_client[db_name]
-    start = router_client.admin.command("ping")["operationTime"]
-    coll.insert_many([{"_id": i, "pad": "x" * 400} for i in range(n)])
-    cid = db.command({"aggregate": coll_name, "cursor": {"batchSize": 0},
-                      "pipeline": [{"$changeStream": {"startAtOperationTime": start}}]})["cursor"]["id"]
-    events: list = []
-    last_token = None
-    deadline = time.monotonic() + 30
-    while True:
-        cur = db.command({"getMore": cid, "collection": coll_name, "batchSize": 1000,
-                          "maxTimeMS": 500})["cursor"]
-        events.extend(cur["nextBatch"])
-        last_token = cur["postBatchResumeToken"]
-        if len(cur["nextBatch"]) == 1000:
-            break
-        assert time.monotonic() < deadline, f"no full batch: {len(events)} events"
-    staged = 0
-    while staged < 8 and time.monotonic() < deadline:
-        ops = change_stream_ops(router_client, cursor_id=cid)
-        staged = ops[0]["changeStream"]["stagedEvents"] if ops else 0
-        time.sleep(0.01)
-    assert staged >= 8, "the router staged no events for the next reply"
+    cu = _StagedCatchUp(router_client, "rcs_staged_fail")
     shard_clients = [pymongo.MongoClient(f"mongodb://{p.address}/?directConnection=true")
                      for p in cluster.shards]
     try:
@@ -395,11 +383,8 @@ def test_remote_failure_while_the_next_reply_is_staged_loses_nothing(cluster, ro
                                       "failInternalCommands": True}})
         # (91 ShutdownInProgress: pymongo raises it as NotPrimaryError)
         with pytest.raises(pymongo.errors.PyMongoError) as err:
-            while time.monotonic() < deadline:
-                cur = db.command({"getMore": cid, "collection": coll_name, "batchSize": 1000,
-                                  "maxTimeMS": 500})["cursor"]
-                events.extend(cur["nextBatch"])
-                last_token = cur["postBatchResumeToken"]
+            while time.monotonic() < cu.deadline:
+                cu.get_more(1000)
         details = getattr(err.value, "details", None) or {}
         assert details.get("code") == 91, err.value
         assert "ResumableChangeStreamError" in details.get("errorLabels", [])
@@ -407,9 +392,7 @@ def test_remote_failure_while_the_next_reply_is_staged_loses_nothing(cluster, ro
         for c in shard_clients:
             c.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
             c.close()
-    with coll.watch(resume_after=last_token, batch_size=1000, max_await_time_ms=200) as s2:
-        events += _drain(s2, n - len(events), 30)
-    ids = [e["documentKey"]["_id"] for e in events]
-    assert len(ids) == n and sorted(ids) == list(range(n)), (len(ids), len(set(ids)))
-    datas = [e["_id"]["_data"] for e in events]
-    assert all(a < b for a, b in zip(datas, datas[1:])), "tokens must be strictly increasing"
+    received, token = len(cu.events), cu.last_token
+    with cu.coll.watch(resume_after=token, batch_size=1000, max_await_time_ms=200) as s2:
+        cu.events += _drain(s2, cu.n - received, 30)
+    cu.resume_and_check(token, received)
