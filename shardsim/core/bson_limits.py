@@ -67,6 +67,13 @@ def raw_depth_exceeds(raw: bytes | memoryview, max_open: int = MAX_ALLOWABLE_DEP
                 (size,) = _i32.unpack_from(data, pos)
                 if size < 5:
                     return False
+                # Every level nested inside it needs a 3/4/0x0F type byte in its bytes: with too
+                # few for the limit, skip it whole (a wide document, e.g. an insert's
+                # documents array, is then not walked element by element)
+                if len(ends) + data.count(3, pos, pos + size) + data.count(4, pos, pos + size) \
+                        + data.count(0x0F, pos, pos + size) <= max_open:
+                    pos += size
+                    continue
                 ends.append(pos + size)
                 pos += 4
                 continue
