@@ -16,6 +16,8 @@ import time
 from typing import Any
 
 import pymongo
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import pytest
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
@@ -881,3 +883,91 @@ def test_remote_getmores_written_when_scheduled_and_backlog_batches_grow(h, monk
     grown = [s for c, s in sizes if c == shard0]
     assert grown[:5] == [first, 2 * first, min(4 * first, cs.REMOTE_BATCH_SIZE),
                          min(8 * first, cs.REMOTE_BATCH_SIZE), first], grown
+
+
+
+def _read_backlog(h: "Harness", order: list[int], pad: int, sizes: list[int],
+                  pauses: list[bool]) -> tuple[list, list]:
+    """Write one event of ``pad`` bytes per entry of ``order`` (its shard), then read them with
+    raw getMores whose batchSize cycles through ``sizes`` (0: none), pausing 20 ms before those
+    ``pauses`` marks; returns (events, [(events before the reply, its count, its
+    postBatchResumeToken's _data)])."""
+    _gossip_all(h)  # (the harness lives across examples: start after everything written so far)
+    now = h.do(lambda: h.shards[0].clock.now())
+    start = Timestamp(now.time, now.inc + 1)
+    for k, i in enumerate(order):
+        h.write(i, {"_id": k, "p": "x" * pad})
+    _gossip_all(h)
+    db = h.client.db
+    cid = db.command({"aggregate": "coll", "cursor": {"batchSize": 0},
+                      "pipeline": [{"$changeStream": {"startAtOperationTime": start}}]})["cursor"]["id"]
+    got: list = []
+    replies: list = []
+    deadline = time.time() + 30
+    k = 0
+    try:
+        while len(got) < len(order) and time.time() < deadline:
+            if pauses[k % len(pauses)]:
+                time.sleep(0.02)  # let the router stage the next reply
+            size = sizes[k % len(sizes)]
+            cmd = {"getMore": cid, "collection": "coll", "maxTimeMS": 200}
+            if size:
+                cmd["batchSize"] = size
+            cur = db.command(cmd)["cursor"]
+            batch = cur["nextBatch"]
+            assert not size or len(batch) <= size
+            replies.append((len(got), len(batch), cur["postBatchResumeToken"]["_data"]))
+            got += batch
+            k += 1
+    finally:
+        db.command({"killCursors": "coll", "cursors": [cid]})
+    return got, replies
+
+
+def _check_backlog(got: list, replies: list, n: int) -> None:
+    """Every event once, in token order; every postBatchResumeToken at or past its batch's last
+    event and before the next event returned."""
+    ids = [e["fullDocument"]["_id"] for e in got]
+    assert sorted(ids) == list(range(n)) and len(ids) == n
+    datas = [e["_id"]["_data"] for e in got]
+    assert datas == sorted(datas) and len(set(datas)) == len(datas)
+    for at, k, pbrt in replies:
+        if k:
+            assert pbrt >= datas[at + k - 1]
+        if at + k < len(datas):
+            assert pbrt < datas[at + k], "the token would skip an event not yet returned"
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_catch_up_with_varying_batch_sizes_and_staged_replies(h, data):
+    """A backlog of large events read with getMores of varying batchSize, some after a pause
+    (after a reply of >= 256 KiB the router stages the next one, router/change_stream/
+    staged_batch.py; a smaller getMore splits what is staged): see _check_backlog."""
+    counts = data.draw(st.lists(st.integers(0, 150), min_size=3, max_size=3), label="events per shard")
+    pad = data.draw(st.integers(1500, 3000), label="payload bytes")
+    sizes = data.draw(st.lists(st.sampled_from([0, 1, 7, 40, 120, 300]), min_size=1, max_size=6),
+                      label="getMore batchSizes (0: none)")
+    pauses = data.draw(st.lists(st.booleans(), min_size=1, max_size=4), label="pause before")
+    order = [i for i, c in enumerate(counts) for _ in range(c)]
+    order = data.draw(st.permutations(order), label="write order") if order else []
+    got, replies = _read_backlog(h, order, pad, sizes, pauses)
+    _check_backlog(got, replies, len(order))
+
+
+def test_staged_reply_split_by_a_smaller_getmore(h, monkeypatch):
+    """The case the property test may not draw: a staged reply split by a small getMore."""
+    from shardsim.router.change_stream import staged_batch
+    splits: list[int] = []
+    split = staged_batch.StagedBatch.split
+
+    def spy(self, k):
+        splits.append(k)
+        return split(self, k)
+
+    monkeypatch.setattr(staged_batch.StagedBatch, "split", spy)
+    order = [i % 3 for i in range(450)]
+    got, replies = _read_backlog(h, order, 3000, [300, 7, 300, 1, 0], [True])
+    _check_backlog(got, replies, len(order))
+    assert splits, "no staged reply was split"
