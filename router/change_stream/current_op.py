@@ -16,7 +16,8 @@ remotes: [...]}}``:
   written now would wait for them). Empty when nothing waits (or an error is pending);
 * ``stagedEvents`` — events the merge has released and encoded into the client's next reply
   ahead of its getMore (a catch-up, :mod:`router.change_stream.staged_batch`); they are no
-  longer counted in any remote's ``bufferedEvents``;
+  longer counted in any remote's ``bufferedEvents``, and ``highWaterMark`` is already past
+  them (the client gets them, and a postBatchResumeToken past them, with its next getMore);
 * ``remotes`` — one document per remote, shards and the config server (``name: "config"``) in
   the merger's order: ``{name, host, state, ns, cursorId, postBatchResumeToken (its promise, or null),
   promiseClusterTime (the Timestamp in that token, or null), lagMillis, bufferedEvents,
