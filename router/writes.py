@@ -82,6 +82,9 @@ class Run:
     # The routing table the statements were targeted with: its placement versions go with
     # the child batch (mongos sends the version of the ChunkManager it targeted with).
     info: Any = None
+    # The first run of a lane of an unordered round to several shards at once: (every shard
+    # of the round, its statements in all), for the early promise requests (_send_plain_once)
+    promise_round: tuple[tuple[str, ...], int] | None = None
 
 
 def _is_replacement(u: Any) -> bool:
@@ -109,9 +112,6 @@ class WriteExecutor:
         self.retryable = rw.is_retryable(req.body)
         self.batch_size = 0  # the client's statements (execute)
         self._snapshot: Any = None  # the CollectionInfo of the last targeting round
-        # While unordered lanes to several shards start together: (every shard of those
-        # lanes, their statements in all), for the early promise requests (_send_plain_once)
-        self._round: tuple[tuple[str, ...], int] | None = None
         self.sizes = sizes  # statement sizes (bytes), None: not measured (a small request)
         self._added_ids: set[int] = set()  # inserts given an _id by statements()
         self._sizes: list[int] | None = None  # statement sizes by client index (execute)
@@ -333,7 +333,7 @@ class WriteExecutor:
             # of its statements, and none to the round's own shards (asked for this run's
             # time, a shard written by another lane would move its clock there and then stamp
             # its own write past the request, and every remote would be asked again after it)
-            shards, statements = self._round or (run.shards, len(run.ops))
+            shards, statements = run.promise_round or (run.shards, len(run.ops))
             asyncio.get_running_loop().call_soon(
                 promises.before_shard_write, shards, self.ns, statements)
         if len(run.shards) == 1:
@@ -578,15 +578,15 @@ class WriteExecutor:
             if len(lanes) == 1:
                 outcome: list[Any] = [await lane(next(iter(lanes.values())))]
             else:
+                # the lanes' first runs start together: one early promise request for them all
+                # (later runs of a lane, and retries, are runs of their own)
                 firsts = [b[0] for b in lanes.values()]
-                self._round = (tuple({s for r in firsts for s in r.shards}),
-                               sum(len(r.ops) for r in firsts))
-                gathered = asyncio.gather(*(lane(b) for b in lanes.values()),
-                                          return_exceptions=True)
-                # each lane's first run reads _round in its task's first step (before its
-                # first wait); later runs and retries go on their own
-                asyncio.get_running_loop().call_soon(setattr, self, "_round", None)
-                outcome = await gathered
+                promise_round = (tuple({s for r in firsts for s in r.shards}),
+                                 sum(len(r.ops) for r in firsts))
+                for r in firsts:
+                    r.promise_round = promise_round
+                outcome = await asyncio.gather(*(lane(b) for b in lanes.values()),
+                                               return_exceptions=True)
             results: list[tuple[Run, Any]] = []
             for res in outcome:
                 if isinstance(res, BaseException):

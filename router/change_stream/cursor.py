@@ -396,8 +396,7 @@ class RouterChangeStream:
         finally:
             r.in_flight = False
             self.wake.set()
-        if self.stage_limit and not self.fetching:
-            self.stage_more()
+        self.stage_more()  # (nothing unless a catch-up is staging and no getMore runs)
         if not self.closed:
             if r.more:
                 self.schedule_getmores()  # a full batch: prefetch the rest of the backlog
@@ -419,7 +418,6 @@ class RouterChangeStream:
             stg = StagedBatch()
         if stg.n >= limit:
             return
-        before = stg.size
         outputs, tok, size = self.merge.take(limit - stg.n, BATCH_BYTES_LIMIT, stg.n, stg.size)
         if not outputs:
             return

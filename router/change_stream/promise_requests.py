@@ -161,7 +161,7 @@ class PromiseRequests:
         the reply (:meth:`on_shard_write`, which still asks when the write's time turns out
         to be past T'). For an unordered write whose lanes to several shards start together,
         ``shards`` is every shard of the round and ``statements`` all of its statements
-        (``router/writes.py`` ``_round``). Only latency: the merge rule decides what is
+        (``router/writes.py`` ``Run.promise_round``). Only latency: the merge rule decides what is
         released. Never raises."""
         if not self.streams or not EARLY_PROMISE_REQUESTS:
             return

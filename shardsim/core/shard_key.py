@@ -392,14 +392,11 @@ class ChunkMap:
 
     def find(self, key: Sequence[Any]) -> Chunk:
         """The chunk whose ``[min, max)`` contains ``key`` (chunks cover the key space)."""
-        if self._fast_mins is not None:
-            rank = fast_key_rank(key)
-            if rank is not None:
-                i = bisect.bisect_right(self._fast_mins, rank) - 1
-                if i < 0:
-                    raise MongoError(1, f"no chunk contains shard key {key}")
-                return self.chunks[i]
-        i = bisect.bisect_right(self._mins, SortKey(tuple(key))) - 1
+        rank = fast_key_rank(key) if self._fast_mins is not None else None
+        if rank is not None:
+            i = bisect.bisect_right(self._fast_mins, rank) - 1
+        else:
+            i = bisect.bisect_right(self._mins, SortKey(tuple(key))) - 1
         if i < 0:
             raise MongoError(1, f"no chunk contains shard key {key}")
         return self.chunks[i]

@@ -1,5 +1,5 @@
 """Promise requests of an unordered write whose statements go to several shards at once
-(router/writes.py ``_round``, router/change_stream/promise_requests.py
+(router/writes.py ``Run.promise_round``, router/change_stream/promise_requests.py
 ``before_shard_write``): the idle remotes are asked once, for a time past every statement of
 the round, so a written shard's own write never lands past that request and every remote is
 not asked again after it. Latency and messages only; the merge rule decides what is released,
