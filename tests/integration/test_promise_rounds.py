@@ -14,6 +14,7 @@ import pymongo
 
 from shardsim.router.change_stream.promise_requests import PromiseRequests
 from shardsim.testing import ShardedCluster
+from shardsim.testing.helpers import read_events
 
 
 def test_an_unordered_round_over_two_shards_asks_each_idle_remote_once(monkeypatch) -> None:
@@ -44,12 +45,7 @@ def test_an_unordered_round_over_two_shards_asks_each_idle_remote_once(monkeypat
                 docs = [{"k": -1 - i, "r": rnd} for i in range(40)] + \
                        [{"k": i, "r": rnd} for i in range(1, 61)]
                 coll.insert_many(docs, ordered=False)
-                got = []
-                deadline = time.monotonic() + 10
-                while len(got) < 100 and time.monotonic() < deadline:
-                    ev = stream.try_next()
-                    if ev is not None:
-                        got.append(ev)
+                got = read_events(stream, 100, 10.0)
                 assert sorted(e["fullDocument"]["k"] for e in got) == sorted(d["k"] for d in docs)
                 datas = [e["_id"]["_data"] for e in got]
                 assert datas == sorted(datas)
