@@ -83,6 +83,14 @@ REPLICA_SET_SUITES = [s for s in ("change-streams", "retryable-writes", "transac
                       if s in suite_names(("all",))]
 
 
+# Run alone (make test's serial phase): its transactions suite has timing bounds, e.g.
+# error-labels-blockConnection's commit held 150 ms (blockConnection) against the client's
+# socketTimeoutMS of 100, a 50 ms margin; here the 9 members and the spec runner's client share
+# one process (and its GIL). In 1 of 4 fresh-clone runs, with the other workers' clusters on
+# the same 2 cores, the commit succeeded where the test expects the timeout; most likely the
+# client began its 100 ms wait more than 50 ms after the router began holding the commit (not
+# reproduced: 0 failures in 70 runs of that file alone, 40 of them beside 4 busy loops).
+@pytest.mark.serial
 @pytest.mark.timeout(600)
 def test_suites_on_three_member_shards() -> None:
     """Issue 25: the change-stream, retryable-writes and transactions suites on 2 shards of 3
